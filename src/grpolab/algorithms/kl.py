@@ -1,0 +1,59 @@
+"""Per-token KL estimators against a frozen reference policy.
+
+With ``x = log pi_ref(o_t) - log pi_theta(o_t)`` (Schulman, "Approximating KL
+divergence"), all unbiased or low-variance estimates of KL(pi_theta || pi_ref)
+on tokens sampled from pi_theta:
+
+* ``k1 = -x``                       (unbiased, high variance, can be negative)
+* ``k2 = x^2 / 2``                  (biased, its gradient is the KL gradient)
+* ``k3 = exp(x) - x - 1``           (unbiased, >= 0, low variance; GRPO 000-41)
+
+``x`` is clamped to [-20, 20] before ``exp`` (as verl / NeMo-RL) so a far
+off-reference token cannot overflow. ``kl_penalty(..., gradient="k2")`` gives
+the straight-through form: the *value* of one estimator with the *gradient* of
+another (verl's ``k3+``).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import Registry
+
+KL_ESTIMATORS: Registry = Registry("KL estimator")
+
+
+def _x(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    return (ref_logprobs - logprobs).clamp(-20.0, 20.0)
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``k1 = log pi_theta - log pi_ref``."""
+    return -_x(logprobs, ref_logprobs)
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``k2 = (log pi_theta - log pi_ref)^2 / 2``."""
+    return 0.5 * _x(logprobs, ref_logprobs) ** 2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` (GRPO's estimator, 000-41)."""
+    x = _x(logprobs, ref_logprobs)
+    return torch.exp(x) - x - 1.0
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str = "k3",
+               gradient: str | None = None) -> torch.Tensor:
+    """Per-token KL with ``estimator``'s value and, if given, ``gradient``'s gradient.
+
+    ``value = g + sg(v - g)`` where ``v`` is the value estimator and ``g`` the
+    gradient estimator (``sg`` = stop-gradient).
+    """
+    value = KL_ESTIMATORS.get(estimator)(logprobs, ref_logprobs)
+    if gradient is None or gradient == estimator:
+        return value
+    grad = KL_ESTIMATORS.get(gradient)(logprobs, ref_logprobs)
+    return grad + (value - grad).detach()

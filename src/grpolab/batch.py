@@ -1,0 +1,115 @@
+"""RolloutBatch: the one data structure that travels through the pipeline.
+
+Shapes (R rows = completions, P prompt tokens, T completion tokens, K reward
+functions)::
+
+    prompt_ids        long  [R, P]  left-padded context the *loss* conditions on
+    prompt_mask       long  [R, P]  1 = real token
+    completion_ids    long  [R, T]  right-padded completion tokens
+    completion_mask   float [R, T]  1 = token enters the loss (0 = padding or masked)
+    completion_attention_mask long [R, T]  1 = token exists (attended to), even if
+                                    left out of the loss (tool output, masked)
+    behavior_logprobs float [R, T]  log-prob of each token under the context and
+                                    policy it was produced with (0 where injected
+                                    tokens had no policy log-prob)
+    token_origin      int8  [R, T]  SAMPLED / INJECTED / ENVIRONMENT
+    span_ids          long  [R, T]  0 = none; >0 marks turns, steps, tool spans
+    group_ids         long  [R]     rows sharing a group are compared to each other
+    prompt_uids       long  [R]     stable id of the source prompt (dataset index),
+                                    never derived from the prompt text
+    truncated         bool  [R]     hit max_completion_length without EOS
+    rewards           float [R, K]  one column per reward function, NaN = unscorable
+    advantages        float [R, T]  filled by the advantage stage
+
+Everything per-row that is not a tensor (prompt text, completion text, data
+columns handed to reward functions) sits in ``columns`` as lists of length R.
+
+Why these fields cover later variants without change:
+
+* hints / reference answers / teacher corrections: injected tokens are marked
+  ``INJECTED`` in ``token_origin`` and excluded from ``completion_mask`` when
+  they should not be trained on; the loss context (``prompt_ids``) may differ
+  from the generation context, and ``behavior_logprobs`` keeps the latter's
+  log-probs so the importance ratio is exact.
+* tool / multi-turn: environment tokens are ``ENVIRONMENT`` with mask 0;
+  turns are ``span_ids``.
+* trees, replay, ragged groups: ``group_ids`` is explicit and groups may have
+  any size; replayed rows carry their original ``behavior_logprobs``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+import torch
+
+SAMPLED, INJECTED, ENVIRONMENT = 0, 1, 2
+
+
+@dataclass
+class RolloutBatch:
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    behavior_logprobs: torch.Tensor
+    group_ids: torch.Tensor
+    prompt_uids: torch.Tensor
+    truncated: torch.Tensor
+    completion_attention_mask: torch.Tensor | None = None
+    token_origin: torch.Tensor | None = None
+    span_ids: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    reward_names: list[str] = field(default_factory=list)
+    advantages: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    columns: dict[str, list[Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        R, T = self.completion_ids.shape
+        if self.token_origin is None:
+            self.token_origin = torch.full((R, T), SAMPLED, dtype=torch.int8)
+        if self.completion_attention_mask is None:
+            self.completion_attention_mask = (self.completion_mask > 0).long()
+        if self.span_ids is None:
+            self.span_ids = torch.zeros((R, T), dtype=torch.long)
+        for name in ("prompt_ids", "prompt_mask"):
+            if getattr(self, name).shape[0] != R:
+                raise ValueError(f"RolloutBatch.{name} has {getattr(self, name).shape[0]} rows, expected {R}")
+        for name in ("completion_mask", "completion_attention_mask", "behavior_logprobs", "token_origin",
+                     "span_ids"):
+            if tuple(getattr(self, name).shape) != (R, T):
+                raise ValueError(f"RolloutBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {(R, T)}")
+        for name in ("group_ids", "prompt_uids", "truncated"):
+            if getattr(self, name).shape != (R,):
+                raise ValueError(f"RolloutBatch.{name} must have shape ({R},)")
+        for k, v in self.columns.items():
+            if len(v) != R:
+                raise ValueError(f"RolloutBatch column '{k}' has {len(v)} entries, expected {R}")
+
+    @property
+    def num_rows(self) -> int:
+        return self.completion_ids.shape[0]
+
+    @property
+    def completion_lengths(self) -> torch.Tensor:
+        return self.completion_mask.sum(-1)
+
+    def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
+        """Rows ``index`` of this batch (a new batch; tensors are indexed, lists gathered)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v[idx]
+            elif f.name == "columns":
+                out[f.name] = {k: [col[i] for i in idx.tolist()] for k, col in v.items()}
+            else:
+                out[f.name] = v
+        return replace(self, **out)
+
+    def micro_batches(self, rows: int) -> list["RolloutBatch"]:
+        """Split into consecutive chunks of at most ``rows`` rows."""
+        n = self.num_rows
+        return [self.select(list(range(i, min(i + rows, n)))) for i in range(0, n, rows)]

@@ -1,0 +1,159 @@
+"""grpolab command line: train, eval, recipes."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _kv_pairs(tokens: list[str], valid: list[str]) -> dict[str, str]:
+    """``--key value`` / ``--key=value`` pairs; unknown keys list the valid ones."""
+    from .config import ConfigError, _coerce
+
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if not tok.startswith("--"):
+            raise ConfigError(f"unexpected argument '{tok}'; options are --key value")
+        key, eq, value = tok[2:].partition("=")
+        key = key.replace("-", "_")
+        if not eq:
+            if i + 1 >= len(tokens) or (tokens[i + 1].startswith("--") and not _is_number(tokens[i + 1])):
+                raise ConfigError(f"--{key} needs a value")
+            value = tokens[i + 1]
+            i += 1
+        _coerce(key, value, "command line")  # validates the key early
+        out[key] = value
+        i += 1
+    return out
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def cmd_train(args, rest: list[str]) -> int:
+    from .config import Config, ConfigError, load_yaml
+    from .recipes import recipe_overrides
+
+    cli = _kv_pairs(rest, Config.field_names())
+    if args.reward:
+        cli["reward"] = args.reward
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.exists():
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a grpolab run folder?")
+        base = load_yaml(saved)
+        cfg = Config.build(base, cli, sources=[str(saved), "command line"])
+        cfg.out = str(args.resume)
+    else:
+        file_cfg = load_yaml(args.config) if args.config else {}
+        recipe = cli.get("recipe") or file_cfg.get("recipe") or args.recipe
+        rec = recipe_overrides(recipe) if recipe else {}
+        if args.recipe:
+            cli["recipe"] = args.recipe
+        cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
+        out = Path(cfg.out)
+        from .train.checkpoint import latest_checkpoint
+        if latest_checkpoint(out) is not None or (out / "metrics.jsonl").exists():
+            raise ConfigError(f"--out {out} already holds a run; continue it with `grpolab train --resume {out}` "
+                              f"or choose another --out (nothing was overwritten)")
+    from .train.trainer import Trainer
+
+    trainer = Trainer(cfg, resume=bool(args.resume))
+    summary = trainer.train(progress=not args.quiet)
+    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
+                      for k, v in summary.items()}))
+    return 0
+
+
+def cmd_eval(args, rest: list[str]) -> int:
+    from .config import Config, ConfigError
+    from .model.loading import load_policy
+    from .train.evaluate import evaluate
+    from .train.trainer import setup_data
+
+    cli = _kv_pairs(rest, Config.field_names())
+    layers = {"model": args.model, **cli}
+    if args.data:
+        layers["data"] = args.data
+        layers["reward"] = args.reward or []
+    elif args.task:
+        layers["task"] = args.task
+    elif args.reward:
+        raise ConfigError("--reward needs --data FILE (or use --task NAME)")
+    cfg = Config.build(layers, sources=["command line"])
+    rows, eval_rows, rewards, acc, extra = setup_data(cfg)
+    if args.data:
+        eval_rows = rows[:cfg.eval_problems]
+    model, tok = load_policy(cfg.model, task_texts=None if cfg.model != "tiny" else [str(r) for r in rows],
+                             tiny_arch=cfg.tiny_arch, seed=cfg.seed)
+    res = evaluate(model, tok, eval_rows, rewards, max_completion_length=cfg.max_completion_length,
+                   max_prompt_length=cfg.max_prompt_length, batch_size=cfg.eval_batch_size,
+                   accuracy_reward=acc, extra=extra)
+    res["model"] = args.model
+    print(json.dumps(res, indent=None if args.compact else 2))
+    return 0
+
+
+def cmd_recipes(args, rest: list[str]) -> int:
+    from .recipes import all_recipes
+
+    recipes = all_recipes()
+    if args.json:
+        print(json.dumps([{k: r.get(k) for k in ("name", "title", "citation", "seed", "description",
+                                                 "components", "parameters")} for r in recipes], indent=2))
+        return 0
+    for r in recipes:
+        seed = f" [seed {r['seed']}]" if r.get("seed") else ""
+        print(f"{r['name']:<14} {r['citation']}{seed}")
+        print(f"{'':<14} {r['title']}")
+        comps = ", ".join(f"{k}={v}" for k, v in r["components"].items())
+        params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
+        print(f"{'':<14} components: {comps}")
+        print(f"{'':<14} parameters: {params}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="train a policy (any config key as --key value)")
+    t.add_argument("--config", help="YAML file of config keys")
+    t.add_argument("--recipe", help="named recipe (see `grpolab recipes`)")
+    t.add_argument("--resume", metavar="OUT", help="continue the run in OUT from its last checkpoint")
+    t.add_argument("--reward", action="append", help="module:function[=weight], repeatable")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    e = sub.add_parser("eval", help="greedy evaluation; prints JSON")
+    e.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder (e.g. OUT/final)")
+    e.add_argument("--task", help="built-in task")
+    e.add_argument("--data", help="JSONL file")
+    e.add_argument("--reward", action="append", help="module:function[=weight] (with --data)")
+    e.add_argument("--compact", action="store_true", help="one-line JSON")
+    r = sub.add_parser("recipes", help="list recipes with citations")
+    r.add_argument("--json", action="store_true", help="print as JSON")
+    args, rest = parser.parse_known_args(argv)
+    from .config import ConfigError
+    from .data import DataError
+    from .registry import UnknownComponentError
+    try:
+        return {"train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes}[args.command](args, rest)
+    except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # reward spec / signature problems found before training
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,199 @@
+"""One validated configuration object.
+
+Precedence (later wins): defaults < recipe < ``--config`` YAML < ``--key value``.
+Names follow TRL's ``GRPOConfig`` where the concept is the same.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A bad key or value; the message names it and says what is valid."""
+
+
+def _f(default, help: str, choices: Any = None):
+    kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(metadata={"help": help, "choices": choices}, **kw)
+
+
+@dataclass
+class Config:
+    # what to train
+    model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
+    task: str = _f("arithmetic", "built-in task (used when --data is not given)")
+    data: str | None = _f(None, "JSONL file with a 'prompt' per row (string or chat messages)")
+    reward: list = _f([], "reward functions 'module:function[=weight]' (with --data)")
+    recipe: str | None = _f(None, "named preset of components and parameters (grpolab recipes)")
+    out: str = _f("runs/default", "run folder: metrics, checkpoints, final model")
+    # schedule
+    steps: int = _f(40, "optimiser steps")
+    prompts_per_step: int = _f(4, "prompts per optimiser step")
+    num_generations: int = _f(8, "completions per prompt (G)")
+    num_iterations: int = _f(1, "optimiser passes over each batch (mu)")
+    micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
+    # generation
+    max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
+    max_completion_length: int = _f(32, "maximum new tokens per completion")
+    temperature: float = _f(1.0, "sampling temperature (log-probs use logits / temperature)")
+    top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
+    top_p: float = _f(1.0, "nucleus sampling mass (1.0 = off)")
+    # algorithm
+    advantage: str = _f("group_zscore", "advantage estimator", "ADVANTAGES")
+    advantage_epsilon: float = _f(1e-4, "epsilon added to the group std (group_zscore)")
+    policy_loss: str = _f("clipped_ratio", "policy objective", "POLICY_LOSSES")
+    loss_aggregation: str = _f("seq_mean_token_mean", "per-token loss -> scalar", "AGGREGATIONS")
+    loss_constant: int | None = _f(None, "normaliser L for loss_aggregation=constant (default max_completion_length)")
+    epsilon: float = _f(0.2, "lower clip range eps_low")
+    epsilon_high: float | None = _f(None, "upper clip range eps_high (default: epsilon)")
+    beta: float = _f(0.0, "KL coefficient; 0 loads no reference model")
+    kl_estimator: str = _f("k3", "KL estimator", "KL_ESTIMATORS")
+    reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
+    # optimiser
+    learning_rate: float = _f(2e-5, "AdamW learning rate")
+    weight_decay: float = _f(0.0, "AdamW weight decay")
+    adam_beta1: float = _f(0.9, "AdamW beta1")
+    adam_beta2: float = _f(0.99, "AdamW beta2")
+    max_grad_norm: float = _f(1.0, "gradient clipping (0 = off)")
+    lr_scheduler_type: str = _f("constant", "learning-rate schedule", ["constant", "linear", "cosine"])
+    warmup_steps: int = _f(0, "linear warm-up steps")
+    # model options
+    tiny_arch: str = _f("llama", "architecture of --model tiny", ["llama", "qwen2"])
+    use_lora: bool = _f(False, "train LoRA adapters (PEFT) instead of all weights")
+    lora_r: int = _f(16, "LoRA rank")
+    lora_alpha: int = _f(32, "LoRA alpha")
+    lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+                                   "modules that get LoRA adapters")
+    threads: int = _f(0, "torch CPU threads (0 = all cores)")
+    # evaluation, logging, checkpoints
+    eval_before: bool = _f(True, "measure held-out accuracy before training")
+    eval_after: bool = _f(True, "measure held-out accuracy after training")
+    eval_problems: int = _f(200, "held-out rows for evaluation (greedy)")
+    eval_batch_size: int = _f(64, "rows per generation batch during evaluation")
+    save_steps: int = _f(10, "checkpoint every N steps (and always at the end)")
+    save_total_limit: int = _f(2, "keep this many most recent checkpoints")
+    tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard")
+    seed: int = _f(0, "random seed")
+
+    # ---------------------------------------------------------------- helpers
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def build(cls, *layers: dict[str, Any], sources: list[str] | None = None) -> "Config":
+        """Merge dicts of overrides in order, validate, and return a Config."""
+        values: dict[str, Any] = {}
+        for i, layer in enumerate(layers):
+            src = sources[i] if sources else "config"
+            for k, v in (layer or {}).items():
+                values[k.replace("-", "_")] = _coerce(k.replace("-", "_"), v, src)
+        cfg = cls(**values)
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+
+        registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES,
+                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS}
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            if isinstance(choices, str):
+                choices = registries[choices].names()
+            if choices and value not in choices:
+                raise ConfigError(f"{f.name}: '{value}' is not valid; valid values: {', '.join(choices)}")
+        positive = ["steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
+                    "max_completion_length", "max_prompt_length", "save_steps", "eval_batch_size"]
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.num_generations < 2 and self.advantage in ("group_zscore", "group_mean"):
+            raise ConfigError(f"num_generations: group advantages need at least 2 completions per prompt, "
+                              f"got {self.num_generations}")
+        for name in ("epsilon", "beta", "learning_rate", "temperature", "max_grad_norm", "weight_decay"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.epsilon_high is not None and self.epsilon_high < 0:
+            raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        from .tasks import TASKS
+        if self.data is None and self.task not in TASKS:
+            raise ConfigError(f"task: '{self.task}' is not valid; valid values: {', '.join(TASKS.names())}")
+        if self.data is not None and not self.reward:
+            raise ConfigError("reward: --data needs at least one --reward module:function")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def save(self, path: Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+
+def _coerce(key: str, value: Any, source: str) -> Any:
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    if key not in fields:
+        close = difflib.get_close_matches(key, fields, n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise ConfigError(f"{source}: unknown key '{key}'{hint}; valid keys: {', '.join(fields)}")
+    hints = typing.get_type_hints(Config)
+    tp = hints[key]
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base = args[0] if args else tp
+    optional = type(None) in typing.get_args(tp)
+    origin = typing.get_origin(base) or base
+    try:
+        if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+            if not optional:
+                raise ValueError("may not be empty")
+            return None
+        if origin is bool:
+            if isinstance(value, str):
+                if value.lower() in ("true", "1", "yes", "on"):
+                    return True
+                if value.lower() in ("false", "0", "no", "off"):
+                    return False
+                raise ValueError("expected true or false")
+            if isinstance(value, bool):
+                return value
+            raise ValueError("expected true or false")
+        if origin is list:
+            if isinstance(value, str):
+                return [v for v in (s.strip() for s in value.split(",")) if v]
+            return list(value)
+        if origin is int:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected an integer")
+            return int(value)
+        if origin is float:
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            return float(value)
+        if origin is str:
+            return str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{source}: {key}: invalid value {value!r} ({e}; "
+                          f"{fields[key].metadata['help']})") from None
+    return value
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"--config: file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--config: {p} is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config: {p} must contain a mapping of key: value")
+    return data

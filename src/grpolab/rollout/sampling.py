@@ -1,0 +1,104 @@
+"""A small batched sampler with a shared-prompt KV cache.
+
+Each prompt is pre-filled once; its KV cache is then fanned out to its ``G``
+completions (``batch_repeat_interleave``). Rows that have finished are dropped
+from the cache, so they stop costing compute. The behaviour log-prob
+``log softmax(logits / temperature)[token]`` of every sampled token is recorded
+as it is drawn, so no second forward pass is needed to get it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SampleOutput:
+    completion_ids: torch.Tensor   # long [N*G, T], padded with pad_id
+    logprobs: torch.Tensor         # float [N*G, T], 0 on padding
+    lengths: torch.Tensor          # long [N*G], tokens generated including EOS
+    truncated: torch.Tensor        # bool [N*G], no EOS within max_new_tokens
+
+
+@torch.no_grad()
+def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_samples: int,
+                       max_new_tokens: int, eos_ids: list[int], pad_id: int, temperature: float = 1.0,
+                       top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None
+                       ) -> SampleOutput:
+    """Sample ``num_samples`` completions for each left-padded prompt row.
+
+    ``temperature == 0`` is greedy decoding (log-probs are then those of the
+    untempered distribution). Rows of the output are grouped prompt-major:
+    rows ``i*G .. i*G+G-1`` belong to prompt ``i``.
+    """
+    from transformers import DynamicCache
+
+    n, G = prompt_ids.shape[0], num_samples
+    cache = DynamicCache()
+    ckw = _cache_kwarg(model)
+    pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
+                use_cache=True, logits_to_keep=1, **{ckw: cache})
+    logits = out.logits[:, -1, :].float()
+    if G > 1:
+        cache.batch_repeat_interleave(G)
+        logits = logits.repeat_interleave(G, dim=0)
+    attn = prompt_mask.repeat_interleave(G, dim=0)
+    next_pos = pos[:, -1].repeat_interleave(G, dim=0) + 1
+    rows = n * G
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
+    lps = torch.zeros((rows, max_new_tokens), dtype=torch.float32)
+    lengths = torch.zeros(rows, dtype=torch.long)
+    done = torch.zeros(rows, dtype=torch.bool)
+    active = torch.arange(rows)  # row index of each cache entry
+    eos = torch.tensor(eos_ids, dtype=torch.long)
+    for t in range(max_new_tokens):
+        logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+        if temperature <= 0:
+            tok = logp.argmax(-1)
+        else:
+            probs = _filter(logp, top_k, top_p).exp()
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens[active, t] = tok
+        lps[active, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
+        lengths[active] = t + 1
+        finished = torch.isin(tok, eos)
+        done[active[finished]] = True
+        if t == max_new_tokens - 1:
+            break
+        keep = ~finished
+        if not keep.any():
+            break
+        if not keep.all():  # drop finished rows from the cache: they stop costing compute
+            idx = keep.nonzero().squeeze(-1)
+            cache.batch_select_indices(idx)
+            active, tok, attn, next_pos = active[idx], tok[idx], attn[idx], next_pos[idx]
+        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                    use_cache=True, **{ckw: cache})
+        logits = out.logits[:, -1, :].float()
+        next_pos = next_pos + 1
+    T = int(lengths.max()) if rows else 0
+    return SampleOutput(tokens[:, :max(T, 1)], lps[:, :max(T, 1)], lengths, ~done)
+
+
+def _cache_kwarg(model) -> str:
+    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
+    import inspect
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+
+
+def _filter(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Restrict sampling to the top-k / nucleus set (renormalised log-probs)."""
+    if top_k and top_k < logp.shape[-1]:
+        kth = logp.topk(top_k, dim=-1).values[:, -1:]
+        logp = logp.masked_fill(logp < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_lp, order = logp.sort(dim=-1, descending=True)
+        cum = sorted_lp.exp().cumsum(-1)
+        drop = cum - sorted_lp.exp() > top_p
+        sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
+        logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_lp)
+    return torch.log_softmax(logp, dim=-1)

@@ -1,0 +1,350 @@
+"""The GRPO trainer: one step reads like the pipeline.
+
+    prompts = sampler.next(k)                      # PromptSampler
+    batch   = rollout(policy, prompts, G)          # RolloutBatch with behaviour log-probs
+    batch.rewards = scorer(batch)                  # [rows, K], NaN = unscorable
+    batch.advantages = advantage(rewards, groups)  # group statistics
+    update(batch)                                  # mu passes: log-probs, loss, aggregation, step
+    sampler.feedback(batch)                        # per-prompt outcomes
+"""
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, StepTotals, combine_rewards, group_stats
+from ..algorithms.kl import kl_penalty
+from ..config import Config, ConfigError
+from ..data import columns_of, load_jsonl
+from ..model.loading import apply_lora, load_policy, save_policy
+from ..model.logprobs import completion_logprobs
+from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
+from ..rollout.plain import plain_rollout
+from ..sampling import SAMPLERS
+from ..tasks import get_task
+from . import checkpoint as ckpt
+from .evaluate import evaluate
+from .metrics import MetricsLog, plot_rewards
+
+
+def component_kwargs(fn, cfg: Config, prefix: str = "") -> dict:
+    """Keyword-only parameters of ``fn`` filled from config keys ``prefix + name``."""
+    out = {}
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind != p.KEYWORD_ONLY:
+            continue
+        key = prefix + p.name
+        if hasattr(cfg, key):
+            out[p.name] = getattr(cfg, key)
+        elif p.default is inspect.Parameter.empty:
+            raise ConfigError(f"{fn.__name__} needs config key '{key}', which does not exist")
+    return out
+
+
+def setup_data(cfg: Config):
+    """Train rows, eval rows, reward functions, accuracy reward name, extra eval rewards."""
+    if cfg.data:
+        rows = load_jsonl(cfg.data)
+        rewards = [parse_reward_spec(s) for s in cfg.reward]
+        for r in rewards:
+            check_signature(r, columns_of(rows), source=f"--data {cfg.data}")
+        return rows, rows[:cfg.eval_problems], rewards, None, {}
+    task = get_task(cfg.task)
+    rewards = [RewardFn(n, f, w) for n, f, w in task.rewards]
+    for spec in cfg.reward:  # extra user rewards on a built-in task
+        r = parse_reward_spec(spec)
+        check_signature(r, columns_of(task.train_rows), source=f"task {cfg.task}")
+        rewards.append(r)
+    return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra
+
+
+def model_texts(rows: list[dict]) -> list[str]:
+    out = []
+    for row in rows:
+        for v in row.values():
+            if isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, list):
+                out.extend(m["content"] for m in v if isinstance(m, dict) and "content" in m)
+    return out
+
+
+class Trainer:
+    def __init__(self, cfg: Config, resume: bool = False, log=None):
+        self.cfg = cfg
+        self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
+        self.out = Path(cfg.out)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+
+        self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = setup_data(cfg)
+        if cfg.reward_weights is not None:
+            if len(cfg.reward_weights) != len(rewards):
+                raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(rewards)} "
+                                  f"reward functions ({', '.join(r.name for r in rewards)})")
+            for r, w in zip(rewards, cfg.reward_weights):
+                r.weight = float(w)
+        self.rewards = rewards
+        self.scorer = RewardScorer(rewards, log=self.log)
+
+        self.model, self.tok = load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
+                                           tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+        self.ref_model = None
+        if cfg.beta > 0 and not cfg.use_lora:
+            self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        if cfg.use_lora:
+            self.model = apply_lora(self.model, cfg.lora_r, cfg.lora_alpha, list(cfg.lora_target_modules))
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
+                                           weight_decay=cfg.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+        self.sampler = SAMPLERS.get("uniform")(len(self.rows), seed=cfg.seed)
+        self.generator = torch.Generator().manual_seed(cfg.seed + 1)
+
+        self.advantage_fn = ADVANTAGES.get(cfg.advantage)
+        self.advantage_kwargs = component_kwargs(self.advantage_fn, cfg, prefix="advantage_")
+        self.loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
+        self.loss_kwargs = component_kwargs(self.loss_fn, cfg)
+        self.aggregate = AGGREGATIONS.get(cfg.loss_aggregation)
+
+        self.step = 0
+        self.skipped_steps = 0
+        self.out.mkdir(parents=True, exist_ok=True)
+        if resume:
+            last = ckpt.latest_checkpoint(self.out)
+            if last is not None:
+                state = ckpt.load_checkpoint(last, self.model)
+                self.optimizer.load_state_dict(state["optimizer"])
+                self.scheduler.load_state_dict(state["scheduler"])
+                self.sampler.load_state_dict(state["sampler"])
+                ckpt.set_rng_state(state["rng"], self.generator)
+                self.step, self.skipped_steps = state["step"], state["skipped_steps"]
+                self.log(f"[grpolab] resumed from {last} at step {self.step}")
+            else:
+                self.log(f"[grpolab] no checkpoint in {self.out}/checkpoints; starting from step 0")
+        cfg.save(self.out / "config.yaml")
+        self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step)
+
+    # ----------------------------------------------------------------- helpers
+    def _lr_lambda(self, step: int) -> float:
+        cfg = self.cfg
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+        if cfg.lr_scheduler_type == "linear":
+            return max(0.0, 1.0 - frac)
+        if cfg.lr_scheduler_type == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac)))
+        return 1.0
+
+    def _state(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator),
+                "step": self.step, "skipped_steps": self.skipped_steps}
+
+    def save(self) -> Path:
+        return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
+
+    def evaluate(self, progress=None) -> dict:
+        return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
+                        max_completion_length=self.cfg.max_completion_length,
+                        max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
+                        accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
+
+    # -------------------------------------------------------------------- step
+    def rollout(self):
+        cfg = self.cfg
+        idx = self.sampler.next(cfg.prompts_per_step)
+        batch = plain_rollout(self.model, self.tok, [self.rows[i] for i in idx], idx,
+                              num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
+                              max_prompt_length=cfg.max_prompt_length, temperature=cfg.temperature,
+                              top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
+                              group_offset=self.step * cfg.prompts_per_step)
+        return batch
+
+    def score(self, batch) -> int:
+        cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
+        ids = [row[:int(n)].tolist() for row, n in zip(batch.completion_ids, batch.completion_attention_mask.sum(-1))]
+        batch.rewards, errors = self.scorer.score(batch.columns["prompt"], batch.columns["completion"], ids, cols)
+        batch.reward_names = list(self.scorer.names)
+        return errors
+
+    def compute_advantages(self, batch) -> torch.Tensor:
+        scalar = combine_rewards(batch.rewards, self.scorer.weights)
+        adv = self.advantage_fn(scalar, batch.group_ids, **self.advantage_kwargs)
+        batch.advantages = adv[:, None] * batch.completion_mask
+        return scalar
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch) -> None:
+        if self.cfg.beta <= 0:
+            return
+        parts = []
+        for mb in batch.micro_batches(self.cfg.micro_batch_size):
+            if self.ref_model is not None:
+                lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.temperature)
+            else:  # LoRA: the reference is the base model with adapters switched off
+                with self.model.disable_adapter():
+                    lp, _ = completion_logprobs(self.model, mb, self.cfg.temperature)
+            parts.append(lp)
+        batch.ref_logprobs = torch.cat(parts)
+
+    def update(self, batch) -> dict:
+        """``num_iterations`` optimiser passes over the batch, in micro-batches."""
+        cfg = self.cfg
+        mbs = batch.micro_batches(cfg.micro_batch_size)
+        totals = StepTotals.from_masks([mb.completion_mask for mb in mbs],
+                                       constant=cfg.loss_constant or cfg.max_completion_length)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        sums: dict[str, float] = {}
+        ntok = max(float(batch.completion_mask.sum()), 1.0)
+        loss_value, skipped, grad_norm = 0.0, 0, float("nan")
+        for it in range(cfg.num_iterations):
+            self.optimizer.zero_grad(set_to_none=True)
+            loss_value, finite = 0.0, True
+            for mb in mbs:
+                logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True)
+                per_token, tok_metrics = self.loss_fn(logp, mb.behavior_logprobs, mb.advantages,
+                                                      mb.completion_mask, **self.loss_kwargs)
+                if cfg.beta > 0:
+                    kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator)
+                    per_token = per_token + cfg.beta * kl
+                    tok_metrics = {**tok_metrics, "kl": kl.detach()}
+                loss = self.aggregate(per_token, mb.completion_mask, totals)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                loss_value += float(loss.detach())
+                m = mb.completion_mask
+                if it == 0:
+                    tok_metrics = {**tok_metrics, "entropy": ent}
+                for k, v in tok_metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float((v * m).sum())
+            if finite:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
+                finite = math.isfinite(grad_norm)
+            if not finite:  # skip the step: weights and optimiser state stay untouched
+                self.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+                self.log(f"[grpolab] step {self.step + 1}: non-finite loss or gradient in pass {it + 1}; "
+                         f"optimiser step skipped, weights unchanged")
+                continue
+            self.optimizer.step()
+        self.scheduler.step()
+        out = {"loss": loss_value if not skipped else float("nan"), "grad_norm": grad_norm,
+               "skipped": skipped}
+        out["entropy"] = sums.get("entropy", 0.0) / ntok
+        out["kl"] = sums["kl"] / (ntok * cfg.num_iterations) if "kl" in sums else None
+        for k in ("clip_frac_low", "clip_frac_high"):
+            out[k] = sums.get(k, 0.0) / (ntok * cfg.num_iterations)
+        for k, v in sums.items():
+            if k not in out:
+                out[k] = v / (ntok * cfg.num_iterations)
+        return out
+
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        self.model.eval()
+        batch = self.rollout()
+        t1 = time.perf_counter()
+        errors = self.score(batch)
+        scalar = self.compute_advantages(batch)
+        self.reference_logprobs(batch)
+        upd = self.update(batch)
+        self.sampler.feedback(batch.prompt_uids, scalar)
+        t2 = time.perf_counter()
+        self.step += 1
+        self.skipped_steps += upd["skipped"]
+        return self._metrics(batch, scalar, errors, upd, t1 - t0, t2 - t1)
+
+    def _metrics(self, batch, scalar, errors, upd, rollout_s, train_s) -> dict:
+        lengths = batch.completion_attention_mask.sum(-1).float()
+        _, std, count = group_stats(scalar, batch.group_ids)
+        groups = torch.unique(batch.group_ids)
+        zero = torch.zeros(len(groups))
+        for j, g in enumerate(groups):
+            sel = batch.group_ids == g
+            s = std[sel][0]
+            zero[j] = float(torch.isnan(s) or s < 1e-6)
+        m = {"step": self.step,
+             "reward_mean": float(torch.nanmean(scalar)) if (~scalar.isnan()).any() else None,
+             "reward_std": float(np.nanstd(scalar.numpy(), ddof=1)) if (~scalar.isnan()).sum() > 1 else None}
+        for k, name in enumerate(batch.reward_names):
+            col = batch.rewards[:, k]
+            m[f"rewards/{name}/mean"] = float(torch.nanmean(col)) if (~col.isnan()).any() else None
+            m[f"rewards/{name}/unscorable"] = int(col.isnan().sum())
+        m.update({"reward_errors": errors, "frac_zero_std_groups": float(zero.mean()),
+                  "loss": upd["loss"], "kl": upd["kl"], "entropy": upd["entropy"],
+                  "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
+                  "grad_norm": upd["grad_norm"], "skipped": upd["skipped"],
+                  "completion_len_mean": float(lengths.mean()), "completion_len_max": int(lengths.max()),
+                  "frac_truncated": float(batch.truncated.float().mean()),
+                  "advantage_abs_mean": float(batch.advantages.abs().sum() / batch.completion_mask.sum().clamp(min=1)),
+                  "lr": self.scheduler.get_last_lr()[0],
+                  "rollout_s": rollout_s, "train_s": train_s,
+                  "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9)})
+        for k, v in upd.items():
+            m.setdefault(k, v)
+        return m
+
+    # --------------------------------------------------------------------- run
+    def train(self, progress: bool = True) -> dict:
+        cfg = self.cfg
+        from tqdm import tqdm
+
+        summary: dict = {}
+        if cfg.eval_before and self.step == 0 and self.eval_rows:
+            summary["before"] = self._eval("before")
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not progress, file=sys.stderr,
+                   dynamic_ncols=True)
+        try:
+            while self.step < cfg.steps:
+                m = self.train_step()
+                self.metrics.write(m)
+                bar.update(1)
+                bar.set_postfix(reward=f"{m['reward_mean'] if m['reward_mean'] is not None else float('nan'):.3f}",
+                                step_s=f"{m['rollout_s'] + m['train_s']:.1f}", len=f"{m['completion_len_mean']:.0f}")
+                if self.step % cfg.save_steps == 0 or self.step == cfg.steps:
+                    self.save()
+        finally:
+            bar.close()
+            self.metrics.close()
+        plot = plot_rewards(self.out)
+        final = self.out / "final"
+        to_save = self.model
+        if cfg.use_lora:
+            to_save = copy.deepcopy(self.model).merge_and_unload()
+        save_policy(to_save, self.tok, final)
+        self.log(f"[grpolab] final model saved to {final}" + (f"; reward curve: {plot}" if plot else ""))
+        if cfg.eval_after and self.eval_rows:
+            summary["after"] = self._eval("after")
+        if "before" in summary and "after" in summary and "accuracy" in summary["before"]:
+            b, a = summary["before"]["accuracy"], summary["after"]["accuracy"]
+            self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
+                     f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
+        summary["skipped_steps"] = self.skipped_steps
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _eval(self, when: str) -> dict:
+        from tqdm import tqdm
+        bar = tqdm(total=len(self.eval_rows), desc=f"eval ({when})", file=sys.stderr, dynamic_ncols=True)
+        res = self.evaluate(progress=bar.update)
+        bar.close()
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "samples"}
+        self.log(f"[grpolab] eval {when}: {json.dumps(shown)}")
+        return res
