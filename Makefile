@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test bench clean
+.PHONY: install install-dev train test clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,9 +34,6 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
-
-bench: $(DEVSTAMP)
-	$(BIN)/grpolab bench $(ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -109,7 +109,24 @@ class RolloutBatch:
                 out[f.name] = v
         return replace(self, **out)
 
-    def micro_batches(self, rows: int) -> list["RolloutBatch"]:
-        """Split into consecutive chunks of at most ``rows`` rows."""
+    def trim(self) -> "RolloutBatch":
+        """Drop trailing completion columns that no row uses (right padding only)."""
+        used = int(self.completion_attention_mask.sum(-1).max()) if self.num_rows else 0
+        T = self.completion_ids.shape[1]
+        if used >= T or used == 0:
+            return self
+        out = {f.name: getattr(self, f.name)[:, :used] for f in fields(self)
+               if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2
+               and getattr(self, f.name).shape[1] == T and not f.name.startswith("prompt")}
+        return replace(self, **out)
+
+    def micro_batches(self, rows: int, trim: bool = True) -> list["RolloutBatch"]:
+        """Split into consecutive chunks of at most ``rows`` rows.
+
+        With ``trim`` each chunk keeps only as many completion columns as its
+        longest row needs, so padding costs no compute (masked positions never
+        change the loss, so results are the same).
+        """
         n = self.num_rows
-        return [self.select(list(range(i, min(i + rows, n)))) for i in range(0, n, rows)]
+        chunks = [self.select(list(range(i, min(i + rows, n)))) for i in range(0, n, rows)]
+        return [c.trim() for c in chunks] if trim else chunks

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +19,13 @@ class ConfigError(ValueError):
     """A bad key or value; the message names it and says what is valid."""
 
 
-def _f(default, help: str, choices: Any = None):
-    kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(metadata={"help": help, "choices": choices}, **kw)
+from .params import AdvantageParamsA, AdvantageParamsB, ObjectiveParams, param as _f  # noqa: E402
 
 
 @dataclass
-class Config:
+class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
+    """All settings. Variant parameters live in ``params/`` mixins, one file per group."""
+
     # what to train
     model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
     task: str = _f("arithmetic", "built-in task (used when --data is not given)")
@@ -34,21 +34,23 @@ class Config:
     recipe: str | None = _f(None, "named preset of components and parameters (grpolab recipes)")
     out: str = _f("runs/default", "run folder: metrics, checkpoints, final model")
     # schedule
-    steps: int = _f(40, "optimiser steps")
+    steps: int = _f(30, "optimiser steps")
     prompts_per_step: int = _f(4, "prompts per optimiser step")
     num_generations: int = _f(8, "completions per prompt (G)")
     num_iterations: int = _f(1, "optimiser passes over each batch (mu)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
     # generation
     max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
-    max_completion_length: int = _f(32, "maximum new tokens per completion")
-    temperature: float = _f(1.0, "sampling temperature (log-probs use logits / temperature)")
+    max_completion_length: int = _f(20, "maximum new tokens per completion")
+    temperature: float = _f(0.7, "sampling temperature (log-probs use logits / temperature)")
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
     top_p: float = _f(1.0, "nucleus sampling mass (1.0 = off)")
     # algorithm
     advantage: str = _f("group_zscore", "advantage estimator", "ADVANTAGES")
     advantage_epsilon: float = _f(1e-4, "epsilon added to the group std (group_zscore)")
+    advantage_weightings: list = _f([], "weightings applied to the advantages, in order", "WEIGHTINGS*")
     policy_loss: str = _f("clipped_ratio", "policy objective", "POLICY_LOSSES")
+    regularizers: list = _f([], "extra per-token loss terms", "REGULARIZERS*")
     loss_aggregation: str = _f("seq_mean_token_mean", "per-token loss -> scalar", "AGGREGATIONS")
     loss_constant: int | None = _f(None, "normaliser L for loss_aggregation=constant (default max_completion_length)")
     epsilon: float = _f(0.2, "lower clip range eps_low")
@@ -71,12 +73,13 @@ class Config:
     lora_alpha: int = _f(32, "LoRA alpha")
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    "modules that get LoRA adapters")
+    shared_prefix_forward: bool = _f(True, "encode each group's prompt once in the training forward (exact)")
     threads: int = _f(0, "torch CPU threads (0 = all cores)")
     # evaluation, logging, checkpoints
     eval_before: bool = _f(True, "measure held-out accuracy before training")
     eval_after: bool = _f(True, "measure held-out accuracy after training")
     eval_problems: int = _f(200, "held-out rows for evaluation (greedy)")
-    eval_batch_size: int = _f(64, "rows per generation batch during evaluation")
+    eval_batch_size: int = _f(100, "rows per generation batch during evaluation")
     save_steps: int = _f(10, "checkpoint every N steps (and always at the end)")
     save_total_limit: int = _f(2, "keep this many most recent checkpoints")
     tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard")
@@ -100,17 +103,19 @@ class Config:
         return cfg
 
     def validate(self) -> None:
-        from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+        from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS
 
-        registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES,
-                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS}
+        registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
+                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS}
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
+            many = isinstance(choices, str) and choices.endswith("*")
             if isinstance(choices, str):
-                choices = registries[choices].names()
-            if choices and value not in choices:
-                raise ConfigError(f"{f.name}: '{value}' is not valid; valid values: {', '.join(choices)}")
+                choices = registries[choices.rstrip("*")].names()
+            for v in (value if many else [value]):
+                if choices is not None and v not in choices:
+                    raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(choices) or 'none yet'}")
         positive = ["steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
                     "max_completion_length", "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:

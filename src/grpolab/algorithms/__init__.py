@@ -3,8 +3,11 @@ from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, gr
 from .aggregation import AGGREGATIONS, StepTotals
 from .kl import KL_ESTIMATORS, kl_penalty
 from .losses import POLICY_LOSSES, clipped_ratio
+from .regularizers import REGULARIZERS
+from .weightings import WEIGHTINGS
+from . import adv_baselines, adv_shaping, objectives  # noqa: F401,E402  (register variants)
 
 __all__ = [
-    "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "StepTotals",
+    "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "REGULARIZERS", "StepTotals", "WEIGHTINGS",
     "clipped_ratio", "combine_rewards", "group_mean", "group_stats", "group_zscore", "kl_penalty",
 ]

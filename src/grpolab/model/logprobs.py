@@ -36,23 +36,66 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, tempe
             x = x / temperature
         lse = torch.logsumexp(x, dim=-1)
         lps.append(x.gather(-1, tok[i:i + chunk, None]).squeeze(-1) - lse)
-        if with_entropy:
-            p = torch.softmax(x, dim=-1)
-            ents.append(lse - (p * x).sum(-1))
+        if with_entropy:  # a metric: no gradient
+            xd, lsed = x.detach(), lse.detach()
+            ents.append(lsed - (torch.softmax(xd, dim=-1) * xd).sum(-1))
     lp = torch.cat(lps).view(R, T)
     ent = torch.cat(ents).view(R, T) if with_entropy else None
     return lp, ent
 
 
-def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False):
+def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
+                        shared_prefix: bool = True):
     """Log-prob ``[R, T]`` of every completion token (and entropy ``[R, T]`` if asked).
 
-    Only the last ``T + 1`` positions go through the LM head (``logits_to_keep``):
-    the prompt positions' vocabulary projection is never computed.
+    With ``shared_prefix`` (the default) rows whose prompt tokens are identical
+    (a GRPO group) share one prompt forward pass: see
+    :func:`shared_prefix_logits`. Otherwise each row runs prompt + completion
+    in full. Either way only completion positions go through the LM head.
     """
+    if shared_prefix:
+        logits = shared_prefix_logits(model, batch)
+        return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy)
     input_ids, attn, pos = sequence_inputs(batch)
     T = batch.completion_ids.shape[1]
     out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 logits_to_keep=T + 1)
     logits = out.logits[:, -(T + 1):-1, :]
     return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy)
+
+
+def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
+    """Completion logits ``[R, T, V]`` with each distinct prompt encoded once.
+
+    The distinct prompts of the batch are run once (with gradients) into a KV
+    cache; the cache is gathered out to every row that shares the prompt and the
+    completions run on top of it. Attention, positions and masks are the same
+    as in the plain forward, so outputs and gradients are identical (the prompt
+    gradients from the G rows are summed by the gather's backward). This is the
+    shared-prefix forward of Prefix Grouper (seed 000-12), done through the
+    model's own KV-cache path so any Hugging Face decoder supports it.
+    """
+    from transformers import DynamicCache
+
+    from ..rollout.sampling import _cache_kwarg
+
+    uniq, inverse = torch.unique(torch.cat([batch.prompt_ids, batch.prompt_mask], dim=1), dim=0,
+                                 return_inverse=True)
+    P = batch.prompt_ids.shape[1]
+    p_ids, p_mask = uniq[:, :P], uniq[:, P:]
+    p_pos = (p_mask.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    ckw = _cache_kwarg(model)
+    out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
+                logits_to_keep=1, **{ckw: cache})
+    first = out.logits[:, -1:, :][inverse]  # predicts completion token 0
+    cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else cache
+    cache.batch_select_indices(inverse)
+    comp_attn = batch.completion_attention_mask.to(batch.prompt_mask.dtype)
+    attn = torch.cat([batch.prompt_mask, comp_attn], dim=1)
+    start = batch.prompt_mask.sum(-1, keepdim=True)
+    pos = start + (comp_attn.cumsum(-1) - 1).clamp(min=0)
+    T = batch.completion_ids.shape[1]
+    out = model(input_ids=batch.completion_ids, attention_mask=attn, position_ids=pos, use_cache=True,
+                logits_to_keep=T, **{ckw: cache})
+    return torch.cat([first, out.logits[:, :-1, :]], dim=1)

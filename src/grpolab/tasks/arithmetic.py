@@ -21,14 +21,14 @@ from . import TASKS, Task
 from .common import completion_text, last_int
 
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
-FORMAT = re.compile(r"Answer:\s*-?\d+\s*\.?\s*$")
+FORMAT = re.compile(r"Answer:\s*-?\d+\s*\.?\s*$")  # the reply ends with the answer
 SYSTEM = "You are a helpful assistant that solves arithmetic problems."
 
 
 def make_row(a: int, op: str, b: int) -> dict:
     value = a + b if op == "+" else a - b
     question = f"{a} {op} {b}"
-    content = f"What is {question}? Reply with only the final answer in the form 'Answer: <number>'."
+    content = f"Compute {question}. Finish your reply with 'Answer:' followed by the number."
     return {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}],
             "question": question, "answer": str(value)}
 

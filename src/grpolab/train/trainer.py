@@ -21,8 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, StepTotals, combine_rewards, group_stats
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals,
+                          combine_rewards, group_stats)
 from ..algorithms.kl import kl_penalty
+from ..components import Component
 from ..config import Config, ConfigError
 from ..data import columns_of, load_jsonl
 from ..model.loading import apply_lora, load_policy, save_policy
@@ -34,20 +36,6 @@ from ..tasks import get_task
 from . import checkpoint as ckpt
 from .evaluate import evaluate
 from .metrics import MetricsLog, plot_rewards
-
-
-def component_kwargs(fn, cfg: Config, prefix: str = "") -> dict:
-    """Keyword-only parameters of ``fn`` filled from config keys ``prefix + name``."""
-    out = {}
-    for p in inspect.signature(fn).parameters.values():
-        if p.kind != p.KEYWORD_ONLY:
-            continue
-        key = prefix + p.name
-        if hasattr(cfg, key):
-            out[p.name] = getattr(cfg, key)
-        elif p.default is inspect.Parameter.empty:
-            raise ConfigError(f"{fn.__name__} needs config key '{key}', which does not exist")
-    return out
 
 
 def setup_data(cfg: Config):
@@ -113,11 +101,13 @@ class Trainer:
         self.sampler = SAMPLERS.get("uniform")(len(self.rows), seed=cfg.seed)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
 
-        self.advantage_fn = ADVANTAGES.get(cfg.advantage)
-        self.advantage_kwargs = component_kwargs(self.advantage_fn, cfg, prefix="advantage_")
-        self.loss_fn = POLICY_LOSSES.get(cfg.policy_loss)
-        self.loss_kwargs = component_kwargs(self.loss_fn, cfg)
+        self.advantage = Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
+        self.weightings = [Component(WEIGHTINGS.get(n), cfg, "", n) for n in cfg.advantage_weightings]
+        self.policy_loss = Component(POLICY_LOSSES.get(cfg.policy_loss), cfg, "", cfg.policy_loss)
+        self.regularizers = [Component(REGULARIZERS.get(n), cfg, "", n) for n in cfg.regularizers]
         self.aggregate = AGGREGATIONS.get(cfg.loss_aggregation)
+        self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
+        self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
 
         self.step = 0
         self.skipped_steps = 0
@@ -129,6 +119,8 @@ class Trainer:
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
                 self.sampler.load_state_dict(state["sampler"])
+                for key, comp_state in state.get("components", {}).items():
+                    self.components[key].fn.load_state_dict(comp_state)
                 ckpt.set_rng_state(state["rng"], self.generator)
                 self.step, self.skipped_steps = state["step"], state["skipped_steps"]
                 self.log(f"[grpolab] resumed from {last} at step {self.step}")
@@ -152,6 +144,7 @@ class Trainer:
     def _state(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator),
+                "components": {k: c.fn.state_dict() for k, c in self.components.items() if c.stateful},
                 "step": self.step, "skipped_steps": self.skipped_steps}
 
     def save(self) -> Path:
@@ -182,9 +175,19 @@ class Trainer:
         return errors
 
     def compute_advantages(self, batch) -> torch.Tensor:
+        """Scalar reward per row -> advantages ``[R, T]`` (estimator, then weightings)."""
         scalar = combine_rewards(batch.rewards, self.scorer.weights)
-        adv = self.advantage_fn(scalar, batch.group_ids, **self.advantage_kwargs)
-        batch.advantages = adv[:, None] * batch.completion_mask
+        inputs = {"rewards": scalar, "group_ids": batch.group_ids, "reward_matrix": batch.rewards,
+                  "reward_weights": self.scorer.weights, "prompt_uids": batch.prompt_uids,
+                  "completion_mask": batch.completion_mask, "lengths": batch.completion_mask.sum(-1),
+                  "truncated": batch.truncated, "behavior_logprobs": batch.behavior_logprobs,
+                  "batch": batch, "step": self.step}
+        adv = self.advantage(**inputs)
+        for w in self.weightings:
+            adv = w(advantages=adv, **inputs)
+        if adv.dim() == 1:
+            adv = adv[:, None]
+        batch.advantages = adv * batch.completion_mask
         return scalar
 
     @torch.no_grad()
@@ -194,10 +197,12 @@ class Trainer:
         parts = []
         for mb in batch.micro_batches(self.cfg.micro_batch_size):
             if self.ref_model is not None:
-                lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.temperature)
+                lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.temperature,
+                                            shared_prefix=self.cfg.shared_prefix_forward)
             else:  # LoRA: the reference is the base model with adapters switched off
                 with self.model.disable_adapter():
-                    lp, _ = completion_logprobs(self.model, mb, self.cfg.temperature)
+                    lp, _ = completion_logprobs(self.model, mb, self.cfg.temperature,
+                                                shared_prefix=self.cfg.shared_prefix_forward)
             parts.append(lp)
         batch.ref_logprobs = torch.cat(parts)
 
@@ -215,13 +220,20 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_value, finite = 0.0, True
             for mb in mbs:
-                logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True)
-                per_token, tok_metrics = self.loss_fn(logp, mb.behavior_logprobs, mb.advantages,
-                                                      mb.completion_mask, **self.loss_kwargs)
+                logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True,
+                                                shared_prefix=cfg.shared_prefix_forward)
+                inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
+                          "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent,
+                          "group_ids": mb.group_ids, "batch": mb, "step": self.step}
+                per_token, tok_metrics = self.policy_loss(**inputs)
                 if cfg.beta > 0:
                     kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator)
                     per_token = per_token + cfg.beta * kl
                     tok_metrics = {**tok_metrics, "kl": kl.detach()}
+                for reg in self.regularizers:
+                    extra, reg_metrics = reg(**inputs)
+                    per_token = per_token + extra
+                    tok_metrics = {**tok_metrics, **reg_metrics}
                 loss = self.aggregate(per_token, mb.completion_mask, totals)
                 if not torch.isfinite(loss):
                     finite = False

@@ -1,0 +1,17 @@
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+@pytest.fixture
+def tiny_args(tmp_path):
+    """Config layers for a fast tiny-model run on the `repeat` task."""
+    return {"model": "tiny", "task": "repeat", "steps": 4, "prompts_per_step": 4, "num_generations": 4,
+            "max_completion_length": 6, "learning_rate": 3e-3, "eval_before": False, "eval_after": False,
+            "tensorboard": False, "save_steps": 2, "micro_batch_size": 16, "out": str(tmp_path / "run")}

@@ -1,0 +1,198 @@
+"""End-to-end training on the tiny model: learning, metrics, recipes, bad input, resume."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpolab.algorithms import POLICY_LOSSES
+from grpolab.cli import main
+from grpolab.config import Config
+from grpolab.recipes import recipe_names, recipe_overrides
+from grpolab.train.metrics import read_metrics
+from grpolab.train.trainer import Trainer
+
+REQUIRED = ["step", "reward_mean", "reward_std", "reward_errors", "frac_zero_std_groups", "loss", "kl", "entropy",
+            "clip_frac_low", "clip_frac_high", "completion_len_mean", "completion_len_max", "frac_truncated",
+            "rollout_s", "train_s", "tokens_per_s"]
+TIMING = {"rollout_s", "train_s", "tokens_per_s"}
+
+
+def run(layers):
+    cfg = Config.build(layers)
+    t = Trainer(cfg, log=lambda *a: None)
+    return t, t.train(progress=False)
+
+
+def test_tiny_model_learns_repeat_task(tiny_args):
+    """Mean reward clearly rises on a task learnable from scratch (seeded)."""
+    args = {**tiny_args, "steps": 60, "prompts_per_step": 8, "num_generations": 8, "learning_rate": 1e-2,
+            "save_steps": 60, "micro_batch_size": 64, "eval_before": True, "eval_after": True}
+    t, summary = run(args)
+    rows = read_metrics(args["out"])
+    first = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    assert last > first + 0.3, (first, last)
+    assert summary["after"]["accuracy"] > summary["before"]["accuracy"] + 0.3
+    for key in REQUIRED + ["rewards/match/mean", "rewards/match/unscorable"]:
+        assert key in rows[0], key
+    assert rows[0]["kl"] is None  # beta = 0: no reference model
+    assert t.ref_model is None
+    out = Path(args["out"])
+    assert (out / "reward_curve.png").stat().st_size > 1000
+    assert (out / "final" / "config.json").exists()
+    # grpolab eval on the saved model reproduces the trainer's after-eval
+    res = json.loads(_capture(["eval", "--model", str(out / "final"), "--task", "repeat", "--compact",
+                               "--max_completion_length", "6"]))
+    assert res["accuracy"] == pytest.approx(summary["after"]["accuracy"])
+
+
+def _capture(argv):
+    import contextlib
+    import io
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(argv) == 0
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("recipe", recipe_names())
+def test_every_recipe_trains(tiny_args, recipe):
+    args = {**recipe_overrides(recipe), **tiny_args, "steps": 2, "num_iterations": 2}
+    t, _ = run(args)
+    rows = read_metrics(args["out"])
+    assert len(rows) == 2 and all(r["skipped"] == 0 for r in rows)
+    if args.get("beta", 0) > 0:
+        assert t.ref_model is not None and rows[0]["kl"] is not None and rows[0]["kl"] >= 0
+    # the second pass is off-policy: clipping can now act, and the loss is finite
+    assert all(r["loss"] is not None for r in rows)
+
+
+def test_weights_change_and_tensorboard(tiny_args):
+    args = {**tiny_args, "tensorboard": True, "steps": 2}
+    cfg = Config.build(args)
+    t = Trainer(cfg, log=lambda *a: None)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    t.train(progress=False)
+    changed = sum(not torch.equal(before[n], p) for n, p in t.model.named_parameters())
+    assert changed == len(before)
+    assert list((Path(args["out"]) / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_lora_trains_only_adapters(tiny_args):
+    args = {**tiny_args, "use_lora": True, "lora_target_modules": "q_proj,v_proj", "steps": 2,
+            "beta": 0.1}
+    t, _ = run(args)
+    trainable = [n for n, p in t.model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert read_metrics(args["out"])[0]["kl"] is not None  # reference = adapters disabled
+    assert (Path(args["out"]) / "final" / "config.json").exists()  # merged model
+
+
+def test_user_data_and_reward_module(tiny_args, tmp_path, monkeypatch):
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i % 10}:", "target": str(i % 10)}) + "\n"
+                            for i in range(20)))
+    (tmp_path / "my_rewards.py").write_text(
+        "def hit(prompts, completions, target, **kw):\n"
+        "    return [float(t in c) for c, t in zip(completions, target)]\n"
+        "def flaky(prompts, completions, **kw):\n"
+        "    raise RuntimeError('flaky judge')\n"
+        "def picky(completions, **kw):\n"
+        "    return [None if i % 2 else 0.5 for i in range(len(completions))]\n")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    rc = main(["train", "--model", "tiny", "--data", str(data), "--reward", "my_rewards:hit",
+               "--reward", "my_rewards:flaky=2", "--reward", "my_rewards:picky", "--steps", "2",
+               "--num_generations", "4", "--max_completion_length", "4", "--eval_before", "false",
+               "--eval_after", "false", "--tensorboard", "false", "--out", str(out), "--quiet"])
+    assert rc == 0
+    rows = read_metrics(out)
+    assert rows[0]["reward_errors"] == 1  # flaky raised once per step ...
+    assert rows[0]["rewards/flaky/unscorable"] == 16  # ... its rows are unscorable ...
+    assert rows[0]["rewards/picky/unscorable"] == 8  # None = unscorable
+    assert len(rows) == 2  # ... and the run went on
+
+
+def test_reward_param_missing_column_rejected_before_training(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "hi", "answer": "1"}) + "\n")
+    (tmp_path / "r.py").write_text("def f(prompts, completions, solution):\n    return [0.0]*len(completions)\n")
+    monkeypatch.chdir(tmp_path)
+    rc = main(["train", "--model", "tiny", "--data", str(data), "--reward", "r:f", "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "parameter 'solution'" in capsys.readouterr().err
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_malformed_data_cli(tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"prompt": "ok"}\n{"prompt": oops}\n')
+    rc = main(["train", "--model", "tiny", "--data", str(data), "--reward", "x:y", "--out", str(tmp_path / "o")])
+    assert rc == 2 and "d.jsonl:2" in capsys.readouterr().err
+
+
+def test_nan_loss_skips_step_weights_untouched(tiny_args):
+    name = "nan_for_test"
+    if name not in POLICY_LOSSES:
+        @POLICY_LOSSES.register(name)
+        def nan_loss(logprobs, old_logprobs, advantages, mask):
+            return logprobs * float("nan"), {}
+    args = {**tiny_args, "policy_loss": name, "steps": 2}
+    cfg = Config.build(args)
+    t = Trainer(cfg, log=lambda *a: None)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    t.train(progress=False)
+    assert all(torch.equal(before[n], p) for n, p in t.model.named_parameters())
+    rows = read_metrics(args["out"])
+    assert [r["skipped"] for r in rows] == [1, 1] and rows[0]["loss"] is None
+    assert all(not s for s in t.optimizer.state.values())  # no optimiser state was created
+
+
+def test_existing_run_is_not_overwritten(tiny_args, capsys):
+    run({**tiny_args, "steps": 2})
+    before = Path(tiny_args["out"], "metrics.jsonl").read_text()
+    rc = main(["train", "--model", "tiny", "--task", "repeat", "--out", tiny_args["out"]])
+    assert rc == 2 and "--resume" in capsys.readouterr().err
+    assert Path(tiny_args["out"], "metrics.jsonl").read_text() == before
+
+
+def _cli(out, steps, extra=()):
+    return [sys.executable, "-m", "grpolab", "train", "--model", "tiny", "--task", "repeat",
+            "--steps", str(steps), "--prompts_per_step", "4", "--num_generations", "4",
+            "--max_completion_length", "6", "--learning_rate", "3e-3", "--eval_before", "false",
+            "--eval_after", "false", "--tensorboard", "false", "--save_steps", "2", "--threads", "1",
+            "--num_iterations", "2", "--out", str(out), "--quiet", *extra]
+
+
+def test_kill_9_and_resume_matches_uninterrupted_run(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    steps = 7
+    ref = tmp_path / "ref"
+    subprocess.run(_cli(ref, steps), check=True, env=env, capture_output=True, timeout=300)
+    # same run, killed with SIGKILL after its 3rd step (between checkpoints 2 and 4)
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_cli(out, steps), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline:
+        if len(read_metrics(out)) >= 3:
+            break
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(read_metrics(out)) < steps
+    subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(out), "--quiet"], check=True,
+                   env=env, capture_output=True, timeout=300)
+    a, b = read_metrics(ref), read_metrics(out)
+    assert [r["step"] for r in b] == list(range(1, steps + 1))
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+    wa = load_file(str(ref / "final" / "model.safetensors"))
+    wb = load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
