@@ -105,3 +105,15 @@ def test_scorer_none_nan_and_raising():
     m, errors = s.score(["p"] * 4, ["c"] * 4, [[1]] * 4, {})
     assert errors == 1 and "judge offline" in logs[0]
     assert m[:, 0].tolist()[0] == 1.0 and m[1, 0].isnan() and bool(m[:, 1].isnan().all())
+
+
+def test_config_reference_doc_is_current(capsys):
+    """docs/configuration.md carries the output of `grpolab config --markdown`."""
+    from pathlib import Path
+
+    assert main(["config", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    doc = (Path(__file__).parent.parent / "docs" / "configuration.md").read_text()
+    assert table in doc, "regenerate: grpolab config --markdown"
+    assert main(["config"]) == 0
+    assert "learning_rate:" in capsys.readouterr().out

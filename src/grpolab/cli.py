@@ -124,6 +124,17 @@ def cmd_recipes(args, rest: list[str]) -> int:
     return 0
 
 
+def cmd_config(args, rest: list[str]) -> int:
+    from .config import Config, markdown_reference
+
+    if args.markdown:
+        print(markdown_reference(), end="")
+    else:
+        import yaml
+        print(yaml.safe_dump(Config.build({}).to_dict(), sort_keys=False), end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,12 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--compact", action="store_true", help="one-line JSON")
     r = sub.add_parser("recipes", help="list recipes with citations")
     r.add_argument("--json", action="store_true", help="print as JSON")
+    c = sub.add_parser("config", help="print the default configuration (YAML) or the key reference")
+    c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
     args, rest = parser.parse_known_args(argv)
     from .config import ConfigError
     from .data import DataError
     from .registry import UnknownComponentError
     try:
-        return {"train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes}[args.command](args, rest)
+        commands = {"train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes, "config": cmd_config}
+        return commands[args.command](args, rest)
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2

@@ -38,6 +38,8 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     prompts_per_step: int = _f(4, "prompts per optimiser step")
     num_generations: int = _f(8, "completions per prompt (G)")
     num_iterations: int = _f(1, "optimiser passes over each batch (mu)")
+    off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
+                                          "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
     # generation
     max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
@@ -116,7 +118,7 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
             for v in (value if many else [value]):
                 if choices is not None and v not in choices:
                     raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(choices) or 'none yet'}")
-        positive = ["steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
+        positive = ["off_policy_refresh_steps", "steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
                     "max_completion_length", "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:
             if getattr(self, name) < 1:
@@ -202,3 +204,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"--config: {p} must contain a mapping of key: value")
     return data
+
+
+def markdown_reference() -> str:
+    """Every config key with its default and help, as a markdown table."""
+    lines = ["| key | default | meaning |", "|---|---|---|"]
+    for f in dataclasses.fields(Config):
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        choices = f.metadata.get("choices")
+        extra = ""
+        if isinstance(choices, list):
+            extra = f" ({' / '.join(map(str, choices))})"
+        elif isinstance(choices, str):
+            extra = f" (registry {choices.rstrip('*')}{', a list' if choices.endswith('*') else ''})"
+        lines.append(f"| `{f.name}` | `{default}` | {f.metadata.get('help', '')}{extra} |")
+    return "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ def sequence_inputs(batch: RolloutBatch):
 
 
 def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float,
-                               with_entropy: bool = False, chunk: int = 4096):
+                               with_entropy: bool = False, chunk: int = 4096, entropy_grad: bool = False):
     """``log softmax(logits / temperature)[tokens]`` and optionally the entropy.
 
     Works in float32 over chunks of ``chunk`` positions, so no float32
@@ -36,8 +36,8 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, tempe
             x = x / temperature
         lse = torch.logsumexp(x, dim=-1)
         lps.append(x.gather(-1, tok[i:i + chunk, None]).squeeze(-1) - lse)
-        if with_entropy:  # a metric: no gradient
-            xd, lsed = x.detach(), lse.detach()
+        if with_entropy:  # a metric (no gradient) unless a regulariser needs its gradient
+            xd, lsed = (x, lse) if entropy_grad else (x.detach(), lse.detach())
             ents.append(lsed - (torch.softmax(xd, dim=-1) * xd).sum(-1))
     lp = torch.cat(lps).view(R, T)
     ent = torch.cat(ents).view(R, T) if with_entropy else None
@@ -45,7 +45,7 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, tempe
 
 
 def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
-                        shared_prefix: bool = True):
+                        shared_prefix: bool = True, entropy_grad: bool = False):
     """Log-prob ``[R, T]`` of every completion token (and entropy ``[R, T]`` if asked).
 
     With ``shared_prefix`` (the default) rows whose prompt tokens are identical
@@ -55,13 +55,15 @@ def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, wi
     """
     if shared_prefix:
         logits = shared_prefix_logits(model, batch)
-        return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy)
+        return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy,
+                                          entropy_grad=entropy_grad)
     input_ids, attn, pos = sequence_inputs(batch)
     T = batch.completion_ids.shape[1]
     out = model(input_ids=input_ids, attention_mask=attn, position_ids=pos, use_cache=False,
                 logits_to_keep=T + 1)
     logits = out.logits[:, -(T + 1):-1, :]
-    return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy)
+    return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy,
+                                      entropy_grad=entropy_grad)
 
 
 def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:

@@ -109,6 +109,7 @@ class Trainer:
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
 
+        self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.step = 0
         self.skipped_steps = 0
         self.out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +124,8 @@ class Trainer:
                     self.components[key].fn.load_state_dict(comp_state)
                 ckpt.set_rng_state(state["rng"], self.generator)
                 self.step, self.skipped_steps = state["step"], state["skipped_steps"]
+                if state.get("behavior") is not None:
+                    self._refresh_behavior(state["behavior"])
                 self.log(f"[grpolab] resumed from {last} at step {self.step}")
             else:
                 self.log(f"[grpolab] no checkpoint in {self.out}/checkpoints; starting from step 0")
@@ -145,7 +148,8 @@ class Trainer:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator),
                 "components": {k: c.fn.state_dict() for k, c in self.components.items() if c.stateful},
-                "step": self.step, "skipped_steps": self.skipped_steps}
+                "step": self.step, "skipped_steps": self.skipped_steps,
+                "behavior": None if self.behavior_model is None else ckpt.trainable_state(self.behavior_model)}
 
     def save(self) -> Path:
         return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
@@ -157,10 +161,33 @@ class Trainer:
                         accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
 
     # -------------------------------------------------------------------- step
+    def _refresh_behavior(self, weights: dict | None = None) -> None:
+        """Copy the current policy (or ``weights``) into the stale rollout snapshot."""
+        if self.behavior_model is None:
+            self.behavior_model = copy.deepcopy(self.model).eval()  # same trainable set as the policy
+        src = weights if weights is not None else ckpt.trainable_state(self.model)
+        self.behavior_model.load_state_dict(src, strict=False)
+
+    def behavior_policy(self):
+        """The model rollouts are sampled from.
+
+        On-policy this is the policy itself. With ``off_policy_refresh_steps = N
+        > 1`` it is a snapshot refreshed every N steps, so rollouts are up to
+        N-1 updates stale; their behaviour log-probs are the snapshot's, and the
+        clipped ratio pi_theta / pi_old corrects for the staleness (Off-policy
+        GRPO, Mroueh et al. 2025, arXiv:2505.22257, seed 000-07).
+        """
+        n = self.cfg.off_policy_refresh_steps
+        if n <= 1:
+            return self.model
+        if self.behavior_model is None or self.step % n == 0:
+            self._refresh_behavior()
+        return self.behavior_model
+
     def rollout(self):
         cfg = self.cfg
         idx = self.sampler.next(cfg.prompts_per_step)
-        batch = plain_rollout(self.model, self.tok, [self.rows[i] for i in idx], idx,
+        batch = plain_rollout(self.behavior_policy(), self.tok, [self.rows[i] for i in idx], idx,
                               num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
                               max_prompt_length=cfg.max_prompt_length, temperature=cfg.temperature,
                               top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
@@ -216,14 +243,16 @@ class Trainer:
         sums: dict[str, float] = {}
         ntok = max(float(batch.completion_mask.sum()), 1.0)
         loss_value, skipped, grad_norm = 0.0, 0, float("nan")
+        entropy_grad = any(c.wants("entropy_grad") for c in [self.policy_loss] + self.regularizers)
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_value, finite = 0.0, True
             for mb in mbs:
                 logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True,
-                                                shared_prefix=cfg.shared_prefix_forward)
+                                                shared_prefix=cfg.shared_prefix_forward, entropy_grad=entropy_grad)
                 inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
-                          "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent,
+                          "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent.detach(),
+                          "entropy_grad": ent,
                           "group_ids": mb.group_ids, "batch": mb, "step": self.step}
                 per_token, tok_metrics = self.policy_loss(**inputs)
                 if cfg.beta > 0:
@@ -242,9 +271,9 @@ class Trainer:
                 loss_value += float(loss.detach())
                 m = mb.completion_mask
                 if it == 0:
-                    tok_metrics = {**tok_metrics, "entropy": ent}
+                    tok_metrics = {**tok_metrics, "entropy": ent.detach()}
                 for k, v in tok_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float((v * m).sum())
+                    sums[k] = sums.get(k, 0.0) + float((v.detach() * m).sum())
             if finite:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(
                     params, cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")))
