@@ -94,3 +94,19 @@ def test_greedy_sampling_is_deterministic():
     a = plain_rollout(model, tok, rows, [0], num_generations=2, max_completion_length=5, max_prompt_length=32,
                       temperature=0.0)
     assert torch.equal(a.completion_ids[0], a.completion_ids[1])
+
+
+def test_draw_matches_the_distribution_and_filters():
+    from grpolab.rollout.sampling import draw
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).repeat(50_000, 1)
+    _, tok = draw(logits, 1.0, generator=g)
+    freq = torch.bincount(tok, minlength=3).float() / tok.numel()
+    assert torch.allclose(freq, torch.tensor([0.1, 0.2, 0.7]), atol=0.01)
+    _, tok = draw(logits, 1.0, top_k=1, generator=g)
+    assert bool((tok == 2).all())
+    _, tok = draw(logits, 1.0, top_p=0.75, generator=g)  # nucleus {2, 1}
+    assert not bool((tok == 0).any())
+    logp, tok = draw(logits[:2], 0.0)
+    assert tok.tolist() == [2, 2] and torch.allclose(logp.exp().sum(-1), torch.ones(2))

@@ -133,11 +133,27 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
             raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        self._check_components(registries)
         from .tasks import TASKS
         if self.data is None and self.task not in TASKS:
             raise ConfigError(f"task: '{self.task}' is not valid; valid values: {', '.join(TASKS.names())}")
         if self.data is not None and not self.reward:
             raise ConfigError("reward: --data needs at least one --reward module:function")
+
+    def _check_components(self, registries: dict) -> None:
+        """Let each chosen component reject settings it cannot work with.
+
+        A component (function or class) may define ``check_config(cfg)`` that
+        raises :class:`ConfigError` for an invalid combination, e.g. a pairwise
+        objective with odd group sizes.
+        """
+        chosen = [registries["ADVANTAGES"].get(self.advantage), registries["POLICY_LOSSES"].get(self.policy_loss)]
+        chosen += [registries["WEIGHTINGS"].get(n) for n in self.advantage_weightings]
+        chosen += [registries["REGULARIZERS"].get(n) for n in self.regularizers]
+        for obj in chosen:
+            check = getattr(obj, "check_config", None)
+            if callable(check):
+                check(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -54,12 +54,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     active = torch.arange(rows)  # row index of each cache entry
     eos = torch.tensor(eos_ids, dtype=torch.long)
     for t in range(max_new_tokens):
-        logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
-        if temperature <= 0:
-            tok = logp.argmax(-1)
-        else:
-            probs = _filter(logp, top_k, top_p).exp()
-            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        logp, tok = draw(logits, temperature, top_k, top_p, generator)
         tokens[active, t] = tok
         lps[active, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         lengths[active] = t + 1
@@ -81,6 +76,22 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
         next_pos = next_pos + 1
     T = int(lengths.max()) if rows else 0
     return SampleOutput(tokens[:, :max(T, 1)], lps[:, :max(T, 1)], lengths, ~done)
+
+
+def draw(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+         generator: torch.Generator | None = None):
+    """One token per row. Returns ``(log softmax(logits / temperature), tokens)``.
+
+    ``temperature <= 0`` is greedy. Sampling uses the exponential race:
+    ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` picks ``i`` with probability
+    ``p_i`` (the same distribution as ``torch.multinomial``, faster on CPU).
+    """
+    logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
+    if temperature <= 0:
+        return logp, logp.argmax(-1)
+    probs = _filter(logp, top_k, top_p).exp()
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    return logp, (probs / race).argmax(-1)
 
 
 def _cache_kwarg(model) -> str:
