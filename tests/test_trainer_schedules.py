@@ -44,3 +44,73 @@ def test_resume_in_process_with_snapshot_matches(tiny_args, tmp_path):
     assert len(ra) == len(rb) == 5
     for x, y in zip(ra, rb):
         assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+
+
+def test_zero_variance_filter_hand_computed():
+    from grpolab.algorithms import FILTERS
+
+    r = torch.tensor([1.0, 1.0, 0.0, 1.0, float("nan"), 0.5, 0.5 + 1e-9])
+    g = torch.tensor([0, 0, 1, 1, 2, 3, 3])
+    keep = FILTERS.get("zero_variance_groups")(r, g)
+    # group 0 constant, group 1 varies, group 2 has no scored pair, group 3 differs only by float noise
+    assert keep.tolist() == [False, False, True, True, False, False, False]
+
+
+def test_batch_concat_pads_and_keeps_ids():
+    from grpolab.batch import RolloutBatch
+
+    def mk(P, T, gid):
+        R = 2
+        return RolloutBatch(prompt_ids=torch.ones(R, P, dtype=torch.long), prompt_mask=torch.ones(R, P, dtype=torch.long),
+                            completion_ids=torch.full((R, T), 5), completion_mask=torch.ones(R, T),
+                            behavior_logprobs=torch.full((R, T), -1.0), group_ids=torch.full((R,), gid),
+                            prompt_uids=torch.full((R,), gid), truncated=torch.zeros(R, dtype=torch.bool),
+                            rewards=torch.ones(R, 1), columns={"x": [gid] * R})
+    b = RolloutBatch.concat([mk(3, 2, 0), mk(5, 4, 1)], pad_id=9)
+    assert b.prompt_ids.shape == (4, 5) and b.completion_ids.shape == (4, 4)
+    assert b.prompt_ids[0].tolist() == [9, 9, 1, 1, 1] and b.prompt_mask[0].tolist() == [0, 0, 1, 1, 1]
+    assert b.completion_ids[0].tolist() == [5, 5, 9, 9] and b.completion_mask[0].tolist() == [1, 1, 0, 0]
+    assert b.group_ids.tolist() == [0, 0, 1, 1] and b.columns["x"] == [0, 0, 1, 1] and b.rewards.shape == (4, 1)
+
+
+def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
+    t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "steps": 1})
+    calls = []
+    real_score = t.score
+
+    def score(batch):  # every other prompt's group gets constant rewards
+        errors = real_score(batch)
+        for j, g in enumerate(torch.unique(batch.group_ids)):
+            rows = batch.group_ids == g
+            n = int(rows.sum())
+            batch.rewards[rows, 0] = 1.0 if (len(calls) + j) % 2 else torch.arange(n, dtype=torch.float32)
+        calls.append(len(torch.unique(batch.group_ids)))
+        return errors
+
+    monkeypatch.setattr(t, "score", score)
+    batch, errors, stats = t.collect()
+    # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 refills 2: one kept; round 3 refills 1: kept
+    assert calls == [4, 2, 1]
+    assert len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 3
+    from grpolab.algorithms import FILTERS
+    assert bool(FILTERS.get("zero_variance_groups")(batch.rewards[:, 0], batch.group_ids).all())
+    assert stats["dynamic_sampling/dropped_groups"] == 3 and stats["dynamic_sampling/generated_groups"] == 7
+
+
+def test_dynamic_sampling_cap_skips_step_without_signal(tiny_args, monkeypatch):
+    logs = []
+    t = Trainer(Config.build({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 2}),
+                log=logs.append)
+    real_score = t.score
+
+    def constant(batch):
+        errors = real_score(batch)
+        batch.rewards[:] = 1.0
+        return errors
+
+    monkeypatch.setattr(t, "score", constant)
+    before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
+    m = t.train_step()
+    assert m["skipped"] == 1 and m["dynamic_sampling/dropped_groups"] == 8 and m["step"] == 1
+    assert any("dynamic_sampling_max_rounds" in line for line in logs)
+    assert all(torch.equal(before[n], p) for n, p in t.model.named_parameters())

@@ -109,6 +109,41 @@ class RolloutBatch:
                 out[f.name] = v
         return replace(self, **out)
 
+    @staticmethod
+    def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
+        """Stack batches row-wise; prompts are left-padded and completions
+        right-padded to the widest batch."""
+        if len(batches) == 1:
+            return batches[0]
+        P = max(b.prompt_ids.shape[1] for b in batches)
+        T = max(b.completion_ids.shape[1] for b in batches)
+
+        def pad(x: torch.Tensor, width: int, left: bool, value) -> torch.Tensor:
+            extra = width - x.shape[1]
+            if extra == 0:
+                return x
+            filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
+            return torch.cat([filler, x] if left else [x, filler], dim=1)
+
+        out: dict[str, Any] = {}
+        for f in fields(RolloutBatch):
+            vals = [getattr(b, f.name) for b in batches]
+            if f.name == "columns":
+                out[f.name] = {k: [x for v in vals for x in v[k]] for k in vals[0]}
+            elif f.name == "reward_names":
+                out[f.name] = vals[0]
+            elif any(v is None for v in vals):
+                out[f.name] = None
+            elif vals[0].dim() == 2 and f.name.startswith("prompt"):
+                value = pad_id if f.name == "prompt_ids" else 0
+                out[f.name] = torch.cat([pad(v, P, True, value) for v in vals])
+            elif vals[0].dim() == 2 and f.name != "rewards":
+                value = pad_id if f.name == "completion_ids" else 0
+                out[f.name] = torch.cat([pad(v, T, False, value) for v in vals])
+            else:
+                out[f.name] = torch.cat(vals)
+        return RolloutBatch(**out)
+
     def trim(self) -> "RolloutBatch":
         """Drop trailing completion columns that no row uses (right padding only)."""
         used = int(self.completion_attention_mask.sum(-1).max()) if self.num_rows else 0

@@ -38,6 +38,10 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     prompts_per_step: int = _f(4, "prompts per optimiser step")
     num_generations: int = _f(8, "completions per prompt (G)")
     num_iterations: int = _f(1, "optimiser passes over each batch (mu)")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop zero-variance groups and generate more "
+                                       "prompts until prompts_per_step groups are kept")
+    dynamic_sampling_max_rounds: int = _f(4, "generation rounds per step before dynamic sampling gives up "
+                                             "and trains on the groups it has (with a warning)")
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
@@ -118,7 +122,7 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
             for v in (value if many else [value]):
                 if choices is not None and v not in choices:
                     raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(choices) or 'none yet'}")
-        positive = ["off_policy_refresh_steps", "steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
+        positive = ["dynamic_sampling_max_rounds", "off_policy_refresh_steps", "steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
                     "max_completion_length", "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:
             if getattr(self, name) < 1:

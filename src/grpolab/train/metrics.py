@@ -61,7 +61,7 @@ def plot_rewards(out: Path) -> Path | None:
 
     steps = [r["step"] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, [r["reward_mean"] for r in rows], label="reward_mean")
+    ax.plot(steps, [r.get("reward_mean") for r in rows], label="reward_mean")
     for k in rows[0]:
         if k.startswith("rewards/") and k.endswith("/mean"):
             ax.plot(steps, [r.get(k) for r in rows], label=k, alpha=0.6)

@@ -21,9 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals,
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, FILTERS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals,
                           combine_rewards, group_stats)
 from ..algorithms.kl import kl_penalty
+from ..batch import RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..data import columns_of, load_jsonl
@@ -184,15 +185,54 @@ class Trainer:
             self._refresh_behavior()
         return self.behavior_model
 
-    def rollout(self):
+    def rollout(self, num_prompts: int | None = None, round_: int = 0):
         cfg = self.cfg
-        idx = self.sampler.next(cfg.prompts_per_step)
+        n = num_prompts or cfg.prompts_per_step
+        idx = self.sampler.next(n)
+        offset = (self.step * cfg.dynamic_sampling_max_rounds + round_) * cfg.prompts_per_step
         batch = plain_rollout(self.behavior_policy(), self.tok, [self.rows[i] for i in idx], idx,
                               num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
                               max_prompt_length=cfg.max_prompt_length, temperature=cfg.temperature,
                               top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
-                              group_offset=self.step * cfg.prompts_per_step)
+                              group_offset=offset)
         return batch
+
+    def collect(self):
+        """Rollout + rewards; with dynamic sampling, refill until the batch is full.
+
+        Returns ``(batch, reward-call errors, stats)``. Dynamic sampling (DAPO)
+        drops groups whose rewards do not vary and generates more prompts, up
+        to ``dynamic_sampling_max_rounds`` rounds; if the cap is hit it warns
+        and trains on the groups it kept (the step is skipped if none).
+        """
+        cfg = self.cfg
+        kept, errors, generated, dropped = [], 0, 0, 0
+        n_kept = 0
+        for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
+            need = cfg.prompts_per_step - n_kept
+            batch = self.rollout(need, round_)
+            errors += self.score(batch)
+            generated += need
+            if not cfg.dynamic_sampling:
+                return batch, errors, {}
+            scalar = combine_rewards(batch.rewards, self.scorer.weights)
+            keep = FILTERS.get("zero_variance_groups")(scalar, batch.group_ids)
+            dropped += len(torch.unique(batch.group_ids[~keep]))
+            if keep.any():
+                rows = keep.nonzero().squeeze(-1)
+                kept.append(batch.select(rows))
+                n_kept += len(torch.unique(batch.group_ids[rows]))
+            if n_kept >= cfg.prompts_per_step:
+                break
+        else:
+            self.log(f"[grpolab] step {self.step + 1}: dynamic sampling kept {n_kept} of {cfg.prompts_per_step} "
+                     f"groups after {cfg.dynamic_sampling_max_rounds} rounds (dynamic_sampling_max_rounds); "
+                     f"training on what it has")
+        stats = {"dynamic_sampling/rounds": round_ + 1, "dynamic_sampling/generated_groups": generated,
+                 "dynamic_sampling/dropped_groups": dropped, "frac_zero_std_groups": dropped / max(generated, 1)}
+        if not kept:
+            return None, errors, stats
+        return RolloutBatch.concat(kept, pad_id=self.tok.pad_token_id), errors, stats
 
     def score(self, batch) -> int:
         cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
@@ -300,9 +340,14 @@ class Trainer:
     def train_step(self) -> dict:
         t0 = time.perf_counter()
         self.model.eval()
-        batch = self.rollout()
+        batch, errors, stats = self.collect()
         t1 = time.perf_counter()
-        errors = self.score(batch)
+        if batch is None:  # dynamic sampling found no group with signal: nothing to learn from
+            self.step += 1
+            self.skipped_steps += 1
+            self.scheduler.step()
+            return {"step": self.step, "skipped": 1, "reward_errors": errors, **stats,
+                    "rollout_s": t1 - t0, "train_s": 0.0}
         scalar = self.compute_advantages(batch)
         self.reference_logprobs(batch)
         upd = self.update(batch)
@@ -310,7 +355,7 @@ class Trainer:
         t2 = time.perf_counter()
         self.step += 1
         self.skipped_steps += upd["skipped"]
-        return self._metrics(batch, scalar, errors, upd, t1 - t0, t2 - t1)
+        return {**self._metrics(batch, scalar, errors, upd, t1 - t0, t2 - t1), **stats}
 
     def _metrics(self, batch, scalar, errors, upd, rollout_s, train_s) -> dict:
         lengths = batch.completion_attention_mask.sum(-1).float()
@@ -357,8 +402,10 @@ class Trainer:
                 m = self.train_step()
                 self.metrics.write(m)
                 bar.update(1)
-                bar.set_postfix(reward=f"{m['reward_mean'] if m['reward_mean'] is not None else float('nan'):.3f}",
-                                step_s=f"{m['rollout_s'] + m['train_s']:.1f}", len=f"{m['completion_len_mean']:.0f}")
+                reward = m.get("reward_mean")
+                bar.set_postfix(reward=f"{reward if reward is not None else float('nan'):.3f}",
+                                step_s=f"{m['rollout_s'] + m['train_s']:.1f}",
+                                len=f"{m.get('completion_len_mean') or 0:.0f}")
                 if self.step % cfg.save_steps == 0 or self.step == cfg.steps:
                     self.save()
         finally:

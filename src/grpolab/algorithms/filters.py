@@ -1,0 +1,26 @@
+"""Row filters: which rollout rows enter the loss.
+
+Signature: ``fn(**inputs) -> keep [R] bool``, inputs resolved by name as in
+``components.py`` (``rewards``, ``group_ids``, ...).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..registry import Registry
+from .advantages import group_stats
+
+FILTERS: Registry = Registry("row filter")
+
+
+@FILTERS.register("zero_variance_groups")
+def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor, *, tolerance: float = 1e-6) -> torch.Tensor:
+    """Keep rows of groups whose rewards vary (DAPO dynamic sampling, arXiv:2503.14476).
+
+    A group is dropped when its scored rewards have (Bessel) std <= ``tolerance``
+    or it has fewer than two scored rows: its group-relative advantage is 0 and
+    it would only dilute the loss. A tolerance rather than ``std == 0`` keeps
+    float noise from letting a constant group through (NeMo-RL PR #4158).
+    """
+    _, std, _ = group_stats(rewards, group_ids)
+    return ~torch.isnan(std) & (std > tolerance)
