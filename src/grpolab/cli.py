@@ -105,10 +105,25 @@ def cmd_eval(args, rest: list[str]) -> int:
     return 0
 
 
+def recipes_markdown(recipes: list[dict]) -> str:
+    """The recipe table of the README and docs/recipes.md."""
+    def cell(d: dict) -> str:
+        return ", ".join(f"{k}={'/'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in d.items())
+
+    lines = ["| recipe | paper | seed | components | parameters |", "|---|---|---|---|---|"]
+    for r in recipes:
+        lines.append(f"| `{r['name']}` | {r['title']} ({r['citation']}) | {r.get('seed') or '—'} | "
+                     f"{cell(r['components'])} | {cell(r['parameters'])} |")
+    return "\n".join(lines) + "\n"
+
+
 def cmd_recipes(args, rest: list[str]) -> int:
     from .recipes import all_recipes
 
     recipes = all_recipes()
+    if args.markdown:
+        print(recipes_markdown(recipes), end="")
+        return 0
     if args.json:
         print(json.dumps([{k: r.get(k) for k in ("name", "title", "citation", "seed", "description",
                                                  "components", "parameters")} for r in recipes], indent=2))
@@ -152,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--compact", action="store_true", help="one-line JSON")
     r = sub.add_parser("recipes", help="list recipes with citations")
     r.add_argument("--json", action="store_true", help="print as JSON")
+    r.add_argument("--markdown", action="store_true", help="print the recipe table as markdown")
     c = sub.add_parser("config", help="print the default configuration (YAML) or the key reference")
     c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
     args, rest = parser.parse_known_args(argv)

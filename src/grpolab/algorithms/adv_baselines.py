@@ -1,2 +1,524 @@
-"""Variant catalogue I (group A): baselines, normalisations, difficulty and multi-reward weightings."""
+"""Variant catalogue I (group A): baselines, normalisations, difficulty and multi-reward weightings.
+
+Advantage estimators (``ADVANTAGES``) map rewards to per-row advantages;
+weightings (``WEIGHTINGS``) rescale advantages that an estimator produced. All
+of them reuse ``group_stats`` / ``group_zscore`` / ``combine_rewards`` for the
+shared formulas, take NaN as "unscorable" (left out of every statistic,
+advantage 0) and accept ragged groups.
+
+Where a paper studies a domain (video, safety alignment), the generic text-LLM
+mechanism is implemented; the docstrings say so.
+"""
 from __future__ import annotations
+
+import math
+
+import torch
+
+from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
+from .weightings import WEIGHTINGS
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _zero_variance(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``[R]`` bool: the row's group has fewer than two scored rows or all its scored rewards are equal.
+
+    "Equal" uses ``isclose(std, 0)`` rather than ``== 0`` (NeMo-RL PR #4158:
+    float noise in a constant group must not count as signal).
+    """
+    _, std, _ = group_stats(rewards, group_ids)
+    return torch.isnan(std) | torch.isclose(std, torch.zeros_like(std), atol=1e-6)
+
+
+def _per_group(values: torch.Tensor, group_ids: torch.Tensor, fn) -> torch.Tensor:
+    """Apply ``fn`` to every group's scored values; returns ``[R]`` with fn's value per row (NaN elsewhere)."""
+    out = torch.full_like(values, float("nan"))
+    for g in torch.unique(group_ids):
+        sel = (group_ids == g) & ~torch.isnan(values)
+        if sel.any():
+            out[group_ids == g] = fn(values[sel])
+    return out
+
+
+def _scale_rows(advantages: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Multiply ``[R]`` or ``[R, T]`` advantages by a per-row weight ``[R]``."""
+    weight = weight.to(advantages.dtype)
+    return advantages * (weight[:, None] if advantages.dim() == 2 else weight)
+
+
+def _accuracy(rewards: torch.Tensor, reward_matrix: torch.Tensor | None, column: int) -> torch.Tensor:
+    """The reward used as per-row accuracy: column ``column`` of the reward matrix, or the combined reward (-1)."""
+    if column < 0 or reward_matrix is None:
+        return rewards
+    if column >= reward_matrix.shape[1]:
+        raise ValueError(f"accuracy reward column {column} does not exist ({reward_matrix.shape[1]} reward "
+                         f"functions)")
+    return reward_matrix[:, column]
+
+
+def _batch_whiten(values: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``(x - mean_batch x) / (std_batch x + epsilon)`` over the scored (non-NaN) rows; NaN rows -> 0.
+
+    Bessel-corrected std as TRL's ``nanstd``; one row per completion (verl's
+    ``masked_whiten`` weights each completion by its token count instead).
+    """
+    ok = ~torch.isnan(values)
+    if ok.sum() < 2:
+        return torch.zeros_like(values)
+    v = values[ok]
+    out = (values - v.mean()) / (v.std() + epsilon)
+    return torch.nan_to_num(out, nan=0.0)
+
+
+def _per_reward_zscore(reward_matrix: torch.Tensor, group_ids: torch.Tensor, epsilon: float) -> torch.Tensor:
+    """``[R, K]``: each reward column group-z-scored on its own (``group_zscore``), NaN kept where unscorable."""
+    cols = [group_zscore(reward_matrix[:, k], group_ids, epsilon=epsilon) for k in range(reward_matrix.shape[1])]
+    z = torch.stack(cols, dim=1) if cols else reward_matrix.clone()
+    return torch.where(torch.isnan(reward_matrix), torch.full_like(z, float("nan")), z)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+@ADVANTAGES.register("leave_one_out")
+def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """RLOO leave-one-out baseline (Ahmadian et al., 2024, arXiv:2402.14740).
+
+    ``A_i = r_i - (1 / (n - 1)) sum_{j != i} r_j = n / (n - 1) * (r_i - mean_g(r))``
+
+    with ``n`` the number of scored rows in the group (TRL ``RLOOTrainer``,
+    verl ``rloo``, OpenRLHF ``rloo``). So RLOO is ``n/(n-1)`` times the
+    mean-only baseline (``group_mean``). A group with a single scored row and
+    unscorable rows get 0.
+    """
+    mean, _, count = group_stats(rewards, group_ids)
+    scale = count / (count - 1).clamp(min=1)
+    adv = torch.where(count > 1, (rewards - mean) * scale, torch.zeros_like(rewards))
+    return torch.nan_to_num(adv, nan=0.0)
+
+
+@ADVANTAGES.register("batch_zscore")
+def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+    """REINFORCE++-baseline: group mean baseline, then whitening over the whole batch (arXiv:2501.03262).
+
+    ``a_i = r_i - mean_g(r)``;  ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + epsilon)``
+
+    verl ``reinforce_plus_plus_baseline`` / OpenRLHF ``reinforce_baseline``.
+    Choice: the batch statistics are over completions (one value per row,
+    Bessel std like TRL); verl whitens over tokens, which weights long
+    completions more. Unscorable rows are left out and get 0.
+    """
+    centred = rewards - group_stats(rewards, group_ids)[0]
+    return _batch_whiten(centred, epsilon)
+
+
+@ADVANTAGES.register("group_mean_batch_std")
+def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+    """Lite-PPO advantage: group mean, **batch** std (Liu et al., 2025, arXiv:2508.08221).
+
+    ``A_i = (r_i - mean_g(r)) / (std_batch(r) + epsilon)``
+
+    ``std_batch`` is the Bessel-corrected std of every scored reward in the
+    batch (TRL ``scale_rewards="batch"``, ROLL Lite-PPO). Unscorable rows get 0.
+    """
+    ok = ~torch.isnan(rewards)
+    std = rewards[ok].std() if ok.sum() > 1 else rewards.new_tensor(0.0)
+    return torch.nan_to_num(group_mean(rewards, group_ids) / (std + epsilon), nan=0.0)
+
+
+@ADVANTAGES.register("gpg")
+def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = "valid",
+        gpg_std_normalize: bool = False, epsilon: float = 1e-4) -> torch.Tensor:
+    """GPG corrected group advantage (Chu et al., 2025, arXiv:2504.02546; seed 000-18).
+
+    ``A_i = alpha * (r_i - mean_g(r)) / F_norm``
+
+    * ``F_norm = 1`` (default; the paper's best row) or ``std_g(r) + epsilon``
+      (``gpg_std_normalize``).
+    * ``alpha = B / (B - M)`` (``gpg_alpha="valid"``, the paper's definition):
+      ``B`` scored rows in the batch, ``M`` of them in groups whose rewards are
+      all equal (they carry zero advantage). With a loss averaged over the
+      whole batch this turns the average into one over the rows that carry
+      signal. ``"nonzero"`` is verl's approximation ``alpha = B /
+      count_nonzero(r)`` (equal to the paper's for 0/1 rewards only in special
+      cases); ``"none"`` sets ``alpha = 1``. When no row is valid, ``alpha = 1``
+      (every advantage is 0 anyway).
+
+    The GPG *loss* is the plain ``-A log pi`` without ratio or clip (policy
+    objective ``policy_gradient``). The paper's ``beta_th`` (resample when the
+    valid fraction is below a threshold) is a sampling rule, not part of this
+    estimator.
+    """
+    adv = group_mean(rewards, group_ids)
+    if gpg_std_normalize:
+        _, std, _ = group_stats(rewards, group_ids)
+        adv = torch.nan_to_num(adv / (std + epsilon), nan=0.0)
+    scored = ~torch.isnan(rewards)
+    b = float(scored.sum())
+    if gpg_alpha == "valid":
+        valid = float((scored & ~_zero_variance(rewards, group_ids)).sum())
+    elif gpg_alpha == "nonzero":
+        valid = float((torch.nan_to_num(rewards, nan=0.0) != 0).sum())
+    elif gpg_alpha == "none":
+        valid = b
+    else:
+        raise ValueError(f"gpg_alpha: '{gpg_alpha}' is not valid; valid values: valid, nonzero, none")
+    alpha = b / valid if valid > 0 else 1.0
+    return adv * alpha
+
+
+@ADVANTAGES.register("group_mad")
+def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.Tensor | None = None,
+              dgpo_valid_token_rescale: bool = False, epsilon: float = 1e-4) -> torch.Tensor:
+    """DGPO difficulty-balanced group advantage, DGAE (MathForge, Dai et al., 2026, arXiv:2601.20614; seed 000-05).
+
+    ``A_i = n (r_i - mean_g(r)) / (sum_{j in g} |r_j - mean_g(r)| + epsilon)``
+    ``    = (r_i - mean_g(r)) / (MAD_g(r) + epsilon / n)``
+
+    with ``MAD_g`` the mean absolute deviation over the group's ``n`` scored
+    rows. Every non-degenerate group then has the same total update size
+    ``sum_i |A_i| = n`` whatever its accuracy (GRPO's std gives
+    ``~2n sqrt(p(1-p))``, largest at p = 1/2). The ``n / (sum + eps)`` form
+    and ``epsilon = 1e-4`` follow the authors' code (AMAP-ML/MathForge).
+
+    ``dgpo_valid_token_rescale`` (authors' code, on in their DGPO runs)
+    multiplies every advantage by ``(all completion tokens) / (tokens of rows
+    in non-zero-variance groups)``, a token-level analogue of GPG's alpha for a
+    token-mean loss. The authors' per-rank ``global_balancing_ratio`` is a
+    data-parallel detail and is not needed here.
+    """
+    mean, _, count = group_stats(rewards, group_ids)
+    dev = rewards - mean
+    abs_sum = _per_group(dev.abs(), group_ids, lambda v: v.sum())
+    adv = torch.nan_to_num(count * dev / (abs_sum + epsilon), nan=0.0)
+    if dgpo_valid_token_rescale:
+        if lengths is None:
+            raise ValueError("group_mad: dgpo_valid_token_rescale needs the 'lengths' input")
+        valid = ~_zero_variance(rewards, group_ids) & ~torch.isnan(rewards)
+        valid_tokens = float(lengths[valid].sum())
+        if valid_tokens > 0:
+            adv = adv * (float(lengths.sum()) / valid_tokens)
+    return adv
+
+
+@ADVANTAGES.register("group_mean_balanced_drop")
+def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, step: int = 0, *,
+                             red_seed: int = 0) -> torch.Tensor:
+    """RED-Drop: shape the data by dropping surplus negatives (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
+
+    Off-policy group-relative REINFORCE ("Group-Relative REINFORCE Is
+    Secretly an Off-Policy Algorithm"), RED family, ``drop: balance`` in the
+    authors' Trinity-RFT code. In each group, rows with ``r >= mean_g(r)`` are
+    positives, the rest negatives. When negatives outnumber positives, ``#neg
+    - #pos`` negatives chosen at random are dropped (advantage 0), and the
+    baseline is the mean over the kept rows:
+
+    ``A_i = r_i - mean_{kept}(r)`` for kept rows, ``0`` for dropped rows.
+
+    The random choice is reproducible: it uses a generator seeded with
+    ``red_seed * 1_000_003 + step`` (no state, so a resumed run drops the same
+    rows). Groups where the kept set has one row get 0 (as in the authors'
+    code, which then uses a zero baseline only for singleton groups; here a
+    single kept row carries no relative signal).
+    """
+    gen = torch.Generator().manual_seed(int(red_seed) * 1_000_003 + int(step))
+    out = torch.zeros_like(rewards)
+    for g in torch.unique(group_ids).tolist():
+        idx = torch.nonzero((group_ids == g) & ~torch.isnan(rewards)).flatten()
+        if idx.numel() < 2:
+            continue
+        r = rewards[idx]
+        pos = r >= r.mean()
+        keep = torch.ones_like(pos)
+        surplus = int((~pos).sum()) - int(pos.sum())
+        if surplus > 0:
+            neg = torch.nonzero(~pos).flatten()
+            keep[neg[torch.randperm(neg.numel(), generator=gen)[:surplus]]] = False
+        if keep.sum() < 2:
+            continue
+        out[idx] = torch.where(keep, r - r[keep].mean(), torch.zeros_like(r))
+    return out
+
+
+# --------------------------------------------------------------------------- multi-reward
+
+
+@ADVANTAGES.register("gdpo")
+def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+         reward_weights: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+    """GDPO group reward-decoupled normalisation (seed 000-24; TRL ``normalize_then_sum``, verl ``gdpo``).
+
+    ``A_ik = (r_ik - mean_g r_k) / (std_g r_k + epsilon)``   (each reward column separately)
+    ``a_i = sum_k w_k A_ik``                                 (over the scored columns)
+    ``A_i = (a_i - mean_batch a) / (std_batch a + epsilon)``  (batch re-normalisation)
+
+    Summing the *raw* rewards first (GRPO) maps different reward combinations
+    to the same advantage; normalising each reward first keeps them apart.
+    Unscorable entries are left out of their column's statistics; a row with
+    every reward unscorable gets 0. With one reward, the first two lines are
+    exactly ``group_zscore``; GDPO differs from GRPO only by the batch step.
+    """
+    del rewards  # the combined reward is not used: each column is normalised on its own
+    decoupled = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, epsilon), reward_weights)
+    return _batch_whiten(decoupled, epsilon)
+
+
+@ADVANTAGES.register("mo_grpo")
+def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+            reward_weights: torch.Tensor, *, mo_grpo_use_weights: bool = False,
+            epsilon: float = 1e-4) -> torch.Tensor:
+    """MO-GRPO variance-normalised reward combination (Ichihara et al., 2025, arXiv:2509.22047; seed 000-16).
+
+    ``r~_i = sum_k (r_ik - mean_g r_k) / (std_g r_k + epsilon)``   then   ``A_i = group_zscore(r~)_i``
+
+    Each reward is rescaled by its own group std before the sum, so every
+    reward function contributes evenly to the loss whatever its scale (the
+    order of preferences inside each reward is kept) and no reward can be
+    hacked at the expense of the others. The sum is unweighted as in the
+    paper; ``mo_grpo_use_weights`` multiplies each term by its
+    ``reward_weights`` entry. Unlike GDPO the final normalisation is per
+    group (the GRPO step applied to the combined reward), not over the batch.
+    """
+    del rewards
+    weights = reward_weights if mo_grpo_use_weights else torch.ones_like(reward_weights)
+    combined = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, epsilon), weights)
+    return group_zscore(combined, group_ids, epsilon=epsilon)
+
+
+@ADVANTAGES.register("multi_label_zscore")
+def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                       reward_weights: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+    """Multi-label reward combined into one scalar, then GRPO (Li et al., 2025, arXiv:2503.21819; seed 000-52).
+
+    The paper's reward model regresses several alignment scores (politeness,
+    meaningfulness, actionability, safety) that are combined into one scalar.
+    Generic mechanism: each label is one reward column ``y_ik``; the scalar is
+    the weighted *mean* over the labels that were scored for that row,
+
+    ``R_i = sum_{k scored} w_k y_ik / sum_{k scored} w_k``,   ``A_i = group_zscore(R)_i``.
+
+    Choice: renormalising the weights over the scored labels keeps a row that
+    misses one label (NaN) on the same scale as the others; with every label
+    scored this is the plain weighted sum up to the constant ``sum_k w_k``,
+    which the z-score removes.
+    """
+    del rewards
+    scored = (~torch.isnan(reward_matrix)).to(reward_matrix.dtype)
+    total_w = scored @ reward_weights.to(reward_matrix.dtype)
+    combined = combine_rewards(reward_matrix, reward_weights) / total_w.where(total_w != 0, torch.ones_like(total_w))
+    return group_zscore(combined, group_ids, epsilon=epsilon)
+
+
+# --------------------------------------------------------------------------- weightings
+
+
+@WEIGHTINGS.register("dgpo_question_weight")
+def dgpo_question_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
+                         reward_matrix: torch.Tensor | None = None, *, dgpo_temperature: float = 2.0,
+                         dgpo_accuracy_reward: int = 0) -> torch.Tensor:
+    """DGPO difficulty-aware question-level weighting, DQW (MathForge, arXiv:2601.20614; seed 000-05).
+
+    Over the ``M`` groups (questions) whose combined reward is not constant:
+
+    ``w_q = M * softmax_q(-acc_q / T)``,   ``A'_i = w_{q(i)} A_i``
+
+    ``acc_q`` is the group mean of the accuracy reward (column
+    ``dgpo_accuracy_reward``, -1 = combined reward); a question whose accuracy
+    is 0 gets ``acc_q = 1`` (lowest weight), as in the authors' code, since an
+    all-wrong group only varies through auxiliary rewards. The weights average
+    to 1 over those questions, so harder questions (lower accuracy) get more
+    than 1 and easier ones less. Other groups keep weight 1 (their advantages
+    are 0). ``T = 2`` in the authors' scripts.
+    """
+    acc = _accuracy(rewards, reward_matrix, dgpo_accuracy_reward)
+    acc_q, _, _ = group_stats(acc, group_ids)
+    valid = ~_zero_variance(rewards, group_ids)
+    uniq, inv = torch.unique(group_ids, return_inverse=True)
+    first = torch.full((len(uniq),), len(inv), dtype=torch.long).scatter_reduce_(
+        0, inv, torch.arange(len(inv)), reduce="amin")  # first row of each group
+    gacc = torch.nan_to_num(acc_q[first].double(), nan=0.0)
+    gacc = torch.where(torch.isclose(gacc, torch.zeros_like(gacc)), torch.ones_like(gacc), gacc)
+    gvalid = valid[first]
+    weights = torch.ones(len(uniq), dtype=torch.float64)
+    if gvalid.any():
+        m = int(gvalid.sum())
+        weights[gvalid] = m * torch.softmax(-gacc[gvalid] / dgpo_temperature, dim=0)
+    return _scale_rows(advantages, weights[inv])
+
+
+def lead_logistic(x: torch.Tensor, low: float, high: float, midpoint: float, steepness: float) -> torch.Tensor:
+    """GRPO-LEAD's logistic weight ``w(x) = A + (B - A) / (1 + exp(k (x - x0)))``, decreasing in ``x``."""
+    return low + (high - low) / (1.0 + torch.exp(steepness * (x - midpoint)))
+
+
+@WEIGHTINGS.register("lead_difficulty_weight")
+def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, *,
+                           lead_weight_min: float = 0.4, lead_weight_max: float = 1.5,
+                           lead_midpoint: float = 0.75, lead_steepness: float = 10.0,
+                           lead_correct_threshold: float = 0.0) -> torch.Tensor:
+    """GRPO-LEAD difficulty-aware advantage reweighting (Zhang & Zuo, 2025, arXiv:2504.09696; seed 000-03).
+
+    ``rho_q`` = share of the group's scored rows with reward ``> lead_correct_threshold``;
+
+    ``A'_i = A_i w(rho_q)``       if ``A_i > 0``
+    ``A'_i = A_i w(1 - rho_q)``   otherwise,
+
+    with ``w(x) = A + (B - A) / (1 + exp(k (x - rho_0)))``, ``A = 0.4``,
+    ``B = 1.5``, ``rho_0 = 0.75``, ``k = 10`` (authors' code,
+    aeroplanepaper/GRPO-LEAD ``logistic_reweight``). Correct answers on hard
+    questions (low ``rho``) and wrong answers on easy questions (high ``rho``)
+    are amplified. Only the advantage reweighting of GRPO-LEAD lives here; its
+    length-dependent accuracy reward and wrong-answer penalty are reward
+    transforms. "Correct" is ``reward > 0`` as in the authors' code (their
+    wrong answers score -1 or 0).
+    """
+    correct = torch.where(torch.isnan(rewards), rewards, (rewards > lead_correct_threshold).to(rewards.dtype))
+    rho, _, _ = group_stats(correct, group_ids)
+    rho = torch.nan_to_num(rho, nan=0.0)
+    w_pos = lead_logistic(rho, lead_weight_min, lead_weight_max, lead_midpoint, lead_steepness)
+    w_neg = lead_logistic(1.0 - rho, lead_weight_min, lead_weight_max, lead_midpoint, lead_steepness)
+    if advantages.dim() == 2:
+        w_pos, w_neg = w_pos[:, None], w_neg[:, None]
+    return advantages * torch.where(advantages > 0, w_pos, w_neg).to(advantages.dtype)
+
+
+@WEIGHTINGS.register("hadw")
+class HistoryAwareDifficultyWeight:
+    """HA-DW history-aware adaptive difficulty weighting (Yang et al., 2026, arXiv:2601.08521; seed 000-120).
+
+    Stateful: a difficulty anchor ``C`` (the model's running solve rate)
+    evolves across batches. For a batch at step t, with ``C^-`` the anchor
+    before the batch, ``p_q`` the group mean accuracy and ``A_i`` the
+    advantage:
+
+    ``diff_q = p_q - C^-``,  ``M_q = |diff_q|``,  ``D_i = -sgn(A_i) sgn(diff_q)``
+    ``A'_i = A_i * lambda * exp(D_i M_q)``
+
+    so for a prompt harder than the anchor (``p_q < C``) positive advantages
+    are amplified and negative ones damped, and the reverse for easier
+    prompts: this counters the estimator's bias (under-estimating hard
+    prompts, over-estimating easy ones). After weighting, the anchor takes a
+    Kalman-style step towards the batch accuracy ``y_t`` (mean accuracy of the
+    scored rows):
+
+    ``C^+ = (1 - eta_t) C^- + eta_t y_t``,   ``eta_t = clip(eta * sigma_t, 0, 1)``
+
+    Choices where the published description (paper section 3, TRL PR #4863)
+    leaves details open: ``sigma_t`` is the population std of the last
+    ``hadw_window`` batch accuracies (including this one), and ``eta_t = 1`` at
+    the very first batch, so the anchor starts at the first observed accuracy
+    instead of the arbitrary ``hadw_init_anchor`` (which only weights that
+    first batch). Accuracy is the combined reward (``hadw_accuracy_reward =
+    -1``) or one reward column, assumed to lie in [0, 1].
+    """
+
+    def __init__(self, *, hadw_eta: float = 1.0, hadw_lambda_scale: float = 1.0, hadw_window: int = 8,
+                 hadw_init_anchor: float = 0.5, hadw_accuracy_reward: int = -1):
+        self.eta = float(hadw_eta)
+        self.lambda_scale = float(hadw_lambda_scale)
+        self.window = int(hadw_window)
+        self.accuracy_reward = int(hadw_accuracy_reward)
+        self.anchor = float(hadw_init_anchor)
+        self.history: list[float] = []
+        self.updates = 0
+
+    def weights(self, advantages: torch.Tensor, accuracy: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        p, _, _ = group_stats(accuracy, group_ids)
+        diff = torch.nan_to_num(p - self.anchor, nan=0.0).to(advantages.dtype)
+        if advantages.dim() == 2:
+            diff = diff[:, None]
+        d = -torch.sign(advantages) * torch.sign(diff)
+        return self.lambda_scale * torch.exp(d * diff.abs())
+
+    def update(self, accuracy: torch.Tensor) -> None:
+        ok = ~torch.isnan(accuracy)
+        if not ok.any():
+            return
+        y = float(accuracy[ok].mean())
+        self.history = (self.history + [y])[-self.window:]
+        if self.updates == 0:
+            eta_t = 1.0
+        else:
+            h = torch.tensor(self.history, dtype=torch.float64)
+            eta_t = min(max(self.eta * float(h.std(unbiased=False)), 0.0), 1.0)
+        self.anchor = (1.0 - eta_t) * self.anchor + eta_t * y
+        self.updates += 1
+
+    def __call__(self, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
+                 reward_matrix: torch.Tensor | None = None) -> torch.Tensor:
+        accuracy = _accuracy(rewards, reward_matrix, self.accuracy_reward)
+        out = advantages * self.weights(advantages, accuracy, group_ids)
+        self.update(accuracy)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"anchor": self.anchor, "history": list(self.history), "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.anchor = float(state["anchor"])
+        self.history = [float(v) for v in state["history"]]
+        self.updates = int(state["updates"])
+
+
+@WEIGHTINGS.register("dgrpo_difficulty_weight")
+def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
+                            batch=None, *, dgrpo_task_column: str = "task", dgrpo_task_power: float = 1.0,
+                            dgrpo_sample_power: float = 1.0, dgrpo_floor: float = 0.05) -> torch.Tensor:
+    """VITAL's DGRPO difficulty-aware multi-task weighting (Zhang et al., 2025, arXiv:2508.04416; seed 000-02).
+
+    DGRPO scales the learning signal by a task-level and a sample-level
+    difficulty weight so that easy tasks (e.g. video QA) do not dominate hard
+    ones (temporal grounding) in multi-task RL. The paper's exact weighting
+    rule could not be recovered (the abstract does not give it), so grpolab
+    uses this generic text-LLM form, with rewards assumed in [0, 1]:
+
+    ``d_k = max(1 - mean_{i in task k} r_i, floor)``   (task difficulty over the batch)
+    ``d_q = max(1 - mean_{i in group q} r_i, floor)``  (prompt difficulty)
+    ``A'_i = A_i (d_k / mean_tasks d)^a (d_q / mean_{q' in task k} d_q')^b``
+
+    Both factors average to about 1, so the overall step size stays put while
+    harder tasks and harder prompts within a task get more weight. A row's
+    task is the data column ``dgrpo_task_column`` (e.g. ``task``); without
+    that column every row is one task and only the prompt factor acts.
+    ``a = b = 0`` gives GRPO.
+    """
+    n = rewards.shape[0]
+    col = None if batch is None else getattr(batch, "columns", {}).get(dgrpo_task_column)
+    names = [str(v) for v in col] if col is not None else ["" for _ in range(n)]
+    task_index = {name: i for i, name in enumerate(dict.fromkeys(names))}
+    task_ids = torch.tensor([task_index[v] for v in names], dtype=torch.long)
+
+    def difficulty(ids: torch.Tensor) -> torch.Tensor:
+        mean, _, _ = group_stats(rewards, ids)
+        return torch.nan_to_num(1.0 - mean, nan=1.0).clamp(min=dgrpo_floor).double()
+
+    d_task = difficulty(task_ids)
+    d_q = difficulty(group_ids)
+    # mean over tasks (each task counted once) and over the prompts of each task (each prompt once)
+    first_task = {int(t): i for i, t in reversed(list(enumerate(task_ids.tolist())))}
+    task_mean = sum(float(d_task[i]) for i in first_task.values()) / len(first_task)
+    w_task = (d_task / task_mean) ** dgrpo_task_power
+    w_q = torch.ones(n, dtype=torch.float64)
+    for t in first_task:
+        rows = torch.nonzero(task_ids == t).flatten()
+        firsts = {int(group_ids[i]): int(i) for i in reversed(rows.tolist())}
+        mean_q = sum(float(d_q[i]) for i in firsts.values()) / len(firsts)
+        w_q[rows] = (d_q[rows] / mean_q) ** dgrpo_sample_power
+    return _scale_rows(advantages, w_task * w_q)
+
+
+@WEIGHTINGS.register("advantage_exp_weight")
+def advantage_exp_weight(advantages: torch.Tensor, *, red_temperature: float = 1.0) -> torch.Tensor:
+    """RED-Weight advantage weighting (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
+
+    ``A'_i = A_i exp(A_i / tau)``   (unnormalised, ``weight: advantage`` in the authors' Trinity-RFT code)
+
+    Off-policy group-relative REINFORCE interpreted as data shaping: samples
+    with high advantage are up-weighted and low-advantage samples are
+    down-weighted, which the paper justifies as moving the effective data
+    distribution towards better responses. ``tau = 1`` in their configs.
+    """
+    if red_temperature <= 0 or not math.isfinite(red_temperature):
+        raise ValueError(f"red_temperature: must be a positive number, got {red_temperature}")
+    return advantages * torch.exp(advantages / red_temperature)

@@ -1,0 +1,385 @@
+"""Group B variants: uncertainty, entropy, token-level, stateful and span-decoupled advantages.
+
+Every expected number is computed by hand in the comments next to it.
+"""
+import io
+import math
+
+import pytest
+import torch
+
+from grpolab.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, WEIGHTINGS, StepTotals, group_zscore
+from grpolab.algorithms.adv_shaping import (SPOValueTracker, AAPOMomentum, asymmetric_soft_reward,
+                                            last_number_key, semantic_entropy, sgrpo_weight,
+                                            shared_prefix_counts)
+from grpolab.batch import RolloutBatch
+from grpolab.components import Component
+from grpolab.config import Config
+from grpolab.recipes import recipe_overrides
+
+EPS = 1e-4
+
+
+def make_batch(completion_ids, mask=None, logprobs=None, group_ids=None, prompt_uids=None, completions=None,
+               span_ids=None, reward_names=None):
+    ids = torch.as_tensor(completion_ids, dtype=torch.long)
+    R, T = ids.shape
+    mask = torch.ones(R, T) if mask is None else torch.as_tensor(mask, dtype=torch.float32)
+    lp = torch.zeros(R, T) if logprobs is None else torch.as_tensor(logprobs, dtype=torch.float32)
+    gids = torch.zeros(R, dtype=torch.long) if group_ids is None else torch.as_tensor(group_ids)
+    uids = gids.clone() if prompt_uids is None else torch.as_tensor(prompt_uids)
+    cols = {} if completions is None else {"completion": list(completions)}
+    b = RolloutBatch(prompt_ids=torch.zeros(R, 1, dtype=torch.long), prompt_mask=torch.ones(R, 1, dtype=torch.long),
+                     completion_ids=ids, completion_mask=mask, behavior_logprobs=lp * mask, group_ids=gids,
+                     prompt_uids=uids, truncated=torch.zeros(R, dtype=torch.bool), columns=cols,
+                     span_ids=None if span_ids is None else torch.as_tensor(span_ids, dtype=torch.long))
+    b.reward_names = list(reward_names or [])
+    return b
+
+
+# ------------------------------------------------------------------ SEED-GRPO (000-86)
+
+def test_answer_keys():
+    assert last_number_key("so the answer is 3") == "3"
+    assert last_number_key("x = 3.0\n") == "3" == last_number_key("3.00")
+    assert last_number_key("1/2 of 7/3") == "7/3"
+    assert last_number_key("no digits\n final line  \n") == "final line"
+
+
+def test_semantic_entropy_hand_computed():
+    # group 0 keys a,a,a,b: p = 3/4, 1/4; SE = -(log .75 + log .25)/2 = (0.287682 + 1.386294)/2 = 0.836988
+    # group 1 keys a,b,c,d: SE = -(4 log 1/4)/4 = log 4 = 1.386294 (= SE_max)
+    se, se_max = semantic_entropy(list("aaab") + list("abcd"), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1]))
+    assert se[0].item() == pytest.approx(0.836988, abs=1e-6)
+    assert se[4].item() == pytest.approx(math.log(4))
+    assert se_max[0].item() == pytest.approx(math.log(4))
+
+
+def test_seed_semantic_entropy_scaling():
+    fn = WEIGHTINGS.get("seed_semantic_entropy")
+    texts = ["the answer is 3", "3.0", "x = 3\n", "5",       # keys 3,3,3,5 -> SE/SE_max = 0.836988/1.386294
+             "1", "2", "3", "4",                            # all differ -> SE/SE_max = 1
+             "7", "seven is 7", "7", "7.0"]                 # one answer -> SE = 0
+    batch = make_batch([[0]] * 12, completions=texts)
+    gids = torch.tensor([0] * 4 + [1] * 4 + [2] * 4)
+    adv = torch.ones(12)
+    out = fn(adv, gids, batch, seed_alpha=0.5, seed_scaling="linear", seed_equivalence="last_number")
+    # linear: f = 1 - 0.5 * 0.603759 = 0.698120; 1 - 0.5 = 0.5; 1
+    assert out[0].item() == pytest.approx(0.698120, abs=1e-6)
+    assert out[4].item() == pytest.approx(0.5)
+    assert torch.equal(out[8:], adv[8:])  # confident prompt keeps its advantages exactly
+    out = fn(adv, gids, batch, seed_alpha=0.5, seed_scaling="exponential", seed_equivalence="last_number")
+    assert out[0].item() == pytest.approx(math.exp(-0.301880), abs=1e-6)  # 0.739444
+    # [R, T] advantages are scaled per row
+    out2 = fn(torch.ones(12, 3), gids, batch, seed_alpha=0.5, seed_equivalence="last_number")
+    assert out2[4].tolist() == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_seed_pluggable_equivalence():
+    fn = WEIGHTINGS.get("seed_semantic_entropy")
+    # os.path:basename as the key: "x/3" and "y/3" are one answer, "z/4" another -> keys 3,3,4,4
+    batch = make_batch([[0]] * 4, completions=["x/3", "y/3", "z/4", "w/4"])
+    out = fn(torch.ones(4), torch.zeros(4, dtype=torch.long), batch, seed_alpha=1.0, seed_equivalence="os.path:basename")
+    # SE = -(log .5 + log .5)/2 = log 2; SE/SE_max = log2/log4 = 0.5; f = 1 - 0.5
+    assert out.tolist() == pytest.approx([0.5] * 4)
+    with pytest.raises(ValueError, match="seed_equivalence"):
+        fn(torch.ones(4), torch.zeros(4, dtype=torch.long), batch, seed_equivalence="nonsense")
+
+
+# -------------------------------------------------------------------- S-GRPO (000-32)
+
+def test_sgrpo_weight_hand_computed():
+    # n=4, k=1, p=0.1: q=.25, t=(.25-.1)/.8=.1875, t(1-t)=.15234375, num=.8*.15234375=.121875
+    # den = sqrt(.1875) * sqrt(.15234375) = .4330127 * .3903124 = .1690103 -> w = .721110
+    # n=4, k=2: q=t=.5 -> w = .8*.25 / (.5*.5) = .8 ; k=0: t=0 -> w=0
+    w = sgrpo_weight(torch.tensor([4.0, 4.0, 4.0]), torch.tensor([1.0, 2.0, 0.0]), 0.1)
+    assert w.tolist() == pytest.approx([0.721110, 0.8, 0.0], abs=1e-5)
+    with pytest.raises(ValueError):
+        sgrpo_weight(torch.tensor([4.0]), torch.tensor([1.0]), 0.5)
+
+
+def test_sgrpo_advantage():
+    fn = ADVANTAGES.get("sgrpo_noise_aware")
+    r = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    out = fn(r, g, epsilon=EPS, sgrpo_noise_p=0.1)
+    z = group_zscore(r, g, epsilon=EPS)
+    assert out[:4].tolist() == pytest.approx((z[:4] * 0.721110).tolist(), abs=1e-5)
+    assert out[4:].tolist() == pytest.approx((z[4:] * 0.8).tolist(), abs=1e-6)
+    # p = 0: w* = t(1-t)/(t(1-t)+eps) ~= 1 -> GRPO
+    assert torch.allclose(fn(r, g, sgrpo_noise_p=0.0), z, atol=1e-6)
+
+
+# ---------------------------------------------------------------- EDGE-GRPO (000-25)
+
+def test_edge_entropy_driven():
+    fn = WEIGHTINGS.get("edge_entropy_driven")
+    # P = mean -logprob over the row's tokens: row0 1, row1 (3+1)/2 = 2, rows 2,3: 3 (padding ignored)
+    lp = torch.tensor([[-1.0, -1.0], [-3.0, -1.0], [-3.0, -3.0], [-3.0, -100.0]])
+    mask = torch.tensor([[1.0, 1], [1, 1], [1, 1], [1, 0]])
+    g = torch.tensor([0, 0, 1, 1])
+    adv = torch.tensor([1.0, -1.0, 2.0, -2.0])
+    out = fn(adv, g, lp * mask, mask, edge_normalize="group")
+    # group 0 mean P 1.5: scales 1.5/1, 1.5/2; group 1 both P=3 -> scale 1
+    assert out.tolist() == pytest.approx([1.5, -0.75, 2.0, -2.0])
+    out = fn(adv, g, lp * mask, mask, edge_normalize="batch")
+    # batch mean P = (1+2+3+3)/4 = 2.25: scales 2.25, 1.125, .75, .75
+    assert out.tolist() == pytest.approx([2.25, -1.125, 1.5, -1.5])
+
+
+# ---------------------------------------------------------------------- SPO (000-113)
+
+def spo_step(tracker, reward, nll, uid=7):
+    lp = torch.full((1, 2), -nll)
+    return tracker(torch.tensor([reward]), torch.tensor([uid]), lp, torch.ones(1, 2)).item()
+
+
+def test_spo_tracker_hand_computed():
+    t = SPOValueTracker(spo_rho_min=0.875, spo_rho_max=0.96, spo_kl_half=0.06, spo_prior_value=0.5,
+                        spo_normalize="none")
+    # new prompt: N0 = 1/(1-.875) = 8 -> a = b = 4, v = .5; A = 1 - .5; then a=5, b=4
+    assert spo_step(t, 1.0, 1.0) == pytest.approx(0.5)
+    assert t.table[7][:2] == (5.0, 4.0)
+    # same nll -> D = 0 -> rho = clip(1) = .96; v = 5/9; A = -5/9; a = 4.8, b = 3.84 + 1 = 4.84
+    assert spo_step(t, 0.0, 1.0) == pytest.approx(-5 / 9)
+    assert t.table[7][:2] == pytest.approx((4.8, 4.84))
+    # nll moved by .06 = D_half -> 2^-1 = .5 -> clip to .875; v = 4.8/9.64 = .497925; A = .502075
+    assert spo_step(t, 1.0, 1.06) == pytest.approx(1 - 4.8 / 9.64, abs=1e-6)
+    assert t.table[7][:2] == pytest.approx((0.875 * 4.8 + 1, 0.875 * 4.84))  # (5.2, 4.235)
+
+
+def test_spo_batch_normalisation_and_groups():
+    t = SPOValueTracker(spo_normalize="batch")
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    uids = torch.tensor([1, 1, 2, 3])
+    out = t(r, uids, torch.zeros(4, 2), torch.ones(4, 2), epsilon=EPS)
+    # fresh prompts: A = r - .5 = [.5,-.5,.5,-.5]; batch mean 0, std = sqrt(4*.25/3) = .57735
+    assert out.tolist() == pytest.approx([0.5 / (0.57735027 + EPS), -0.5 / (0.57735027 + EPS)] * 2, abs=1e-6)
+    assert t.table[1][:2] == (5.0, 5.0)  # G = 2 rows of prompt 1 share one update: 4+1, 4+1
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        t(torch.tensor([2.0]), torch.tensor([1]), torch.zeros(1, 2), torch.ones(1, 2))
+    # unscorable rows: A = 0, no tracker update
+    out = t(torch.tensor([float("nan"), 1.0]), torch.tensor([9, 1]), torch.zeros(2, 2), torch.ones(2, 2))
+    assert out[0].item() == 0.0 and 9 not in t.table
+
+
+def test_spo_restore_is_exact():
+    gen = torch.Generator().manual_seed(0)
+
+    def inputs():
+        r = (torch.rand(6, generator=gen) > 0.5).float()
+        uids = torch.randint(0, 4, (6,), generator=gen)
+        lp = -torch.rand(6, 3, generator=gen)
+        return r, uids, lp, torch.ones(6, 3)
+
+    a = SPOValueTracker()
+    for _ in range(3):
+        a(*inputs())
+    buf = io.BytesIO()
+    torch.save(a.state_dict(), buf)
+    buf.seek(0)
+    b = SPOValueTracker()
+    b.load_state_dict(torch.load(buf))
+    for _ in range(3):
+        x = inputs()
+        assert torch.equal(a(*x), b(*x))
+    assert a.table == b.table
+
+
+def test_spo_recipe_single_stream_validates():
+    cfg = Config.build(recipe_overrides("spo_single_stream"))
+    assert cfg.num_generations == 1 and cfg.advantage == "spo_single_stream"
+    comp = Component(ADVANTAGES.get("spo_single_stream"), cfg, "advantage_", "spo_single_stream")
+    assert comp.stateful and comp.fn.rho_min == 0.875
+
+
+# ----------------------------------------------------------------- lambda-GRPO (004-03)
+
+def test_lambda_prefix_weight():
+    fn = WEIGHTINGS.get("lambda_prefix_weight")
+    ids = [[5, 6, 7], [5, 6, 8], [5, 9, 9], [5, 6, 7]]
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 1], [1, 1, 0], [1, 1, 1]])
+    g = torch.tensor([0, 0, 0, 1])  # row 3 repeats row 0 but is in another group: does not count
+    batch = make_batch(ids, mask=mask, group_ids=g)
+    # k: t0 all three share [5] -> 3; t1 rows 0,1 share [5,6] -> 2, row2 -> 1; t2 unique -> 1; padding 0
+    k = shared_prefix_counts(batch.completion_ids, mask, g)
+    assert k.tolist() == [[3, 2, 1], [3, 2, 1], [3, 1, 0], [1, 1, 1]]
+    adv = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    out = fn(adv, g, mask, batch, lambda_grpo_power=1.0)
+    assert out[0].tolist() == pytest.approx([1 / 3, 1 / 2, 1.0])
+    assert out[2].tolist() == pytest.approx([1.0, 3.0, 0.0])
+    # the shared first step counts once: its total weight is the mean advantage (1+2+3)/3 = 2
+    assert out[:3, 0].sum().item() == pytest.approx(2.0)
+    # lambda = 0 is GRPO
+    assert torch.equal(fn(adv, g, mask, batch, lambda_grpo_power=0.0), adv[:, None].expand(4, 3) * mask)
+
+
+# --------------------------------------------------------------------- TW-GRPO (000-95)
+
+def test_tw_token_weight():
+    fn = WEIGHTINGS.get("tw_token_weight")
+    # position 0: log-probs -1,-1,-1 -> var 0; position 1: -1,-2,-3 -> var (1+0+1)/3 = 2/3;
+    # position 2: only row 0 alive -> undefined -> weight 1. mean var over defined = (0 + 2/3)/2 = 1/3
+    # alpha .5: w0 = .5 + .5*0 = .5 ; w1 = .5 + .5*(2/3)/(1/3) = 1.5
+    lp = torch.tensor([[-1.0, -1, -5], [-1, -2, 0], [-1, -3, 0]])
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 0]])
+    g = torch.zeros(3, dtype=torch.long)
+    adv = torch.tensor([1.0, 0.0, -1.0])
+    out = fn(adv, g, lp * mask, mask, tw_alpha=0.5)
+    assert out[0].tolist() == pytest.approx([0.5, 1.5, 1.0])
+    assert out[2].tolist() == pytest.approx([-0.5, -1.5, 0.0])
+    assert torch.equal(fn(adv, g, lp * mask, mask, tw_alpha=0.0), adv[:, None] * mask)  # alpha 0 = GRPO
+    with pytest.raises(ValueError):
+        fn(adv, g, lp, mask, tw_alpha=1.5)
+
+
+# ----------------------------------------------------------------- TempSamp-R1 (000-112)
+
+def test_tempsamp_soft_advantage():
+    r = torch.tensor([1.0, 0.5, 0.0])
+    # tau .5, alphas 1: 1 -> .5 + log 1.5 = .905465 ; .5 -> .5 ; 0 -> .5 - (e^.5 - 1) = -.148721
+    phi = asymmetric_soft_reward(r, 0.5, 1.0, 1.0)
+    assert phi.tolist() == pytest.approx([0.905465, 0.5, -0.148721], abs=1e-6)
+    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(3, dtype=torch.long), epsilon=EPS)
+    # mean .418915; devs .486550, .081085, -.567636; std = sqrt(.565516/2) = .531750
+    assert out.tolist() == pytest.approx([0.486550 / 0.53185, 0.081085 / 0.53185, -0.567636 / 0.53185], abs=1e-4)
+    assert out[1] > 0  # asymmetric: the middle completion is above the shaped mean (GRPO gives it 0)
+    # monotone, slope 1 at the pivot
+    x = torch.tensor([0.5 - 1e-4, 0.5 + 1e-4])
+    assert ((asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[1] - asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[0]) / 2e-4
+            ).item() == pytest.approx(1.0, abs=1e-3)
+
+
+# ------------------------------------------------------------------------ AAPO (000-48)
+
+def test_aapo_momentum_hand_computed():
+    a = AAPOMomentum(aapo_momentum=0.9)
+    g, u = torch.tensor([0, 0]), torch.tensor([3, 3])
+    # step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
+    assert a(torch.tensor([1.0, 1.0]), g, u, epsilon=EPS, aapo_eta=1.0).tolist() == [0.0, 0.0]
+    # step 2: rewards 0,0 -> z 0; term 0 - 1 = -1 (vanishing group advantage still gets signal); ema = .9
+    assert a(torch.tensor([0.0, 0.0]), g, u, aapo_eta=1.0).tolist() == pytest.approx([-1.0, -1.0])
+    assert a.ema[3] == pytest.approx(0.9)
+    # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; term 1-.9 = .1, 0-.9 = -.9
+    out = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS, aapo_eta=1.0)
+    assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.9], abs=1e-5)
+    assert a.ema[3] == pytest.approx(0.9 * 0.9 + 0.1 * 0.5)  # .86
+
+
+def test_aapo_restore_is_exact():
+    gen = torch.Generator().manual_seed(1)
+
+    def inputs():
+        return ((torch.rand(6, generator=gen) > 0.5).float(), torch.tensor([0, 0, 0, 1, 1, 1]),
+                torch.randint(0, 3, (2,), generator=gen).repeat_interleave(3))
+
+    a = AAPOMomentum()
+    for _ in range(3):
+        a(*inputs())
+    b = AAPOMomentum()
+    b.load_state_dict(a.state_dict())
+    for _ in range(3):
+        x = inputs()
+        assert torch.equal(a(*x), b(*x))
+
+
+# ------------------------------------------------------------------------ AWPO (000-118)
+
+def test_awpo_gated():
+    fn = ADVANTAGES.get("awpo_gated")
+    o = [0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0]
+    z = [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0]
+    rm = torch.tensor([o, z]).T
+    g = torch.tensor([0] * 4 + [1] * 4)
+    batch = make_batch([[0]] * 8, reward_names=["acc", "fmt"])
+    out = fn(rm, g, batch, epsilon=EPS, awpo_outcome_reward="acc", awpo_reasoning_reward="fmt", awpo_lambda=0.5)
+    # group 0 all fail: var 0 -> gate 1, difficulty 1 - 0 = 1; A = .5 * zscore(z) = .5 * [.75, -.25...]/.5001
+    assert out[:4].tolist() == pytest.approx([0.5 * 0.75 / 0.5001] + [0.5 * -0.25 / 0.5001] * 3, abs=1e-6)
+    # group 1: var_o = 1/3 > .25 -> gate 0 -> outcome advantage only
+    assert torch.allclose(out[4:], group_zscore(torch.tensor(o[4:]), torch.zeros(4, dtype=torch.long)))
+    # indices work too ("0" = first column, "-1" = last)
+    assert torch.equal(out, fn(rm, g, batch, epsilon=EPS, awpo_outcome_reward="0", awpo_reasoning_reward="-1"))
+    with pytest.raises(ValueError, match="neither a reward name"):
+        fn(rm, g, batch, awpo_reasoning_reward="tool")
+
+
+# ---------------------------------------------------------------------- DaGRPO (000-17)
+
+def test_dagrpo_distinct_pairs():
+    fn = ADVANTAGES.get("dagrpo_distinct_pairs")
+    r = torch.tensor([1.0, 0.95, 0.0, 0.5, 0.52, 0.55])
+    g = torch.tensor([0, 0, 0, 1, 1, 1])
+    out = fn(r, g, epsilon=EPS, dagrpo_delta=0.1)
+    # group 0: std = sqrt((.35^2+.3^2+.65^2)/2) = sqrt(.3175) = .563471; pair (0,1) masked (|.05| < .1)
+    # A0 = (1/3)(1-0) = .333333, A1 = (1/3)(.95-0) = .316667, A2 = (1/3)(-1-.95) = -.65  (all / (std+eps))
+    s = 0.563471 + EPS
+    assert out[:3].tolist() == pytest.approx([0.333333 / s, 0.316667 / s, -0.65 / s], abs=1e-5)
+    assert out[3:].tolist() == [0.0, 0.0, 0.0]  # homogeneous group: every pair within delta
+    assert torch.allclose(fn(r, g, epsilon=EPS, dagrpo_delta=0.0), group_zscore(r, g, epsilon=EPS), atol=1e-6)
+
+
+# ----------------------------------------------------- span-decoupled (004-12, 004-05)
+
+def test_span_scale_degrpo_hand_computed():
+    fn = WEIGHTINGS.get("span_scale")
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0]])
+    batch = make_batch([[1, 2, 3], [1, 2, 0]], mask=mask)
+    adv = torch.tensor([2.0, -1.0])
+    out = fn(adv, mask, batch, span_mark="first_token", span_scales=[1.0, 0.001, 1.0],
+             span_normalize="per_span_tokens")
+    # N = 5 tokens; control span 1 has 2 -> c1 = .001 * 5/2 = .0025; response span 2 has 3 -> c2 = 5/3
+    assert out.flatten().tolist() == pytest.approx([0.005, 10 / 3, 10 / 3, -0.0025, -5 / 3, 0.0])
+    # token_mean at ratio 1 (loss = -A): .001 * mean(-2, 1) + mean(-2, -2, 1) = -.0005 - 1 = -1.0005
+    loss, _ = POLICY_LOSSES.get("clipped_ratio")(torch.zeros(2, 3), torch.zeros(2, 3), out, mask)
+    total = AGGREGATIONS.get("token_mean")(loss, mask, StepTotals.from_masks([mask], 3))
+    assert total.item() == pytest.approx(-1.0005)
+    # batch spans; no normalisation: plain per-span coefficients
+    batch = make_batch([[1, 2, 3], [1, 2, 0]], mask=mask, span_ids=[[0, 1, 1], [2, 2, 0]])
+    out = fn(adv, mask, batch, span_mark="batch", span_scales=[1.0, 0.5], span_normalize="none")
+    assert out.flatten().tolist() == pytest.approx([2.0, 1.0, 1.0, -1.0, -1.0, 0.0])
+
+
+def test_span_scale_equals_decoupled_loss_off_policy():
+    """With clipping active, token_mean of the scaled advantages = alpha*mean(control) + mean(response)."""
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]])
+    batch = make_batch([[1, 2, 3, 4]] * 3, mask=mask)
+    adv = torch.tensor([1.5, -0.5, -1.0])
+    logp, old = 0.5 * torch.randn(3, 4, generator=gen), 0.5 * torch.randn(3, 4, generator=gen)
+    clipped = POLICY_LOSSES.get("clipped_ratio")
+    scaled = WEIGHTINGS.get("span_scale")(adv, mask, batch, span_mark="first_token", span_scales=[1.0, 0.1, 1.0],
+                                          span_normalize="per_span_tokens")
+    lhs = AGGREGATIONS.get("token_mean")(clipped(logp, old, scaled, mask)[0], mask, StepTotals.from_masks([mask], 4))
+    per_tok = clipped(logp, old, adv, mask)[0]
+    ctrl = torch.zeros_like(mask)
+    ctrl[:, 0] = 1
+    resp = mask - ctrl
+    rhs = 0.1 * (per_tok * ctrl).sum() / ctrl.sum() + (per_tok * resp).sum() / resp.sum()
+    assert lhs.item() == pytest.approx(rhs.item(), rel=1e-5)
+
+
+def test_span_decoupled_advantage_dtpo():
+    fn = ADVANTAGES.get("span_decoupled_advantage")
+    rm = torch.tensor([[1.0, 0.0], [0.0, 1.0]])  # columns tool, acc
+    rewards = torch.tensor([1.0, 1.0])           # combined: equal -> advantage 0 on unmarked tokens
+    g = torch.zeros(2, dtype=torch.long)
+    mask = torch.ones(2, 3)
+    batch = make_batch([[1, 2, 3]] * 2, mask=mask, span_ids=[[1, 1, 2], [1, 2, 0]], reward_names=["tool", "acc"])
+    out = fn(rewards, g, rm, mask, batch, epsilon=EPS, span_mark="batch", span_reward_columns=["", "tool", "acc"])
+    z = 0.5 / (math.sqrt(0.5) + EPS)  # two rows 1, 0: mean .5, std .707107 -> +-.706997
+    assert out.flatten().tolist() == pytest.approx([z, z, -z, -z, z, 0.0], abs=1e-6)
+    # unmarked everywhere -> every token gets the combined-reward GRPO advantage
+    plain = make_batch([[1, 2, 3]] * 2, mask=mask, reward_names=["tool", "acc"])
+    out = fn(torch.tensor([1.0, 0.0]), g, rm, mask, plain, epsilon=EPS, span_reward_columns=["", "tool", "acc"])
+    assert out.flatten().tolist() == pytest.approx([z] * 3 + [-z] * 3, abs=1e-6)
+
+
+# ------------------------------------------------------------------ recipes resolve
+
+@pytest.mark.parametrize("recipe", ["seed_grpo", "s_grpo_stable", "edge_grpo", "spo_single_stream", "lambda_grpo",
+                                    "tw_grpo", "tempsamp_r1", "aapo", "awpo", "dagrpo", "degrpo_thinkless", "dtpo"])
+def test_group_b_recipes_build(recipe):
+    cfg = Config.build(recipe_overrides(recipe))
+    Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
+    for n in cfg.advantage_weightings:
+        Component(WEIGHTINGS.get(n), cfg, "", n)
