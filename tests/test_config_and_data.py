@@ -117,3 +117,15 @@ def test_config_reference_doc_is_current(capsys):
     assert table in doc, "regenerate: grpolab config --markdown"
     assert main(["config"]) == 0
     assert "learning_rate:" in capsys.readouterr().out
+
+
+def test_readme_recipe_table_is_current(capsys):
+    """README.md carries the output of `grpolab recipes --markdown` (every recipe, with its paper)."""
+    from pathlib import Path
+
+    assert main(["recipes", "--markdown"]) == 0
+    table = capsys.readouterr().out
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert "<!-- recipes:start -->\n" + table + "<!-- recipes:end -->" in readme, \
+        "regenerate the README recipe table: grpolab recipes --markdown"
+    assert table.count("\n") == len(recipe_names()) + 2

@@ -114,3 +114,27 @@ def test_dynamic_sampling_cap_skips_step_without_signal(tiny_args, monkeypatch):
     assert m["skipped"] == 1 and m["dynamic_sampling/dropped_groups"] == 8 and m["step"] == 1
     assert any("dynamic_sampling_max_rounds" in line for line in logs)
     assert all(torch.equal(before[n], p) for n, p in t.model.named_parameters())
+
+
+def test_components_compose_dgpo_weights_gspo_ratio_llds(tiny_args):
+    """Any estimator + weightings + objective + regularisers combine without new code."""
+    args = {**tiny_args, "advantage": "group_mad", "advantage_weightings": ["dgpo_question_weight", "hadw"],
+            "policy_loss": "sequence_ratio", "regularizers": ["llds", "entropy_bonus"], "steps": 2,
+            "num_iterations": 2}
+    t = _trainer(args)
+    t.train(progress=False)
+    rows = read_metrics(tiny_args["out"])
+    assert len(rows) == 2 and all(r["skipped"] == 0 for r in rows)
+    assert "advantage/hadw" in t.components and t.components["advantage/hadw"].stateful
+
+
+def test_invalid_combination_is_a_config_error(tiny_args):
+    import pytest
+
+    from grpolab.config import ConfigError
+    with pytest.raises(ConfigError, match="micro_batch_size"):
+        Config.build({**tiny_args, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 6})
+    with pytest.raises(ConfigError, match="beta"):
+        Config.build({**tiny_args, "regularizers": ["dynamic_kl"], "beta": 0.0})
+    with pytest.raises(ConfigError, match="advantage_weightings: 'nope' is not valid"):
+        Config.build({**tiny_args, "advantage_weightings": ["nope"]})

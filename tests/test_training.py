@@ -196,3 +196,13 @@ def test_kill_9_and_resume_matches_uninterrupted_run(tmp_path):
     wa = load_file(str(ref / "final" / "model.safetensors"))
     wb = load_file(str(out / "final" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_default_out_folder_is_never_overwritten(tiny_args, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--model", "tiny", "--task", "repeat", "--steps", "1", "--num_generations", "2",
+            "--prompts_per_step", "2", "--max_completion_length", "3", "--eval_before", "false",
+            "--eval_after", "false", "--tensorboard", "false", "--quiet"]
+    assert main(argv) == 0 and main(argv) == 0
+    assert (tmp_path / "runs" / "default" / "metrics.jsonl").exists()
+    assert (tmp_path / "runs" / "default-2" / "metrics.jsonl").exists()

@@ -64,7 +64,19 @@ def cmd_train(args, rest: list[str]) -> int:
         cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
         out = Path(cfg.out)
         from .train.checkpoint import latest_checkpoint
-        if latest_checkpoint(out) is not None or (out / "metrics.jsonl").exists():
+
+        def used(p: Path) -> bool:
+            return latest_checkpoint(p) is not None or (p / "metrics.jsonl").exists()
+
+        explicit = "out" in cli or "out" in file_cfg or "out" in rec
+        if not explicit and used(out):  # default run folder taken: pick the next free one, never overwrite
+            n = 2
+            while used(out.with_name(f"{out.name}-{n}")):
+                n += 1
+            out = out.with_name(f"{out.name}-{n}")
+            cfg.out = str(out)
+            print(f"[grpolab] {Path(Config().out)} already holds a run; writing this one to {out}", file=sys.stderr)
+        if used(out):
             raise ConfigError(f"--out {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"or choose another --out (nothing was overwritten)")
     from .train.trainer import Trainer

@@ -158,6 +158,8 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
             check = getattr(obj, "check_config", None)
             if callable(check):
                 check(self)
+        from .algorithms.objectives import validate_objective_config
+        validate_objective_config(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

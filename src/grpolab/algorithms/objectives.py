@@ -1,2 +1,656 @@
-"""Variant catalogue I (group C): policy objectives beyond the clipped ratio."""
+"""Variant catalogue I (group C): policy objectives beyond the clipped ratio, and regularisers.
+
+Policy objectives follow the ``POLICY_LOSSES`` signature of ``losses.py``;
+regularisers the ``REGULARIZERS`` signature of ``regularizers.py``. Every
+function returns a *per-token* loss ``[R, T]``; the aggregation
+(``loss_aggregation``) turns it into a scalar. Sequence-level objectives put
+their per-sequence loss on every token of the sequence, so that
+``seq_mean_token_mean`` gives the paper's ``(1/N) sum_i L_i``.
+"""
 from __future__ import annotations
+
+import torch
+
+from .kl import kl_penalty
+from .losses import POLICY_LOSSES, _per_token
+from .regularizers import REGULARIZERS
+
+
+@POLICY_LOSSES.register("policy_gradient")
+def policy_gradient(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor):
+    """Plain policy gradient, no ratio, no clip, no reference (GPG, seed 000-18).
+
+    ``loss_t = -A_t * log pi_theta(o_t)``
+
+    Its gradient is the REINFORCE estimator ``-A grad log pi``; the value is not
+    a surrogate of the return (it is not ~0 on-policy). ``old_logprobs`` is
+    unused: GPG needs no behaviour policy (verl ``gpg`` loss, anchors §2).
+    """
+    adv = _per_token(advantages, logprobs)
+    return -adv * logprobs, {}
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked mean over tokens per row, ``[R, T] -> [R]`` (0 for rows with no tokens)."""
+    return (values * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+
+
+def _row_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum(-1)
+
+
+def _segment_mean(values: torch.Tensor, mask: torch.Tensor, segments: torch.Tensor):
+    """Masked mean of ``values`` over each (row, segment) unit, put back on every token.
+
+    Returns ``(mean [R, T], unit_size [R, T], units_per_row [R])``. Differentiable.
+    """
+    R, T = values.shape
+    seg = segments.long()
+    _, local = torch.unique(seg, return_inverse=True)
+    n_seg = int(local.max()) + 1 if local.numel() else 1
+    key = (torch.arange(R, device=values.device)[:, None] * n_seg + local).reshape(-1)
+    m = mask.reshape(-1).to(values.dtype)
+    total = torch.zeros(R * n_seg, dtype=values.dtype, device=values.device).index_add(0, key, values.reshape(-1) * m)
+    count = torch.zeros(R * n_seg, dtype=values.dtype, device=values.device).index_add(0, key, m)
+    mean = (total / count.clamp(min=1))[key].reshape(R, T)
+    units = (count.reshape(R, n_seg) > 0).sum(-1)
+    return mean, count[key].reshape(R, T), units
+
+
+def _pair_matrix(group_ids: torch.Tensor, name: str) -> torch.Tensor:
+    """``same[i, j]`` = rows i != j share a group. Raises if a row has no partner.
+
+    Pairwise / group-coupled objectives need whole groups in each micro-batch
+    (``micro_batch_size`` a multiple of ``num_generations``; see
+    :func:`validate_objective_config`).
+    """
+    same = group_ids[:, None] == group_ids[None, :]
+    same.fill_diagonal_(False)
+    if bool((same.sum(-1) == 0).any()):
+        raise ValueError(f"{name}: a group in this micro-batch has a single row; this objective compares the rows "
+                         f"of a group, so every group needs >= 2 rows in the same micro-batch (make "
+                         f"micro_batch_size a multiple of num_generations)")
+    return same
+
+
+def _group_center(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """``v_i - mean_{j in g(i)} v_j`` (differentiable; every row counts)."""
+    same = (group_ids[:, None] == group_ids[None, :]).to(values.dtype)
+    return values - (same @ values) / same.sum(-1)
+
+
+def _broadcast(row_values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return row_values[:, None].expand_as(like)
+
+
+# ------------------------------------------------------------------ ratio objectives
+
+@POLICY_LOSSES.register("sequence_ratio")
+def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                   mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None):
+    """GSPO sequence-level clipped ratio (Zheng et al., 2025, arXiv:2507.18071).
+
+    ``s_i = (pi_theta(o_i) / pi_old(o_i))^(1/|o_i|) = exp(mean_t log r_it)``
+    ``loss_it = -min(s_i A_it, clip(s_i, 1 - eps_low, 1 + eps_high) A_it)``
+
+    The loss is the same on every token of a sequence, so ``seq_mean_token_mean``
+    gives GSPO's ``(1/G) sum_i -min(s_i A_i, clip(s_i) A_i)``. The published
+    ranges are ``epsilon = 3e-4``, ``epsilon_high = 4e-4`` (recipe ``gspo``).
+    When every token of a sequence has the same ratio, ``s_i = r_it`` and the
+    per-token loss equals ``clipped_ratio``'s, so GSPO = GRPO under any
+    aggregation (and as objectives under GRPO's ``seq_mean_token_mean``).
+    The clip itself is ``clipped_ratio`` applied to ``log s_i``.
+    """
+    log_s, _, _ = _segment_mean(logprobs - old_logprobs, mask, torch.zeros_like(mask, dtype=torch.long))
+    return POLICY_LOSSES.get("clipped_ratio")(log_s, torch.zeros_like(log_s), advantages, mask,
+                                              epsilon=epsilon, epsilon_high=epsilon_high)
+
+
+@POLICY_LOSSES.register("sequence_ratio_token")
+def sequence_ratio_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                         mask: torch.Tensor, *, epsilon: float = 0.2, epsilon_high: float | None = None):
+    """GSPO-token (arXiv:2507.18071 §4.3; verl ``gspo``; anchors §2 and §5).
+
+    ``s_it = sg(s_i) * pi_theta(o_it) / sg(pi_theta(o_it))``, clipped like GSPO.
+
+    Its value equals ``s_i`` on every token, and its gradient is
+    ``s_i grad log pi(o_it)``, so with a per-sequence advantage and
+    ``seq_mean_token_mean`` its gradient equals GSPO's; it additionally allows
+    token-level advantages ``A_it``.
+    """
+    log_s, _, _ = _segment_mean((logprobs - old_logprobs).detach(), mask, torch.zeros_like(mask, dtype=torch.long))
+    log_s_token = log_s + logprobs - logprobs.detach()
+    return POLICY_LOSSES.get("clipped_ratio")(log_s_token, torch.zeros_like(log_s), advantages, mask,
+                                              epsilon=epsilon, epsilon_high=epsilon_high)
+
+
+@POLICY_LOSSES.register("rank_ratio")
+def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+               batch=None, *, epsilon: float = 0.2, epsilon_high: float | None = None):
+    """Rank-GRPO rank-level ratio (ConvRec-R1, Zhu et al., 2025, github.com/yaochenzhu/Rank-GRPO; seed 000-91).
+
+    Each item of a ranked list is a span (``batch.span_ids > 0``); tokens with
+    span 0 form one more unit per row. For unit k of row i:
+
+    ``w_ik = exp(mean_{t in k} log r_it)``   (geometric mean of the item's token ratios)
+    ``loss_t = -min(w_ik A_t, clip(w_ik) A_t) * |o_i| / (K_i |k|)``
+
+    The weight makes ``seq_mean_token_mean`` average the *items* of a row
+    equally (``(1/K_i) sum_k``), as the paper averages over ranks. With no spans
+    this is ``sequence_ratio`` (GSPO); with one token per span it is
+    ``clipped_ratio``. The per-rank rewards/advantages come from the advantage
+    stage (token-level advantages); this objective only defines the ratio.
+    """
+    segments = batch.span_ids if batch is not None else torch.zeros_like(mask, dtype=torch.long)
+    log_w, unit_size, units = _segment_mean(logprobs - old_logprobs, mask, segments)
+    loss, metrics = POLICY_LOSSES.get("clipped_ratio")(log_w, torch.zeros_like(log_w), advantages, mask,
+                                                       epsilon=epsilon, epsilon_high=epsilon_high)
+    weight = mask.sum(-1, keepdim=True) / (units[:, None].clamp(min=1) * unit_size.clamp(min=1))
+    return loss * weight, metrics
+
+
+@POLICY_LOSSES.register("soft_gate")
+def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05):
+    """SAPO soft temperature gate (Soft Adaptive Policy Optimization, Qwen team, 2025; seed 000-114).
+
+    ``f(r) = (4 / tau) * sigmoid(tau (r - 1))``, ``tau = tau_pos if A > 0 else tau_neg``
+    ``loss_t = -f(r_t) A_t``
+
+    At ``r = 1`` the gate's slope is ``(4/tau) tau sigmoid(0)(1 - sigmoid(0)) = 1``,
+    so the gradient there is exactly the policy gradient ``-A grad log pi``
+    (its value is ``2/tau``, not 1). Far off-policy tokens are down-weighted
+    smoothly instead of hard-clipped. Defaults 1.0 / 1.05 as TRL and verl.
+    """
+    adv = _per_token(advantages, logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+    tau = torch.where(adv > 0, torch.full_like(adv, sapo_tau_pos), torch.full_like(adv, sapo_tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
+    return -gate * adv, {"sapo_gate": gate.detach()}
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          *, cispo_epsilon_low: float | None = None, cispo_epsilon_high: float = 4.0):
+    """CISPO clipped importance-sampling weight (MiniMax-M1, arXiv:2506.13585).
+
+    ``w_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high))``,  ``loss_t = -w_t A_t log pi_theta(o_t)``
+
+    The IS weight is clipped and detached, never the gradient, so every token
+    keeps contributing. MiniMax-M1 leaves the lower bound open (``eps_low``
+    unset = no lower clip, as TRL); ``eps_high = 4`` caps the weight at 5.0, the
+    ScaleRL / TRL value. The paper normalises by all tokens of the batch
+    (recipe: ``token_mean``). Metric ``cispo_clip_frac``: share of clipped weights.
+    """
+    adv = _per_token(advantages, logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0)).detach()
+    low = None if cispo_epsilon_low is None else 1.0 - cispo_epsilon_low
+    weight = ratio.clamp(min=low, max=1.0 + cispo_epsilon_high)
+    return -weight * adv * logprobs, {"cispo_clip_frac": (weight != ratio).float()}
+
+
+@POLICY_LOSSES.register("simple_po")
+def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              *, simple_po_epsilon: float = 0.2):
+    """Simple Policy Optimization ratio penalty (Xie et al., 2024, arXiv:2401.16025; seed 000-53).
+
+    ``loss_t = -(r_t A_t - |A_t| / (2 eps) * (r_t - 1)^2)``
+
+    A quadratic penalty replaces the clip; its optimum over ``r`` for a fixed
+    ``A`` is ``r = 1 + eps * sign(A)``, exactly the clip boundary, and the
+    gradient never vanishes. At ``r = 1`` the gradient is the policy gradient.
+    """
+    adv = _per_token(advantages, logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+    loss = -(ratio * adv - adv.abs() / (2.0 * simple_po_epsilon) * (ratio - 1.0) ** 2)
+    return loss, {}
+
+
+# -------------------------------------------------------- group-coupled objectives
+
+@POLICY_LOSSES.register("reg_grpo")
+def reg_grpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+             group_ids: torch.Tensor, *, reg_grpo_eta: float = 1.0):
+    """Reg-GRPO advantage regression (DeepVideo-R1, Park et al., 2025, arXiv:2506.07464; seed 000-04).
+
+    ``l_i = mean_t log(pi_theta(o_it) / pi_old(o_it))``  (log of GSPO's s_i)
+    ``A_hat_i = (l_i - mean_{j in g} l_j) / eta``      (policy-predicted advantage)
+    ``L_i = (A_i - A_hat_i)^2``                          (no clip, no min)
+
+    Choice: the abstract only says the policy "directly predicts the advantage";
+    we use the group-centred, length-normalised log-ratio scaled by ``1/eta``
+    (the closed form of the KL-regularised optimum, as REBEL/GVPO). A
+    std-normalised prediction is undefined on-policy (all ``l_i = 0``), so it
+    is not used. With ``eta = 1`` and a zero-sum group advantage the on-policy
+    gradient is ``-2 A_i grad l_i``: twice GRPO's.
+    """
+    _pair_matrix(group_ids, "reg_grpo")
+    ell = _row_mean(logprobs - old_logprobs, mask)
+    pred = _group_center(ell, group_ids) / reg_grpo_eta
+    row = (_row_mean(_per_token(advantages, logprobs), mask) - pred) ** 2
+    return _broadcast(row, logprobs), {}
+
+
+def _pair_rows(pair_loss: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
+    """Row loss ``L_i = mean_{j != i in g} l_ij``; then ``(1/n) sum_i L_i`` = mean over ordered pairs."""
+    w = same.to(pair_loss.dtype)
+    return (pair_loss * w).sum(-1) / w.sum(-1)
+
+
+@POLICY_LOSSES.register("rebel")
+def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          group_ids: torch.Tensor, *, rebel_eta: float = 1.0):
+    """REBEL relative-reward regression (Gao et al., 2024, arXiv:2404.16767; seed 000-117).
+
+    For each pair (i, j) of rows in a group, with ``l_i = sum_t log(pi_theta(o_it) / pi_old(o_it))``:
+
+    ``l_ij = ((l_i - l_j) / eta - (A_i - A_j))^2``,   ``L_i = mean_{j != i} l_ij``
+
+    REBEL regresses reward differences ``r_i - r_j``. With the ``group_mean``
+    advantage (recipe ``rebel``) ``A_i - A_j = r_i - r_j`` exactly; with other
+    estimators it regresses their differences (e.g. normalised rewards). Pairs
+    are all pairs of a group (the paper uses 2 samples per prompt).
+    """
+    same = _pair_matrix(group_ids, "rebel")
+    ell = _row_sum(logprobs - old_logprobs, mask)
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    pair = ((ell[:, None] - ell[None, :]) / rebel_eta - (adv[:, None] - adv[None, :])) ** 2
+    return _broadcast(_pair_rows(pair, same), logprobs), {}
+
+
+def _anchor(anchor: str, old_logprobs, ref_logprobs, name: str):
+    if anchor == "behavior":
+        return old_logprobs
+    if ref_logprobs is None:
+        raise ValueError(f"{name}: anchor 'reference' needs reference log-probs; set beta > 0 (or use the "
+                         f"'behavior' anchor)")
+    return ref_logprobs
+
+
+@POLICY_LOSSES.register("gvpo")
+def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, gvpo_beta: float = 0.1,
+         gvpo_anchor: str = "behavior"):
+    """GVPO group-variance objective (Zhang et al., 2025, arXiv:2504.19599; seed 000-51).
+
+    ``R_theta(o_i) = beta * sum_t log(pi_theta(o_it) / pi_anchor(o_it))``
+    ``c_i = (R_theta(o_i) - mean_g R_theta) - (r_i - mean_g r)``
+    group loss ``(1 / (2 (n - 1))) sum_i c_i^2``  (row loss ``n c_i^2 / (2 (n - 1))``)
+
+    Its gradient is ``-(beta / (n - 1)) sum_i w_i grad log pi(o_i)`` with
+    ``w_i = (r_i - mean r) - beta (l_i - mean l)``: the authors' weighted form.
+    ``r_i - mean_g r`` is taken as the group-centred row advantage (exactly
+    the reward gap with ``group_mean``, the recipe's estimator). ``gvpo_anchor``: ``behavior`` (default; the sampling policy,
+    no reference model needed) or ``reference`` (needs beta > 0). The paper's
+    pi_theta' may be any fixed policy; we default to the behaviour policy.
+    """
+    same = _pair_matrix(group_ids, "gvpo")
+    anchor = _anchor(gvpo_anchor, old_logprobs, ref_logprobs, "gvpo")
+    implicit = gvpo_beta * _row_sum(logprobs - anchor, mask)
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    c = _group_center(implicit, group_ids) - _group_center(adv, group_ids)
+    n = same.sum(-1).to(c.dtype) + 1
+    return _broadcast(n * c ** 2 / (2 * (n - 1)), logprobs), {}
+
+
+@POLICY_LOSSES.register("disco")
+def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+          group_ids: torch.Tensor, *, disco_score: str = "log_l", disco_tau: float = 10.0,
+          disco_delta: float = 1e-4, disco_beta: float = 1e3, disco_balanced: bool = False):
+    """DisCO discriminative constrained objective (Li et al., 2025, arXiv:2505.12366; seed 000-33).
+
+    Score of a completion (non-clipping surrogates):
+    ``log_l``: ``s(o) = mean_t log pi_theta(o_t)``; ``l_ratio``: ``s(o) = mean_t pi_theta(o_t) / pi_old(o_t)``.
+    Positives ``O+`` = rows with A > 0, negatives ``O-`` = rows with A < 0 (binary
+    rewards: correct / wrong in a mixed group). Per group:
+
+    ``J = mean_{O+} s - tau log mean_{O-} exp(s / tau)``   (DisCO, imbalance-aware)
+    ``J = mean_{O+} s - mean_{O-} s``                        (DisCO-b, ``disco_balanced``)
+
+    The row loss spreads ``-n_g J`` over the group's rows (positives
+    ``-(n_g/n+) s_i``, each negative ``(n_g/n-) tau LME``) so that
+    ``seq_mean_token_mean`` gives ``-mean_g J``. Groups with no contrast (all
+    A = 0) contribute 0. The trust region is the constrained KL, a squared hinge
+    on every token: ``beta * max(0, KL(pi_old || pi_theta) - delta)^2`` with
+    ``KL = mean over the micro-batch tokens of (log pi_old - log pi_theta)``
+    (the authors' code; exact when a micro-batch is the whole step).
+    Defaults are the paper's: tau 10 (log_l), delta 1e-4, beta 1e3.
+    """
+    if disco_score == "log_l":
+        score = _row_mean(logprobs, mask)
+    elif disco_score == "l_ratio":
+        score = _row_mean(torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0)), mask)
+    else:
+        raise ValueError(f"disco_score: '{disco_score}' is not valid; valid values: log_l, l_ratio")
+    _pair_matrix(group_ids, "disco")
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    pos, neg = adv > 0, adv < 0
+    same = (group_ids[:, None] == group_ids[None, :]).to(score.dtype)
+    n_g = same.sum(-1)
+    n_pos = same @ pos.to(score.dtype)
+    n_neg = same @ neg.to(score.dtype)
+    if disco_balanced:
+        neg_term = (same @ torch.where(neg, score, 0.0)) / n_neg.clamp(min=1)
+    else:
+        big = torch.where(neg[None, :] & (same > 0), score[None, :] / disco_tau, torch.full_like(same, -torch.inf))
+        lme = torch.logsumexp(big, dim=-1) - torch.log(n_neg.clamp(min=1))
+        neg_term = disco_tau * torch.where(n_neg > 0, lme, torch.zeros_like(lme))
+    row = torch.where(pos, -n_g / n_pos.clamp(min=1) * score, torch.zeros_like(score))
+    row = row + torch.where(neg, n_g / n_neg.clamp(min=1) * neg_term, torch.zeros_like(score))
+    kl = ((old_logprobs - logprobs) * mask).sum() / mask.sum().clamp(min=1)
+    penalty = disco_beta * torch.relu(kl - disco_delta) ** 2
+    loss = _broadcast(row, logprobs) + penalty
+    return loss, {"disco_kl": torch.full_like(logprobs, float(kl.detach()))}
+
+
+@POLICY_LOSSES.register("copg")
+def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, copg_beta: float = 0.1,
+         copg_anchor: str = "behavior"):
+    """Contrastive Policy Gradient (Flet-Berliac et al., 2024, arXiv:2406.19185; seed 000-93).
+
+    For a pair (i, j) of completions of a prompt, ``L_i = sum_t log pi_theta(o_it)``,
+    ``l_i = sum_t log(pi_theta / pi_anchor)(o_it)``:
+
+    ``l_ij = -1/2 [ (r_i - r_j)(L_i - L_j) - (beta / 2)(l_i - l_j)^2 ]``
+
+    Its gradient is ``-1/2 (R_i - R_j) grad(L_i - L_j)`` with the regularised
+    reward ``R = r - beta l``: a policy gradient whose baseline is the other
+    completion (no importance ratio). ``beta = 0`` is the contrastive policy
+    gradient; fixing the reward difference gives IPO. ``r_i - r_j`` is taken as
+    ``A_i - A_j`` (exact with the ``group_mean`` advantage). All pairs of a group,
+    ``L_i = mean_{j != i} l_ij``. Anchor: ``behavior`` (default) or ``reference``.
+    """
+    same = _pair_matrix(group_ids, "copg")
+    anchor = _anchor(copg_anchor, old_logprobs, ref_logprobs, "copg")
+    total = _row_sum(logprobs, mask)
+    ell = _row_sum(logprobs - anchor, mask)
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    pair = -0.5 * ((adv[:, None] - adv[None, :]) * (total[:, None] - total[None, :])
+                   - 0.5 * copg_beta * (ell[:, None] - ell[None, :]) ** 2)
+    return _broadcast(_pair_rows(pair, same), logprobs), {}
+
+
+@POLICY_LOSSES.register("p3o")
+def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+        group_ids: torch.Tensor, *, p3o_epsilon: float = 0.2):
+    """Pairwise PPO, separate clipping (Wu et al., 2023, arXiv:2310.00212; seed 000-64).
+
+    Trajectory-wise ratio ``rho_i = pi_theta(o_i) / pi_old(o_i)`` (product over
+    tokens). For a pair (i, j) with reward difference ``D_ij = r_i - r_j``:
+
+    ``l_ij = -1/2 [ min(rho_i D_ij, clip(rho_i) D_ij) + min(rho_j D_ji, clip(rho_j) D_ji) ]``
+
+    averaged over the pairs of a group. Per row this is the clipped surrogate
+    with the positive and the negative parts of ``sum_j D_ij`` clipped
+    separately (``clipped_ratio`` is reused for both). ``D_ij = A_i - A_j``
+    (exact reward differences with ``group_mean``; invariant to a per-prompt
+    reward shift, as P3O). Choice: the paper's separate-clipping variant; the
+    KL-in-reward term is the trainer's ``beta``.
+    """
+    same = _pair_matrix(group_ids, "p3o")
+    log_rho = _row_sum(logprobs - old_logprobs, mask)
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    diff = (adv[:, None] - adv[None, :]) * same.to(adv.dtype)
+    n_other = same.sum(-1).to(adv.dtype)
+    pos_part = torch.relu(diff).sum(-1) / n_other
+    neg_part = -torch.relu(-diff).sum(-1) / n_other
+    clip = POLICY_LOSSES.get("clipped_ratio")
+    lr = _broadcast(log_rho, logprobs)
+    zero = torch.zeros_like(lr)
+    lp, mp = clip(lr, zero, _broadcast(pos_part, logprobs), mask, epsilon=p3o_epsilon)
+    ln, mn = clip(lr, zero, _broadcast(neg_part, logprobs), mask, epsilon=p3o_epsilon)
+    return lp + ln, {"clip_frac_low": mn["clip_frac_low"], "clip_frac_high": mp["clip_frac_high"]}
+
+
+def _conflicts(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+               same_group: torch.Tensor) -> torch.Tensor:
+    """Leading run of positions whose token also appears at that position in a
+    positive and in a negative completion of the same group."""
+    valid = mask > 0
+    eq = (ids[:, None, :] == ids[None, :, :]) & valid[:, None, :] & valid[None, :, :] & same_group[:, :, None]
+    has_pos = (eq & pos[None, :, None]).any(1)
+    has_neg = (eq & neg[None, :, None]).any(1)
+    raw = has_pos & has_neg & valid
+    return torch.cumprod(raw.long(), dim=-1).bool()
+
+
+@POLICY_LOSSES.register("gtpo_conflict")
+def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                  mask: torch.Tensor, group_ids: torch.Tensor, entropy: torch.Tensor, batch=None, *,
+                  epsilon: float = 0.2, epsilon_high: float | None = None, gtpo_conflict_weight: float = 2.0,
+                  gtpo_entropy_threshold: float = 0.7, gtpo_entropy_coef: float = 0.1):
+    """GTPO conflict-token protection and entropy filtering (Simoni et al., 2025, arXiv:2508.03772; seed 000-29).
+
+    Conflict tokens: token ``o_it`` at position t such that the same token id
+    sits at position t in a positive (A > 0) *and* in a negative (A < 0)
+    completion of the group; as in the authors' code only the leading run of
+    such positions counts, aligned from the start and, separately, from the end
+    of each completion. Token weight ``delta_it``: 1 for ordinary tokens,
+    ``gtpo_conflict_weight`` (2) for conflict tokens of positive completions
+    (amplified), 0 for conflict tokens of negative completions (negative update
+    skipped); the start- and end-aligned weights multiply.
+
+    Entropy filter: a completion whose mean token entropy ``H_i`` exceeds
+    ``gtpo_entropy_threshold`` gets advantage 0; the others get
+    ``A_i - gtpo_entropy_coef * H_i`` (authors' code: threshold 0.7, coef 0.1).
+
+    ``loss_t = clipped_ratio(A'_it = delta_it (A_it - c H_i))``; on-policy this
+    is the authors' ratio-1 policy gradient. Choice: their per-completion
+    division by the number of conflict tokens is left out (not in the paper's
+    objective); no KL is needed (recipe beta 0).
+    """
+    if batch is None:
+        raise ValueError("gtpo_conflict needs the batch (completion token ids)")
+    ids = batch.completion_ids[:, :logprobs.shape[1]]
+    _pair_matrix(group_ids, "gtpo_conflict")
+    adv_tok = _per_token(advantages, logprobs)
+    adv_row = _row_mean(adv_tok, mask)
+    pos, neg = adv_row > 0, adv_row < 0
+    same_group = group_ids[:, None] == group_ids[None, :]
+    fwd = _conflicts(ids, mask, pos, neg, same_group)
+    # end-aligned: reverse each row's tokens so its last token sits at position 0
+    T = ids.shape[1]
+    lengths = batch.completion_attention_mask[:, :T].sum(-1).long()
+    idx = (lengths[:, None] - 1 - torch.arange(T)[None, :])
+    valid_rev = idx >= 0
+    idx_c = idx.clamp(min=0)
+    rev = _conflicts(torch.where(valid_rev, ids.gather(1, idx_c), -1), valid_rev.to(mask.dtype), pos, neg, same_group)
+    bwd = rev.gather(1, idx_c) & valid_rev & (mask > 0)  # t <-> L-1-t is its own inverse
+
+    def weight(conflict):
+        w_conf = torch.where(pos[:, None], torch.full_like(mask, gtpo_conflict_weight), torch.zeros_like(mask))
+        return torch.where(conflict, w_conf, torch.ones_like(mask))
+
+    delta = weight(fwd) * weight(bwd)
+    h = _row_mean(entropy.detach(), mask)
+    keep = h <= gtpo_entropy_threshold
+    shaped = torch.where(keep[:, None], adv_tok - gtpo_entropy_coef * h[:, None], torch.zeros_like(adv_tok))
+    loss, metrics = POLICY_LOSSES.get("clipped_ratio")(logprobs, old_logprobs, shaped * delta, mask,
+                                                       epsilon=epsilon, epsilon_high=epsilon_high)
+    metrics = {**metrics, "gtpo_conflict_frac": (fwd | bwd).float(),
+               "gtpo_filtered_frac": (~keep).float()[:, None].expand_as(mask)}
+    return loss, metrics
+
+
+# --------------------------------------------------------------------- regularisers
+
+@REGULARIZERS.register("entropy_bonus")
+def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = 0.01):
+    """Entropy bonus: ``term_t = -coef * H_t`` with ``H_t`` the policy entropy at token t (with gradient).
+
+    Maximises entropy (TRL ``entropy_coef``, verl ``entropy_coeff``); the
+    aggregation averages it like the policy loss.
+    """
+    return -entropy_bonus_coef * entropy_grad, {}
+
+
+@REGULARIZERS.register("llds")
+def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         batch=None, *, llds_coef: float = 0.1, llds_gate: str = "response"):
+    """LLDS likelihood-preserving regulariser (Deng et al., 2025, arXiv:2512.04220; seed 000-13).
+
+    Preserving set: completions with ``A_i >= 0``. For each unit u (the whole
+    response for ``llds_gate = response``; each action span ``batch.span_ids``
+    for ``action``, tokens outside spans forming one unit) whose likelihood fell,
+    ``sum_{t in u} (log pi_theta - log pi_old) < 0``, only the tokens whose
+    log-prob fell are penalised:
+
+    ``term_t = coef * 1[A_i >= 0] * 1[unit likelihood fell] * max(0, log pi_old(o_t) - log pi_theta(o_t))``
+
+    Choice: "tokens responsible" = tokens with a negative log-ratio; the
+    preserving set follows the authors' README (non-negative advantage). The
+    term is 0 on-policy and acts from the second pass over a batch.
+    """
+    if llds_gate == "response":
+        units = torch.zeros_like(mask, dtype=torch.long)
+    elif llds_gate == "action":
+        if batch is None:
+            raise ValueError("llds: gate 'action' needs the batch (span_ids)")
+        units = batch.span_ids[:, :mask.shape[1]]
+    else:
+        raise ValueError(f"llds_gate: '{llds_gate}' is not valid; valid values: response, action")
+    log_ratio = logprobs - old_logprobs
+    unit_mean, _, _ = _segment_mean(log_ratio.detach(), mask, units)
+    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    active = (adv >= 0)[:, None] & (unit_mean < 0) & (mask > 0)
+    term = llds_coef * active.to(logprobs.dtype) * torch.relu(-log_ratio)
+    return term, {"llds_active_frac": active.float()}
+
+
+@REGULARIZERS.register("dcpo")
+def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+         entropy: torch.Tensor, *, dcpo_coef: float = 0.1, dcpo_temperature: float = 1.5,
+         dcpo_entropy_target: float = 0.25):
+    """DCPO distribution-level entropy regulariser (Li et al., 2026, arXiv:2601.12730; seed 000-35).
+
+    A REINFORCE term evaluated, through a second importance ratio, under a
+    higher-entropy target distribution ``pi_T ~ pi_old^(1/T)`` (T > 1):
+
+    ``rho_t = pi_T(o_t) / pi_old(o_t) = pi_old(o_t)^(1/T - 1) / Z_t``
+    ``term_t = -coef * sg(rho_t) * A_t * log pi_theta(o_t)``  while the batch entropy < ``H_0``
+
+    Choices (the abstract gives no formula; the authors' README names the two
+    ratios, the small REINFORCE coefficient and the entropy threshold ``H_0``,
+    0.25 best): the per-position normaliser ``Z_t`` needs the full distribution,
+    which the loss stage does not have, so ``rho`` is self-normalised to mean 1
+    over the micro-batch's tokens. The term switches off once the mean token
+    entropy of the micro-batch reaches ``dcpo_entropy_target``.
+    """
+    adv = _per_token(advantages, logprobs)
+    with torch.no_grad():
+        log_rho = (1.0 / dcpo_temperature - 1.0) * old_logprobs
+        log_rho = torch.where(mask > 0, log_rho, torch.full_like(log_rho, -torch.inf))
+        rho = torch.exp(log_rho - torch.logsumexp(log_rho.reshape(-1), 0)) * mask.sum()
+        rho = torch.nan_to_num(rho * mask, nan=0.0)
+        on = float((entropy * mask).sum() / mask.sum().clamp(min=1)) < dcpo_entropy_target
+    term = -dcpo_coef * float(on) * rho * adv * logprobs
+    return term, {"dcpo_active": torch.full_like(logprobs, float(on))}
+
+
+@REGULARIZERS.register("dynamic_kl")
+def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: int, *, beta: float,
+               kl_estimator: str = "k3", grpo_d_beta_start: float = 0.0, grpo_d_beta_end: float = 0.04,
+               grpo_d_ramp_steps: int = 100):
+    """GRPO-D dynamic KL coefficient (OThink-MR1, Liu et al., 2025, arXiv:2503.16081; seed 000-69).
+
+    ``beta(s) = beta_start + (beta_end - beta_start) * min(1, s / ramp_steps)``
+
+    A small KL weight early (exploration) that grows to a larger one later
+    (exploitation), per the paper's description; the linear ramp is our choice
+    (the abstract gives no schedule). The trainer already adds
+    ``beta * KL`` (``beta`` > 0 is required so that reference log-probs exist),
+    so this term adds ``(beta(s) - beta) * KL`` and the total KL coefficient is
+    exactly ``beta(s)``. KL uses ``kl_estimator`` via ``kl_penalty``.
+    """
+    if ref_logprobs is None:
+        raise ValueError("dynamic_kl needs reference log-probs: set beta > 0 (the recipe grpo_d does)")
+    coef = grpo_d_beta_start + (grpo_d_beta_end - grpo_d_beta_start) * min(1.0, step / max(grpo_d_ramp_steps, 1))
+    kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
+    return (coef - beta) * kl, {"kl_coef": torch.full_like(logprobs, coef)}
+
+
+@REGULARIZERS.register("ratio_variance")
+class RatioVariance:
+    """R^2VPO ratio-variance constraint, primal-dual (seed 000-75).
+
+    Constraint ``E[(r_t - 1)^2] <= delta`` on the policy ratio's second central
+    moment (E[r] = 1 under pi_old), with Lagrangian term
+
+    ``term_t = lambda * (r_t - 1)^2``
+
+    and the multiplier updated once per optimiser step from the previous
+    step's measured moment ``v``: ``lambda <- max(0, lambda + dual_lr * (v - delta))``.
+    Used with the unclipped ratio (recipe ``r2vpo``: clipping off).
+    Choices: the moment is the token mean over all passes of the step; the
+    paper's re-weighting of stale off-policy samples belongs to replay and is
+    not part of this term. Stateful: ``state_dict`` holds lambda and the
+    running moment.
+    """
+
+    def __init__(self, *, r2vpo_delta: float = 0.02, r2vpo_dual_lr: float = 1.0, r2vpo_lambda_init: float = 1.0):
+        self.delta, self.dual_lr = r2vpo_delta, r2vpo_dual_lr
+        self.lam = float(r2vpo_lambda_init)
+        self.step: int | None = None
+        self.moment_sum, self.moment_count = 0.0, 0.0
+
+    def _advance(self, step: int) -> None:
+        if self.step is not None and step != self.step and self.moment_count > 0:
+            v = self.moment_sum / self.moment_count
+            self.lam = max(0.0, self.lam + self.dual_lr * (v - self.delta))
+            self.moment_sum, self.moment_count = 0.0, 0.0
+        self.step = step
+
+    def __call__(self, logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor, step: int):
+        self._advance(int(step))
+        ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+        dev = (ratio - 1.0) ** 2
+        self.moment_sum += float((dev.detach() * mask).sum())
+        self.moment_count += float(mask.sum())
+        return self.lam * dev, {"r2vpo_lambda": torch.full_like(logprobs, self.lam), "ratio_var": dev.detach()}
+
+    def state_dict(self) -> dict:
+        return {"lam": self.lam, "step": self.step, "moment_sum": self.moment_sum,
+                "moment_count": self.moment_count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.lam, self.step = float(state["lam"]), state["step"]
+        self.moment_sum, self.moment_count = float(state["moment_sum"]), float(state["moment_count"])
+
+
+# ----------------------------------------------------------------- config checks
+
+GROUP_COUPLED = {"reg_grpo", "rebel", "gvpo", "disco", "copg", "p3o", "gtpo_conflict"}
+
+
+def validate_objective_config(cfg) -> None:
+    """Config-time checks for this module's components; raises ``ConfigError``.
+
+    Call from ``Config.validate()``.
+    """
+    from ..config import ConfigError
+
+    if cfg.policy_loss in GROUP_COUPLED:
+        if cfg.num_generations < 2:
+            raise ConfigError(f"policy_loss '{cfg.policy_loss}' compares completions of a prompt: "
+                              f"num_generations must be >= 2, got {cfg.num_generations}")
+        if cfg.micro_batch_size % cfg.num_generations:
+            raise ConfigError(f"policy_loss '{cfg.policy_loss}' needs whole groups in each micro-batch: "
+                              f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of num_generations "
+                              f"({cfg.num_generations})")
+    if "dynamic_kl" in cfg.regularizers and cfg.beta <= 0:
+        raise ConfigError("regularizers: dynamic_kl needs a reference model: set beta > 0 "
+                          "(the total KL coefficient then follows grpo_d_beta_start -> grpo_d_beta_end)")
+    for key in ("gvpo_anchor", "copg_anchor"):
+        if getattr(cfg, key) == "reference" and cfg.beta <= 0 and cfg.policy_loss == key.split("_")[0]:
+            raise ConfigError(f"{key}: 'reference' needs a reference model: set beta > 0 or use 'behavior'")
+    positive = ["simple_po_epsilon", "reg_grpo_eta", "rebel_eta", "disco_tau", "sapo_tau_pos", "sapo_tau_neg",
+                "dcpo_temperature"]
+    for key in positive:
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
+    if cfg.grpo_d_ramp_steps < 1:
+        raise ConfigError(f"grpo_d_ramp_steps: must be >= 1, got {cfg.grpo_d_ramp_steps}")

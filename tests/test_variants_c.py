@@ -1,0 +1,424 @@
+"""Group C variants: policy objectives, regularisers (hand-computed values and relations)."""
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, StepTotals
+from grpolab.algorithms.objectives import RatioVariance, validate_objective_config
+from grpolab.components import Component
+from grpolab.config import Config, ConfigError
+from grpolab.recipes import recipe_overrides
+
+T = torch.tensor
+L = POLICY_LOSSES.get
+RG = REGULARIZERS.get
+
+
+def seq_mean(loss, mask):
+    return AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, StepTotals.from_masks([mask], constant=1))
+
+
+# ------------------------------------------------------------------ policy gradient (GPG)
+
+def test_policy_gradient_value_and_grad():
+    logp = T([[-1.0, -2.0]], requires_grad=True)
+    loss, _ = L("policy_gradient")(logp, logp.detach() - 5.0, T([0.5]), torch.ones(1, 2))
+    # -A * logp = -0.5 * [-1, -2] = [0.5, 1.0]; old log-probs play no role
+    assert torch.allclose(loss, T([[0.5, 1.0]]))
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, T([[-0.5, -0.5]]))
+
+
+# ----------------------------------------------------------------------------- GSPO
+
+def test_sequence_ratio_hand_values():
+    old = torch.zeros(3, 2)
+    logp = T([[math.log(2.0), 0.0], [math.log(2.0), 0.0], [math.log(2.0), 5.0]])
+    mask = T([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    adv = T([1.0, -1.0, 1.0])
+    loss, _ = L("sequence_ratio")(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.2)
+    # rows 0,1: s = exp((ln2 + 0)/2) = sqrt(2) = 1.41421
+    # A = +1: -min(1.414, 1.2) = -1.2 ; A = -1: -min(-1.414, -1.2) = 1.41421
+    # row 2: the masked token (5.0) is ignored: s = 2 -> -min(2, 1.2) = -1.2
+    assert torch.allclose(loss[0], T([-1.2, -1.2]))
+    assert torch.allclose(loss[1], T([math.sqrt(2.0)] * 2))
+    assert torch.allclose(loss[2, 0], T(-1.2))
+    loss2, _ = L("sequence_ratio")(logp, old, adv, mask, epsilon=0.2, epsilon_high=2.0)
+    assert torch.allclose(loss2[2, 0], T(-2.0))  # 2 < 1 + 2: unclipped
+
+
+def test_gspo_equals_grpo_when_token_ratios_equal():
+    """All token ratios of a sequence equal => s_i = r_it: same per-token loss as clipped_ratio,
+    hence the same objective under any aggregation (GSPO's own is seq_mean_token_mean)."""
+    torch.manual_seed(0)
+    old = torch.randn(4, 5)
+    row_log_ratio = T([0.3, -0.1, 0.05, -0.4])
+    logp = (old + row_log_ratio[:, None]).requires_grad_()
+    mask = T([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]]).float()
+    adv = T([1.0, -0.5, 2.0, -1.0])
+    gspo, _ = L("sequence_ratio")(logp, old, adv, mask, epsilon=0.2)
+    grpo, _ = L("clipped_ratio")(logp, old, adv, mask, epsilon=0.2)
+    assert torch.allclose(gspo * mask, grpo * mask, atol=1e-6)
+    # the GSPO objective (1/G) sum_i -min(s_i A_i, clip(s_i) A_i) under seq_mean_token_mean
+    s = torch.exp(row_log_ratio)
+    expected = -torch.minimum(s * adv, s.clamp(0.8, 1.2) * adv).mean()
+    assert torch.allclose(seq_mean(gspo, mask), expected, atol=1e-6)
+
+
+def test_gspo_token_gradient_equals_gspo_gradient():
+    torch.manual_seed(1)
+    old = torch.randn(3, 4)
+    base = (old + 0.05 * torch.randn(3, 4))
+    mask = T([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]).float()
+    adv = T([1.0, -2.0, 0.5])
+    grads, values = [], []
+    for name in ("sequence_ratio", "sequence_ratio_token"):
+        logp = base.clone().requires_grad_()
+        loss, _ = L(name)(logp, old, adv, mask, epsilon=0.2)
+        agg = seq_mean(loss, mask)
+        agg.backward()
+        grads.append(logp.grad.clone())
+        values.append(agg.detach())
+    assert torch.allclose(values[0], values[1], atol=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert grads[0].abs().sum() > 0
+
+
+# ------------------------------------------------------------------------- Rank-GRPO
+
+def test_rank_ratio_hand_values_and_reductions():
+    old = torch.zeros(1, 4)
+    logp = T([[0.1, 0.3, 0.0, 0.2]])
+    mask = torch.ones(1, 4)
+    adv = T([1.0])
+    big = dict(epsilon=10.0)
+    spans = SimpleNamespace(span_ids=T([[1, 1, 1, 2]]))
+    loss, _ = L("rank_ratio")(logp, old, adv, mask, spans, **big)
+    w1, w2 = math.exp(0.4 / 3), math.exp(0.2)
+    # unit 1 has 3 tokens, weight |o|/(K |k|) = 4/(2*3); unit 2 has 1 token, weight 4/(2*1)
+    assert torch.allclose(loss, T([[-w1 * 2 / 3] * 3 + [-w2 * 2]]), atol=1e-6)
+    # seq_mean_token_mean averages the two items equally: (1/2)(-w1 - w2)
+    assert torch.allclose(seq_mean(loss, mask), T(-(w1 + w2) / 2), atol=1e-6)
+    # no spans -> GSPO; one token per span -> token-level clipped ratio
+    none = SimpleNamespace(span_ids=torch.zeros(1, 4, dtype=torch.long))
+    each = SimpleNamespace(span_ids=T([[1, 2, 3, 4]]))
+    assert torch.allclose(L("rank_ratio")(logp, old, adv, mask, none)[0], L("sequence_ratio")(logp, old, adv, mask)[0])
+    assert torch.allclose(L("rank_ratio")(logp, old, adv, mask, each)[0], L("clipped_ratio")(logp, old, adv, mask)[0])
+
+
+# ------------------------------------------------------------------------------ SAPO
+
+def test_soft_gate_values():
+    old = torch.zeros(1, 3)
+    logp = T([[0.0, 0.0, math.log(2.0)]])
+    adv = T([[1.0, -1.0, 1.0]])
+    loss, _ = L("soft_gate")(logp, old, adv, torch.ones(1, 3), sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    # r=1: -(4/tau) sigmoid(0) A = -(2/tau) A -> -2 (tau 1), +2/1.05 (tau 1.05, A=-1)
+    # r=2, tau=1: -4 sigmoid(1) = -4 * 0.7310586 = -2.9242344
+    assert torch.allclose(loss, T([[-2.0, 2.0 / 1.05, -2.9242344]]), atol=1e-6)
+
+
+def test_soft_gate_gradient_at_ratio_one_is_policy_gradient():
+    logp = T([[-0.7, -1.3, -2.0]], requires_grad=True)
+    adv = T([[1.5, -0.5, 2.0]])
+    loss, _ = L("soft_gate")(logp, logp.detach(), adv, torch.ones(1, 3), sapo_tau_pos=1.0, sapo_tau_neg=1.05)
+    loss.sum().backward()
+    # d/dlogp of -f(r) A at r = 1 is -A f'(1) r = -A (f'(1) = 1 for every tau)
+    assert torch.allclose(logp.grad, -adv, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- CISPO
+
+def test_cispo_values_and_detached_weight():
+    logp = T([[-1.0, -1.0, -1.0]], requires_grad=True)
+    old = logp.detach() - T([[math.log(2.0), math.log(0.5), math.log(0.5)]])  # r = 2, 0.5, 0.5
+    adv = T([[1.0, 1.0, -1.0]])
+    loss, m = L("cispo")(logp, old, adv, torch.ones(1, 3), cispo_epsilon_low=None, cispo_epsilon_high=0.5)
+    # w = sg(clip(r, -, 1.5)) = [1.5, 0.5, 0.5]; loss = -w A logp = [1.5, 0.5, -0.5]
+    assert torch.allclose(loss, T([[1.5, 0.5, -0.5]]))
+    assert torch.allclose(m["cispo_clip_frac"], T([[1.0, 0.0, 0.0]]))
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, T([[-1.5, -0.5, 0.5]]))  # gradient -w A: the weight is detached
+    loss2, _ = L("cispo")(logp, old, adv, torch.ones(1, 3), cispo_epsilon_low=0.2, cispo_epsilon_high=0.5)
+    assert torch.allclose(loss2, T([[1.5, 0.8, -0.8]]))  # lower clip at 0.8
+
+
+# ---------------------------------------------------------------- Simple Policy Optimization
+
+def test_simple_po_values_and_grad_at_one():
+    old = torch.zeros(1, 2)
+    logp = torch.full((1, 2), math.log(1.5))
+    loss, _ = L("simple_po")(logp, old, T([[2.0, -2.0]]), torch.ones(1, 2), simple_po_epsilon=0.2)
+    # -(r A - |A|/(2 eps)(r-1)^2), r = 1.5: A=2: -(3 - 5*0.25) = -1.75 ; A=-2: -(-3 - 1.25) = 4.25
+    assert torch.allclose(loss, T([[-1.75, 4.25]]))
+    lp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = L("simple_po")(lp, lp.detach(), T([[2.0, -2.0]]), torch.ones(1, 2), simple_po_epsilon=0.2)
+    loss.sum().backward()
+    assert torch.allclose(lp.grad, T([[-2.0, 2.0]]))  # policy gradient at r = 1
+
+
+# ---------------------------------------------------------------------------- Reg-GRPO
+
+def test_reg_grpo_values():
+    old = torch.zeros(2, 1)
+    logp = T([[0.4], [0.0]])
+    g = T([0, 0])
+    adv = T([1.0, -1.0])
+    loss, _ = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, reg_grpo_eta=1.0)
+    # l = [0.4, 0]; centred [0.2, -0.2]; (1 - 0.2)^2 = (-1 + 0.2)^2 = 0.64
+    assert torch.allclose(loss, T([[0.64], [0.64]]))
+    loss, _ = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, reg_grpo_eta=2.0)
+    assert torch.allclose(loss, T([[0.81], [0.81]]))  # prediction 0.1: (0.9)^2
+
+
+# ------------------------------------------------------------------------------- REBEL
+
+def test_rebel_values_and_on_policy_gradient():
+    old = torch.zeros(2, 2)
+    logp = T([[0.1, 0.2], [0.0, -0.1]])
+    mask = T([[1.0, 1.0], [1.0, 0.0]])
+    loss, _ = L("rebel")(logp, old, T([1.0, 0.0]), mask, T([7, 7]), rebel_eta=0.5)
+    # l = [0.3, 0.0]; ((0.3 - 0)/0.5 - (1 - 0))^2 = (-0.4)^2 = 0.16 (both rows hold the pair)
+    assert torch.allclose(loss, torch.full((2, 2), 0.16))
+    lp = torch.zeros(2, 1, requires_grad=True)
+    loss, _ = L("rebel")(lp, lp.detach(), T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), rebel_eta=0.5)
+    seq_mean(loss, torch.ones(2, 1)).backward()
+    # on-policy: d/dl_0 (( (l0-l1)/eta - 2)^2) = 2 * (-2) / eta = -8 ; row 1: +8
+    assert torch.allclose(lp.grad, T([[-8.0], [8.0]]))
+
+
+# -------------------------------------------------------------------------------- GVPO
+
+def test_gvpo_values():
+    old = torch.zeros(2, 1)
+    logp = T([[0.2], [0.0]])
+    loss, _ = L("gvpo")(logp, old, T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), gvpo_beta=0.5)
+    # implicit = 0.5 * [0.2, 0] -> centred [0.05, -0.05]; c = [0.05 - 1, -0.05 + 1] = [-0.95, 0.95]
+    # row loss n c^2 / (2 (n-1)) = 2 * 0.9025 / 2 = 0.9025
+    assert torch.allclose(loss, T([[0.9025], [0.9025]]))
+
+
+def test_gvpo_gradient_is_weighted_logprob_form():
+    """grad = -(beta/(n-1)) sum_i w_i grad log pi(o_i), w_i = (r_i - mean r) - beta (l_i - mean l)."""
+    torch.manual_seed(2)
+    old = torch.randn(3, 4)
+    logp = (old + 0.1 * torch.randn(3, 4)).requires_grad_()
+    mask = T([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]).float()
+    adv = T([1.0, -0.25, -0.75])  # zero-sum (group_mean)
+    beta = 0.3
+    loss, _ = L("gvpo")(logp, old, adv, mask, T([0, 0, 0]), gvpo_beta=beta)
+    seq_mean(loss, mask).backward()
+    ell = ((logp.detach() - old) * mask).sum(-1)
+    w = (adv - adv.mean()) - beta * (ell - ell.mean())
+    expected = -(beta / 2) * w[:, None] * mask
+    assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def test_gvpo_reference_anchor_needs_ref():
+    with pytest.raises(ValueError, match="beta > 0"):
+        L("gvpo")(torch.zeros(2, 1), torch.zeros(2, 1), T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]),
+                  None, gvpo_anchor="reference")
+
+
+# ------------------------------------------------------------------------------- DisCO
+
+def test_disco_values_and_kl_constraint():
+    logp = T([[-1.0], [-2.0], [-3.0]])
+    mask = torch.ones(3, 1)
+    g = T([0, 0, 0])
+    adv = T([1.0, -1.0, -1.0])
+    loss, _ = L("disco")(logp, logp, adv, mask, g, disco_tau=1.0, disco_delta=1e-4, disco_beta=1e3)
+    # n_g=3, n+=1, n-=2; positive row: -(3/1)(-1) = 3
+    # LME = log((e^-2 + e^-3)/2) = log(0.0925613) = -2.3798854 ; each negative: (3/2)(-2.3798854) = -3.5698281
+    assert torch.allclose(loss[:, 0], T([3.0, -3.5698281, -3.5698281]), atol=1e-6)
+    # seq mean = -J with J = mean s+ - LME = -1 + 2.3798854
+    assert torch.allclose(seq_mean(loss, mask), T(-1.3798854), atol=1e-6)
+    bal, _ = L("disco")(logp, logp, adv, mask, g, disco_balanced=True)
+    assert torch.allclose(bal[:, 0], T([3.0, -3.75, -3.75]))  # (3/2) * mean(-2, -3)
+    # KL(pi_old || pi) = mean(old - logp) = 0.01 > delta: + 1e3 (0.01 - 1e-4)^2 = 0.09801 on every token
+    pen, m = L("disco")(logp, logp + 0.01, adv, mask, g, disco_tau=1.0)
+    assert torch.allclose(pen - loss, torch.full((3, 1), 0.09801), atol=1e-6)
+    assert torch.allclose(m["disco_kl"], torch.full((3, 1), 0.01))
+
+
+# -------------------------------------------------------------------------------- CoPG
+
+def test_copg_values_and_gradient():
+    logp = T([[-1.0], [-2.0]], requires_grad=True)
+    old = logp.detach() - T([[0.2], [0.0]])  # l = [0.2, 0]
+    loss, _ = L("copg")(logp, old, T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), copg_beta=0.5)
+    # -1/2 [ (r0-r1)(L0-L1) - (beta/2)(l0-l1)^2 ] = -1/2 [2 * 1 - 0.25 * 0.04] = -0.995
+    assert torch.allclose(loss, T([[-0.995], [-0.995]]))
+    seq_mean(loss, torch.ones(2, 1)).backward()
+    # d/dlogp_0 = -1/2 [(r0 - r1) - beta (l0 - l1)] = -1/2 [2 - 0.1] = -0.95 ; row 1 opposite
+    assert torch.allclose(logp.grad, T([[-0.95], [0.95]]))
+
+
+# --------------------------------------------------------------------------------- P3O
+
+def test_p3o_values():
+    old = torch.zeros(2, 1)
+    logp = T([[math.log(1.5)], [math.log(0.5)]])
+    loss, _ = L("p3o")(logp, old, T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), p3o_epsilon=0.2)
+    # D01 = 2: row 0 -min(1.5*2, 1.2*2) = -2.4 ; row 1 (D10 = -2): -min(0.5*-2, 0.8*-2) = 1.6
+    # pair loss = mean of the two = -0.4
+    assert torch.allclose(loss, T([[-2.4], [1.6]]))
+    assert torch.allclose(seq_mean(loss, torch.ones(2, 1)), T(-0.4))
+
+
+def test_p3o_is_shift_invariant_and_needs_partner():
+    old = torch.zeros(3, 2)
+    logp = 0.1 * torch.arange(6.0).reshape(3, 2)
+    a = T([0.5, 1.0, -1.5])
+    l1, _ = L("p3o")(logp, old, a, torch.ones(3, 2), T([0, 0, 0]))
+    l2, _ = L("p3o")(logp, old, a + 3.0, torch.ones(3, 2), T([0, 0, 0]))
+    assert torch.allclose(l1, l2)
+    with pytest.raises(ValueError, match="single row"):
+        L("p3o")(logp, old, a, torch.ones(3, 2), T([0, 0, 1]))
+
+
+# ------------------------------------------------------------------------------- GTPO
+
+def test_gtpo_conflict_tokens_and_entropy_filter():
+    ids = T([[5, 6, 7, 8], [5, 6, 9, 8], [5, 2, 7, 3]])
+    mask = T([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]]).float()
+    batch = SimpleNamespace(completion_ids=ids, completion_attention_mask=mask.long())
+    adv = T([1.0, -1.0, -1.0])[:, None] * mask
+    entropy = T([0.5, 0.2, 1.0])[:, None] * torch.ones(3, 4)
+    logp = -torch.ones(3, 4)
+    loss, m = L("gtpo_conflict")(logp, logp, adv, mask, T([0, 0, 0]), entropy, batch)
+    # start-aligned conflicts (leading run): row0 t0..3, row1 t0..1, row2 t0
+    # end-aligned: row0 last token 8 == row1 last token 8 -> row0 t3, row1 t3 ; row2 none
+    # delta: row0 (positive) [2, 2, 2, 2*2] ; row1 (negative) [0, 0, 1, 0] ; row2 [0, 1, 1, -]
+    # entropy: row2 H=1.0 > 0.7 -> A=0 ; A'0 = 1 - 0.1*0.5 = 0.95 ; A'1 = -1 - 0.1*0.2 = -1.02
+    # on-policy loss = -A' delta
+    expected = T([[-1.9, -1.9, -1.9, -3.8], [0.0, 0.0, 1.02, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    assert torch.allclose(loss * mask, expected, atol=1e-6)
+    assert torch.allclose(m["gtpo_filtered_frac"][:, 0], T([0.0, 0.0, 1.0]))
+
+
+# ---------------------------------------------------------------------- regularisers
+
+def test_entropy_bonus():
+    h = T([[0.5, 1.0]], requires_grad=True)
+    term, _ = RG("entropy_bonus")(h, entropy_bonus_coef=0.1)
+    assert torch.allclose(term, T([[-0.05, -0.1]]))
+    term.sum().backward()
+    assert torch.allclose(h.grad, T([[-0.1, -0.1]]))
+
+
+def test_llds_response_and_action_gates():
+    old = torch.zeros(3, 2)
+    logp = T([[-0.2, 0.1], [-0.5, -0.5], [0.3, -0.1]])
+    adv = T([1.0, -1.0, 0.5])
+    mask = torch.ones(3, 2)
+    term, _ = RG("llds")(logp, old, adv, mask, None, llds_coef=0.5)
+    # row0: A>=0, response log-ratio -0.1 < 0 -> 0.5 * relu(0.2) on t0, 0 on t1 (its log-prob rose)
+    # row1: A<0 -> not in the preserving set ; row2: response log-ratio +0.2 -> inactive
+    assert torch.allclose(term, T([[0.1, 0.0], [0.0, 0.0], [0.0, 0.0]]))
+    spans = SimpleNamespace(span_ids=T([[1, 1], [1, 2], [1, 2]]))
+    term, _ = RG("llds")(logp, old, adv, mask, spans, llds_coef=0.5, llds_gate="action")
+    # row2 action 2 (t1) fell by 0.1 -> 0.5 * 0.1 = 0.05
+    assert torch.allclose(term, T([[0.1, 0.0], [0.0, 0.0], [0.0, 0.05]]))
+
+
+def test_dcpo_values():
+    old = T([[math.log(0.5), math.log(0.25)]])
+    logp = old.clone().requires_grad_()
+    mask = torch.ones(1, 2)
+    term, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.1), dcpo_coef=0.1,
+                         dcpo_temperature=2.0, dcpo_entropy_target=0.25)
+    # rho ~ pi_old^(1/2 - 1) = [sqrt 2, 2], normalised to mean 1: [0.828427, 1.171573]
+    # term = -0.1 * rho * A * logp = [0.1*0.828427*0.693147, 0.1*1.171573*1.386294]
+    assert torch.allclose(term, T([[0.0574221, 0.1624147]]), atol=1e-6)
+    term.sum().backward()
+    assert torch.allclose(logp.grad, T([[-0.0828427, -0.1171573]]), atol=1e-6)
+    off, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.3), dcpo_entropy_target=0.25)
+    assert torch.all(off == 0) and float(m["dcpo_active"][0, 0]) == 0.0
+
+
+def test_dynamic_kl_schedule_total_coefficient():
+    logp, ref = T([[-1.0]]), T([[-1.5]])
+    kw = dict(beta=0.04, kl_estimator="k3", grpo_d_beta_start=0.0, grpo_d_beta_end=0.04, grpo_d_ramp_steps=100)
+    k3 = math.exp(-0.5) + 0.5 - 1.0  # x = ref - logp = -0.5 -> 0.1065307
+    term, m = RG("dynamic_kl")(logp, ref, 50, **kw)
+    # beta(50) = 0.02 ; the trainer adds 0.04 KL, this adds (0.02 - 0.04) KL: total 0.02 KL
+    assert torch.allclose(term, T([[-0.02 * k3]]), atol=1e-7)
+    assert torch.allclose(0.04 * k3 + term, T([[0.02 * k3]]), atol=1e-7)
+    assert float(m["kl_coef"][0, 0]) == pytest.approx(0.02)
+    term, _ = RG("dynamic_kl")(logp, ref, 500, **kw)
+    assert torch.allclose(term, T([[0.0]]))
+    with pytest.raises(ValueError, match="beta > 0"):
+        RG("dynamic_kl")(logp, None, 0, **kw)
+
+
+def _rv_inputs(i):
+    g = torch.Generator().manual_seed(i)
+    old = torch.randn(2, 3, generator=g)
+    return old + 0.2 * torch.randn(2, 3, generator=g), old, torch.ones(2, 3)
+
+
+def test_ratio_variance_dual_update_hand():
+    rv = RatioVariance(r2vpo_delta=0.02, r2vpo_dual_lr=1.0, r2vpo_lambda_init=1.0)
+    one = torch.ones(1, 1)
+    t, _ = rv(T([[math.log(1.2)]]), torch.zeros(1, 1), one, 0)
+    assert torch.allclose(t, T([[0.04]]))  # lambda 1 * (1.2 - 1)^2
+    rv(T([[math.log(0.9)]]), torch.zeros(1, 1), one, 0)  # (0.9 - 1)^2 = 0.01
+    t, m = rv(T([[math.log(1.2)]]), torch.zeros(1, 1), one, 1)
+    # new step: v = (0.04 + 0.01)/2 = 0.025 -> lambda = 1 + (0.025 - 0.02) = 1.005
+    assert rv.lam == pytest.approx(1.005)
+    assert torch.allclose(t, T([[1.005 * 0.04]]))
+    rv2 = RatioVariance(r2vpo_delta=1.0, r2vpo_dual_lr=10.0)
+    rv2(torch.zeros(1, 1), torch.zeros(1, 1), one, 0)
+    rv2(torch.zeros(1, 1), torch.zeros(1, 1), one, 1)
+    assert rv2.lam == 0.0  # projected to lambda >= 0
+
+
+def test_ratio_variance_restore_is_exact():
+    a = RatioVariance(r2vpo_delta=0.01, r2vpo_dual_lr=2.0)
+    for i, step in enumerate([0, 0, 1, 1, 2]):
+        a(*_rv_inputs(i), step)
+    state = a.state_dict()
+    b = RatioVariance(r2vpo_delta=0.01, r2vpo_dual_lr=2.0)  # same config, as on resume
+    fresh = RatioVariance(r2vpo_delta=0.01, r2vpo_dual_lr=2.0)
+    b.load_state_dict(state)
+    for i, step in enumerate([2, 3, 3, 4]):
+        ta, _ = a(*_rv_inputs(10 + i), step)
+        tb, _ = b(*_rv_inputs(10 + i), step)
+        tf, _ = fresh(*_rv_inputs(10 + i), step)
+        assert torch.equal(ta, tb)
+    assert a.state_dict() == b.state_dict()
+    assert not torch.equal(ta, tf)  # the state matters: a fresh multiplier gives another term
+
+
+def test_ratio_variance_is_a_stateful_component():
+    cfg = Config.build({"model": "tiny", "task": "repeat", "r2vpo_lambda_init": 3.0})
+    comp = Component(REGULARIZERS.get("ratio_variance"), cfg, "", "ratio_variance")
+    assert comp.stateful and comp.fn.lam == 3.0
+
+
+# -------------------------------------------------------------------- config checks
+
+BASE = {"model": "tiny", "task": "repeat"}
+
+
+def test_validate_objective_config_errors():
+    """Invalid combinations are rejected when the config loads (Config.build calls validate_objective_config)."""
+    with pytest.raises(ConfigError, match="multiple of num_generations"):
+        Config.build({**BASE, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 6})
+    with pytest.raises(ConfigError, match="beta > 0"):
+        Config.build({**BASE, "regularizers": ["dynamic_kl"], "beta": 0.0})
+    with pytest.raises(ConfigError, match="gvpo_anchor"):
+        Config.build({**BASE, "policy_loss": "gvpo", "gvpo_anchor": "reference", "beta": 0.0,
+                      "micro_batch_size": 8, "num_generations": 4})
+    cfg = Config.build({**BASE, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 8})
+    validate_objective_config(cfg)
+
+
+@pytest.mark.parametrize("recipe", ["gspo", "sapo", "cispo", "reg_grpo", "rebel", "gvpo", "disco", "simple_po",
+                                    "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "dcpo", "grpo_d"])
+def test_group_c_recipes_validate(recipe):
+    cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})
+    validate_objective_config(cfg)
