@@ -138,3 +138,16 @@ def test_invalid_combination_is_a_config_error(tiny_args):
         Config.build({**tiny_args, "regularizers": ["dynamic_kl"], "beta": 0.0})
     with pytest.raises(ConfigError, match="advantage_weightings: 'nope' is not valid"):
         Config.build({**tiny_args, "advantage_weightings": ["nope"]})
+
+
+def test_kl_straight_through_in_training(tiny_args):
+    import pytest
+
+    from grpolab.config import ConfigError
+    t = _trainer({**tiny_args, "beta": 0.1, "kl_estimator": "k3", "kl_gradient": "k2", "steps": 2,
+                  "num_iterations": 2})
+    t.train(progress=False)
+    rows = read_metrics(tiny_args["out"])
+    assert rows[1]["kl"] is not None and rows[1]["kl"] >= 0  # the logged value is k3's (>= 0)
+    with pytest.raises(ConfigError, match="kl_gradient: 'k9' is not valid"):
+        Config.build({**tiny_args, "kl_gradient": "k9"})

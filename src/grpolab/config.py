@@ -62,7 +62,9 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     epsilon: float = _f(0.2, "lower clip range eps_low")
     epsilon_high: float | None = _f(None, "upper clip range eps_high (default: epsilon)")
     beta: float = _f(0.0, "KL coefficient; 0 loads no reference model")
-    kl_estimator: str = _f("k3", "KL estimator", "KL_ESTIMATORS")
+    kl_estimator: str = _f("k3", "KL estimator (its value enters the loss)", "KL_ESTIMATORS")
+    kl_gradient: str | None = _f(None, "estimator whose gradient is used instead (straight-through, e.g. k2 "
+                                       "with kl_estimator k3 = verl's k3+); default: kl_estimator's own")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
     # optimiser
     learning_rate: float = _f(2e-5, "AdamW learning rate")
@@ -135,6 +137,10 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
+        from .algorithms import KL_ESTIMATORS as _kl
+        if self.kl_gradient is not None and self.kl_gradient not in _kl:
+            raise ConfigError(f"kl_gradient: '{self.kl_gradient}' is not valid; valid values: "
+                              f"{', '.join(_kl.names())}")
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         self._check_components(registries)

@@ -296,7 +296,7 @@ class Trainer:
                           "group_ids": mb.group_ids, "batch": mb, "step": self.step}
                 per_token, tok_metrics = self.policy_loss(**inputs)
                 if cfg.beta > 0:
-                    kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator)
+                    kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator, gradient=cfg.kl_gradient)
                     per_token = per_token + cfg.beta * kl
                     tok_metrics = {**tok_metrics, "kl": kl.detach()}
                 for reg in self.regularizers:
