@@ -151,3 +151,29 @@ def test_kl_straight_through_in_training(tiny_args):
     assert rows[1]["kl"] is not None and rows[1]["kl"] >= 0  # the logged value is k3's (>= 0)
     with pytest.raises(ConfigError, match="kl_gradient: 'k9' is not valid"):
         Config.build({**tiny_args, "kl_gradient": "k9"})
+
+
+def test_overlong_penalty_hand_computed():
+    from grpolab.rewards.transforms import overlong_penalty
+
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, float("nan")])
+    lengths = torch.tensor([10, 16, 18, 20, 20])
+    out = overlong_penalty(r, lengths, max_completion_length=20, overlong_buffer=4)
+    # start = 16: 10 -> 0; 16 -> 0; 18 -> (16-18)/4 = -0.5; 20 -> -1.0; NaN stays NaN
+    assert out[:4].tolist() == [1.0, 1.0, 0.5, -1.0] and torch.isnan(out[4])
+    out = overlong_penalty(r[:1], torch.tensor([21]), max_completion_length=20, overlong_buffer=4,
+                           overlong_penalty_factor=0.5)
+    assert out.tolist() == [0.5]  # beyond L_max: -1 * factor
+
+
+def test_mask_truncated_and_reward_transform_in_training(tiny_args):
+    t = _trainer({**tiny_args, "mask_truncated_completions": True, "reward_transforms": ["overlong_penalty"],
+                  "overlong_buffer": 3, "steps": 1})
+    batch, _, _ = t.collect()
+    scalar = t.compute_advantages(batch)
+    raw = t.scorer.weights @ torch.nan_to_num(batch.rewards).T
+    lengths = batch.completion_attention_mask.sum(-1).float()
+    expected = raw + torch.where(lengths <= 3, torch.zeros_like(lengths), (3 - lengths) / 3)
+    assert torch.allclose(scalar, expected)
+    assert bool((batch.completion_mask[batch.truncated] == 0).all())
+    assert bool((batch.advantages[batch.truncated] == 0).all())

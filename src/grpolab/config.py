@@ -65,6 +65,13 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     kl_estimator: str = _f("k3", "KL estimator (its value enters the loss)", "KL_ESTIMATORS")
     kl_gradient: str | None = _f(None, "estimator whose gradient is used instead (straight-through, e.g. k2 "
                                        "with kl_estimator k3 = verl's k3+); default: kl_estimator's own")
+    reward_transforms: list = _f([], "transforms of the combined reward, in order (e.g. overlong_penalty)",
+                                 "REWARD_TRANSFORMS*")
+    overlong_buffer: int = _f(4, "overlong_penalty: the last L_cache tokens before max_completion_length "
+                                 "are penalised linearly (DAPO)")
+    overlong_penalty_factor: float = _f(1.0, "overlong_penalty: scale of the penalty (DAPO)")
+    mask_truncated_completions: bool = _f(False, "leave completions that hit max_completion_length out of the "
+                                                 "loss (DAPO overlong filtering; TRL's name)")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
     # optimiser
     learning_rate: float = _f(2e-5, "AdamW learning rate")
@@ -112,9 +119,11 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
 
     def validate(self) -> None:
         from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS
+        from .rewards.transforms import REWARD_TRANSFORMS
 
         registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
-                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS}
+                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS,
+                      "REWARD_TRANSFORMS": REWARD_TRANSFORMS}
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

@@ -31,6 +31,7 @@ from ..data import columns_of, load_jsonl
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs
 from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
+from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollout.plain import plain_rollout
 from ..sampling import SAMPLERS
 from ..tasks import get_task
@@ -107,8 +108,10 @@ class Trainer:
         self.policy_loss = Component(POLICY_LOSSES.get(cfg.policy_loss), cfg, "", cfg.policy_loss)
         self.regularizers = [Component(REGULARIZERS.get(n), cfg, "", n) for n in cfg.regularizers]
         self.aggregate = AGGREGATIONS.get(cfg.loss_aggregation)
+        self.reward_transforms = [Component(REWARD_TRANSFORMS.get(n), cfg, "", n) for n in cfg.reward_transforms]
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
+        self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
 
         self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.step = 0
@@ -215,7 +218,7 @@ class Trainer:
             generated += need
             if not cfg.dynamic_sampling:
                 return batch, errors, {}
-            scalar = combine_rewards(batch.rewards, self.scorer.weights)
+            scalar = self.scalar_rewards(batch)
             keep = FILTERS.get("zero_variance_groups")(scalar, batch.group_ids)
             dropped += len(torch.unique(batch.group_ids[~keep]))
             if keep.any():
@@ -241,9 +244,20 @@ class Trainer:
         batch.reward_names = list(self.scorer.names)
         return errors
 
+    def scalar_rewards(self, batch) -> torch.Tensor:
+        """Weighted sum of the reward functions, then the reward transforms."""
+        scalar = combine_rewards(batch.rewards, self.scorer.weights)
+        for tr in self.reward_transforms:
+            scalar = tr(rewards=scalar, lengths=batch.completion_attention_mask.sum(-1), truncated=batch.truncated,
+                        group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
+                        step=self.step)
+        return scalar
+
     def compute_advantages(self, batch) -> torch.Tensor:
         """Scalar reward per row -> advantages ``[R, T]`` (estimator, then weightings)."""
-        scalar = combine_rewards(batch.rewards, self.scorer.weights)
+        scalar = self.scalar_rewards(batch)
+        if self.cfg.mask_truncated_completions:
+            batch.completion_mask = batch.completion_mask * (~batch.truncated)[:, None]
         inputs = {"rewards": scalar, "group_ids": batch.group_ids, "reward_matrix": batch.rewards,
                   "reward_weights": self.scorer.weights, "prompt_uids": batch.prompt_uids,
                   "completion_mask": batch.completion_mask, "lengths": batch.completion_mask.sum(-1),
