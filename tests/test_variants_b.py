@@ -218,19 +218,31 @@ def test_lambda_prefix_weight():
 
 def test_tw_token_weight():
     fn = WEIGHTINGS.get("tw_token_weight")
-    # position 0: log-probs -1,-1,-1 -> var 0; position 1: -1,-2,-3 -> var (1+0+1)/3 = 2/3;
-    # position 2: only row 0 alive -> undefined -> weight 1. mean var over defined = (0 + 2/3)/2 = 1/3
-    # alpha .5: w0 = .5 + .5*0 = .5 ; w1 = .5 + .5*(2/3)/(1/3) = 1.5
+    # authors' rule (longmalongma/TW-GRPO, compute_token_importance_kl_logs_uniform) on the sampled tokens:
+    # s_t = mean_i k3(m_t - x_it), k3(d) = e^d - d - 1; w_t = 1 + (alpha - 1) * minmax(s_t)
+    # position 0: log-probs -1,-1,-1 -> m = -1, d = 0,0,0 -> s = 0
+    # position 1: -1,-2,-3 -> m = -2, d = -1,0,1 -> k3 = (e^-1 + 1 - 1) = .367879, 0, (e - 2) = .718282
+    #             s = 1.086161/3 = .362054
+    # position 2: only row 0 alive -> undefined -> weight 1 (left out of min/max)
+    # min 0, max .362054: w0 = 1, w1 = 1 + .7 * 1 = 1.7 (alpha 1.7), w2 = 1
     lp = torch.tensor([[-1.0, -1, -5], [-1, -2, 0], [-1, -3, 0]])
     mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 0]])
     g = torch.zeros(3, dtype=torch.long)
     adv = torch.tensor([1.0, 0.0, -1.0])
-    out = fn(adv, g, lp * mask, mask, tw_alpha=0.5)
-    assert out[0].tolist() == pytest.approx([0.5, 1.5, 1.0])
-    assert out[2].tolist() == pytest.approx([-0.5, -1.5, 0.0])
-    assert torch.equal(fn(adv, g, lp * mask, mask, tw_alpha=0.0), adv[:, None] * mask)  # alpha 0 = GRPO
+    out = fn(adv, g, lp * mask, mask, tw_alpha=1.7)
+    assert out[0].tolist() == pytest.approx([1.0, 1.7, 1.0], abs=1e-6)
+    assert out[2].tolist() == pytest.approx([-1.0, -1.7, 0.0], abs=1e-6)
+    # alpha 3: w1 = 1 + 2 * 1 = 3
+    assert fn(adv, g, lp * mask, mask, tw_alpha=3.0)[0].tolist() == pytest.approx([1.0, 3.0, 1.0], abs=1e-6)
+    # a middle score lands in between: add position with -1,-1.5,-2 -> m = -1.5, d = -.5, 0, .5
+    # k3 = (e^-.5 + .5 - 1) = .106531, 0, (e^.5 - .5 - 1) = .148721 -> s = .255252/3 = .085084
+    # w = 1 + .7 * .085084 / .362054 = 1.164503
+    lp4 = torch.tensor([[-1.0, -1, -1], [-1, -2, -1.5], [-1, -3, -2]])
+    w4 = fn(torch.ones(3), g, lp4, torch.ones(3, 3), tw_alpha=1.7)[0]
+    assert w4.tolist() == pytest.approx([1.0, 1.7, 1.164503], abs=1e-5)
+    assert torch.equal(fn(adv, g, lp * mask, mask, tw_alpha=1.0), adv[:, None] * mask)  # alpha 1 = GRPO
     with pytest.raises(ValueError):
-        fn(adv, g, lp, mask, tw_alpha=1.5)
+        fn(adv, g, lp, mask, tw_alpha=0.5)
 
 
 # ----------------------------------------------------------------- TempSamp-R1 (000-112)
@@ -253,17 +265,38 @@ def test_tempsamp_soft_advantage():
 # ------------------------------------------------------------------------ AAPO (000-48)
 
 def test_aapo_momentum_hand_computed():
+    # authors' code (JianxXiong/AAPO, AAPOTrainer): A = zscore + clip(r - r_ref, -0.2, 0.28)
     a = AAPOMomentum(aapo_momentum=0.9)
     g, u = torch.tensor([0, 0]), torch.tensor([3, 3])
-    # step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
-    assert a(torch.tensor([1.0, 1.0]), g, u, epsilon=EPS, aapo_eta=1.0).tolist() == [0.0, 0.0]
-    # step 2: rewards 0,0 -> z 0; term 0 - 1 = -1 (vanishing group advantage still gets signal); ema = .9
-    assert a(torch.tensor([0.0, 0.0]), g, u, aapo_eta=1.0).tolist() == pytest.approx([-1.0, -1.0])
-    assert a.ema[3] == pytest.approx(0.9)
-    # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; term 1-.9 = .1, 0-.9 = -.9
-    out = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS, aapo_eta=1.0)
-    assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.9], abs=1e-5)
+    # no reference column -> EMA fallback. step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
+    assert a(torch.tensor([1.0, 1.0]), g, u, epsilon=EPS).tolist() == [0.0, 0.0]
+    # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2 (vanishing group advantage still gets signal)
+    assert a(torch.tensor([0.0, 0.0]), g, u).tolist() == pytest.approx([-0.2, -0.2])
+    assert a.ema[3] == pytest.approx(0.9)  # .9 * 1 + .1 * 0
+    # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; margins 1-.9 = .1 (kept), 0-.9 = -.9 -> -.2
+    out = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS)
+    assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.2], abs=1e-5)
     assert a.ema[3] == pytest.approx(0.9 * 0.9 + 0.1 * 0.5)  # .86
+    # without clipping the unclipped margins come back: -.706997 - (0 - .86)
+    wide = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0)
+    assert wide.tolist() == pytest.approx([0.706997 + 0.14, -0.706997 - 0.86], abs=1e-5)
+
+
+def test_aapo_reference_reward_column():
+    # published form: r_ref from the reference model's completion of the same row (batch column ref_reward)
+    a = AAPOMomentum()
+    g, u = torch.tensor([0, 0, 0]), torch.tensor([5, 5, 5])
+    batch = make_batch([[1], [1], [1]])
+    batch.columns["ref_reward"] = [0.0, 1.0, None]
+    r = torch.tensor([1.0, 1.0, 1.0])
+    # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None -> 0
+    assert a(r, g, u, batch, epsilon=EPS).tolist() == pytest.approx([0.28, 0.0, 0.0])
+    # eta scales the margin term; rewards 1,0,0 vs ref 0,1,None: z = (2/3, -1/3, -1/3)/(.57735 + 1e-4)
+    out = a(torch.tensor([1.0, 0.0, 0.0]), g, u, batch, epsilon=EPS, aapo_eta=0.5)
+    z = 1 / 3 / (0.577350 + 1e-4)
+    assert out.tolist() == pytest.approx([2 * z + 0.5 * 0.28, -z + 0.5 * -0.2, -z], abs=1e-5)
+    with pytest.raises(ValueError):
+        a(r, g, u, batch, aapo_clip_low=-0.1)
 
 
 def test_aapo_restore_is_exact():

@@ -404,8 +404,14 @@ class HistoryAwareDifficultyWeight:
 
     ``C^+ = (1 - eta_t) C^- + eta_t y_t``,   ``eta_t = clip(eta * sigma_t, 0, 1)``
 
-    Choices where the published description (paper section 3, TRL PR #4863)
-    leaves details open: ``sigma_t`` is the population std of the last
+    Source checked: the formulas above match the paper's description as
+    restated in TRL PR https://github.com/huggingface/trl/pull/4863 (and its
+    re-submission #4872; both closed, not merged): ``C^+ = (1 - eta_t) C^- +
+    eta_t y_t`` with ``eta_t = eta * sigma_t``, ``Phi = lambda_scale *
+    exp(D M)``, ``D = -sgn(A) sgn(diff^his)``, ``M = |p_hat - C^-|``. The
+    paper's own code was not found in the searched index, and the stored text
+    of arXiv:2601.08521 gives only the abstract and introduction, so these
+    remain open and are grpolab's choices: ``eta_t`` is clipped to [0, 1]; ``sigma_t`` is the population std of the last
     ``hadw_window`` batch accuracies (including this one), and ``eta_t = 1`` at
     the very first batch, so the anchor starts at the first observed accuracy
     instead of the arbitrary ``hadw_init_anchor`` (which only weights that
@@ -470,8 +476,13 @@ def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, gro
     DGRPO scales the learning signal by a task-level and a sample-level
     difficulty weight so that easy tasks (e.g. video QA) do not dominate hard
     ones (temporal grounding) in multi-task RL. The paper's exact weighting
-    rule could not be recovered (the abstract does not give it), so grpolab
-    uses this generic text-LLM form, with rewards assumed in [0, 1]:
+    rule could not be recovered, so grpolab uses this generic text-LLM form,
+    with rewards assumed in [0, 1]. Searched: the stored text of
+    arXiv:2508.04416 (html v2: abstract and introduction only; a third-party
+    summary says DGRPO "scales rewards based on task and sample difficulty"
+    without the formula), the alphaxiv overview, and GitHub
+    (zhang9302002/ThinkingWithVideos holds only a README in the searched index;
+    its training code, cited by deepwiki.com, was not available):
 
     ``d_k = max(1 - mean_{i in task k} r_i, floor)``   (task difficulty over the batch)
     ``d_q = max(1 - mean_{i in group q} r_i, floor)``  (prompt difficulty)

@@ -399,29 +399,41 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
 
 @WEIGHTINGS.register("tw_token_weight")
 def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                    completion_mask: torch.Tensor, *, tw_alpha: float = 0.5) -> torch.Tensor:
-    """TW-GRPO token weights from intra-group variance (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
+                    completion_mask: torch.Tensor, *, tw_alpha: float = 1.7) -> torch.Tensor:
+    """TW-GRPO token weights from intra-group divergence (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
 
-    Per group g and position t: ``v_gt`` = variance across the group's rows
-    alive at t of the sampled token's behaviour log-prob; ``w_it = (1 - alpha)
-    + alpha * v_gt / mean_t' v_gt'`` (mean over the group's positions with a
-    defined variance), and ``A'_it = A_i * w_it``. Positions where the group's
-    completions agree (generic prefixes, e.g. "Let me think") get small
-    weights; informative positions where they diverge get large ones; the
-    average weight over positions is 1. Output ``[R, T]``.
+    Source: the authors' code, https://github.com/longmalongma/TW-GRPO,
+    ``src/open_r1/trainer/grpo_trainer.py``, ``compute_token_importance_kl_logs_uniform``
+    (``loss_type tw_grpo``; ``scripts/tw-grpo.sh`` uses ``--alpha 1.70``, ``--beta 0``).
+    There, per group g and position t, with ``lp_i`` row i's full-vocabulary
+    log-probs and ``m = mean_i lp_i`` (mean in log space over the group's G rows)::
 
-    Choices: the abstract says "informational density (estimated by
-    intra-group variance)"; the per-position variance of the sampled tokens'
-    log-probs and the alpha-interpolation to GRPO (``alpha = 0``) are our
-    text-LLM reading (the paper works on video QA; later versions describe the
-    estimate as intra-group information entropy / distributional divergence
-    across the group, and its exact estimator was not checked). Variance is the population variance (ddof 0); a position
-    with fewer than two alive rows, or a group with zero variance everywhere,
-    gets weight 1. ``tw_alpha`` must lie in [0, 1] so weights stay >= 0. The
-    soft multi-choice reward and Q/A inversion are task-side, not here.
+        s_t   = mean_i sum_v k3(m_v - lp_i,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
+        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)     (min-max over positions)
+        w_t   = 1 + (alpha - 1) * n_t                                        (weights in [1, alpha])
+
+    and the per-token loss is multiplied by ``w_t`` (same weight for every row
+    of the group). Positions where the group's distributions agree (generic
+    prefixes) get weight 1; the most divergent position gets ``alpha``.
+
+    grpolab adaptation (the weighting stage sees only ``behavior_logprobs``,
+    the sampled token's log-prob, not the full distribution): the sum over the
+    vocabulary is reduced to each row's own sampled token, ``x_it``::
+
+        s_t = mean_{i alive at t} k3(m_t - x_it),   m_t = mean_{i alive at t} x_it
+
+    The min-max map to ``[1, alpha]`` is the authors'. Choices: the authors pad
+    dead positions with a uniform distribution and let them take part; here
+    only rows alive at t enter ``s_t``, positions with fewer than two alive rows
+    get weight 1 and are left out of the min/max; a group whose scores are all
+    equal gets weight 1 everywhere. Since grpolab weights the advantage (not
+    the whole per-token loss), the KL term is not weighted; the authors run
+    with ``beta = 0``, where the two coincide. ``alpha = 1`` gives GRPO;
+    ``tw_alpha`` must be >= 1. Output ``[R, T]``. The soft multi-choice reward
+    and Q/A inversion are task-side, not here.
     """
-    if not 0.0 <= tw_alpha <= 1.0:
-        raise ValueError(f"tw_alpha: must be in [0, 1], got {tw_alpha}")
+    if tw_alpha < 1.0:
+        raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
     inv, n_groups = _group_index(group_ids)
     alive = (completion_mask > 0).double()
     lp = behavior_logprobs.double() * alive
@@ -431,14 +443,14 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_
         a, x = alive[rows], lp[rows]
         n = a.sum(0)
         mean = x.sum(0) / n.clamp(min=1)
-        var = (((x - mean) ** 2) * a).sum(0) / n.clamp(min=1)
+        d = (mean[None, :] - x).clamp(-11.0, 11.0)
+        score = ((torch.exp(d) - d - 1) * a).sum(0) / n.clamp(min=1)
         defined = n >= 2
         if not bool(defined.any()):
             continue
-        vbar = var[defined].mean()
-        if float(vbar) <= 0:
-            continue
-        wg = torch.where(defined, (1 - tw_alpha) + tw_alpha * var / vbar, torch.ones_like(var))
+        lo, hi = score[defined].min(), score[defined].max()
+        norm = (score - lo) / (hi - lo + 1e-8)
+        wg = torch.where(defined, 1.0 + (tw_alpha - 1.0) * norm, torch.ones_like(score))
         w[rows] = wg[None, :].expand(int(rows.sum()), -1)
     w = (w * alive).to(advantages.dtype)
     return _per_token(advantages, w) * w
@@ -472,8 +484,15 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, e
     still count. ``phi`` is monotone with slope 1 at ``tau``.
 
     Choices: the abstract only says "non-linear soft advantage ... asymmetric
-    transformation"; the log/exp pair around a pivot is our reading and was
-    not checked against the paper's equation. The off-policy ground-truth
+    transformation"; the log/exp pair around a pivot is our reading. The
+    published equation was NOT found: searched the stored text of
+    arXiv:2509.18056 (html v2: abstract and introduction only), the
+    papernotes.org NeurIPS-2025 summary, sciencestack/hyper.ai abstract pages,
+    and GitHub code (HVision-NKU/TempSamp-R1 is not in the searched index; the
+    re-implementation ZhangZikun6666/TempSamp-R1 ``verl/trainer/core_algos.py``
+    uses plain GRPO z-scores with the ground-truth row in the group and no
+    soft transform). Check against the paper's method section before relying
+    on the exact shape. The off-policy ground-truth
     injection and hybrid CoT training are rollout/data features, not part of
     this component.
     """
@@ -486,36 +505,59 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, e
 
 @ADVANTAGES.register("aapo_momentum")
 class AAPOMomentum:
-    """AAPO momentum-augmented advantage (Xiong et al., 2025, arXiv:2505.14264, seed 000-48).
+    """AAPO advantage momentum / margin (Xiong et al., 2025, arXiv:2505.14264, seed 000-48).
 
-    ``A_i = zscore_g(r)_i + eta * (r_i - m(x_i))`` where ``m(x)`` is an exponential
-    moving average of prompt x's group-mean reward over its previous visits
-    (``m <- mu m + (1 - mu) mean_g r`` after use; the term is 0 on a prompt's first
-    visit). When the group advantage vanishes (all rewards equal) the momentum
-    term still says whether this batch did better or worse than the prompt's
-    history, so the gradient does not vanish.
+    Source: the authors' code, https://github.com/JianxXiong/AAPO,
+    ``open-rs/trainer/AAPOTrainer.py`` (same in ``open-r1/``). For every policy
+    completion ``o_i`` the trainer also samples one completion ``o^ref_i`` of
+    the same prompt from the frozen reference model and scores it, then::
 
-    Choices: the abstract does not give the momentum estimator; this per-prompt
-    EMA baseline is our reading ("advantage augmented with a momentum-based
-    estimation term") and was not checked against the paper. The paper's
-    cross-entropy-style loss is a policy-loss choice, not part of this
-    component. Unscorable rows get A = 0 and do not enter the mean.
+        A_i = (r_i - mean_g r) / (std_g r + 1e-4) + clip(r_i - r^ref_i, -0.2, 0.28)
+
+    (paired by index within the group), optimised with the plain cross-entropy
+    loss ``-A_i log pi(o_i)`` averaged over all tokens (no ratio, no clip: use
+    ``policy_loss: policy_gradient`` with ``loss_aggregation: token_mean``).
+    The "momentum" (renamed "advantage margin" in the latest arXiv version) is
+    the reward gap to the reference model: when the group advantage vanishes
+    (all rewards equal) it still says whether the policy beats the reference.
+
+    Here ``A_i = zscore_g(r)_i + eta * clip(r_i - b_i, -clip_low, clip_high)``:
+
+    * ``b_i`` = the reference reward of row i from the batch column
+      ``aapo_ref_column`` (default ``ref_reward``) when the rollout provides it
+      (the published form; a missing/None entry gives term 0).
+    * grpolab's plain rollout does not sample from the reference model, so
+      without that column ``b_i`` falls back to ``m(x_i)``, an exponential
+      moving average of prompt x's group-mean reward over its previous visits
+      (``m <- mu m + (1 - mu) mean_g r``; term 0 on a first visit; ``mu = 1``
+      freezes ``m`` at the first visit, the closest stand-in for a fixed
+      reference). This fallback is grpolab's choice, not the paper's.
+
+    ``eta = 1`` and clip bounds ``0.2 / 0.28`` are the authors' values.
+    Unscorable rows get A = 0 and do not enter the EMA.
     """
 
     def __init__(self, *, aapo_momentum: float = 0.9):
-        if not 0.0 <= aapo_momentum < 1.0:
-            raise ValueError(f"aapo_momentum: must be in [0, 1), got {aapo_momentum}")
+        if not 0.0 <= aapo_momentum <= 1.0:
+            raise ValueError(f"aapo_momentum: must be in [0, 1], got {aapo_momentum}")
         self.mu = aapo_momentum
         self.ema: dict[int, float] = {}
 
-    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, *,
-                 epsilon: float = 1e-4, aapo_eta: float = 1.0) -> torch.Tensor:
+    def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, batch=None, *,
+                 epsilon: float = 1e-4, aapo_eta: float = 1.0, aapo_clip_low: float = 0.2,
+                 aapo_clip_high: float = 0.28, aapo_ref_column: str = "ref_reward") -> torch.Tensor:
+        if aapo_clip_low < 0 or aapo_clip_high < 0:
+            raise ValueError(f"aapo_clip_low/high: must be >= 0, got {aapo_clip_low}, {aapo_clip_high}")
         adv = group_zscore(rewards, group_ids, epsilon=epsilon).double()
         mean, _, _ = group_stats(rewards.double(), group_ids)
         uids = prompt_uids.tolist()
-        prev = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
-        term = torch.nan_to_num(rewards.double() - prev, nan=0.0)
-        out = adv + aapo_eta * term
+        col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
+        if col is not None:
+            base = torch.tensor([float("nan") if v is None else float(v) for v in col], dtype=torch.float64)
+        else:
+            base = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
+        margin = torch.nan_to_num(rewards.double() - base, nan=0.0).clamp(-aapo_clip_low, aapo_clip_high)
+        out = adv + aapo_eta * margin
         updates: dict[int, list[float]] = {}
         for i, u in enumerate(uids):
             if not math.isnan(float(mean[i])):
@@ -539,7 +581,7 @@ class AAPOMomentum:
 def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, epsilon: float = 1e-4,
                awpo_outcome_reward: str = "0", awpo_reasoning_reward: str = "-1", awpo_lambda: float = 0.5,
                awpo_var_cap: float = 0.25) -> torch.Tensor:
-    """AWPO variance-gated, difficulty-weighted reasoning advantage (2025, seed 000-118).
+    """AWPO variance-gated, difficulty-weighted reasoning advantage (Lin et al., 2025, arXiv:2512.19126, seed 000-118).
 
     With outcome reward ``o`` and reasoning reward ``z`` (two columns of the
     reward matrix) and per-group statistics::
@@ -556,7 +598,11 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, e
     Choices: the abstract names "variance-aware gating and difficulty-aware
     weighting ... based on group-relative statistics"; the linear gate, the
     ``1 - mean`` difficulty and ``var_cap = 0.25`` (Bernoulli maximum) are our
-    reading, not checked against the paper. Columns are chosen by reward name
+    reading. The published equations were NOT found: searched the stored text
+    of arXiv:2512.19126 (html v2/v3: abstract and introduction only), the
+    emergentmind.com AWPO topic page (describes a "hyper-advantage" without
+    its formula) and GitHub code (no authors' repository found). Columns are
+    chosen by reward name
     or index (``awpo_outcome_reward``/``awpo_reasoning_reward``); naming the
     same column twice is allowed (the reasoning term then re-weights the
     outcome advantage). ``var`` is the Bessel-corrected group variance from
@@ -580,7 +626,7 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, e
 @ADVANTAGES.register("dagrpo_distinct_pairs")
 def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4,
                           dagrpo_delta: float = 0.1) -> torch.Tensor:
-    """DaGRPO distinctiveness masking of low-contrast pairs (2025, seed 000-17).
+    """DaGRPO distinctiveness masking of low-contrast pairs (Xie et al., 2025, arXiv:2512.06337, seed 000-17).
 
     GRPO's centred reward is an average of pairwise differences,
     ``r_i - mean_g r = (1/n) sum_j (r_i - r_j)``. DaGRPO's sequence-level gradient
@@ -594,7 +640,10 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *, eps
 
     Choices: the pairwise decomposition with a hard threshold ``delta`` on the
     fine-grained score is our reading of "mask sample pairs with low
-    distinctiveness"; we keep GRPO's ``1/n`` and std normalisation.
+    distinctiveness"; we keep GRPO's ``1/n`` and std normalisation. The
+    published rule was NOT found: searched the stored text of arXiv:2512.06337
+    (html v1: abstract and introduction only), sciencestack/arxivlens summaries
+    and GitHub code (no authors' repository found).
     Off-policy anchor augmentation is a rollout feature, not part of this
     component. Unscorable rows get A = 0 and take part in no pair.
     """

@@ -32,14 +32,20 @@ class AdvantageParamsB:
     lambda_grpo_power: float = param(1.0, "lambda-GRPO: token weight k^-lambda, k = group completions "
                                      "sharing the token's prefix (0 = GRPO)")
     # TW-GRPO token weights (000-95), weighting `tw_token_weight`
-    tw_alpha: float = param(0.5, "TW-GRPO: weight = (1 - alpha) + alpha * var_t / mean_t(var), in [0, 1]")
+    tw_alpha: float = param(1.7, "TW-GRPO: maximum token weight; weights min-max map the group divergence to "
+                                 "[1, alpha] (>= 1; 1 = GRPO; authors' script uses 1.7)")
     # TempSamp-R1 soft advantage (000-112), advantage `tempsamp_soft_advantage`
     tempsamp_tau: float = param(0.5, "TempSamp-R1: reward pivot of the asymmetric transform")
     tempsamp_alpha_pos: float = param(1.0, "TempSamp-R1: log-compression strength above the pivot")
     tempsamp_alpha_neg: float = param(1.0, "TempSamp-R1: exp-expansion strength below the pivot")
     # AAPO momentum-augmented advantage (000-48), advantage `aapo_momentum`
-    aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward")
-    aapo_eta: float = param(1.0, "AAPO: weight of the momentum term r - m(x)")
+    aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback baseline when "
+                                      "no reference-reward column; 1 = frozen at first visit)")
+    aapo_eta: float = param(1.0, "AAPO: weight of the clipped margin term clip(r - r_ref)")
+    aapo_clip_low: float = param(0.2, "AAPO: margin r - r_ref is clipped below at -clip_low (authors: 0.2)")
+    aapo_clip_high: float = param(0.28, "AAPO: margin r - r_ref is clipped above at clip_high (authors: 0.28)")
+    aapo_ref_column: str = param("ref_reward", "AAPO: batch column with the reference model's reward per row "
+                                               "(missing = per-prompt EMA fallback)")
     # AWPO reasoning-reward gating (000-118), advantage `awpo_gated`
     awpo_outcome_reward: str = param("0", "AWPO: outcome reward column (name or index)")
     awpo_reasoning_reward: str = param("-1", "AWPO: reasoning reward column (name or index)")
