@@ -16,19 +16,16 @@ import math
 import torch
 
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
+from .filters import zero_variance_groups
 from .weightings import WEIGHTINGS
 
 # --------------------------------------------------------------------------- helpers
 
 
 def _zero_variance(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-    """``[R]`` bool: the row's group has fewer than two scored rows or all its scored rewards are equal.
-
-    "Equal" uses ``isclose(std, 0)`` rather than ``== 0`` (NeMo-RL PR #4158:
-    float noise in a constant group must not count as signal).
-    """
-    _, std, _ = group_stats(rewards, group_ids)
-    return torch.isnan(std) | torch.isclose(std, torch.zeros_like(std), atol=1e-6)
+    """``[R]`` bool: the row's group has fewer than two scored rows or all its scored rewards are equal
+    (the complement of the ``zero_variance_groups`` filter, which uses a tolerance, not ``== 0``)."""
+    return ~zero_variance_groups(rewards, group_ids)
 
 
 def _per_group(values: torch.Tensor, group_ids: torch.Tensor, fn) -> torch.Tensor:
