@@ -166,11 +166,37 @@ def test_reg_grpo_values():
     logp = T([[0.4], [0.0]])
     g = T([0, 0])
     adv = T([1.0, -1.0])
-    loss, _ = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, reg_grpo_eta=1.0)
-    # l = [0.4, 0]; centred [0.2, -0.2]; (1 - 0.2)^2 = (-1 + 0.2)^2 = 0.64
-    assert torch.allclose(loss, T([[0.64], [0.64]]))
-    loss, _ = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, reg_grpo_eta=2.0)
-    assert torch.allclose(loss, T([[0.81], [0.81]]))  # prediction 0.1: (0.9)^2
+    loss, m = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, advantage_epsilon=0.0)
+    # rho = [0.4, 0]; centred [0.2, -0.2]; Bessel std = sqrt((0.04 + 0.04) / 1) = 0.282843
+    # prediction = +-0.2 / 0.282843 = +-0.707107; loss = (1 - 0.707107)^2 = 0.085786 on both rows
+    assert torch.allclose(m["reg_grpo_pred"][:, 0], T([0.707107, -0.707107]), atol=1e-5)
+    assert torch.allclose(loss, T([[0.085786], [0.085786]]), atol=1e-5)
+    # eps enters the denominator: 0.2 / (0.282843 + 0.1) = 0.522414 -> (1 - 0.522414)^2 = 0.228088
+    loss, _ = L("reg_grpo")(logp, old, adv, torch.ones(2, 1), g, advantage_epsilon=0.1)
+    assert torch.allclose(loss, T([[0.228088], [0.228088]]), atol=1e-5)
+
+
+def test_reg_grpo_scale_invariance_and_on_policy_gradient():
+    """The z-scored prediction does not depend on the log-ratio scale (lambda and Z cancel, paper §3.2);
+    on-policy the gradient is finite: -2 A_i grad(rho_i - mean rho) / (1e-6 + eps)."""
+    old = torch.zeros(3, 2)
+    mask = torch.ones(3, 2)
+    g = T([0, 0, 0])
+    adv = T([1.0, 0.0, -1.0])
+    base = T([[0.1, 0.2], [0.0, -0.1], [0.3, -0.4]])
+    l1, _ = L("reg_grpo")(base, old, adv, mask, g, advantage_epsilon=0.0)
+    l3, _ = L("reg_grpo")(3 * base, old, adv, mask, g, advantage_epsilon=0.0)
+    assert torch.allclose(l1, l3, atol=1e-5)
+    logp = torch.zeros(3, 2, requires_grad=True)
+    loss, m = L("reg_grpo")(logp, logp.detach(), adv, mask, g, advantage_epsilon=1e-4)
+    assert torch.all(m["reg_grpo_pred"] == 0)
+    seq_mean(loss, mask).backward()
+    # row loss (A_i - pred_i)^2, pred = (rho - mean rho) / 1e-4 at rho = 0; seq_mean averages rows (1/3):
+    # the zero variance is floored at 1e-12 (std 1e-6, no gradient through it), so the denominator is 1.01e-4:
+    # d/d rho_k = (1/3) sum_i -2 A_i (delta_ik - 1/3) / 1.01e-4 = -2 A_k / 3.03e-4 (sum A = 0); each token of row k
+    expect = (-2.0 * adv / 3.03e-4)[:, None].expand(3, 2)
+    assert torch.isfinite(logp.grad).all()
+    assert torch.allclose(logp.grad, expect, rtol=1e-4)
 
 
 # ------------------------------------------------------------------------------- REBEL
@@ -341,15 +367,16 @@ def test_dcpo_values():
 
 def test_dynamic_kl_schedule_total_coefficient():
     logp, ref = T([[-1.0]]), T([[-1.5]])
-    kw = dict(beta=0.04, kl_estimator="k3", grpo_d_beta_start=0.0, grpo_d_beta_end=0.04, grpo_d_ramp_steps=100)
+    kw = dict(beta=0.02, steps=10, kl_estimator="k3", grpo_d_beta_min=0.0, grpo_d_beta_max=0.02,
+              grpo_d_explore_frac=0.3)
     k3 = math.exp(-0.5) + 0.5 - 1.0  # x = ref - logp = -0.5 -> 0.1065307
-    term, m = RG("dynamic_kl")(logp, ref, 50, **kw)
-    # beta(50) = 0.02 ; the trainer adds 0.04 KL, this adds (0.02 - 0.04) KL: total 0.02 KL
-    assert torch.allclose(term, T([[-0.02 * k3]]), atol=1e-7)
-    assert torch.allclose(0.04 * k3 + term, T([[0.02 * k3]]), atol=1e-7)
-    assert float(m["kl_coef"][0, 0]) == pytest.approx(0.02)
-    term, _ = RG("dynamic_kl")(logp, ref, 500, **kw)
-    assert torch.allclose(term, T([[0.0]]))
+    # OThink-MR1 Eq. 3 with t = 10, w = 3, beta_mid = 0.01:
+    # s=0 -> 0.01; s=1.5 -> 0.005; s=3 -> 0.0; s=6.5 -> 0.0 + 0.02 * 3.5 / 7 = 0.01; s=10 -> 0.02; s=20 -> 0.02
+    for step, coef in [(0, 0.01), (1.5, 0.005), (3, 0.0), (6.5, 0.01), (10, 0.02), (20, 0.02)]:
+        term, m = RG("dynamic_kl")(logp, ref, step, **kw)
+        assert float(m["kl_coef"][0, 0]) == pytest.approx(coef)
+        # the trainer adds 0.02 KL, this adds (beta(s) - 0.02) KL: total beta(s) KL
+        assert torch.allclose(0.02 * k3 + term, T([[coef * k3]]), atol=1e-7)
     with pytest.raises(ValueError, match="beta > 0"):
         RG("dynamic_kl")(logp, None, 0, **kw)
 

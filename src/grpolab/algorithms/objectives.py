@@ -130,7 +130,7 @@ def sequence_ratio_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
 @POLICY_LOSSES.register("rank_ratio")
 def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                batch=None, *, epsilon: float = 0.2, epsilon_high: float | None = None):
-    """Rank-GRPO rank-level ratio (ConvRec-R1, Zhu et al., 2025, github.com/yaochenzhu/Rank-GRPO; seed 000-91).
+    """Rank-GRPO rank-level ratio (ConvRec-R1, Zhu et al., 2025, arXiv:2510.20150, github.com/yaochenzhu/Rank-GRPO; seed 000-91).
 
     Each item of a ranked list is a span (``batch.span_ids > 0``); tokens with
     span 0 form one more unit per row. For unit k of row i:
@@ -155,7 +155,7 @@ def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
 @POLICY_LOSSES.register("soft_gate")
 def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
               *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05):
-    """SAPO soft temperature gate (Soft Adaptive Policy Optimization, Qwen team, 2025; seed 000-114).
+    """SAPO soft temperature gate (Soft Adaptive Policy Optimization, Gao et al., Qwen team, 2025, arXiv:2511.20347; seed 000-114).
 
     ``f(r) = (4 / tau) * sigmoid(tau (r - 1))``, ``tau = tau_pos if A > 0 else tau_neg``
     ``loss_t = -f(r_t) A_t``
@@ -163,7 +163,8 @@ def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     At ``r = 1`` the gate's slope is ``(4/tau) tau sigmoid(0)(1 - sigmoid(0)) = 1``,
     so the gradient there is exactly the policy gradient ``-A grad log pi``
     (its value is ``2/tau``, not 1). Far off-policy tokens are down-weighted
-    smoothly instead of hard-clipped. Defaults 1.0 / 1.05 as TRL and verl.
+    smoothly instead of hard-clipped. Defaults 1.0 / 1.05: TRL ``GRPOConfig``
+    ``sapo_temperature_pos/neg`` defaults, documented by TRL as the paper's setting.
     """
     adv = _per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
@@ -202,6 +203,11 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     A quadratic penalty replaces the clip; its optimum over ``r`` for a fixed
     ``A`` is ``r = 1 + eps * sign(A)``, exactly the clip boundary, and the
     gradient never vanishes. At ``r = 1`` the gradient is the policy gradient.
+    Source check: the ICML 2025 text / authors' repo
+    (github.com/MyRepositories-hub/Simple-Policy-Optimization) were searched; the
+    stored repo version found (v5/spo.py) is an older KL-clip variant, and the
+    stored paper excerpts do not show the objective, so this penalty form is kept
+    as written, not re-verified against the final text.
     """
     adv = _per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
@@ -213,25 +219,37 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 @POLICY_LOSSES.register("reg_grpo")
 def reg_grpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-             group_ids: torch.Tensor, *, reg_grpo_eta: float = 1.0):
-    """Reg-GRPO advantage regression (DeepVideo-R1, Park et al., 2025, arXiv:2506.07464; seed 000-04).
+             group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4):
+    """Reg-GRPO advantage regression (DeepVideo-R1, Park et al., NeurIPS 2025, arXiv:2506.07464 §3.2; seed 000-04).
 
-    ``l_i = mean_t log(pi_theta(o_it) / pi_old(o_it))``  (log of GSPO's s_i)
-    ``A_hat_i = (l_i - mean_{j in g} l_j) / eta``      (policy-predicted advantage)
-    ``L_i = (A_i - A_hat_i)^2``                          (no clip, no min)
+    ``rho_i = sum_t log(pi_theta(o_it) / pi_old(o_it))``           (sequence log-ratio)
+    ``A_theta_i = (rho_i - mean_g rho) / (std_g rho + eps)``      (predicted advantage)
+    ``L_i = (A_i - A_theta_i)^2``                                    (no clip, no min)
 
-    Choice: the abstract only says the policy "directly predicts the advantage";
-    we use the group-centred, length-normalised log-ratio scaled by ``1/eta``
-    (the closed form of the KL-regularised optimum, as REBEL/GVPO). A
-    std-normalised prediction is undefined on-policy (all ``l_i = 0``), so it
-    is not used. With ``eta = 1`` and a zero-sum group advantage the on-policy
-    gradient is ``-2 A_i grad l_i``: twice GRPO's.
+    Source: paper §3.2 (arxiv.org/abs/2506.07464): the KL-regularised optimum
+    gives ``R = lambda log(pi*/pi_old) + lambda log Z``, so the group z-score of
+    the rewards equals the group z-score of ``log(pi*/pi_old)`` (Z and lambda
+    cancel); the policy's z-scored log-ratio is regressed onto the GRPO
+    advantage. The paper also adds GRPO's KL to the reference (the trainer's
+    ``beta``; recipe 0.04). Choices: std is the Bessel-corrected group std
+    (as ``group_stats`` / ``group_zscore``) and ``eps`` is ``advantage_epsilon``,
+    the target advantage's own epsilon. On the first pass over a batch all
+    ``rho_i = 0``: the prediction is 0 and the gradient is
+    ``-2 A_i grad(rho_i - mean rho) / eps`` (std's own gradient is cut at
+    zero variance to avoid 0/0), i.e. scale-free and bounded only by ``eps``;
+    the authors' code was not public (github.com/mlvlab/DeepVideoR1 not in
+    the searched index), so this corner is our choice.
     """
-    _pair_matrix(group_ids, "reg_grpo")
-    ell = _row_mean(logprobs - old_logprobs, mask)
-    pred = _group_center(ell, group_ids) / reg_grpo_eta
+    same_pairs = _pair_matrix(group_ids, "reg_grpo")
+    rho = _row_sum(logprobs - old_logprobs, mask)
+    same = (group_ids[:, None] == group_ids[None, :]).to(rho.dtype)
+    centred = _group_center(rho, group_ids)
+    n = same_pairs.sum(-1).to(rho.dtype) + 1
+    var = (same @ centred ** 2) / (n - 1)
+    std = var.clamp(min=1e-12).sqrt()
+    pred = centred / (std + advantage_epsilon)
     row = (_row_mean(_per_token(advantages, logprobs), mask) - pred) ** 2
-    return _broadcast(row, logprobs), {}
+    return _broadcast(row, logprobs), {"reg_grpo_pred": _broadcast(pred.detach(), logprobs)}
 
 
 def _pair_rows(pair_loss: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
@@ -253,6 +271,11 @@ def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     advantage (recipe ``rebel``) ``A_i - A_j = r_i - r_j`` exactly; with other
     estimators it regresses their differences (e.g. normalised rewards). Pairs
     are all pairs of a group (the paper uses 2 samples per prompt).
+    Checked against the authors' code (github.com/ZhaolinGao/REBEL,
+    src/tldr/rebel.py): sequence log-prob sums, pi_t = the sampling policy; the
+    code writes ``((l_i - l_j) - eta (r_i - r_j))^2`` = ``eta^2`` x this loss
+    (same minimiser), and puts the KL-to-reference into the reward (here the
+    trainer's ``beta`` KL term instead).
     """
     same = _pair_matrix(group_ids, "rebel")
     ell = _row_sum(logprobs - old_logprobs, mask)
@@ -285,7 +308,10 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     ``r_i - mean_g r`` is taken as the group-centred row advantage (exactly
     the reward gap with ``group_mean``, the recipe's estimator). ``gvpo_anchor``: ``behavior`` (default; the sampling policy,
     no reference model needed) or ``reference`` (needs beta > 0). The paper's
-    pi_theta' may be any fixed policy; we default to the behaviour policy.
+    pi_theta' may be any fixed policy; the authors' verl code
+    (github.com/jszkc/GVPO, README ``compute_policy_loss_gvpo``) uses the old
+    (behaviour) log-probs, ``0.5 * sum_i c_i^2 / (n - 1)`` per group, with
+    ``beta 0.1`` and the mean-only GRPO advantage: all matched here.
     """
     same = _pair_matrix(group_ids, "gvpo")
     anchor = _anchor(gvpo_anchor, old_logprobs, ref_logprobs, "gvpo")
@@ -363,6 +389,11 @@ def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     gradient; fixing the reward difference gives IPO. ``r_i - r_j`` is taken as
     ``A_i - A_j`` (exact with the ``group_mean`` advantage). All pairs of a group,
     ``L_i = mean_{j != i} l_ij``. Anchor: ``behavior`` (default) or ``reference``.
+    The paper (arxiv.org/abs/2406.19185, offline setting) regularises towards
+    ``pi_ref``; ``behavior`` is our online default (no reference model), so use
+    ``reference`` + beta > 0 for the paper's anchor. The formula was checked
+    against the paper's abstract and secondary summaries only (the method
+    section was not in the searched store); no authors' code was found.
     """
     same = _pair_matrix(group_ids, "copg")
     anchor = _anchor(copg_anchor, old_logprobs, ref_logprobs, "copg")
@@ -389,7 +420,10 @@ def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Te
     separately (``clipped_ratio`` is reused for both). ``D_ij = A_i - A_j``
     (exact reward differences with ``group_mean``; invariant to a per-prompt
     reward shift, as P3O). Choice: the paper's separate-clipping variant; the
-    KL-in-reward term is the trainer's ``beta``.
+    KL-in-reward term is the trainer's ``beta``. Not re-verified: the method
+    section of arXiv:2310.00212 and authors' code were not found in the
+    searched store (only abstracts / blog summaries: trajectory-wise ratio,
+    clipping variants, KL control), so the formula is kept as written.
     """
     same = _pair_matrix(group_ids, "p3o")
     log_rho = _row_sum(logprobs - old_logprobs, mask)
@@ -501,9 +535,15 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
 
     ``term_t = coef * 1[A_i >= 0] * 1[unit likelihood fell] * max(0, log pi_old(o_t) - log pi_theta(o_t))``
 
-    Choice: "tokens responsible" = tokens with a negative log-ratio; the
-    preserving set follows the authors' README (non-negative advantage). The
-    term is 0 on-policy and acts from the second pass over a batch.
+    Confirmed against the authors' code (github.com/vengdeng/LLDS-On-Group-
+    Relative-Policy-Optimization-Collapse-in-Search-R1, verl/workers/actor/
+    dp_actor.py): preserving mask ``A >= 0``; response gate = sum over the
+    response of ``log pi_old - log pi_theta > 0``; action gate = the same per
+    contiguous loss-mask chunk (here ``span_ids``); penalty
+    ``max(0, log pi_old - log pi_theta)`` weighted by ``no_reduce_lambda``
+    (0.1 in the released checkpoints' run names). Not ported: the code's
+    optional separate (smaller) weight on answer tokens. The term is 0
+    on-policy and acts from the second pass over a batch.
     """
     if llds_gate == "response":
         units = torch.zeros_like(mask, dtype=torch.long)
@@ -539,6 +579,11 @@ def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     which the loss stage does not have, so ``rho`` is self-normalised to mean 1
     over the micro-batch's tokens. The term switches off once the mean token
     entropy of the micro-batch reaches ``dcpo_entropy_target``.
+    Searched: the authors' repo (github.com/597358816/DCPO) holds only the README
+    (the two ratios, pi_T = higher-temperature old policy, H_0 = 0.25 best),
+    launch scripts (``trainer.entropy_base`` = H_0, ``reinforce_sample_num``) and
+    an unmodified verl ``core_algos.py``; the loss code and the paper's method
+    section were not found, so this remains an approximation.
     """
     adv = _per_token(advantages, logprobs)
     with torch.no_grad():
@@ -551,24 +596,43 @@ def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     return term, {"dcpo_active": torch.full_like(logprobs, float(on))}
 
 
+def grpo_d_beta(step: float, steps: int, beta_min: float, beta_max: float, explore_frac: float) -> float:
+    """GRPO-D KL weight ``beta(s)`` (OThink-MR1, arXiv:2503.16081 Eq. 3).
+
+    ``w = explore_frac * t``, ``beta_mid = (beta_min + beta_max) / 2``:
+    ``beta(s) = beta_mid - (beta_mid - beta_min) * s / w``            for ``s <= w``
+    ``beta(s) = beta_min + (beta_max - beta_min) * (s - w) / (t - w)`` for ``w < s <= t`` (held at beta_max after t).
+    """
+    t = float(max(steps, 1))
+    w = explore_frac * t
+    mid = 0.5 * (beta_min + beta_max)
+    if step <= w:
+        return mid - (mid - beta_min) * (step / w if w > 0 else 1.0)
+    return beta_min + (beta_max - beta_min) * min(1.0, (step - w) / max(t - w, 1e-12))
+
+
 @REGULARIZERS.register("dynamic_kl")
-def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: int, *, beta: float,
-               kl_estimator: str = "k3", grpo_d_beta_start: float = 0.0, grpo_d_beta_end: float = 0.04,
-               grpo_d_ramp_steps: int = 100):
-    """GRPO-D dynamic KL coefficient (OThink-MR1, Liu et al., 2025, arXiv:2503.16081; seed 000-69).
+def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: int, *, beta: float, steps: int,
+               kl_estimator: str = "k3", grpo_d_beta_min: float = 0.0, grpo_d_beta_max: float = 0.02,
+               grpo_d_explore_frac: float = 0.3):
+    """GRPO-D dynamic KL weight (OThink-MR1, Liu et al., 2025, arXiv:2503.16081 §3.2 Eq. 3; seed 000-69).
 
-    ``beta(s) = beta_start + (beta_end - beta_start) * min(1, s / ramp_steps)``
+    Schedule (:func:`grpo_d_beta`, ``t`` = the config's ``steps``, ``w = 0.3 t``):
+    start at ``beta_mid``, fall linearly to ``beta_min`` over the ``w``
+    exploration steps, then rise linearly to ``beta_max`` at step ``t``
+    ("early exploration, late exploitation", by analogy with epsilon-greedy).
+    Paper values: ``w/t = 0.3``; geometry reasoning ``beta_min 0``,
+    ``beta_max 0.02`` (our defaults); visual counting 0.04 / 0.1. KL = the k3
+    estimator (paper Eq. 5, DeepSeek-R1), here ``kl_estimator`` via ``kl_penalty``.
 
-    A small KL weight early (exploration) that grows to a larger one later
-    (exploitation), per the paper's description; the linear ramp is our choice
-    (the abstract gives no schedule). The trainer already adds
-    ``beta * KL`` (``beta`` > 0 is required so that reference log-probs exist),
-    so this term adds ``(beta(s) - beta) * KL`` and the total KL coefficient is
-    exactly ``beta(s)``. KL uses ``kl_estimator`` via ``kl_penalty``.
+    The trainer already adds ``beta * KL`` (``beta`` > 0 is required so that
+    reference log-probs exist), so this term adds ``(beta(s) - beta) * KL`` and
+    the total KL coefficient is exactly ``beta(s)``. ``step`` is the 0-based
+    optimiser step.
     """
     if ref_logprobs is None:
         raise ValueError("dynamic_kl needs reference log-probs: set beta > 0 (the recipe grpo_d does)")
-    coef = grpo_d_beta_start + (grpo_d_beta_end - grpo_d_beta_start) * min(1.0, step / max(grpo_d_ramp_steps, 1))
+    coef = grpo_d_beta(float(step), steps, grpo_d_beta_min, grpo_d_beta_max, grpo_d_explore_frac)
     kl = kl_penalty(logprobs, ref_logprobs, kl_estimator)
     return (coef - beta) * kl, {"kl_coef": torch.full_like(logprobs, coef)}
 
@@ -643,14 +707,14 @@ def validate_objective_config(cfg) -> None:
                               f"({cfg.num_generations})")
     if "dynamic_kl" in cfg.regularizers and cfg.beta <= 0:
         raise ConfigError("regularizers: dynamic_kl needs a reference model: set beta > 0 "
-                          "(the total KL coefficient then follows grpo_d_beta_start -> grpo_d_beta_end)")
+                          "(the total KL coefficient then follows the GRPO-D schedule grpo_d_beta_min/grpo_d_beta_max)")
     for key in ("gvpo_anchor", "copg_anchor"):
         if getattr(cfg, key) == "reference" and cfg.beta <= 0 and cfg.policy_loss == key.split("_")[0]:
             raise ConfigError(f"{key}: 'reference' needs a reference model: set beta > 0 or use 'behavior'")
-    positive = ["simple_po_epsilon", "reg_grpo_eta", "rebel_eta", "disco_tau", "sapo_tau_pos", "sapo_tau_neg",
+    positive = ["simple_po_epsilon", "rebel_eta", "disco_tau", "sapo_tau_pos", "sapo_tau_neg",
                 "dcpo_temperature"]
     for key in positive:
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
-    if cfg.grpo_d_ramp_steps < 1:
-        raise ConfigError(f"grpo_d_ramp_steps: must be >= 1, got {cfg.grpo_d_ramp_steps}")
+    if not 0.0 <= cfg.grpo_d_explore_frac < 1.0:
+        raise ConfigError(f"grpo_d_explore_frac: must be in [0, 1), got {cfg.grpo_d_explore_frac}")

@@ -16,8 +16,7 @@ class ObjectiveParams:
     cispo_epsilon_high: float = param(4.0, "CISPO: IS weight clipped above at 1 + eps_high")
     # Simple Policy Optimization
     simple_po_epsilon: float = param(0.2, "Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 penalty")
-    # Reg-GRPO / REBEL
-    reg_grpo_eta: float = param(1.0, "Reg-GRPO: predicted advantage = centred mean log-ratio / eta")
+    # REBEL (Reg-GRPO has no own key: its predicted advantage uses advantage_epsilon)
     rebel_eta: float = param(1.0, "REBEL: log-ratio differences are divided by eta before regressing on reward gaps")
     # GVPO
     gvpo_beta: float = param(0.1, "GVPO: KL strength beta in the implicit reward beta * log(pi / pi_anchor)")
@@ -46,9 +45,9 @@ class ObjectiveParams:
     dcpo_coef: float = param(0.1, "DCPO: coefficient of the target-distribution REINFORCE regulariser")
     dcpo_temperature: float = param(1.5, "DCPO: temperature T > 1 of the target distribution pi_old^(1/T)")
     dcpo_entropy_target: float = param(0.25, "DCPO: regulariser active while mean token entropy < this (H_0)")
-    grpo_d_beta_start: float = param(0.0, "GRPO-D (dynamic_kl): KL coefficient at step 0")
-    grpo_d_beta_end: float = param(0.04, "GRPO-D (dynamic_kl): KL coefficient after grpo_d_ramp_steps")
-    grpo_d_ramp_steps: int = param(100, "GRPO-D (dynamic_kl): steps of the linear ramp")
+    grpo_d_beta_min: float = param(0.0, "GRPO-D (dynamic_kl): minimum KL weight, reached after the exploration steps")
+    grpo_d_beta_max: float = param(0.02, "GRPO-D (dynamic_kl): maximum KL weight, reached at the last step")
+    grpo_d_explore_frac: float = param(0.3, "GRPO-D (dynamic_kl): exploration steps w as a fraction of steps (w/t)")
     r2vpo_delta: float = param(0.02, "R2VPO: budget on the ratio's second central moment E[(r-1)^2]")
     r2vpo_dual_lr: float = param(1.0, "R2VPO: step size of the Lagrange multiplier update")
     r2vpo_lambda_init: float = param(1.0, "R2VPO: initial Lagrange multiplier")
