@@ -177,3 +177,17 @@ def test_mask_truncated_and_reward_transform_in_training(tiny_args):
     assert torch.allclose(scalar, expected)
     assert bool((batch.completion_mask[batch.truncated] == 0).all())
     assert bool((batch.advantages[batch.truncated] == 0).all())
+
+
+def test_uniform_sampler_resumes_to_the_same_choices():
+    from grpolab.sampling import SAMPLERS
+
+    a = SAMPLERS.get("uniform")(num_rows=7, seed=3)
+    first = a.next(5)
+    state = a.state_dict()
+    b = SAMPLERS.get("uniform")(num_rows=7, seed=3)
+    b.load_state_dict(state)
+    assert a.next(9) == b.next(9)
+    c = SAMPLERS.get("uniform")(num_rows=7, seed=3)
+    assert sorted(c.next(7)) == list(range(7)) and sorted(c.next(7)) == list(range(7))  # each epoch a permutation
+    assert len(set(first)) == 5

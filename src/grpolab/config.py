@@ -45,6 +45,7 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
+    prompt_sampler: str = _f("uniform", "which prompts come next", "SAMPLERS")
     # generation
     max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
     max_completion_length: int = _f(20, "maximum new tokens per completion")
@@ -120,10 +121,11 @@ class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     def validate(self) -> None:
         from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS
         from .rewards.transforms import REWARD_TRANSFORMS
+        from .sampling import SAMPLERS
 
         registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
                       "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS,
-                      "REWARD_TRANSFORMS": REWARD_TRANSFORMS}
+                      "REWARD_TRANSFORMS": REWARD_TRANSFORMS, "SAMPLERS": SAMPLERS}
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)

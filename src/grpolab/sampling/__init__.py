@@ -1,4 +1,16 @@
-"""Prompt samplers: which prompts come next. Stateful; they checkpoint exactly."""
+"""Prompt samplers: which prompts come next. Stateful; they checkpoint exactly.
+
+A sampler is a class registered in ``SAMPLERS`` and built as
+``cls(num_rows=N, seed=S, [rows=dataset rows], **config keys)`` (keyword-only
+``__init__`` parameters are filled from config keys of the same name). It has
+
+* ``next(k) -> list[int]``: the dataset indices of the next ``k`` prompts;
+* ``feedback(prompt_uids, rewards, group_ids, reward_matrix, lengths, step)``:
+  per-row outcomes after every step (``prompt_uids`` are dataset indices,
+  ``rewards`` the combined scalar reward with NaN = unscorable);
+* ``state_dict()`` / ``load_state_dict()``: everything needed to make the same
+  choices after a resume, its random generator included.
+"""
 from __future__ import annotations
 
 import torch
@@ -19,6 +31,8 @@ class UniformSampler:
     """
 
     def __init__(self, num_rows: int, seed: int = 0):
+        if num_rows < 1:
+            raise ValueError("the prompt sampler needs at least one data row")
         self.num_rows = num_rows
         self.generator = torch.Generator().manual_seed(seed)
         self.order: list[int] = []
@@ -37,7 +51,7 @@ class UniformSampler:
             self.position += take
         return out
 
-    def feedback(self, prompt_uids: torch.Tensor, rewards: torch.Tensor) -> None:
+    def feedback(self, **outcomes) -> None:
         pass
 
     def state_dict(self) -> dict:
@@ -49,3 +63,4 @@ class UniformSampler:
             raise ValueError(f"sampler state is for {state['num_rows']} rows, the data has {self.num_rows}")
         self.generator.set_state(state["generator"])
         self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
+from . import adaptive  # noqa: E402,F401  (register adaptive samplers)

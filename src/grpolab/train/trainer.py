@@ -57,6 +57,22 @@ def setup_data(cfg: Config):
     return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra
 
 
+def build_sampler(cfg: Config, rows: list[dict]):
+    """The configured prompt sampler; its keyword-only parameters come from the config.
+
+    Every sampler is built as ``cls(num_rows=..., seed=..., [rows=...], **config)``
+    and must provide ``next(k) -> list[int]``, ``feedback(**outcomes)`` and
+    ``state_dict`` / ``load_state_dict``.
+    """
+    from ..components import _config_kwargs
+
+    cls = SAMPLERS.get(cfg.prompt_sampler)
+    kwargs = _config_kwargs(cls.__init__, cfg, "", {"num_rows", "seed", "rows"})
+    if "rows" in inspect.signature(cls.__init__).parameters:
+        kwargs["rows"] = rows
+    return cls(num_rows=len(rows), seed=cfg.seed, **kwargs)
+
+
 def model_texts(rows: list[dict]) -> list[str]:
     out = []
     for row in rows:
@@ -100,7 +116,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
-        self.sampler = SAMPLERS.get("uniform")(len(self.rows), seed=cfg.seed)
+        self.sampler = build_sampler(cfg, self.rows)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
 
         self.advantage = Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
@@ -365,7 +381,9 @@ class Trainer:
         scalar = self.compute_advantages(batch)
         self.reference_logprobs(batch)
         upd = self.update(batch)
-        self.sampler.feedback(batch.prompt_uids, scalar)
+        self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
+                              reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
+                              step=self.step)
         t2 = time.perf_counter()
         self.step += 1
         self.skipped_steps += upd["skipped"]
