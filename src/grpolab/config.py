@@ -19,11 +19,12 @@ class ConfigError(ValueError):
     """A bad key or value; the message names it and says what is valid."""
 
 
-from .params import AdvantageParamsA, AdvantageParamsB, ObjectiveParams, param as _f  # noqa: E402
+from .params import (AdvantageParamsA, AdvantageParamsB, ObjectiveParams, RewardParams,  # noqa: E402
+                     SamplerParams, param as _f)
 
 
 @dataclass
-class Config(ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
+class Config(SamplerParams, RewardParams, ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
     """All settings. Variant parameters live in ``params/`` mixins, one file per group."""
 
     # what to train

@@ -24,5 +24,7 @@ def param(default, help: str, choices: Any = None):
 from .advantages_a import AdvantageParamsA  # noqa: E402
 from .advantages_b import AdvantageParamsB  # noqa: E402
 from .objectives import ObjectiveParams  # noqa: E402
+from .rewards import RewardParams  # noqa: E402
+from .samplers import SamplerParams  # noqa: E402
 
-__all__ = ["param", "AdvantageParamsA", "AdvantageParamsB", "ObjectiveParams"]
+__all__ = ["param", "AdvantageParamsA", "AdvantageParamsB", "ObjectiveParams", "RewardParams", "SamplerParams"]

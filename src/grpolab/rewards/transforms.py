@@ -2,7 +2,8 @@
 
 Signature: ``fn(rewards [R], **inputs, *, params) -> [R]`` with inputs
 ``lengths`` (completion tokens), ``truncated``, ``group_ids``, ``prompt_uids``,
-``reward_matrix``, ``step`` resolved by name; keyword-only parameters come from
+``reward_matrix``, ``reward_names``, ``batch`` (completion texts and data
+columns in ``batch.columns``), ``step`` resolved by name; keyword-only parameters come from
 config keys of the same name. Listed as ``reward_transforms: [name, ...]`` and
 applied in order, before advantages (and before dynamic sampling's filter).
 """
@@ -38,3 +39,6 @@ def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_comple
     pen = torch.where(y <= start, torch.zeros_like(y), (start - y) / overlong_buffer)
     pen = torch.where(y > max_completion_length, torch.full_like(y, -1.0), pen)
     return rewards + overlong_penalty_factor * pen
+
+
+from . import shaping  # noqa: E402,F401  (register the seeds' reward transforms)

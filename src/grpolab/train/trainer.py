@@ -266,7 +266,7 @@ class Trainer:
         for tr in self.reward_transforms:
             scalar = tr(rewards=scalar, lengths=batch.completion_attention_mask.sum(-1), truncated=batch.truncated,
                         group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
-                        step=self.step)
+                        reward_names=batch.reward_names, batch=batch, step=self.step)
         return scalar
 
     def compute_advantages(self, batch) -> torch.Tensor:

@@ -1,0 +1,2 @@
+"""Reward functions and transforms from the seeds (variant catalogue II)."""
+from __future__ import annotations
