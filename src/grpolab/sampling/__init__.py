@@ -5,7 +5,7 @@ A sampler is a class registered in ``SAMPLERS`` and built as
 ``__init__`` parameters are filled from config keys of the same name). It has
 
 * ``next(k) -> list[int]``: the dataset indices of the next ``k`` prompts;
-* ``feedback(prompt_uids, rewards, group_ids, reward_matrix, lengths, step)``:
+* ``feedback(prompt_uids, rewards, group_ids, reward_matrix, lengths, completion_ids, step)``:
   per-row outcomes after every step (``prompt_uids`` are dataset indices,
   ``rewards`` the combined scalar reward with NaN = unscorable);
 * ``state_dict()`` / ``load_state_dict()``: everything needed to make the same

@@ -383,7 +383,7 @@ class Trainer:
         upd = self.update(batch)
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
                               reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
-                              step=self.step)
+                              completion_ids=batch.completion_ids * batch.completion_attention_mask, step=self.step)
         t2 = time.perf_counter()
         self.step += 1
         self.skipped_steps += upd["skipped"]
