@@ -1,2 +1,311 @@
-"""Reward functions and transforms from the seeds (variant catalogue II)."""
+"""Reward transforms from the seeds (variant catalogue II): noise, length, partial credit, rarity, IDK.
+
+Every transform maps the combined scalar reward ``rewards [R]`` to a shaped
+reward ``[R]``; unscorable rows (NaN) stay NaN. Inputs are resolved by name
+(see :mod:`grpolab.rewards.transforms`); keyword-only parameters are config
+keys (``src/grpolab/params/rewards.py``).
+
+"Correct" means: the reward column named ``shaping_correct_reward`` (default
+``accuracy``, the built-in tasks' accuracy reward) is ``>= shaping_correct_threshold``.
+Transforms that read the answer use the data column ``answer`` through
+``batch.columns`` (tasks ``arithmetic`` and ``countdown`` have one).
+"""
 from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+import torch
+
+from ..tasks.common import completion_text
+from .transforms import REWARD_TRANSFORMS
+
+_NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
+
+
+def correct_rows(reward_matrix: torch.Tensor, reward_names: list[str], column: str,
+                 threshold: float) -> torch.Tensor:
+    """Bool ``[R]``: the reward column ``column`` is scored and ``>= threshold``."""
+    if column not in reward_names:
+        raise ValueError(f"shaping_correct_reward: no reward column '{column}' (reward functions: "
+                         f"{', '.join(reward_names) or 'none'})")
+    v = reward_matrix[:, reward_names.index(column)]
+    return torch.nan_to_num(v, nan=-math.inf) >= threshold
+
+
+def _groups(group_ids: torch.Tensor):
+    for g in torch.unique(group_ids):
+        yield (group_ids == g).nonzero().squeeze(-1)
+
+
+def _texts(batch) -> list[str]:
+    return [completion_text(c) for c in batch.columns["completion"]]
+
+
+def _column(batch, name: str) -> list:
+    if name not in batch.columns:
+        raise ValueError(f"this reward transform needs the data column '{name}' (columns: "
+                         f"{', '.join(sorted(batch.columns))}); use a task that has it (arithmetic, countdown)")
+    return batch.columns[name]
+
+
+def _to_number(text) -> float | None:
+    try:
+        return float(Fraction(str(text).strip()))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+# ---------------------------------------------------------------- ReDit (004-06)
+
+def _row_seed(seed: int, step: int, uid: int, k: int) -> int:
+    h = 1469598103934665603
+    for x in (seed, step, uid, k):  # FNV-1a over the four integers: no global RNG, stable across runs
+        h = ((h ^ (x & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+@REWARD_TRANSFORMS.register("redit")
+def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: int = 0,
+          redit_distribution: str = "gaussian", redit_scale: float = 0.05) -> torch.Tensor:
+    """ReDit reward dithering (Wei et al., 2025, arXiv:2506.18631; seed 004-06).
+
+    ``r~_i = r_i + eps_i`` with zero-mean noise: ``eps ~ N(0, scale^2)``
+    (``redit_distribution: gaussian``) or ``eps ~ U(-scale, scale)`` (``uniform``),
+    the two dithers the paper studies. Dithering breaks ties in flat reward
+    regions, so a group of equal discrete rewards still gets (small) advantages.
+
+    Deterministic without hidden RNG state: ``eps_i`` is drawn from a generator
+    seeded by (config ``seed``, ``step``, the row's prompt uid, the row's
+    occurrence index among rows of that uid), so a resumed run dithers exactly
+    as an uninterrupted one, and the same row gets the same noise when the
+    transform is evaluated twice in a step (dynamic sampling's filter and the
+    advantages). Note that noisy rewards are never tied, so DAPO's dynamic
+    sampling drops no group after ReDit. NaN rows stay NaN.
+    """
+    if redit_distribution not in ("gaussian", "uniform"):
+        raise ValueError(f"redit_distribution: expected gaussian or uniform, got '{redit_distribution}'")
+    seen: dict[int, int] = {}
+    eps = torch.empty(len(rewards), dtype=torch.float64)
+    for i, uid in enumerate(prompt_uids.tolist()):
+        k = seen.get(uid, 0)
+        seen[uid] = k + 1
+        gen = torch.Generator().manual_seed(_row_seed(int(seed), int(step), int(uid), k))
+        if redit_distribution == "gaussian":
+            eps[i] = torch.randn(1, generator=gen, dtype=torch.float64)[0]
+        else:
+            eps[i] = torch.rand(1, generator=gen, dtype=torch.float64)[0] * 2 - 1
+    return rewards + (redit_scale * eps).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- GRPO-LEAD (000-03)
+
+@REWARD_TRANSFORMS.register("lead_length_reward")
+def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
+                       reward_matrix: torch.Tensor, reward_names: list[str], *,
+                       lead_len_alpha: float = 0.05, lead_len_wrong_penalty: float = 1.0,
+                       lead_len_epsilon: float = 1e-6, shaping_correct_reward: str = "accuracy",
+                       shaping_correct_threshold: float = 0.5) -> torch.Tensor:
+    """GRPO-LEAD length-dependent accuracy and explicit penalty (Zhang & Zuo, 2025, arXiv:2504.09696; 000-03).
+
+    Paper (Sec. 3): with ``mu, sigma`` the mean and std of the token lengths of
+    the *correct* responses of the group, ``z_i = (|o_i| - mu) / (sigma + eps)``::
+
+        R_acc(o_i) = exp(-alpha z_i)   if o_i is correct
+                   = -1                if o_i is wrong   (explicit penalty, ``lead_len_wrong_penalty``)
+
+    As a transform of the combined reward this is added as
+    ``r + (exp(-alpha z) - 1)`` for correct rows and ``r - penalty`` for wrong
+    ones: with the task's 0/1 accuracy reward at weight 1 that is exactly
+    replacing the accuracy term by ``R_acc`` and keeping the other terms
+    (format). ``sigma`` is the population std (``numpy.std``, as in the
+    published reimplementations); equal lengths (one correct answer included) give z = 0.
+    NaN rows (and rows whose accuracy is unscorable) are left unchanged.
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    out = rewards.clone()
+    y = lengths.to(torch.float64)
+    for idx in _groups(group_ids):
+        c = idx[correct[idx]]
+        if len(c):
+            mu, sigma = y[c].mean(), y[c].std(unbiased=False)
+            z = (y[c] - mu) / (sigma + lead_len_epsilon) if sigma > 0 else torch.zeros_like(y[c])
+            out[c] = rewards[c] + (torch.exp(-lead_len_alpha * z) - 1).to(rewards.dtype)
+        w = idx[~correct[idx] & ~torch.isnan(acc[idx])]
+        out[w] = rewards[w] - lead_len_wrong_penalty
+    return out
+
+
+# ---------------------------------------------------------------- FGRPR fuzzy numeric (000-66)
+
+def fuzzy_score(pred: float | None, target: float, floor: float = 1.0) -> float:
+    """``max(0, 1 - |pred - target| / max(|target|, floor))``; 0 when nothing was parsed."""
+    if pred is None or not math.isfinite(pred):
+        return 0.0
+    return max(0.0, 1.0 - abs(pred - target) / max(abs(target), floor))
+
+
+@REWARD_TRANSFORMS.register("fuzzy_numeric")
+def fuzzy_numeric(rewards: torch.Tensor, batch, *, fuzzy_weight: float = 1.0,
+                  fuzzy_pattern: str = r"Answer:\s*(" + _NUMBER + ")", fuzzy_floor: float = 1.0,
+                  fuzzy_answer_column: str = "answer") -> torch.Tensor:
+    """FGRPR fuzzy numeric reward (Wang et al., 2025, CrowdVLM-R1, arXiv:2504.03724; seed 000-66).
+
+    Instead of 0/1 exact match, a numeric answer earns credit by closeness::
+
+        R_fuzzy = max(0, 1 - |y_hat - y| / max(|y|, floor))
+
+    (1 for the exact answer, linearly less for relative error, 0 from 100 %
+    relative error on). ``y_hat`` = the number captured by the last match of
+    ``fuzzy_pattern`` in the completion (none -> 0); ``y`` = the data column
+    ``fuzzy_answer_column``. Added as ``r + fuzzy_weight * R_fuzzy``; to
+    *replace* the 0/1 accuracy as the paper does, give the accuracy reward
+    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does. The paper's
+    exact fuzzy membership for counts is not in the abstract; the relative-error
+    form (floor 1 so a target of 0 works) is grpolab's choice.
+    """
+    answers = _column(batch, fuzzy_answer_column)
+    pat = re.compile(fuzzy_pattern)
+    bonus = []
+    for text, a in zip(_texts(batch), answers):
+        found = pat.findall(text)
+        target = _to_number(a)
+        pred = _to_number(found[-1]) if found else None
+        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor))
+    return rewards + fuzzy_weight * torch.tensor(bonus, dtype=rewards.dtype)
+
+
+# ---------------------------------------------------------------- LC-R1 (000-100)
+
+@REWARD_TRANSFORMS.register("lc_length_compress")
+def lc_length_compress(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
+                       reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
+                       lc_length_weight: float = 1.0, lc_compress_weight: float = 1.0,
+                       lc_answer_column: str = "answer", lc_missing_penalty: float = 1.0,
+                       shaping_correct_reward: str = "accuracy",
+                       shaping_correct_threshold: float = 0.5) -> torch.Tensor:
+    """LC-R1 Length and Compress rewards (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+
+    *Length reward* (Brevity, group-relative): for correct rows
+    ``R_len,i = 1 - L_i / max_{j correct in group} L_j`` (0 for wrong rows),
+    so the shortest correct answer of the group earns most.
+
+    *Compress reward* (against "invalid thinking" after the answer is found):
+    with ``p_i`` the character position where the reference answer (data column
+    ``lc_answer_column``) *first* appears in the completion, followed by no
+    further digit, ``R_cmp,i = (p_i + len(answer)) / len(text)`` — the share of
+    the reply up to the first derivation of the answer (1 = nothing after it);
+    ``-lc_missing_penalty`` when the answer never appears. LC-R1 itself prunes
+    the rollout at the first answer (with an extractor model) and rewards the
+    pruned ``</think>`` with ``1 - |R'|/|R|``; a transform cannot prune rollouts,
+    so grpolab rewards the equivalent quantity on the unpruned reply (what it
+    would keep). Shaped reward: ``r + w_len R_len + w_cmp R_cmp``.
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    y = lengths.to(torch.float64)
+    r_len = torch.zeros(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        c = idx[correct[idx]]
+        if len(c):
+            r_len[c] = 1 - y[c] / y[c].max().clamp_min(1)
+    r_cmp = []
+    for text, a in zip(_texts(batch), _column(batch, lc_answer_column)):
+        a = str(a).strip()
+        m = re.search(r"(?<![\d.])" + re.escape(a) + r"(?![\d])", text) if a else None
+        r_cmp.append(-lc_missing_penalty if m is None else m.end() / max(len(text.rstrip()), 1))
+    r_cmp = torch.tensor(r_cmp, dtype=torch.float64).clamp(max=1.0)
+    return rewards + (lc_length_weight * r_len + lc_compress_weight * r_cmp).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- Unlikeliness reward (000-62)
+
+@REWARD_TRANSFORMS.register("unlikeliness")
+def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
+                 unlikely_beta: float = 0.25) -> torch.Tensor:
+    """Unlikeliness reward (He et al., 2025, "Rewarding the Unlikely", arXiv:2506.02355; seed 000-62).
+
+    Within each group, rank the rows by the mean token log-probability of the
+    completion under the sampling policy (``behavior_logprobs`` over
+    ``completion_mask``), ascending: rank 0 = least likely. Then::
+
+        r~_i = r_i * (1 - beta_rank * rank_i / G)
+
+    so the most likely correct sample loses most and a rare correct sample
+    keeps its reward; wrong samples (r = 0) are unchanged. Exactly the authors'
+    code (``rank_penalty``, ``argsort(argsort(mean logprob)) / G``, all rows of
+    the group ranked). NaN rows stay NaN and still take a rank, as there.
+    """
+    m = batch.completion_mask
+    mean_lp = (batch.behavior_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
+    out = rewards.clone()
+    for idx in _groups(group_ids):
+        ranks = torch.argsort(torch.argsort(mean_lp[idx], stable=True), stable=True).to(rewards.dtype)
+        out[idx] = rewards[idx] * (1 - unlikely_beta * ranks / len(idx))
+    return out
+
+
+# ---------------------------------------------------------------- GCPO-geometry length reward (000-56)
+
+@REWARD_TRANSFORMS.register("gcpo_length")
+def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: torch.Tensor,
+                reward_names: list[str], *, gcpo_len_weight: float = 0.5, gcpo_len_sign: float = 1.0,
+                gcpo_len_target: int = 64, gcpo_len_correct_only: bool = True,
+                shaping_correct_reward: str = "accuracy", shaping_correct_threshold: float = 0.5) -> torch.Tensor:
+    """GCPO length reward (Wang et al., 2025, GeometryZero, arXiv:2506.07160; seed 000-56).
+
+    GeometryZero adds a length reward that *promotes longer* reasoning chains::
+
+        R_len = sign * weight * min(L / L_target, 1)
+
+    with ``L`` the completion's token count, ``L_target = gcpo_len_target``,
+    ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
+    into a brevity reward), added to the reward — by default only for correct
+    rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
+    answers. The exact published curve was not available in the searched
+    sources; the saturating linear ramp is grpolab's choice. The paper's Group
+    Contrastive Masking of the auxiliary-construction reward is geometry
+    specific and not implemented.
+    """
+    if gcpo_len_target <= 0:
+        raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")
+    term = (lengths.to(torch.float64) / gcpo_len_target).clamp(max=1.0)
+    if gcpo_len_correct_only:
+        term = term * correct_rows(reward_matrix, reward_names, shaping_correct_reward,
+                                   shaping_correct_threshold)
+    return rewards + (gcpo_len_sign * gcpo_len_weight * term).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- BAPO IDK boundary reward (000-109)
+
+@REWARD_TRANSFORMS.register("bapo_idk")
+def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+             reward_names: list[str], batch, step: int, *, bapo_idk_reward: float = 0.5,
+             bapo_idk_pattern: str = r"I DON'?T KNOW", bapo_exploration_steps: int = 0,
+             bapo_max_idk_ratio: float = 0.3, shaping_correct_reward: str = "accuracy",
+             shaping_correct_threshold: float = 0.5) -> torch.Tensor:
+    """BAPO group-based boundary-aware IDK reward (Liu et al., 2026, arXiv:2601.11037; seed 000-109).
+
+    A completion that answers "I DON'T KNOW" (regex ``bapo_idk_pattern``,
+    case-insensitive) earns ``R_IDK = bapo_idk_reward`` (paper: 0.5) **only if no
+    completion of its group is correct** — the group's outcomes say the question
+    is beyond the model's boundary; otherwise it gets nothing extra (it is wrong).
+
+    Adaptive reward modulator: during the exploration stage
+    (``step < bapo_exploration_steps``) R_IDK is suspended for the whole batch
+    when the batch's IDK ratio exceeds ``bapo_max_idk_ratio``, so IDK cannot
+    become a shortcut before the model has explored. The paper's plateau-stage
+    rule (suspending by rollout diversity) is not specified in the available
+    sources and is not implemented: after exploration R_IDK is always on.
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    pat = re.compile(bapo_idk_pattern, re.IGNORECASE)
+    idk = torch.tensor([bool(pat.search(t)) for t in _texts(batch)])
+    if step < bapo_exploration_steps and float(idk.float().mean()) > bapo_max_idk_ratio:
+        return rewards.clone()
+    bonus = torch.zeros(len(rewards), dtype=rewards.dtype)
+    for idx in _groups(group_ids):
+        if not correct[idx].any():
+            bonus[idx] = bapo_idk_reward * idk[idx].to(rewards.dtype)
+    return rewards + bonus

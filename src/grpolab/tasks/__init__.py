@@ -41,3 +41,4 @@ def get_task(name: str, **kwargs) -> Task:
 
 
 from . import arithmetic, repeat  # noqa: E402,F401  (register built-ins)
+from . import countdown  # noqa: E402,F401

@@ -1,0 +1,237 @@
+"""Reward transforms from the seeds and the countdown task (hand-computed)."""
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from grpolab.components import Component
+from grpolab.config import Config
+from grpolab.recipes import recipe_overrides
+from grpolab.rewards.transforms import REWARD_TRANSFORMS
+from grpolab.tasks import get_task
+from grpolab.tasks.countdown import accuracy as cd_accuracy, check, evaluate, format_reward as cd_format, make_problem
+
+NAN = float("nan")
+NAMES = ["accuracy", "format"]
+
+
+def tr(name, **kw):
+    return REWARD_TRANSFORMS.get(name)(**kw)
+
+
+def close(a, b, tol=1e-6):
+    a = torch.as_tensor(a, dtype=torch.float64)
+    b = torch.as_tensor(b, dtype=torch.float64)
+    return a.shape == b.shape and bool(torch.allclose(a, b, atol=tol, rtol=0, equal_nan=True))
+
+
+def matrix(acc, fmt=None):
+    fmt = fmt if fmt is not None else [0.0] * len(acc)
+    return torch.tensor([acc, fmt], dtype=torch.float32).T
+
+
+def batch(completions, **columns):
+    return SimpleNamespace(columns={"completion": completions, **columns})
+
+
+# ---------------------------------------------------------------- ReDit (004-06)
+
+def test_redit_is_deterministic_per_seed_and_step_and_zero_mean():
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, NAN])
+    uids = torch.tensor([7, 7, 7, 7, 8])
+    a = tr("redit", rewards=r, prompt_uids=uids, step=3, seed=5, redit_scale=0.1)
+    b = tr("redit", rewards=r, prompt_uids=uids, step=3, seed=5, redit_scale=0.1)
+    assert close(a, b)  # same (seed, step): identical, no hidden RNG state
+    assert math.isnan(a[4])  # unscorable stays unscorable
+    assert not close(a, tr("redit", rewards=r, prompt_uids=uids, step=4, seed=5, redit_scale=0.1))
+    assert not close(a, tr("redit", rewards=r, prompt_uids=uids, step=3, seed=6, redit_scale=0.1))
+    # global RNG untouched
+    torch.manual_seed(0)
+    x = torch.rand(1)
+    torch.manual_seed(0)
+    tr("redit", rewards=r, prompt_uids=uids, step=3, seed=5)
+    assert torch.equal(torch.rand(1), x)
+    # a row's noise does not depend on its position in the batch (filter vs advantages)
+    perm = torch.tensor([4, 0, 1, 2, 3])
+    p = tr("redit", rewards=r[perm], prompt_uids=uids[perm], step=3, seed=5, redit_scale=0.1)
+    assert close(p, a[perm])
+    # zero mean, scale = std (gaussian) / half-width (uniform) over many rows
+    big = torch.zeros(20000)
+    ids = torch.arange(20000)
+    g = tr("redit", rewards=big, prompt_uids=ids, step=0, seed=0, redit_scale=0.5)
+    assert abs(float(g.mean())) < 0.02 and abs(float(g.std()) - 0.5) < 0.02
+    u = tr("redit", rewards=big, prompt_uids=ids, step=0, seed=0, redit_distribution="uniform", redit_scale=0.5)
+    assert abs(float(u.mean())) < 0.01 and float(u.abs().max()) <= 0.5 and float(u.abs().max()) > 0.49
+    # breaks ties: an all-equal group now has non-zero variance
+    tied = torch.ones(4)
+    assert float(tr("redit", rewards=tied, prompt_uids=uids[:4], step=3).std()) > 0
+    assert torch.equal(tr("redit", rewards=tied, prompt_uids=uids[:4], step=3, redit_scale=0.0), tied)
+
+
+def test_redit_resumed_trainer_component_matches():
+    cfg = Config.build({"seed": 11, "redit_scale": 0.2})
+    c1, c2 = Component(REWARD_TRANSFORMS.get("redit"), cfg), Component(REWARD_TRANSFORMS.get("redit"), cfg)
+    r, uids = torch.ones(4), torch.tensor([0, 0, 1, 1])
+    for step in range(3):  # a "resumed" component (fresh object) gives the same noise at every step
+        assert close(c1(rewards=r, prompt_uids=uids, step=step), c2(rewards=r, prompt_uids=uids, step=step))
+
+
+# ---------------------------------------------------------------- GRPO-LEAD (000-03)
+
+def test_lead_length_reward_hand_computed():
+    # group 0: correct rows 0,1 with lengths 10, 20 -> mu 15, sigma (population) 5, z = -1, +1
+    # alpha 0.5: exp(0.5) = 1.648721, exp(-0.5) = 0.606531 ; wrong row 2 -> -1 ; row 3 NaN accuracy -> unchanged
+    # group 1: one correct row (z = 0 -> exp(0) = 1) and one wrong
+    acc = [1, 1, 0, NAN, 1, 0]
+    fmt = [0.5, 0.0, 0.5, 0.0, 0.0, 0.0]  # already weighted into `rewards`
+    m = matrix(acc, fmt)
+    rewards = torch.tensor([1.5, 1.0, 0.5, NAN, 1.0, 0.0])
+    out = tr("lead_length_reward", rewards=rewards, lengths=torch.tensor([10, 20, 30, 5, 7, 9]),
+             group_ids=torch.tensor([0, 0, 0, 0, 1, 1]), reward_matrix=m, reward_names=NAMES,
+             lead_len_alpha=0.5, lead_len_epsilon=0.0)
+    assert close(out, [0.5 + math.exp(0.5), math.exp(-0.5), 0.5 - 1.0, NAN, 1.0, -1.0])
+    # shorter correct answers earn more; alpha 0 leaves correct rows at 1 (only the penalty acts)
+    assert out[0] - 0.5 > out[1]
+    flat = tr("lead_length_reward", rewards=rewards, lengths=torch.tensor([10, 20, 30, 5, 7, 9]),
+              group_ids=torch.tensor([0, 0, 0, 0, 1, 1]), reward_matrix=m, reward_names=NAMES, lead_len_alpha=0.0)
+    assert close(flat, [1.5, 1.0, -0.5, NAN, 1.0, -1.0])
+
+
+def test_correct_column_must_exist():
+    with pytest.raises(ValueError, match="no reward column 'accuracy'"):
+        tr("lead_length_reward", rewards=torch.zeros(2), lengths=torch.ones(2), group_ids=torch.zeros(2),
+           reward_matrix=torch.zeros(2, 1), reward_names=["match"])
+
+
+# ---------------------------------------------------------------- FGRPR (000-66)
+
+def test_fuzzy_numeric_hand_computed():
+    b = batch(["Answer: 10", "so Answer: 8", "Answer: 15", "Answer: 40", "no number", "Answer: 1", "Answer: 2.5"],
+              answer=["10", "10", "10", "10", "10", "0", "2"])
+    # |0|/10 -> 1 ; |8-10|/10 = .2 -> .8 ; .5 -> .5 ; 3.0 -> 0 (clipped) ; unparsed -> 0 ;
+    # target 0: |1-0|/max(0, floor 1) = 1 -> 0 ; |2.5-2|/2 = .25 -> .75
+    out = tr("fuzzy_numeric", rewards=torch.full((7,), 0.5), batch=b, fuzzy_weight=2.0)
+    assert close(out, 0.5 + 2 * torch.tensor([1.0, 0.8, 0.5, 0.0, 0.0, 0.0, 0.75]))
+    # last 'Answer:' counts
+    assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.0])
+
+
+def test_fuzzy_needs_answer_column():
+    with pytest.raises(ValueError, match="data column 'answer'"):
+        tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 1"]))
+
+
+# ---------------------------------------------------------------- LC-R1 (000-100)
+
+def test_lc_length_compress_hand_computed():
+    texts = ["7. Answer: 7",        # first '7' ends at 1 of 12 chars -> 1/12
+             "Answer: 7",           # ends at 9 of 9 -> 1
+             "17 Answer: 17",       # answer 7 never appears as a whole number -> -1
+             "3 Answer: 3"]         # wrong row; answer 4 absent -> -1
+    b = batch(texts, answer=["7", "7", "7", "4"])
+    acc = [1, 1, 0, 0]
+    out = tr("lc_length_compress", rewards=torch.zeros(4), lengths=torch.tensor([8, 4, 6, 5]),
+             group_ids=torch.tensor([0, 0, 0, 1]), reward_matrix=matrix(acc), reward_names=NAMES, batch=b,
+             lc_length_weight=1.0, lc_compress_weight=0.5)
+    # length: correct rows of group 0: max L = 8 -> 1 - 8/8 = 0, 1 - 4/8 = .5 ; wrong rows 0
+    assert close(out, [0 + 0.5 / 12, 0.5 + 0.5 * 1, 0 - 0.5, 0 - 0.5])
+
+
+# ---------------------------------------------------------------- Unlikeliness (000-62)
+
+def test_unlikeliness_hand_computed():
+    # mean token log-probs per row (mask drops the padded token of rows 1 and 3):
+    # row0 (-1-1)/2 = -1, row1 -3, row2 (-.5-.5)/2 = -.5, row3 -2   (one group of 4)
+    lp = torch.tensor([[-1.0, -1.0], [-3.0, 9.0], [-0.5, -0.5], [-2.0, 9.0]])
+    mask = torch.tensor([[1.0, 1], [1, 0], [1, 1], [1, 0]])
+    b = SimpleNamespace(behavior_logprobs=lp, completion_mask=mask)
+    # ranks ascending in likelihood: row1 0, row3 1, row0 2, row2 3 ; factor 1 - .5 rank / 4
+    out = tr("unlikeliness", rewards=torch.tensor([1.0, 1.0, 1.0, 0.0]), group_ids=torch.zeros(4, dtype=torch.long),
+             batch=b, unlikely_beta=0.5)
+    assert close(out, [1 - 0.5 * 2 / 4, 1.0, 1 - 0.5 * 3 / 4, 0.0])
+    # the rare correct sample now beats the likely one; wrong rows unchanged; beta 0 is the identity
+    assert out[1] > out[0]
+    r = torch.tensor([1.0, 0.0, 1.0, 1.0])
+    assert close(tr("unlikeliness", rewards=r, group_ids=torch.zeros(4, dtype=torch.long), batch=b,
+                    unlikely_beta=0.0), r)
+
+
+# ---------------------------------------------------------------- GCPO-geometry (000-56)
+
+def test_gcpo_length_sign_and_hand_computed():
+    lengths = torch.tensor([10, 40, 80, 80])
+    m = matrix([1, 1, 1, 0])
+    kw = dict(rewards=torch.zeros(4), lengths=lengths, reward_matrix=m, reward_names=NAMES,
+              gcpo_len_weight=0.5, gcpo_len_target=40)
+    # min(L/40, 1) = .25, 1, 1, 1 ; wrong row gets nothing (correct_only)
+    assert close(tr("gcpo_length", **kw), [0.125, 0.5, 0.5, 0.0])
+    assert close(tr("gcpo_length", gcpo_len_sign=-1.0, **kw), [-0.125, -0.5, -0.5, 0.0])
+    assert close(tr("gcpo_length", gcpo_len_correct_only=False, **kw), [0.125, 0.5, 0.5, 0.5])
+
+
+# ---------------------------------------------------------------- BAPO (000-109)
+
+def test_bapo_idk_only_in_groups_without_a_correct_answer():
+    texts = ["I don't know", "Answer: 3", "I DON'T KNOW.", "Answer: 5"]
+    acc = [0, 1, 0, 0]  # group 0 (rows 0,1) has a correct answer, group 1 (rows 2,3) none
+    kw = dict(rewards=torch.tensor(acc, dtype=torch.float32), group_ids=torch.tensor([0, 0, 1, 1]),
+              reward_matrix=matrix(acc), reward_names=NAMES, batch=batch(texts), bapo_idk_reward=0.5)
+    assert close(tr("bapo_idk", step=0, **kw), [0.0, 1.0, 0.5, 0.0])
+    # modulator: in exploration with IDK ratio 2/4 = .5 > .3 the IDK reward is suspended ...
+    assert close(tr("bapo_idk", step=0, bapo_exploration_steps=10, bapo_max_idk_ratio=0.3, **kw), acc)
+    # ... not when the ratio is below the cap, and always on after exploration
+    assert close(tr("bapo_idk", step=0, bapo_exploration_steps=10, bapo_max_idk_ratio=0.6, **kw), [0, 1, 0.5, 0])
+    assert close(tr("bapo_idk", step=10, bapo_exploration_steps=10, bapo_max_idk_ratio=0.3, **kw), [0, 1, 0.5, 0])
+
+
+# ---------------------------------------------------------------- countdown task
+
+def test_countdown_checker():
+    assert evaluate("(7 - 3) * 5") == (20, [7, 3, 5])
+    assert check("(7 - 3) * 5", [3, 5, 7, 9], 20)
+    assert check("9 / 3 + 7", [3, 7, 9], 10)
+    assert not check("7 * 7 - 9", [3, 7, 9], 40)  # 7 used twice
+    assert not check("3 + 4", [3, 7, 9], 7)  # 4 is not given
+    assert not check("8 / 3 * 3", [8, 3, 3], 9)  # exact arithmetic: 8 != 9
+    assert check("8 / 3 * 3", [8, 3, 3], 8)
+    assert not check("2 ** 3", [2, 3], 8) and not check("-3 + 5", [3, 5], 2) and not check("7 / 0", [7, 0], 0)
+    assert not check("__import__('os')", [1], 1)
+
+
+def test_countdown_rewards_and_splits():
+    comps = ["ok. Answer: (7 - 3) * 5", "Answer: 7 * 3", "Answer: (7 - 3) * 5 and more", "no answer"]
+    nums, tgt = [[3, 5, 7]] * 4, ["20"] * 4
+    assert cd_accuracy(completions=comps, numbers=nums, target=tgt) == [1.0, 0.0, 1.0, 0.0]
+    assert cd_format(completions=comps) == [1.0, 1.0, 0.0, 0.0]
+    t = get_task("countdown", n_train=300, n_eval=50, seed=3)
+    assert len(t.train_rows) == 300 and len(t.eval_rows) == 50
+    key = lambda r: (tuple(sorted(r["numbers"])), r["target"])  # noqa: E731
+    assert not {key(r) for r in t.train_rows} & {key(r) for r in t.eval_rows}  # disjoint
+    for r in t.train_rows + t.eval_rows:  # every reference solution is correct
+        assert check(r["solution"], r["numbers"], int(r["target"])) and r["answer"] == r["target"]
+        assert 2 <= r["level"] <= len(r["numbers"]) and len(r["hints"]) == 3
+        assert [m["role"] for m in r["prompt"]] == ["system", "user"]
+    again = get_task("countdown", n_train=300, n_eval=50, seed=3)
+    assert again.train_rows == t.train_rows  # fixed by seed
+    assert get_task("countdown", n_train=300, n_eval=50, seed=4).train_rows != t.train_rows
+    # the reference solution scores 1 on accuracy and format
+    r = t.train_rows[0]
+    c = [f"Answer: {r['solution']}"]
+    assert cd_accuracy(completions=c, numbers=[r["numbers"]], target=[r["target"]]) == [1.0]
+    assert cd_format(completions=c) == [1.0]
+    assert make_problem(random.Random(0))["prompt"][1]["content"].startswith("Using the numbers")
+
+
+# ---------------------------------------------------------------- recipes
+
+@pytest.mark.parametrize("name,transform", [
+    ("redit", "redit"), ("grpo_lead_full", "lead_length_reward"), ("fgrpr", "fuzzy_numeric"),
+    ("lc_r1", "lc_length_compress"), ("rewarding_unlikely", "unlikeliness"), ("gcpo_geometry", "gcpo_length"),
+    ("bapo_idk", "bapo_idk")])
+def test_recipes_select_their_transform(name, transform):
+    rec = recipe_overrides(name)
+    assert rec["reward_transforms"] == [transform]
+    cfg = Config.build(rec)
+    Component(REWARD_TRANSFORMS.get(transform), cfg)  # every parameter resolves from the config
