@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from ..registry import Registry
+from .losses import per_token
 from ..tasks.common import completion_text
 from .advantages import ADVANTAGES, group_stats, group_zscore
 from .weightings import WEIGHTINGS
@@ -35,10 +36,6 @@ def _group_index(group_ids: torch.Tensor):
     """``(inv, n_groups)``: row -> dense group index 0..n_groups-1."""
     uniq, inv = torch.unique(group_ids, return_inverse=True)
     return inv, uniq.numel()
-
-
-def _per_token(adv: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return adv[:, None].expand_as(like).clone() if adv.dim() == 1 else adv
 
 
 def _masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -391,7 +388,7 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
-    return _per_token(advantages, w) * w
+    return per_token(advantages, w) * w
 
 
 # ----------------------------------------------------------------- TW-GRPO
@@ -453,7 +450,7 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_
         wg = torch.where(defined, 1.0 + (tw_alpha - 1.0) * norm, torch.ones_like(score))
         w[rows] = wg[None, :].expand(int(rows.sum()), -1)
     w = (w * alive).to(advantages.dtype)
-    return _per_token(advantages, w) * w
+    return per_token(advantages, w) * w
 
 
 # -------------------------------------------------------------- TempSamp-R1
@@ -709,7 +706,7 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
             c = c * n_total / float(in_s.sum())
         coef[in_s] = c
     coef = (coef * alive).to(advantages.dtype)
-    return _per_token(advantages, coef) * coef
+    return per_token(advantages, coef) * coef
 
 
 @ADVANTAGES.register("span_decoupled_advantage")

@@ -20,7 +20,8 @@ from ..registry import Registry
 POLICY_LOSSES: Registry = Registry("policy loss")
 
 
-def _per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``[R]`` per-row values broadcast to ``like``'s ``[R, T]``; ``[R, T]`` passes through."""
     return advantages.unsqueeze(-1).expand_as(like) if advantages.dim() == 1 else advantages
 
 
@@ -40,7 +41,7 @@ def clipped_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     """
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
     unclipped = ratio * adv
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .kl import kl_penalty
-from .losses import POLICY_LOSSES, _per_token
+from .losses import POLICY_LOSSES, per_token
 from .regularizers import REGULARIZERS
 
 
@@ -27,7 +27,7 @@ def policy_gradient(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     a surrogate of the return (it is not ~0 on-policy). ``old_logprobs`` is
     unused: GPG needs no behaviour policy (verl ``gpg`` loss, anchors §2).
     """
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     return -adv * logprobs, {}
 
 
@@ -80,10 +80,6 @@ def _group_center(values: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor
     """``v_i - mean_{j in g(i)} v_j`` (differentiable; every row counts)."""
     same = (group_ids[:, None] == group_ids[None, :]).to(values.dtype)
     return values - (same @ values) / same.sum(-1)
-
-
-def _broadcast(row_values: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return row_values[:, None].expand_as(like)
 
 
 # ------------------------------------------------------------------ ratio objectives
@@ -166,7 +162,7 @@ def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     smoothly instead of hard-clipped. Defaults 1.0 / 1.05: TRL ``GRPOConfig``
     ``sapo_temperature_pos/neg`` defaults, documented by TRL as the paper's setting.
     """
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
     tau = torch.where(adv > 0, torch.full_like(adv, sapo_tau_pos), torch.full_like(adv, sapo_tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau
@@ -186,7 +182,7 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     ScaleRL / TRL value. The paper normalises by all tokens of the batch
     (recipe: ``token_mean``). Metric ``cispo_clip_frac``: share of clipped weights.
     """
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0)).detach()
     low = None if cispo_epsilon_low is None else 1.0 - cispo_epsilon_low
     weight = ratio.clamp(min=low, max=1.0 + cispo_epsilon_high)
@@ -209,7 +205,7 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     stored paper excerpts do not show the objective, so this penalty form is kept
     as written, not re-verified against the final text.
     """
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
     loss = -(ratio * adv - adv.abs() / (2.0 * simple_po_epsilon) * (ratio - 1.0) ** 2)
     return loss, {}
@@ -248,8 +244,8 @@ def reg_grpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     var = (same @ centred ** 2) / (n - 1)
     std = var.clamp(min=1e-12).sqrt()
     pred = centred / (std + advantage_epsilon)
-    row = (_row_mean(_per_token(advantages, logprobs), mask) - pred) ** 2
-    return _broadcast(row, logprobs), {"reg_grpo_pred": _broadcast(pred.detach(), logprobs)}
+    row = (_row_mean(per_token(advantages, logprobs), mask) - pred) ** 2
+    return per_token(row, logprobs), {"reg_grpo_pred": per_token(pred.detach(), logprobs)}
 
 
 def _pair_rows(pair_loss: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
@@ -279,9 +275,9 @@ def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     """
     same = _pair_matrix(group_ids, "rebel")
     ell = _row_sum(logprobs - old_logprobs, mask)
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     pair = ((ell[:, None] - ell[None, :]) / rebel_eta - (adv[:, None] - adv[None, :])) ** 2
-    return _broadcast(_pair_rows(pair, same), logprobs), {}
+    return per_token(_pair_rows(pair, same), logprobs), {}
 
 
 def _anchor(anchor: str, old_logprobs, ref_logprobs, name: str):
@@ -316,10 +312,10 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     same = _pair_matrix(group_ids, "gvpo")
     anchor = _anchor(gvpo_anchor, old_logprobs, ref_logprobs, "gvpo")
     implicit = gvpo_beta * _row_sum(logprobs - anchor, mask)
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     c = _group_center(implicit, group_ids) - _group_center(adv, group_ids)
     n = same.sum(-1).to(c.dtype) + 1
-    return _broadcast(n * c ** 2 / (2 * (n - 1)), logprobs), {}
+    return per_token(n * c ** 2 / (2 * (n - 1)), logprobs), {}
 
 
 @POLICY_LOSSES.register("disco")
@@ -352,7 +348,7 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     else:
         raise ValueError(f"disco_score: '{disco_score}' is not valid; valid values: log_l, l_ratio")
     _pair_matrix(group_ids, "disco")
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     pos, neg = adv > 0, adv < 0
     same = (group_ids[:, None] == group_ids[None, :]).to(score.dtype)
     n_g = same.sum(-1)
@@ -368,7 +364,7 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     row = row + torch.where(neg, n_g / n_neg.clamp(min=1) * neg_term, torch.zeros_like(score))
     kl = ((old_logprobs - logprobs) * mask).sum() / mask.sum().clamp(min=1)
     penalty = disco_beta * torch.relu(kl - disco_delta) ** 2
-    loss = _broadcast(row, logprobs) + penalty
+    loss = per_token(row, logprobs) + penalty
     return loss, {"disco_kl": torch.full_like(logprobs, float(kl.detach()))}
 
 
@@ -399,10 +395,10 @@ def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     anchor = _anchor(copg_anchor, old_logprobs, ref_logprobs, "copg")
     total = _row_sum(logprobs, mask)
     ell = _row_sum(logprobs - anchor, mask)
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     pair = -0.5 * ((adv[:, None] - adv[None, :]) * (total[:, None] - total[None, :])
                    - 0.5 * copg_beta * (ell[:, None] - ell[None, :]) ** 2)
-    return _broadcast(_pair_rows(pair, same), logprobs), {}
+    return per_token(_pair_rows(pair, same), logprobs), {}
 
 
 @POLICY_LOSSES.register("p3o")
@@ -427,16 +423,16 @@ def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Te
     """
     same = _pair_matrix(group_ids, "p3o")
     log_rho = _row_sum(logprobs - old_logprobs, mask)
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     diff = (adv[:, None] - adv[None, :]) * same.to(adv.dtype)
     n_other = same.sum(-1).to(adv.dtype)
     pos_part = torch.relu(diff).sum(-1) / n_other
     neg_part = -torch.relu(-diff).sum(-1) / n_other
     clip = POLICY_LOSSES.get("clipped_ratio")
-    lr = _broadcast(log_rho, logprobs)
+    lr = per_token(log_rho, logprobs)
     zero = torch.zeros_like(lr)
-    lp, mp = clip(lr, zero, _broadcast(pos_part, logprobs), mask, epsilon=p3o_epsilon)
-    ln, mn = clip(lr, zero, _broadcast(neg_part, logprobs), mask, epsilon=p3o_epsilon)
+    lp, mp = clip(lr, zero, per_token(pos_part, logprobs), mask, epsilon=p3o_epsilon)
+    ln, mn = clip(lr, zero, per_token(neg_part, logprobs), mask, epsilon=p3o_epsilon)
     return lp + ln, {"clip_frac_low": mn["clip_frac_low"], "clip_frac_high": mp["clip_frac_high"]}
 
 
@@ -481,7 +477,7 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
         raise ValueError("gtpo_conflict needs the batch (completion token ids)")
     ids = batch.completion_ids[:, :logprobs.shape[1]]
     _pair_matrix(group_ids, "gtpo_conflict")
-    adv_tok = _per_token(advantages, logprobs)
+    adv_tok = per_token(advantages, logprobs)
     adv_row = _row_mean(adv_tok, mask)
     pos, neg = adv_row > 0, adv_row < 0
     same_group = group_ids[:, None] == group_ids[None, :]
@@ -555,7 +551,7 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
         raise ValueError(f"llds_gate: '{llds_gate}' is not valid; valid values: response, action")
     log_ratio = logprobs - old_logprobs
     unit_mean, _, _ = _segment_mean(log_ratio.detach(), mask, units)
-    adv = _row_mean(_per_token(advantages, logprobs), mask)
+    adv = _row_mean(per_token(advantages, logprobs), mask)
     active = (adv >= 0)[:, None] & (unit_mean < 0) & (mask > 0)
     term = llds_coef * active.to(logprobs.dtype) * torch.relu(-log_ratio)
     return term, {"llds_active_frac": active.float()}
@@ -585,7 +581,7 @@ def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     an unmodified verl ``core_algos.py``; the loss code and the paper's method
     section were not found, so this remains an approximation.
     """
-    adv = _per_token(advantages, logprobs)
+    adv = per_token(advantages, logprobs)
     with torch.no_grad():
         log_rho = (1.0 / dcpo_temperature - 1.0) * old_logprobs
         log_rho = torch.where(mask > 0, log_rho, torch.full_like(log_rho, -torch.inf))
