@@ -80,8 +80,9 @@ def build_tiny(texts: list[str], arch: str = "llama", seed: int = 0, hidden: int
     tk.train_from_iterator(sorted(set(texts)), trainer=trainer)  # no merges beyond characters
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>",
                                   unk_token="<unk>", bos_token="<bos>")
-    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% if not loop.last %}\n{% endif %}"
-                         "{% endfor %}{% if add_generation_prompt %}\n{% endif %}")
+    # explicit '\n' strings: a bare newline after a block tag is eaten by trim_blocks
+    tok.chat_template = ("{% for m in messages %}{{ m['content'] }}{% if not loop.last %}{{ '\\n' }}{% endif %}"
+                         "{% endfor %}{% if add_generation_prompt %}{{ '\\n' }}{% endif %}")
     tok.padding_side = "left"
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 

@@ -41,3 +41,21 @@ class RewardParams:
     bapo_idk_pattern: str = param(r"I DON'?T KNOW", "BAPO: regex (case-insensitive) marking an IDK answer")
     bapo_exploration_steps: int = param(0, "BAPO: steps of the exploration stage (modulator active)")
     bapo_max_idk_ratio: float = param(0.3, "BAPO: in exploration, IDK reward is off when the batch IDK ratio exceeds this")
+    # IRPO pointwise Bradley-Terry scoring (000-21), transform `irpo_bradley_terry`
+    irpo_reward_column: str = param("rm", "IRPO: reward column with the pointwise reward-model scores")
+    irpo_weight: float = param(1.0, "IRPO: weight of the Bradley-Terry win probability added to the reward")
+    irpo_scale: float = param(1.0, "IRPO: k in P(i beats j) = sigmoid(k (s_i - s_j))")
+    # E-GRPO entity-match partial reward (000-54), transform `egrpo_entity`
+    egrpo_alpha: float = param(0.3, "E-GRPO: wrong rows earn alpha * normalised entity match rate")
+    egrpo_entity_column: str = param("entities", "E-GRPO: data column with the gold entities (list of strings)")
+    egrpo_normalize: str = param("group_max", "E-GRPO: normalise the match rate by the group's maximum, or not",
+                                 ["group_max", "none"])
+    # Paraphrase-set consistency (000-77 PS-GRPO, 000-30), transform `paraphrase_consistency`
+    paraphrase_weight: float = param(0.5, "paraphrase consistency: weight of the consistency reward")
+    paraphrase_mode: str = param("agreement", "paraphrase consistency: agreement with the other paraphrases "
+                                 "(PS-GRPO) or 1 - normalised answer entropy over the set (000-30)",
+                                 ["agreement", "entropy"])
+    paraphrase_group_column: str = param("paraphrase_group", "paraphrase consistency: data column naming "
+                                         "each row's paraphrase set")
+    paraphrase_answer_pattern: str = param(r"Answer:\s*([^\n]+)", "paraphrase consistency: regex whose first "
+                                           "group (last match) is the final answer when there is no \\boxed{}")

@@ -29,11 +29,15 @@ class RewardFn:
 
 
 def parse_reward_spec(spec: str) -> RewardFn:
-    """``module:function`` or ``module:function=weight`` -> :class:`RewardFn`.
+    """``module:function[=weight]`` or ``rm:PATH[=weight]`` -> :class:`RewardFn`.
 
     The module is imported with the current directory on ``sys.path`` (and
-    ``PYTHONPATH`` as usual).
+    ``PYTHONPATH`` as usual). ``rm:PATH`` loads a local Hugging Face
+    sequence-classification model as a reward model (``rewards/models.py``).
     """
+    if spec.startswith("rm:"):
+        from .models import parse_rm_spec
+        return parse_rm_spec(spec)
     target, _, weight = spec.partition("=")
     module_name, _, func_name = target.partition(":")
     if not module_name or not func_name:

@@ -309,3 +309,188 @@ def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torc
         if not correct[idx].any():
             bonus[idx] = bapo_idk_reward * idk[idx].to(rewards.dtype)
     return rewards + bonus
+
+
+# ---------------------------------------------------------------- IRPO Bradley-Terry scoring (000-21)
+
+@REWARD_TRANSFORMS.register("irpo_bradley_terry")
+def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                       reward_names: list[str], *, irpo_reward_column: str = "rm", irpo_weight: float = 1.0,
+                       irpo_scale: float = 1.0) -> torch.Tensor:
+    """IRPO pointwise Bradley-Terry scoring (Song et al., 2026, arXiv:2601.00677; seed 000-21).
+
+    A pointwise reward model gives each completion a score ``s_i`` (the reward
+    column ``irpo_reward_column``, e.g. a :class:`grpolab.rewards.models.RewardModelFn`
+    named ``rm``). Under Bradley-Terry, ``P(i > j) = sigmoid(k (s_i - s_j))`` with
+    ``k = irpo_scale``; the reward of row i is its mean win probability against
+    the *other* scored rows of its group::
+
+        p_i = 1/(n-1) * sum_{j in group, j != i, s_j scored} sigmoid(k (s_i - s_j))
+
+    (``p_i = 0.5`` when i is the only scored row). This needs only n pointwise
+    scores per group instead of n(n-1)/2 pairwise judgements — the point of
+    IRPO. Added as ``r + irpo_weight * p_i``; to make the BT probability *the*
+    reward, give the raw reward-model column weight 0 (``reward_weights``), as
+    fgrpr does for its accuracy. Rows whose score is unscorable (NaN) get no
+    bonus and are left out of the others' means. Choices: j = i is excluded
+    (a self-comparison is always 0.5 and only shrinks the spread); the scale
+    ``k`` is grpolab's knob (1 = plain BT on the model's logits).
+    """
+    if irpo_reward_column not in reward_names:
+        raise ValueError(f"irpo_reward_column: no reward column '{irpo_reward_column}' (reward functions: "
+                         f"{', '.join(reward_names) or 'none'}); add a reward model, e.g. --reward rm:PATH")
+    s = reward_matrix[:, reward_names.index(irpo_reward_column)].to(torch.float64)
+    p = torch.zeros(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        ok = idx[~torch.isnan(s[idx])]
+        if len(ok) == 1:
+            p[ok] = 0.5
+        elif len(ok) > 1:
+            d = torch.sigmoid(irpo_scale * (s[ok][:, None] - s[ok][None, :]))  # [n, n], P(i beats j)
+            p[ok] = (d.sum(1) - 0.5) / (len(ok) - 1)  # drop the diagonal sigmoid(0) = 0.5
+    return rewards + (irpo_weight * p).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- E-GRPO entity-match partial reward (000-54)
+
+def entity_match_rate(text: str, entities) -> float:
+    """Fraction of the gold entities mentioned in ``text`` (case-insensitive, whole words).
+
+    An entity matches when it occurs with no letter/digit/underscore directly
+    before or after it (word boundaries that also work for entities that start
+    or end with punctuation). Duplicates count once; empty entities are ignored;
+    no entities -> 0.
+    """
+    if entities is None or isinstance(entities, (str, bytes)):
+        entities = [] if entities is None else [entities]
+    ents = {str(e).strip().casefold() for e in entities if str(e).strip()}
+    if not ents:
+        return 0.0
+    low = text.casefold()
+    hit = sum(1 for e in ents if re.search(r"(?<!\w)" + re.escape(e) + r"(?!\w)", low))
+    return hit / len(ents)
+
+
+@REWARD_TRANSFORMS.register("egrpo_entity")
+def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                 reward_names: list[str], batch, *, egrpo_alpha: float = 0.3,
+                 egrpo_entity_column: str = "entities", egrpo_normalize: str = "group_max",
+                 shaping_correct_reward: str = "accuracy", shaping_correct_threshold: float = 0.5) -> torch.Tensor:
+    """E-GRPO entity-aware partial reward (Zhao et al., 2025, arXiv:2510.24694; seed 000-54).
+
+    With ``gamma_i`` the entity match rate of completion i (fraction of the
+    data column ``egrpo_entity_column``'s gold entities mentioned in it, see
+    :func:`entity_match_rate`) and ``gamma_hat_i`` its group-normalised form,
+    the paper's reward is::
+
+        R_i = 1                       if o_i is correct
+            = alpha * gamma_hat_i     if o_i is wrong
+            = 0                       on an error (format / overlength)
+
+    Here: ``r + alpha * gamma_hat_i`` on wrong rows (accuracy column scored and
+    below ``shaping_correct_threshold``), nothing on correct or unscorable rows;
+    with the 0/1 accuracy reward that is exactly the paper's ``R``. Normalisation
+    (``egrpo_normalize``): ``group_max`` -> ``gamma_hat_i = gamma_i / max_{j in
+    group} gamma_j`` (0 when no row of the group matches anything) — our reading
+    of the paper's "normalised entity match rate" (the exact normaliser is not
+    in the sources we could read); ``none`` -> ``gamma_hat = gamma``. Default
+    ``alpha = 0.3``, the paper's best value. Entities are matched as whole
+    words, case-insensitively, in the whole completion (the paper matches in
+    the agent's reasoning; a plain reply has no separate trace).
+    """
+    if egrpo_normalize not in ("group_max", "none"):
+        raise ValueError(f"egrpo_normalize: expected group_max or none, got '{egrpo_normalize}'")
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    gamma = torch.tensor([entity_match_rate(t, e) for t, e in zip(_texts(batch), _column(batch, egrpo_entity_column))],
+                         dtype=torch.float64)
+    if egrpo_normalize == "group_max":
+        for idx in _groups(group_ids):
+            m = gamma[idx].max()
+            gamma[idx] = gamma[idx] / m if m > 0 else torch.zeros_like(gamma[idx])
+    wrong = ~correct & ~torch.isnan(acc)
+    return rewards + (egrpo_alpha * gamma * wrong).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- paraphrase-set consistency (000-77, 000-30)
+
+def _final_answer(text: str, pattern: re.Pattern) -> str | None:
+    from .answers import last_boxed
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    found = pattern.findall(text)
+    return found[-1].strip() if found else None
+
+
+@REWARD_TRANSFORMS.register("paraphrase_consistency")
+def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, batch, *,
+                           paraphrase_weight: float = 0.5, paraphrase_mode: str = "agreement",
+                           paraphrase_group_column: str = "paraphrase_group",
+                           paraphrase_answer_pattern: str = r"Answer:\s*([^\n]+)") -> torch.Tensor:
+    """Paraphrase-set consistency reward (PS-GRPO / Con-RAG, Hamman et al., 2025, arXiv:2510.04392,
+    seed 000-77; information-consistency GRPO, seed 000-30).
+
+    Rows whose data column ``paraphrase_group_column`` holds the same value form
+    a *paraphrase set*: completions of semantically equivalent prompts (each
+    paraphrase is its own prompt, ``prompt_uids``). The final answer ``a_i`` of a
+    row is the last ``\\boxed{}`` or else the last match of
+    ``paraphrase_answer_pattern``; answers are compared with
+    :func:`grpolab.rewards.answers.math_equal` (numeric / LaTeX aware,
+    string equality otherwise); ``sim = 0`` when either answer is missing.
+
+    ``paraphrase_mode: agreement`` (PS-GRPO's group similarity reward, 000-77)::
+
+        c_i = mean_{j in set, prompt(j) != prompt(i)} sim(a_i, a_j)
+
+    — each output is rewarded by its similarity to the outputs for the *other*
+    paraphrases; rows with no other paraphrase in the batch get 0. PS-GRPO uses
+    a text-similarity metric on free-form RAG answers and subsamples pairs for
+    scale; grpolab's generic part uses final-answer equality over all pairs
+    present in the batch (exact for small sets).
+
+    ``paraphrase_mode: entropy`` (000-30's stability reward): with ``H`` the
+    entropy of the distribution of final answers over the set (missing answers
+    each count as their own class) and ``n`` its size,
+    ``c_i = 1 - H / log(n)`` for every row of the set (1 = all agree, 0 = all
+    differ; a set of one row gets 0). The paper's entropy-based helpfulness
+    term needs an information model and is not implemented.
+
+    Added as ``r + paraphrase_weight * c_i``; NaN rows stay NaN.
+    """
+    if paraphrase_mode not in ("agreement", "entropy"):
+        raise ValueError(f"paraphrase_mode: expected agreement or entropy, got '{paraphrase_mode}'")
+    from .answers import math_equal
+
+    sets = _column(batch, paraphrase_group_column)
+    pat = re.compile(paraphrase_answer_pattern)
+    answers = [_final_answer(t, pat) for t in _texts(batch)]
+    uids = prompt_uids.tolist()
+    members: dict = {}
+    for i, key in enumerate(sets):
+        members.setdefault(str(key), []).append(i)
+    c = torch.zeros(len(rewards), dtype=torch.float64)
+    for rows in members.values():
+        if paraphrase_mode == "agreement":
+            for i in rows:
+                others = [j for j in rows if uids[j] != uids[i]]
+                if others and answers[i] is not None:
+                    c[i] = sum(answers[j] is not None and math_equal(answers[i], answers[j])
+                               for j in others) / len(others)
+        else:
+            n = len(rows)
+            if n < 2:
+                continue
+            classes: list[list[int]] = []  # answer-equivalence classes (math_equal), missing = singleton
+            for i in rows:
+                for cl in classes:
+                    j = cl[0]
+                    if answers[i] is not None and answers[j] is not None and math_equal(answers[i], answers[j]):
+                        cl.append(i)
+                        break
+                else:
+                    classes.append([i])
+            probs = [len(cl) / n for cl in classes]
+            h = -sum(p * math.log(p) for p in probs)
+            c[rows] = 1.0 - h / math.log(n)
+    return rewards + (paraphrase_weight * c).to(rewards.dtype)
