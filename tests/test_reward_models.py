@@ -14,17 +14,9 @@ from grpolab.rewards.answers import (extract_answer, fallback_math_equal, last_b
 from grpolab.rewards.shaping import entity_match_rate
 from grpolab.rewards.transforms import REWARD_TRANSFORMS
 
+from _helpers import close, tr  # noqa: E402
+
 NAN = float("nan")
-
-
-def tr(name, **kw):
-    return REWARD_TRANSFORMS.get(name)(**kw)
-
-
-def close(a, b, tol=1e-6):
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=tol, rtol=0, equal_nan=True))
 
 
 def batch(completions, **columns):

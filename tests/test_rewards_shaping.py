@@ -13,18 +13,10 @@ from grpolab.rewards.transforms import REWARD_TRANSFORMS
 from grpolab.tasks import get_task
 from grpolab.tasks.countdown import accuracy as cd_accuracy, check, evaluate, format_reward as cd_format, make_problem
 
+from _helpers import close, tr  # noqa: E402
+
 NAN = float("nan")
 NAMES = ["accuracy", "format"]
-
-
-def tr(name, **kw):
-    return REWARD_TRANSFORMS.get(name)(**kw)
-
-
-def close(a, b, tol=1e-6):
-    a = torch.as_tensor(a, dtype=torch.float64)
-    b = torch.as_tensor(b, dtype=torch.float64)
-    return a.shape == b.shape and bool(torch.allclose(a, b, atol=tol, rtol=0, equal_nan=True))
 
 
 def matrix(acc, fmt=None):

@@ -83,6 +83,12 @@ class RewardScorer:
         self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
         self.log = log
 
+    def score_batch(self, batch) -> tuple[torch.Tensor, int]:
+        """Score a RolloutBatch: its prompts, completions, completion token ids and data columns."""
+        cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
+        ids = [row[:int(n)].tolist() for row, n in zip(batch.completion_ids, batch.completion_attention_mask.sum(-1))]
+        return self.score(batch.columns["prompt"], batch.columns["completion"], ids, cols)
+
     def score(self, prompts: list, completions: list, completion_ids: list[list[int]],
               columns: dict[str, list]) -> tuple[torch.Tensor, int]:
         """Return ``(matrix [R, K] with NaN for unscorable, number of calls that raised)``."""

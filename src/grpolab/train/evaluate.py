@@ -26,10 +26,7 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
         batch = plain_rollout(model, tokenizer, chunk, list(range(i, i + len(chunk))), num_generations=1,
                               max_completion_length=max_completion_length, max_prompt_length=max_prompt_length,
                               temperature=0.0)
-        cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
-        m, _ = scorer.score(batch.columns["prompt"], batch.columns["completion"],
-                            [ids[:int(n)].tolist() for ids, n in zip(batch.completion_ids,
-                                                                     batch.completion_mask.sum(-1))], cols)
+        m, _ = scorer.score_batch(batch)
         mats.append(m)
         samples.extend(batch.columns["completion"][:2] if i == 0 else [])
         if progress is not None:

@@ -254,9 +254,7 @@ class Trainer:
         return RolloutBatch.concat(kept, pad_id=self.tok.pad_token_id), errors, stats
 
     def score(self, batch) -> int:
-        cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
-        ids = [row[:int(n)].tolist() for row, n in zip(batch.completion_ids, batch.completion_attention_mask.sum(-1))]
-        batch.rewards, errors = self.scorer.score(batch.columns["prompt"], batch.columns["completion"], ids, cols)
+        batch.rewards, errors = self.scorer.score_batch(batch)
         batch.reward_names = list(self.scorer.names)
         return errors
 
