@@ -19,6 +19,8 @@ functions)::
                                     never derived from the prompt text
     truncated         bool  [R]     hit max_completion_length without EOS
     rewards           float [R, K]  one column per reward function, NaN = unscorable
+    scalar_rewards    float [R]     combined scalar reward (weights, then transforms),
+                                    filled with the advantages
     advantages        float [R, T]  filled by the advantage stage
 
 Everything per-row that is not a tensor (prompt text, completion text, data
@@ -61,6 +63,7 @@ class RolloutBatch:
     span_ids: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     reward_names: list[str] = field(default_factory=list)
+    scalar_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
     columns: dict[str, list[Any]] = field(default_factory=dict)
@@ -152,7 +155,8 @@ class RolloutBatch:
             return self
         out = {f.name: getattr(self, f.name)[:, :used] for f in fields(self)
                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2
-               and getattr(self, f.name).shape[1] == T and not f.name.startswith("prompt")}
+               and getattr(self, f.name).shape[1] == T and not f.name.startswith("prompt")
+               and f.name != "rewards"}
         return replace(self, **out)
 
     def micro_batches(self, rows: int, trim: bool = True) -> list["RolloutBatch"]:

@@ -19,12 +19,13 @@ class ConfigError(ValueError):
     """A bad key or value; the message names it and says what is valid."""
 
 
-from .params import (AdvantageParamsA, AdvantageParamsB, ObjectiveParams, RewardParams,  # noqa: E402
-                     SamplerParams, param as _f)
+from .params import (AdvantageParamsA, AdvantageParamsB, BudgetParams, ObjectiveParams, RewardParams,  # noqa: E402
+                     RolloutParams, SamplerParams, StageParams, TaskParams, param as _f)
 
 
 @dataclass
-class Config(SamplerParams, RewardParams, ObjectiveParams, AdvantageParamsB, AdvantageParamsA):
+class Config(TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams, RewardParams, ObjectiveParams,
+             AdvantageParamsB, AdvantageParamsA):
     """All settings. Variant parameters live in ``params/`` mixins, one file per group."""
 
     # what to train
@@ -47,6 +48,11 @@ class Config(SamplerParams, RewardParams, ObjectiveParams, AdvantageParamsB, Adv
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
     prompt_sampler: str = _f("uniform", "which prompts come next", "SAMPLERS")
+    rollout_strategy: str = _f("plain", "how completions are produced (hints, injected references, ...)",
+                               "ROLLOUT_STRATEGIES")
+    batch_stages: list = _f([], "stages applied to the scored batch before the loss, in order (pruning, "
+                                "replay, ...)", "BATCH_STAGES*")
+    update_strategy: str = _f("standard", "how the optimiser consumes a batch", "UPDATE_STRATEGIES")
     # generation
     max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
     max_completion_length: int = _f(20, "maximum new tokens per completion")
@@ -122,9 +128,12 @@ class Config(SamplerParams, RewardParams, ObjectiveParams, AdvantageParamsB, Adv
     def validate(self) -> None:
         from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS
         from .rewards.transforms import REWARD_TRANSFORMS
+        from .rollout.strategies import ROLLOUT_STRATEGIES
         from .sampling import SAMPLERS
+        from .stages import BATCH_STAGES, UPDATE_STRATEGIES
 
-        registries = {"ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
+        registries = {"ROLLOUT_STRATEGIES": ROLLOUT_STRATEGIES, "BATCH_STAGES": BATCH_STAGES,
+                      "UPDATE_STRATEGIES": UPDATE_STRATEGIES, "ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
                       "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS,
                       "REWARD_TRANSFORMS": REWARD_TRANSFORMS, "SAMPLERS": SAMPLERS}
         for f in dataclasses.fields(self):
@@ -172,6 +181,11 @@ class Config(SamplerParams, RewardParams, ObjectiveParams, AdvantageParamsB, Adv
         chosen = [registries["ADVANTAGES"].get(self.advantage), registries["POLICY_LOSSES"].get(self.policy_loss)]
         chosen += [registries["WEIGHTINGS"].get(n) for n in self.advantage_weightings]
         chosen += [registries["REGULARIZERS"].get(n) for n in self.regularizers]
+        chosen += [registries["REWARD_TRANSFORMS"].get(n) for n in self.reward_transforms]
+        chosen += [registries["BATCH_STAGES"].get(n) for n in self.batch_stages]
+        chosen += [registries["ROLLOUT_STRATEGIES"].get(self.rollout_strategy),
+                   registries["UPDATE_STRATEGIES"].get(self.update_strategy),
+                   registries["SAMPLERS"].get(self.prompt_sampler)]
         for obj in chosen:
             check = getattr(obj, "check_config", None)
             if callable(check):

@@ -26,5 +26,10 @@ from .advantages_b import AdvantageParamsB  # noqa: E402
 from .objectives import ObjectiveParams  # noqa: E402
 from .rewards import RewardParams  # noqa: E402
 from .samplers import SamplerParams  # noqa: E402
+from .rollouts import RolloutParams  # noqa: E402
+from .budgets import BudgetParams  # noqa: E402
+from .stages import StageParams  # noqa: E402
+from .tasks import TaskParams  # noqa: E402
 
-__all__ = ["param", "AdvantageParamsA", "AdvantageParamsB", "ObjectiveParams", "RewardParams", "SamplerParams"]
+__all__ = ["param", "AdvantageParamsA", "AdvantageParamsB", "ObjectiveParams", "RewardParams", "SamplerParams",
+           "RolloutParams", "BudgetParams", "StageParams", "TaskParams"]

@@ -32,8 +32,10 @@ from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs
 from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
-from ..rollout.plain import plain_rollout
+from ..rollout.context import RolloutContext
+from ..rollout.strategies import ROLLOUT_STRATEGIES
 from ..sampling import SAMPLERS
+from ..stages import BATCH_STAGES, UPDATE_STRATEGIES
 from ..tasks import get_task
 from . import checkpoint as ckpt
 from .evaluate import evaluate
@@ -128,6 +130,15 @@ class Trainer:
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
         self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
+        self.strategy = Component(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), cfg, "", cfg.rollout_strategy)
+        self.stages = [Component(BATCH_STAGES.get(n), cfg, "", n) for n in cfg.batch_stages]
+        self.update_strategy = Component(UPDATE_STRATEGIES.get(cfg.update_strategy), cfg, "", cfg.update_strategy)
+        self.components[f"rollout/{self.strategy.name}"] = self.strategy
+        self.components.update({f"stage/{c.name}": c for c in self.stages})
+        self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
+        self.ctx = RolloutContext(self)
+        if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
+            self.sampler.attach(self.ctx)
 
         self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.step = 0
@@ -205,16 +216,19 @@ class Trainer:
         return self.behavior_model
 
     def rollout(self, num_prompts: int | None = None, round_: int = 0):
+        """Sample prompts, then let the rollout strategy produce their completions.
+
+        A sampler may also choose each prompt's number of completions
+        (``budgets(idx)``) and sampling temperature (``temperatures(idx)``).
+        """
         cfg = self.cfg
         n = num_prompts or cfg.prompts_per_step
         idx = self.sampler.next(n)
-        offset = (self.step * cfg.dynamic_sampling_max_rounds + round_) * cfg.prompts_per_step
-        batch = plain_rollout(self.behavior_policy(), self.tok, [self.rows[i] for i in idx], idx,
-                              num_generations=cfg.num_generations, max_completion_length=cfg.max_completion_length,
-                              max_prompt_length=cfg.max_prompt_length, temperature=cfg.temperature,
-                              top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
-                              group_offset=offset)
-        return batch
+        budgets = self.sampler.budgets(idx) if hasattr(self.sampler, "budgets") else None
+        temps = self.sampler.temperatures(idx) if hasattr(self.sampler, "temperatures") else None
+        offset = self.ctx.allocate_groups(len(idx))
+        return self.strategy(ctx=self.ctx, rows=[self.rows[i] for i in idx], uids=list(idx), group_offset=offset,
+                             budgets=budgets, temperatures=temps, step=self.step)
 
     def collect(self):
         """Rollout + rewards; with dynamic sampling, refill until the batch is full.
@@ -230,7 +244,10 @@ class Trainer:
         for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
             need = cfg.prompts_per_step - n_kept
             batch = self.rollout(need, round_)
-            errors += self.score(batch)
+            if batch.rewards is None:
+                errors += self.score(batch)
+            errors += self.ctx.reward_errors
+            self.ctx.reward_errors = 0
             generated += need
             if not cfg.dynamic_sampling:
                 return batch, errors, {}
@@ -283,6 +300,7 @@ class Trainer:
         if adv.dim() == 1:
             adv = adv[:, None]
         batch.advantages = adv * batch.completion_mask
+        batch.scalar_rewards = scalar
         return scalar
 
     @torch.no_grad()
@@ -368,6 +386,7 @@ class Trainer:
     def train_step(self) -> dict:
         t0 = time.perf_counter()
         self.model.eval()
+        self.ctx.new_step()
         batch, errors, stats = self.collect()
         t1 = time.perf_counter()
         if batch is None:  # dynamic sampling found no group with signal: nothing to learn from
@@ -377,8 +396,14 @@ class Trainer:
             return {"step": self.step, "skipped": 1, "reward_errors": errors, **stats,
                     "rollout_s": t1 - t0, "train_s": 0.0}
         scalar = self.compute_advantages(batch)
+        for stage in self.stages:  # pruning, replay, ...: may change the rows trained on
+            batch = stage(batch=batch, rewards=batch.scalar_rewards, ctx=self.ctx, step=self.step)
+        scalar = batch.scalar_rewards
+        errors += self.ctx.reward_errors
+        self.ctx.reward_errors = 0
         self.reference_logprobs(batch)
-        upd = self.update(batch)
+        upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
+                                   ctx=self.ctx, step=self.step)
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
                               reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
                               completion_ids=batch.completion_ids * batch.completion_attention_mask, step=self.step)

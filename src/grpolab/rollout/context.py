@@ -1,0 +1,104 @@
+"""What a rollout strategy, a batch stage or a budget-aware sampler may use.
+
+The trainer builds one :class:`RolloutContext` and hands it to every rollout
+strategy (``rollout/strategies.py``) and batch stage (``stages/``). Through it a
+component can generate completions (optionally with other prompts, another
+number of completions per prompt or another temperature), score a batch with
+the configured reward functions, compute the scalar reward, and teacher-force
+log-probs of tokens it injected — without knowing the trainer.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..batch import RolloutBatch
+from .plain import plain_rollout
+
+
+class RolloutContext:
+    def __init__(self, trainer):
+        self._t = trainer
+        self.reward_errors = 0  # reward-function errors seen through score()
+        self._next_group = 0
+
+    def new_step(self) -> None:
+        """Called by the trainer at the start of every step (group ids restart at 0)."""
+        self._next_group = 0
+
+    def allocate_groups(self, n: int) -> int:
+        """Reserve ``n`` fresh group ids for this step; returns the first (ids are offset .. offset+n-1)."""
+        first = self._next_group
+        self._next_group += n
+        return first
+
+    # ------------------------------------------------------------------ facts
+    @property
+    def cfg(self):
+        return self._t.cfg
+
+    @property
+    def tokenizer(self):
+        return self._t.tok
+
+    @property
+    def rows(self) -> list[dict]:
+        """The training data rows (dataset index = prompt uid)."""
+        return self._t.rows
+
+    @property
+    def step(self) -> int:
+        return self._t.step
+
+    @property
+    def policy(self):
+        """The model rollouts are sampled from (the stale snapshot when off-policy)."""
+        return self._t.behavior_policy()
+
+    @property
+    def generator(self) -> torch.Generator:
+        return self._t.generator
+
+    def log(self, *args) -> None:
+        self._t.log(*args)
+
+    # ------------------------------------------------------------- generation
+    def generate(self, rows: list[dict], uids: list[int], *, group_offset: int,
+                 num_generations: int | list[int] | None = None,
+                 temperature: float | list[float] | None = None, model=None) -> RolloutBatch:
+        """Sample completions for ``rows`` (each needs a ``prompt``) and pack a batch.
+
+        ``num_generations`` and ``temperature`` default to the config; either may
+        be a list with one value per row (ragged groups, per-prompt temperature).
+        Group ids are ``group_offset + i``; prompt uids are ``uids``.
+        """
+        cfg = self.cfg
+        return plain_rollout(model if model is not None else self.policy, self.tokenizer, rows, uids,
+                             num_generations=cfg.num_generations if num_generations is None else num_generations,
+                             max_completion_length=cfg.max_completion_length,
+                             max_prompt_length=cfg.max_prompt_length,
+                             temperature=cfg.temperature if temperature is None else temperature,
+                             top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
+                             group_offset=group_offset)
+
+    # ---------------------------------------------------------------- rewards
+    def score(self, batch: RolloutBatch) -> torch.Tensor:
+        """Score ``batch`` with the reward functions (sets ``batch.rewards``); return scalar rewards [R]."""
+        self.reward_errors += self._t.score(batch)
+        return self._t.scalar_rewards(batch)
+
+    def scalar(self, batch: RolloutBatch) -> torch.Tensor:
+        """Combined scalar reward [R] of an already scored batch (weights, then reward transforms)."""
+        return self._t.scalar_rewards(batch)
+
+    # ---------------------------------------------------------- teacher force
+    @torch.no_grad()
+    def logprobs(self, batch: RolloutBatch, model=None) -> torch.Tensor:
+        """Log-probs [R, T] of ``batch``'s completion tokens under the behaviour policy (or ``model``).
+
+        Use it to give injected tokens the behaviour log-prob they really have.
+        """
+        from ..model.logprobs import completion_logprobs
+        m = model if model is not None else self.policy
+        parts = [completion_logprobs(m, mb, self.cfg.temperature, shared_prefix=self.cfg.shared_prefix_forward)[0]
+                 for mb in batch.micro_batches(self.cfg.micro_batch_size, trim=False)]
+        return torch.cat(parts) * batch.completion_attention_mask
