@@ -23,3 +23,5 @@ ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy")
 def plain(ctx, rows, uids, group_offset, budgets=None, temperatures=None):
     """G sampled completions per prompt (the GRPO rollout); ragged when ``budgets`` differ."""
     return ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
+
+from . import guidance, injection, thinking  # noqa: E402,F401  (register strategies)

@@ -63,4 +63,4 @@ class UniformSampler:
             raise ValueError(f"sampler state is for {state['num_rows']} rows, the data has {self.num_rows}")
         self.generator.set_state(state["generator"])
         self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
-from . import adaptive  # noqa: E402,F401  (register adaptive samplers)
+from . import adaptive, budgets  # noqa: E402,F401  (register adaptive and budget-aware samplers)

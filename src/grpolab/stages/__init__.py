@@ -24,3 +24,5 @@ UPDATE_STRATEGIES: Registry = Registry("update strategy")
 def standard(update, batch):
     """``num_iterations`` optimiser passes over the batch in micro-batches (GRPO's update)."""
     return update(batch)
+
+from . import pruning, replay, sfpo  # noqa: E402,F401  (register stages and update strategies)

@@ -1,0 +1,1 @@
+"""Rollout strategies that inject tokens into completions (filled in by the catalogue II work)."""

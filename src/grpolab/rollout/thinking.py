@@ -1,0 +1,1 @@
+"""Rollout strategies for thinking modes (MOTIF multi-round thinking)."""

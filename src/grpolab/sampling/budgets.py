@@ -1,0 +1,1 @@
+"""Budget-aware samplers: completions per prompt, per-prompt temperature, model-derived orderings."""

@@ -1,0 +1,1 @@
+"""Batch stage / update strategy module (replay)."""
