@@ -22,6 +22,9 @@ functions)::
     scalar_rewards    float [R]     combined scalar reward (weights, then transforms),
                                     filled with the advantages
     advantages        float [R, T]  filled by the advantage stage
+    token_weights     float [R, T]  optional per-token weights on the policy loss
+                                    (e.g. the truncated importance weight between a
+                                    generation engine and the trainer); None = 1
 
 Everything per-row that is not a tensor (prompt text, completion text, data
 columns handed to reward functions) sits in ``columns`` as lists of length R.
@@ -66,6 +69,7 @@ class RolloutBatch:
     scalar_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     ref_logprobs: torch.Tensor | None = None
+    token_weights: torch.Tensor | None = None
     columns: dict[str, list[Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -135,6 +139,9 @@ class RolloutBatch:
                 out[f.name] = {k: [x for v in vals for x in v[k]] for k in vals[0]}
             elif f.name == "reward_names":
                 out[f.name] = vals[0]
+            elif f.name == "token_weights" and any(v is not None for v in vals):
+                out[f.name] = torch.cat([pad(v if v is not None else torch.ones(b.completion_ids.shape), T, False, 0)
+                                         for v, b in zip(vals, batches)])
             elif any(v is None for v in vals):
                 out[f.name] = None
             elif vals[0].dim() == 2 and f.name.startswith("prompt"):
@@ -159,13 +166,32 @@ class RolloutBatch:
                and f.name != "rewards"}
         return replace(self, **out)
 
-    def micro_batches(self, rows: int, trim: bool = True) -> list["RolloutBatch"]:
+    def micro_batches(self, rows: int, trim: bool = True, max_tokens: int = 0) -> list["RolloutBatch"]:
         """Split into consecutive chunks of at most ``rows`` rows.
 
-        With ``trim`` each chunk keeps only as many completion columns as its
-        longest row needs, so padding costs no compute (masked positions never
-        change the loss, so results are the same).
+        With ``max_tokens`` > 0 a chunk also closes before its padded size
+        (rows x (prompt width + longest completion)) would exceed ``max_tokens``,
+        so memory per forward is bounded by tokens rather than rows (a single
+        row larger than the budget forms its own chunk). With ``trim`` each
+        chunk keeps only as many completion columns as its longest row needs,
+        so padding costs no compute (masked positions never change the loss,
+        so results are the same).
         """
         n = self.num_rows
-        chunks = [self.select(list(range(i, min(i + rows, n)))) for i in range(0, n, rows)]
+        if max_tokens <= 0:
+            bounds = [(i, min(i + rows, n)) for i in range(0, n, rows)]
+        else:
+            lengths = self.completion_attention_mask.sum(-1).tolist()
+            width = self.prompt_ids.shape[1]
+            bounds, start, longest = [], 0, 0
+            for i in range(n):
+                longest_i = max(longest, int(lengths[i]))
+                size = (i - start + 1) * (width + longest_i)
+                if i > start and (i - start >= rows or size > max_tokens):
+                    bounds.append((start, i))
+                    start, longest_i = i, int(lengths[i])
+                longest = longest_i
+            if n:
+                bounds.append((start, n))
+        chunks = [self.select(list(range(a, b))) for a, b in bounds]
         return [c.trim() for c in chunks] if trim else chunks

@@ -20,11 +20,11 @@ class ConfigError(ValueError):
 
 
 from .params import (AdvantageParamsA, AdvantageParamsB, BudgetParams, ObjectiveParams, RewardParams,  # noqa: E402
-                     RolloutParams, SamplerParams, StageParams, TaskParams, param as _f)
+                     RolloutParams, SamplerParams, StageParams, TaskParams, InjectionParams, param as _f)
 
 
 @dataclass
-class Config(TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams, RewardParams, ObjectiveParams,
+class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams, RewardParams, ObjectiveParams,
              AdvantageParamsB, AdvantageParamsA):
     """All settings. Variant parameters live in ``params/`` mixins, one file per group."""
 
@@ -47,6 +47,8 @@ class Config(TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
+    micro_batch_tokens: int = _f(0, "also close a micro-batch before its padded size (rows x (prompt + "
+                                    "completion) tokens) exceeds this (0 = rows only)")
     prompt_sampler: str = _f("uniform", "which prompts come next", "SAMPLERS")
     rollout_strategy: str = _f("plain", "how completions are produced (hints, injected references, ...)",
                                "ROLLOUT_STRATEGIES")
@@ -97,6 +99,9 @@ class Config(TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams
     lora_target_modules: list = _f(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
                                    "modules that get LoRA adapters")
     shared_prefix_forward: bool = _f(True, "encode each group's prompt once in the training forward (exact)")
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (less memory, slower); "
+                                             "uses the plain forward, since the shared-prefix forward keeps a "
+                                             "KV cache that recomputation would duplicate")
     threads: int = _f(0, "torch CPU threads (0 = all cores)")
     # evaluation, logging, checkpoints
     eval_before: bool = _f(True, "measure held-out accuracy before training")

@@ -30,6 +30,7 @@ from .rollouts import RolloutParams  # noqa: E402
 from .budgets import BudgetParams  # noqa: E402
 from .stages import StageParams  # noqa: E402
 from .tasks import TaskParams  # noqa: E402
+from .injection import InjectionParams  # noqa: E402
 
 __all__ = ["param", "AdvantageParamsA", "AdvantageParamsB", "ObjectiveParams", "RewardParams", "SamplerParams",
-           "RolloutParams", "BudgetParams", "StageParams", "TaskParams"]
+           "RolloutParams", "BudgetParams", "StageParams", "TaskParams", "InjectionParams"]

@@ -14,6 +14,7 @@ import inspect
 import json
 import math
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -114,6 +115,13 @@ class Trainer:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if cfg.use_lora:
             self.model = apply_lora(self.model, cfg.lora_r, cfg.lora_alpha, list(cfg.lora_target_modules))
+        if cfg.gradient_checkpointing:
+            enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5.x name
+            if enable is not None:
+                enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.config.use_cache = False
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay)
@@ -308,7 +316,7 @@ class Trainer:
         if self.cfg.beta <= 0:
             return
         parts = []
-        for mb in batch.micro_batches(self.cfg.micro_batch_size):
+        for mb in batch.micro_batches(self.cfg.micro_batch_size, max_tokens=self.cfg.micro_batch_tokens):
             if self.ref_model is not None:
                 lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.temperature,
                                             shared_prefix=self.cfg.shared_prefix_forward)
@@ -322,7 +330,10 @@ class Trainer:
     def update(self, batch) -> dict:
         """``num_iterations`` optimiser passes over the batch, in micro-batches."""
         cfg = self.cfg
-        mbs = batch.micro_batches(cfg.micro_batch_size)
+        mbs = batch.micro_batches(cfg.micro_batch_size, max_tokens=cfg.micro_batch_tokens)
+        shared = cfg.shared_prefix_forward and not cfg.gradient_checkpointing
+        if cfg.gradient_checkpointing:
+            self.model.train()  # Hugging Face checkpoints layers only in training mode (no dropout in our models)
         totals = StepTotals.from_masks([mb.completion_mask for mb in mbs],
                                        constant=cfg.loss_constant or cfg.max_completion_length)
         params = [p for p in self.model.parameters() if p.requires_grad]
@@ -335,12 +346,14 @@ class Trainer:
             loss_value, finite = 0.0, True
             for mb in mbs:
                 logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True,
-                                                shared_prefix=cfg.shared_prefix_forward, entropy_grad=entropy_grad)
+                                                shared_prefix=shared, entropy_grad=entropy_grad)
                 inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
                           "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent.detach(),
                           "entropy_grad": ent,
                           "group_ids": mb.group_ids, "batch": mb, "step": self.step}
                 per_token, tok_metrics = self.policy_loss(**inputs)
+                if mb.token_weights is not None:  # e.g. engine/trainer truncated importance weights
+                    per_token = per_token * mb.token_weights
                 if cfg.beta > 0:
                     kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator, gradient=cfg.kl_gradient)
                     per_token = per_token + cfg.beta * kl
@@ -371,6 +384,7 @@ class Trainer:
                          f"optimiser step skipped, weights unchanged")
                 continue
             self.optimizer.step()
+        self.model.eval()
         self.scheduler.step()
         out = {"loss": loss_value if not skipped else float("nan"), "grad_norm": grad_norm,
                "skipped": skipped}
@@ -437,7 +451,9 @@ class Trainer:
                   "advantage_abs_mean": float(batch.advantages.abs().sum() / batch.completion_mask.sum().clamp(min=1)),
                   "lr": self.scheduler.get_last_lr()[0],
                   "rollout_s": rollout_s, "train_s": train_s,
-                  "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9)})
+                  "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9),
+                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "prompt_len": int(batch.prompt_mask.sum(-1).max())})
         for k, v in upd.items():
             m.setdefault(k, v)
         return m

@@ -1,0 +1,420 @@
+"""``grpolab bench speed``: grpolab against TRL's GRPOTrainer on the same job.
+
+Each measurement runs in a fresh subprocess (so peak memory is that library's
+alone): the model is loaded, ``warmup`` steps run untimed, then ``steps``
+optimiser steps are timed. The two libraries alternate (grpolab, TRL, grpolab,
+TRL, ...) for ``rounds`` rounds, and the report gives per library the median
+step time, generated tokens per second and peak resident memory, the ratios
+grpolab / TRL, and grpolab's step time over the compute floor (the step's
+FLOPs over this machine's measured matrix-multiply rate).
+
+Identical settings on both sides: the same model weights (SmolLM2-135M-Instruct
+as float32 safetensors), the same prompts and reward, G completions per
+prompt, the same maximum completion length, temperature, learning rate,
+micro-batch size and gradient accumulation (one optimiser step per
+``prompts x G`` completions), float32, no KL term (beta = 0), no vLLM, no
+gradient checkpointing (TRL's default turns it on; it is switched off so both
+do the same work), the "grpo" loss (sequence mean of token means) on both.
+
+Timings never enter the test suite; ``make bench`` writes docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TOPICS = ["how a rainbow forms", "why the sky is blue", "how bread rises", "how a bicycle stays upright",
+          "how vaccines work", "why leaves change colour", "how a refrigerator cools", "how tides happen",
+          "how a compass works", "why ice floats", "how plants make food", "how sound travels"]
+
+
+def bench_prompts(n: int = 64, prompt_words: int = 0) -> list[dict]:
+    """Chat prompts that make an instruct model write long answers (so completions reach the length cap).
+
+    ``prompt_words`` > 0 pads each prompt with that many words of context (long-prompt runs).
+    """
+    rows = []
+    for i in range(n):
+        topic = TOPICS[i % len(TOPICS)]
+        context = ""
+        if prompt_words:
+            context = " ".join(f"note{(i * 7 + j) % 97}" for j in range(prompt_words)) + "\n\n"
+        rows.append({"prompt": [{"role": "user", "content": f"{context}Explain in detail {topic}, step by step."}],
+                     "topic": topic})
+    return rows
+
+
+def bench_reward(completions, topic=None, **kwargs) -> list[float]:
+    """A cheap reward that varies: the fraction of the topic's words the answer mentions."""
+    out = []
+    for c, t in zip(completions, topic or [""] * len(completions)):
+        text = (c[0]["content"] if isinstance(c, list) else c).lower()
+        words = [w for w in (t or "").split() if len(w) > 3]
+        out.append(sum(w in text for w in words) / max(len(words), 1))
+    return out
+
+
+# ------------------------------------------------------------------ measuring
+class PeakRSS:
+    """Peak resident memory of this process, sampled every 5 ms (and the kernel's high-water mark)."""
+
+    def __init__(self):
+        self.peak = 0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    @staticmethod
+    def current() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self):
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.current())
+            time.sleep(0.005)
+
+    def __enter__(self):
+        self.peak = self.current()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+def matmul_flops_per_s(n: int = 1024, seconds: float = 2.0) -> float:
+    """This machine's float32 matrix-multiply rate (FLOP/s) with torch's current thread count."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+
+
+def step_flops(n_params: int, prompt_tokens: int, prompts: int, gen_tokens: int) -> float:
+    """Minimal FLOPs of one GRPO step (the compute floor's numerator).
+
+    Forward = 2 FLOPs per parameter per token, backward = 4. Generation: each
+    prompt pre-filled once + one forward per generated token. Training: each
+    prompt once + every completion token, forward and backward. Attention's
+    quadratic term is small at these lengths and left out (the floor is a
+    lower bound).
+    """
+    ctx = prompt_tokens * prompts
+    return 2 * n_params * (ctx + gen_tokens) + 6 * n_params * (ctx + gen_tokens)
+
+
+# ------------------------------------------------------------------- workers
+def _run_grpolab(a) -> dict:
+    import torch
+
+    from .config import Config
+    from .train.trainer import Trainer
+
+    tmp = Path(tempfile.mkdtemp(prefix="grpolab-bench-"))
+    data = tmp / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in bench_prompts(64, a.prompt_words)))
+    cfg = Config.build({"model": a.model, "data": str(data), "reward": ["grpolab.bench:bench_reward"],
+                        "steps": a.warmup + a.steps, "prompts_per_step": a.prompts, "num_generations": a.G,
+                        "max_completion_length": a.max_new, "temperature": a.temperature,
+                        "learning_rate": a.lr, "micro_batch_size": a.micro_batch, "beta": 0.0,
+                        "max_prompt_length": 1024, "eval_before": False, "eval_after": False,
+                        "tensorboard": False, "out": str(tmp / "run"), "seed": a.seed, "threads": a.threads,
+                        **dict(kv.split("=", 1) for kv in a.grpolab_set)})
+    tr = Trainer(cfg, log=lambda *x: None)
+    n_params = sum(p.numel() for p in tr.model.parameters())
+    times, tokens, prompt_len = [], [], 0
+    with PeakRSS() as mem:
+        for i in range(a.warmup + a.steps):
+            t0 = time.perf_counter()
+            m = tr.train_step()
+            dt = time.perf_counter() - t0
+            if i >= a.warmup:
+                times.append(dt)
+                tokens.append(m["completion_len_mean"] * a.prompts * a.G)
+                prompt_len = max(prompt_len, m.get("prompt_len", 0))
+    enc = tr.tok.apply_chat_template(bench_prompts(1, a.prompt_words)[0]["prompt"], tokenize=True,
+                                     add_generation_prompt=True)
+    return {"lib": "grpolab", "step_s": times, "gen_tokens": tokens, "peak_rss": mem.peak,
+            "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
+            "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
+            "threads": torch.get_num_threads()}
+
+
+def _run_trl(a) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from .model.loading import smollm2_path
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    path = smollm2_path() if a.model == "smollm2" else Path(a.model)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    ds = Dataset.from_list(bench_prompts(64, a.prompt_words))
+    tmp = tempfile.mkdtemp(prefix="trl-bench-")
+    accum = max(1, a.prompts * a.G // a.micro_batch)
+    args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=accum,
+                      num_generations=a.G, max_completion_length=a.max_new, temperature=a.temperature,
+                      learning_rate=a.lr, beta=0.0, loss_type="grpo", max_steps=a.warmup + a.steps,
+                      use_cpu=True, bf16=False, gradient_checkpointing=False, use_vllm=False,
+                      report_to="none", save_strategy="no", logging_steps=1, seed=a.seed,
+                      disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=True)
+    marks: list[float] = []
+    tokens: list[float] = []
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            marks.append(time.perf_counter())
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                tokens.append(logs["completions/mean_length"] * a.prompts * a.G)
+
+    trainer = GRPOTrainer(model=model, reward_funcs=[bench_reward], args=args, train_dataset=ds,
+                          processing_class=tok, callbacks=[Clock()])
+    start = [0.0]
+
+    class Start(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kw):
+            start[0] = time.perf_counter()
+
+    trainer.add_callback(Start())
+    with PeakRSS() as mem:
+        trainer.train()
+    edges = [start[0]] + marks
+    steps = [edges[i + 1] - edges[i] for i in range(len(marks))]
+    return {"lib": "trl", "step_s": steps[a.warmup:], "gen_tokens": tokens[a.warmup:], "peak_rss": mem.peak,
+            "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "threads": torch.get_num_threads()}
+
+
+def worker(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    res = _run_trl(a) if a.lib == "trl" else _run_grpolab(a)
+    print("BENCH_RESULT " + json.dumps(res), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------- driver
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="grpolab bench speed")
+    p.add_argument("--lib", default="both", choices=["both", "grpolab", "trl"])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--prompts", type=int, default=4)
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--prompt-words", type=int, default=0, help="pad prompts with this many words of context")
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--lr", type=float, default=1e-6)
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per run")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
+    p.add_argument("--rounds", type=int, default=2, help="alternating rounds (grpolab, TRL, grpolab, TRL, ...)")
+    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scaling", action="store_true", help="also time grpolab for G in 2..16 and lengths 32..256")
+    p.add_argument("--prefix-grouper", action="store_true", help="also time the shared-prefix training forward")
+    p.add_argument("--grpolab-set", nargs="*", default=[], help="extra grpolab config key=value")
+    p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/benchmarks.md)")
+    return p
+
+
+def _spawn(lib: str, argv: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "grpolab.bench", "worker", "--lib", lib] + argv
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    for line in proc.stdout.splitlines():
+        if line.startswith("BENCH_RESULT "):
+            return json.loads(line[len("BENCH_RESULT "):])
+    raise RuntimeError(f"bench worker ({lib}) failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}")
+
+
+def _pass_through(a, **over) -> list[str]:
+    vals = {"model": a.model, "prompts": a.prompts, "G": a.G, "max-new": a.max_new, "prompt-words": a.prompt_words,
+            "temperature": a.temperature, "lr": a.lr, "micro-batch": a.micro_batch, "steps": a.steps,
+            "warmup": a.warmup, "threads": a.threads, "seed": a.seed, **over}
+    argv = []
+    for k, v in vals.items():
+        argv += [f"--{k}", str(v)]
+    if a.grpolab_set:
+        argv += ["--grpolab-set", *a.grpolab_set]
+    return argv
+
+
+def _summary(runs: list[dict]) -> dict:
+    steps = [s for r in runs for s in r["step_s"]]
+    toks = [t for r in runs for t in r["gen_tokens"]]
+    med = statistics.median(steps)
+    return {"median_step_s": med, "steps": len(steps), "tokens_per_step": statistics.mean(toks) if toks else None,
+            "gen_tok_per_s": (statistics.mean(toks) / med) if toks else None,
+            "peak_rss_mb": max(r["peak_rss"] for r in runs) / 2 ** 20}
+
+
+def prefix_grouper_timing(prompt_tokens: int = 256, completion_tokens: int = 32, G: int = 8, reps: int = 3,
+                          model: str = "smollm2") -> dict:
+    """Training forward + backward of one group: shared-prefix vs repeated-prompt (seconds, median of reps)."""
+    import torch
+
+    from .batch import RolloutBatch
+    from .model.loading import load_policy
+    from .model.logprobs import completion_logprobs
+
+    m, tok = load_policy(model, log=lambda *x: None)
+    g = torch.Generator().manual_seed(0)
+    V = m.config.vocab_size
+    batch = RolloutBatch(
+        prompt_ids=torch.randint(0, V, (1, prompt_tokens), generator=g).repeat(G, 1),
+        prompt_mask=torch.ones(G, prompt_tokens, dtype=torch.long),
+        completion_ids=torch.randint(0, V, (G, completion_tokens), generator=g),
+        completion_mask=torch.ones(G, completion_tokens), behavior_logprobs=torch.zeros(G, completion_tokens),
+        group_ids=torch.zeros(G, dtype=torch.long), prompt_uids=torch.zeros(G, dtype=torch.long),
+        truncated=torch.zeros(G, dtype=torch.bool))
+    out = {}
+    for shared in (True, False):
+        ts = []
+        for _ in range(reps + 1):
+            m.zero_grad(set_to_none=True)
+            t0 = time.perf_counter()
+            lp, _ = completion_logprobs(m, batch, 1.0, shared_prefix=shared)
+            lp.sum().backward()
+            ts.append(time.perf_counter() - t0)
+        out["shared" if shared else "repeated"] = statistics.median(ts[1:])
+    out["speedup"] = out["repeated"] / out["shared"]
+    return out
+
+
+def speed(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    libs = ["grpolab", "trl"] if a.lib == "both" else [a.lib]
+    if "trl" in libs:
+        try:
+            import trl  # noqa: F401
+        except ImportError:
+            print("grpolab bench speed: TRL is not installed; run `pip install 'grpolab[bench]'` "
+                  "(or `make bench`, which installs it), or pass --lib grpolab", file=sys.stderr)
+            return 2
+    runs: dict[str, list[dict]] = {lib: [] for lib in libs}
+    t_start = time.time()
+    for r in range(a.rounds):
+        for lib in libs:
+            print(f"[bench] round {r + 1}/{a.rounds}: {lib} ...", file=sys.stderr, flush=True)
+            res = _spawn(lib, _pass_through(a))
+            runs[lib].append(res)
+            print(f"[bench]   step times {[round(s, 2) for s in res['step_s']]} s, peak RSS "
+                  f"{res['peak_rss'] / 2 ** 20:.0f} MB", file=sys.stderr, flush=True)
+    import torch
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    rate = matmul_flops_per_s()
+    summ = {lib: _summary(rs) for lib, rs in runs.items()}
+    g = runs.get("grpolab", [None])[0]
+    floor = None
+    if g is not None:
+        toks = summ["grpolab"]["tokens_per_step"]
+        floor = step_flops(g["n_params"], g["prompt_tokens"], a.prompts, toks) / rate
+    scaling = _scaling(a) if a.scaling else None
+    pg = prefix_grouper_timing(model=a.model) if a.prefix_grouper else None
+    report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start)
+    print(report)
+    if a.out:
+        Path(a.out).write_text(report)
+        print(f"[bench] report written to {a.out}", file=sys.stderr)
+    return 0
+
+
+def _scaling(a) -> dict:
+    out = {"G": [], "length": []}
+    for G in (2, 4, 8, 16):
+        print(f"[bench] scaling: G={G} ...", file=sys.stderr, flush=True)
+        res = _spawn("grpolab", _pass_through(a, G=G, steps=2))
+        out["G"].append((G, a.max_new, _summary([res])))
+    for L in (32, 64, 128, 256):
+        print(f"[bench] scaling: length={L} ...", file=sys.stderr, flush=True)
+        res = _spawn("grpolab", _pass_through(a, **{"max-new": L, "steps": 2}))
+        out["length"].append((a.G, L, _summary([res])))
+    return out
+
+
+def render(a, argv, summ, rate, floor, scaling, pg, elapsed) -> str:
+    cmd = "grpolab bench speed " + " ".join(argv)
+    lines = ["# Benchmarks", "",
+             "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
+             f"    {cmd.strip()}", "",
+             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+             f"torch threads {summ and next(iter(summ.values())) and (a.threads or 'all')}; "
+             f"measured float32 matmul rate {rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
+             f"{elapsed / 60:.1f} min.", "",
+             f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
+             f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
+             f"one optimiser step per {a.prompts * a.G} completions), float32, beta 0, no vLLM, no gradient "
+             f"checkpointing. {a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
+             f"{a.rounds} alternating rounds per library (each run a fresh process).", "",
+             "| library | median step (s) | generated tokens / step | generated tokens / s | peak RSS (MB) |",
+             "|---|---|---|---|---|"]
+    for lib, s in summ.items():
+        tps = f"{s['gen_tok_per_s']:.1f}" if s["gen_tok_per_s"] else "n/a"
+        tks = f"{s['tokens_per_step']:.0f}" if s["tokens_per_step"] else "n/a"
+        lines.append(f"| {lib} | {s['median_step_s']:.2f} | {tks} | {tps} | {s['peak_rss_mb']:.0f} |")
+    lines.append("")
+    if "grpolab" in summ and "trl" in summ:
+        g, t = summ["grpolab"], summ["trl"]
+        lines += [f"- step time grpolab / TRL: **{g['median_step_s'] / t['median_step_s']:.2f}**",
+                  f"- peak memory grpolab / TRL: **{g['peak_rss_mb'] / t['peak_rss_mb']:.2f}**"]
+        if g["gen_tok_per_s"] and t["gen_tok_per_s"]:
+            lines.append(f"- generated tokens per second grpolab / TRL: "
+                         f"**{g['gen_tok_per_s'] / t['gen_tok_per_s']:.2f}**")
+    if floor is not None:
+        lines.append(f"- grpolab step time over the compute floor ({floor:.2f} s = the step's FLOPs / the measured "
+                     f"matmul rate): **{summ['grpolab']['median_step_s'] / floor:.1f}x**")
+    lines.append("")
+    if pg is not None:
+        lines += ["## Prefix Grouper (shared-prefix training forward)", "",
+                  "One group, 256-token prompt, G=8 completions of 32 tokens, forward + backward of the "
+                  "completion log-probs (median of 3 after a warm-up):", "",
+                  "| forward | seconds |", "|---|---|",
+                  f"| repeated prompt (plain) | {pg['repeated']:.3f} |",
+                  f"| shared prefix (grpolab default) | {pg['shared']:.3f} |",
+                  f"| speed-up | **{pg['speedup']:.2f}x** |", ""]
+    if scaling is not None:
+        lines += ["## Scaling (grpolab)", "", "| G | max new tokens | median step (s) | generated tokens / s |",
+                  "|---|---|---|---|"]
+        for G, L, s in scaling["G"] + scaling["length"]:
+            lines.append(f"| {G} | {L} | {s['median_step_s']:.2f} | {s['gen_tok_per_s'] or 0:.1f} |")
+        lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        return worker(argv[1:])
+    if argv[:1] == ["speed"]:
+        return speed(argv[1:])
+    print("usage: grpolab bench speed [options]   (see --help)", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
