@@ -61,6 +61,13 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
     temperature: float = _f(0.7, "sampling temperature (log-probs use logits / temperature)")
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
     top_p: float = _f(1.0, "nucleus sampling mass (1.0 = off)")
+    generation_engine: str = _f("native", "who samples completions: grpolab's KV-cache sampler, or a colocated "
+                                          "vLLM engine (GPU; pip install 'grpolab[vllm]')", ["native", "vllm"])
+    vllm_gpu_memory_utilization: float = _f(0.3, "vLLM: fraction of GPU memory the engine may take")
+    vllm_max_model_len: int | None = _f(None, "vLLM: maximum prompt + completion length (default: the model's)")
+    vllm_dtype: str = _f("auto", "vLLM: weight dtype in the engine ('auto' = the model's)")
+    vllm_is_cap: float = _f(2.0, "vLLM: cap C of the truncated importance weight min(pi_trainer/pi_engine, C) "
+                                 "per token (TRL's token_truncate correction)")
     # algorithm
     advantage: str = _f("group_zscore", "advantage estimator", "ADVANTAGES")
     advantage_epsilon: float = _f(1e-4, "epsilon added to the group std (group_zscore)")

