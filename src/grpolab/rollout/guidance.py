@@ -1,1 +1,430 @@
-"""Rollout strategies that add hints to the prompt (filled in by the catalogue II work)."""
+"""Rollout strategies that add hints to the prompt: Scaf-GRPO, Guide, GHPO.
+
+All three first sample the plain prompts and score them (``ctx.score``); a
+prompt whose group has no success (reward >= the strategy's threshold) may be
+sampled again with guidance appended to its last user message (or to a string
+prompt), built by :func:`with_hint` from the row's columns:
+
+* ``hints`` — list of str, abstract to concrete; tier ``l`` shows ``hints[:l]``;
+* ``solution`` — str, a reference solution (GHPO reveals a prefix of it).
+
+Built-in tasks with these columns: ``countdown`` (and multi-step ``arithmetic``).
+The data row is never modified (a shallow copy gets the new ``prompt``).
+
+Every batch these strategies return carries two columns: ``hint_level`` (0 for a
+plain row; the hint tier, or the GHPO stage, otherwise) and ``hint`` (the text
+added, None for plain rows). Hinted rows keep the prompt uid and the group id of
+the prompt they stand for, and their ``behavior_logprobs`` are the log-probs
+they were sampled with, under the *hinted* context. Which context the loss
+conditions on (``prompt_ids``) is the difference between the methods:
+
+* Scaf-GRPO and GHPO train on the hinted prompt (``prompt_ids`` = hinted, so
+  the importance ratio is the usual on-policy one);
+* Guide trains on the hint-free prompt (``prompt_ids`` = plain), so the ratio
+  is pi_theta(o | q) / pi_old(o | q, h).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..batch import RolloutBatch
+from ..config import ConfigError
+from .strategies import ROLLOUT_STRATEGIES
+
+HINT_TASKS = "countdown, arithmetic (multi-step)"
+SOLUTION_HEADER = "The beginning of a reference solution, to continue from:"
+
+
+# ----------------------------------------------------------------- hint text
+def require_column(row: dict, column: str, strategy: str):
+    """``row[column]``, or a clear error naming the column and the tasks that have it."""
+    if column not in row or row[column] is None:
+        what = {"hints": "a list of hint strings, abstract to concrete",
+                "solution": "a reference solution string"}.get(column, "")
+        raise ValueError(f"rollout strategy '{strategy}' needs a '{column}' column ({what}) in every data row; "
+                         f"this row has: {', '.join(k for k in row if k != 'prompt') or 'no columns'}. "
+                         f"Built-in tasks with it: {HINT_TASKS}; with --data add the column to the JSONL rows")
+    return row[column]
+
+
+def hint_text(hints: list[str], level: int) -> str:
+    """Tier ``level`` (1-based): the first ``level`` hints, numbered."""
+    if level < 1 or level > len(hints):
+        raise ValueError(f"hint tier {level} is out of range: the row has {len(hints)} hints")
+    return "Hints:\n" + "\n".join(f"{i + 1}. {h}" for i, h in enumerate(hints[:level]))
+
+
+def solution_prefix(solution: str, fraction: float) -> str:
+    """The first ``fraction`` of a reference solution (never all of it).
+
+    A solution of several non-empty lines (steps) reveals ``floor(fraction * n)``
+    lines, at least 1 and at most n - 1; a one-line solution reveals
+    ``floor(fraction * len)`` characters, at most len - 1.
+    """
+    lines = [ln for ln in solution.splitlines() if ln.strip()]
+    if len(lines) >= 2:
+        k = min(max(1, math.floor(fraction * len(lines))), len(lines) - 1)
+        return "\n".join(lines[:k])
+    text = solution.strip()
+    return text[:min(math.floor(fraction * len(text)), max(len(text) - 1, 0))]
+
+
+def with_hint(row: dict, text: str) -> dict:
+    """A copy of ``row`` whose prompt ends with ``text``.
+
+    Chat prompts get the text appended to the last user message (after a blank
+    line); string prompts get it appended at the end. ``row`` is not modified.
+    """
+    prompt = row["prompt"]
+    if isinstance(prompt, str):
+        new = f"{prompt}\n\n{text}"
+    else:
+        users = [i for i, m in enumerate(prompt) if m.get("role") == "user"]
+        if not users:
+            raise ValueError("with_hint: the chat prompt has no user message to add the hint to")
+        new = [dict(m) for m in prompt]
+        new[users[-1]]["content"] = f"{new[users[-1]]['content']}\n\n{text}"
+    out = dict(row)
+    out["prompt"] = new
+    return out
+
+
+# ---------------------------------------------------------- shared mechanics
+def _mark(batch: RolloutBatch, levels: list[int], hints: list) -> RolloutBatch:
+    batch.columns["hint_level"] = list(levels)
+    batch.columns["hint"] = list(hints)
+    return batch
+
+
+def _plain(ctx, rows, uids, group_offset, budgets, temperatures):
+    """Sample and score the plain prompts; returns (batch, scalar rewards, per-prompt row index lists)."""
+    batch = ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
+    scalar = ctx.score(batch)
+    _mark(batch, [0] * batch.num_rows, [None] * batch.num_rows)
+    gids = batch.group_ids.tolist()
+    members = [[r for r, g in enumerate(gids) if g == group_offset + i] for i in range(len(rows))]
+    return batch, scalar, members
+
+
+def _hinted(ctx, rows, uids, texts, levels, num_generations, temperatures):
+    """Sample ``rows`` with ``texts`` added to their prompts (fresh group ids), score, mark.
+
+    Returns (batch, scalar rewards, per-prompt row index lists).
+    """
+    hinted = [with_hint(r, t) for r, t in zip(rows, texts)]
+    offset = ctx.allocate_groups(len(rows))
+    batch = ctx.generate(hinted, uids, group_offset=offset, num_generations=num_generations,
+                         temperature=temperatures)
+    scalar = ctx.score(batch)
+    gids = batch.group_ids.tolist()
+    members = [[r for r, g in enumerate(gids) if g == offset + i] for i in range(len(rows))]
+    lv = [0] * batch.num_rows
+    tx = [None] * batch.num_rows
+    for i, rs in enumerate(members):
+        for r in rs:
+            lv[r], tx[r] = levels[i], texts[i]
+    return _mark(batch, lv, tx), scalar, members
+
+
+def _assemble(ctx, parts: list[tuple[RolloutBatch, list[int], int]]) -> RolloutBatch:
+    """Rows ``idx`` of each batch, relabelled to group ``gid``, stacked and ordered by group (stable)."""
+    pieces = []
+    for batch, idx, gid in parts:
+        if not idx:
+            continue
+        sub = batch.select(idx)
+        sub.group_ids = torch.full_like(sub.group_ids, gid)
+        pieces.append(sub)
+    out = RolloutBatch.concat(pieces, pad_id=ctx.tokenizer.pad_token_id)
+    order = torch.sort(out.group_ids, stable=True).indices
+    return out.select(order)
+
+
+def _pick(values, i):
+    return None if values is None else values[i]
+
+
+def _budget(ctx, budgets, i) -> int:
+    return int(budgets[i]) if budgets is not None else int(ctx.cfg.num_generations)
+
+
+def _solved(scalar: torch.Tensor, rows: list[int], threshold: float) -> bool:
+    return bool((scalar[rows] >= threshold).any()) if rows else False
+
+
+# ----------------------------------------------------------------- Scaf-GRPO
+@ROLLOUT_STRATEGIES.register("scaf_grpo")
+class ScafGRPO:
+    """Scaf-GRPO: tiered in-prompt hints for stagnating prompts (Zhang et al. 2025, arXiv:2510.19807;
+    seed 000-61 = 004-02).
+
+    Per prompt uid a tracker counts consecutive visits whose on-policy group had
+    no success (reward >= ``scaf_success_threshold``). A prompt *stagnates* when
+    that count reaches ``scaf_patience`` and the exploration phase
+    (``scaf_warmup_steps``) is over. For a stagnating prompt, hinted completions
+    (``scaf_hint_samples`` per tier) are sampled with tier ``l`` = ``hints[:l]``
+    (abstract to concrete; the authors' tiers are knowledge, planning, solution
+    steps); at the *minimal* tier that yields a success, up to
+    ``scaf_replace_num`` successful hinted completions replace that many failed
+    on-policy completions of the group. The group keeps its size and id and
+    regains a non-zero advantage; the hinted rows train on the hinted prompt
+    (the authors' default ``replace_hint_prompt=False``: the whole sample,
+    prompt included, is replaced; the method is "on-policy" w.r.t. the hinted
+    context). If no tier succeeds the group stays all-wrong.
+
+    Schedules: ``search`` (default, the authors' code, which samples every hint
+    level of an all-wrong prompt in the same step and keeps the minimal one that
+    succeeds) tries tiers 1, 2, ... in rounds within the step and stops at the
+    first success; ``escalate`` tries one tier per visit: tier 1 at the first
+    stagnating visit, one tier higher after each visit whose hinted samples also
+    failed, the same tier after a hinted success. A prompt whose plain group
+    succeeds is no longer stagnating: its count and tier reset (hints stop).
+
+    Choices made (the paper leaves them open or our data differ): the
+    authors' stagnation test is "all-wrong group after the warm-up"
+    (``scaf_patience = 1``); a larger patience waits for that many consecutive
+    failed visits. The number of hinted samples per tier is a parameter.
+    """
+
+    def __init__(self, *, scaf_patience: int = 1, scaf_warmup_steps: int = 0, scaf_schedule: str = "search",
+                 scaf_hint_samples: int = 2, scaf_replace_num: int = 1, scaf_max_level: int = 0,
+                 scaf_success_threshold: float = 1.0):
+        self.patience = scaf_patience
+        self.warmup = scaf_warmup_steps
+        self.schedule = scaf_schedule
+        self.samples = scaf_hint_samples
+        self.replace_num = scaf_replace_num
+        self.max_level = scaf_max_level
+        self.threshold = scaf_success_threshold
+        self.streak: dict[int, int] = {}  # uid -> consecutive visits without success
+        self.level: dict[int, int] = {}   # uid -> tier for the next stagnating visit (escalate)
+
+    @staticmethod
+    def check_config(cfg) -> None:
+        if cfg.scaf_patience < 1:
+            raise ConfigError("scaf_patience must be >= 1 (visits without success before hints)")
+        if cfg.scaf_hint_samples < 1 or cfg.scaf_replace_num < 1:
+            raise ConfigError("scaf_hint_samples and scaf_replace_num must be >= 1")
+        if cfg.scaf_replace_num > cfg.num_generations:
+            raise ConfigError(f"scaf_replace_num={cfg.scaf_replace_num} exceeds num_generations="
+                              f"{cfg.num_generations}")
+
+    def _levels(self, row) -> int:
+        n = len(require_column(row, "hints", "scaf_grpo"))
+        if n == 0:
+            raise ValueError("rollout strategy 'scaf_grpo': a row has an empty 'hints' list")
+        return min(n, self.max_level) if self.max_level > 0 else n
+
+    def __call__(self, ctx, rows, uids, group_offset, budgets=None, temperatures=None, step: int = 0):
+        plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
+        stagnating = []
+        for i, uid in enumerate(uids):
+            uid = int(uid)
+            if _solved(scalar, members[i], self.threshold):
+                self.streak.pop(uid, None)
+                self.level.pop(uid, None)
+                continue
+            self.streak[uid] = self.streak.get(uid, 0) + 1
+            if step >= self.warmup and self.streak[uid] >= self.patience:
+                stagnating.append(i)
+        top = {i: self._levels(rows[i]) for i in stagnating}
+        if self.schedule == "search":
+            tier = {i: 1 for i in stagnating}
+            last = dict(top)
+        else:
+            tier = {i: min(self.level.get(int(uids[i]), 1), top[i]) for i in stagnating}
+            last = dict(tier)
+        chosen: dict[int, tuple[RolloutBatch, list[int]]] = {}
+        pending = list(stagnating)
+        while pending:
+            hb, hs, hm = _hinted(ctx, [rows[i] for i in pending], [uids[i] for i in pending],
+                                 [hint_text(rows[i]["hints"], tier[i]) for i in pending],
+                                 [tier[i] for i in pending], self.samples, [_pick(temperatures, i) for i in pending]
+                                 if temperatures is not None else None)
+            still = []
+            for j, i in enumerate(pending):
+                wins = [r for r in hm[j] if float(hs[r]) >= self.threshold]
+                if wins:
+                    chosen[i] = (hb, wins[:min(self.replace_num, len(members[i]))])
+                    if self.schedule == "escalate":
+                        self.level[int(uids[i])] = tier[i]
+                elif tier[i] < last[i]:
+                    tier[i] += 1
+                    still.append(i)
+                elif self.schedule == "escalate":
+                    self.level[int(uids[i])] = min(tier[i] + 1, top[i])
+            pending = still
+        parts = []
+        for i in range(len(rows)):
+            gid = group_offset + i
+            keep = members[i]
+            if i in chosen:
+                hb, wins = chosen[i]
+                parts.append((plain, keep[:len(keep) - len(wins)], gid))  # the last failed rows make way
+                parts.append((hb, wins, gid))
+            else:
+                parts.append((plain, keep, gid))
+        return _assemble(ctx, parts)
+
+    def state_dict(self) -> dict:
+        return {"streak": dict(self.streak), "level": dict(self.level)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.streak = {int(k): int(v) for k, v in state["streak"].items()}
+        self.level = {int(k): int(v) for k, v in state["level"].items()}
+
+
+# --------------------------------------------------------------------- Guide
+@ROLLOUT_STRATEGIES.register("guide")
+def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, guide_success_threshold: float = 1.0,
+          guide_hint_level: int = 0, guide_keep_failed: bool = False):
+    """Guide (Guide-GRPO): hints for all-wrong prompts, trained as if the hint were absent
+    (Nath et al. 2025, "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning
+    Models", arXiv:2506.13923; seed 004-16).
+
+    The plain prompts q are sampled and scored. A prompt whose completions all
+    fail (reward < ``guide_success_threshold``) is sampled again, as many
+    completions as its group had, with the hint h = the first
+    ``guide_hint_level`` of the row's ``hints`` (0 = all) added to the context:
+    o ~ pi_old(. | q, h). In the training batch these rows keep the HINT-FREE
+    prompt q in ``prompt_ids`` while ``behavior_logprobs`` are the log-probs
+    under (q, h) they were sampled with, so the configured policy loss sees the
+    importance ratio
+
+        w_t = pi_theta(o_t | q, o_<t) / pi_old(o_t | q, h, o_<t)
+
+    and optimises the policy for the context without the hint. Rows stay
+    ``SAMPLED`` (the completion tokens are the policy's own); they are marked by
+    the ``hint_level`` / ``hint`` columns. The hinted rows are scored with the
+    hinted prompt shown to reward functions (what the model saw); the
+    ``prompt`` column is then set back to q.
+
+    Choices made: the hinted group *replaces* the failed group (our reading of
+    the paper's Guide-GRPO algorithm; ``guide_keep_failed`` keeps both in one
+    group instead). The ratio is clipped by the configured ``policy_loss`` like
+    any other ratio (the paper's Guide-GRPO keeps the GRPO clipped objective
+    with the changed denominator).
+    """
+    plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
+    failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
+    parts = []
+    hinted_for: dict[int, list[int]] = {}
+    if failed:
+        texts, levels = [], []
+        for i in failed:
+            hints = require_column(rows[i], "hints", "guide")
+            if not hints:
+                raise ValueError("rollout strategy 'guide': a row has an empty 'hints' list")
+            lv = len(hints) if guide_hint_level <= 0 else min(guide_hint_level, len(hints))
+            texts.append(hint_text(hints, lv))
+            levels.append(lv)
+        hb, _, hm = _hinted(ctx, [rows[i] for i in failed], [uids[i] for i in failed], texts, levels,
+                            [_budget(ctx, budgets, i) for i in failed],
+                            [_pick(temperatures, i) for i in failed] if temperatures is not None else None)
+        # the loss conditions on the hint-free prompt: copy the plain prompt tokens into the hinted rows
+        src = torch.zeros(hb.num_rows, dtype=torch.long)
+        for j, i in enumerate(failed):
+            for r in hm[j]:
+                src[r] = members[i][0]
+                hb.columns["prompt"][r] = rows[i]["prompt"]
+            hinted_for[i] = hm[j]
+        hb.prompt_ids = plain.prompt_ids[src]
+        hb.prompt_mask = plain.prompt_mask[src]
+    for i in range(len(rows)):
+        gid = group_offset + i
+        if i in hinted_for:
+            if guide_keep_failed:
+                parts.append((plain, members[i], gid))
+            parts.append((hb, hinted_for[i], gid))
+        else:
+            parts.append((plain, members[i], gid))
+    return _assemble(ctx, parts)
+
+
+# ---------------------------------------------------------------------- GHPO
+@ROLLOUT_STRATEGIES.register("ghpo")
+class GHPO:
+    """GHPO: difficulty-aware adaptive prompt refinement with partial reference solutions
+    (Liu et al. 2025, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement
+    Learning", arXiv:2507.10628; seed 000-94).
+
+    Difficulty detection: the plain group of every prompt is sampled and scored;
+    a prompt with no success (reward >= ``ghpo_success_threshold``) is "beyond
+    the model's reach". Its prompt is refined by appending the first
+    ``omega`` of the row's ``solution`` (:func:`solution_prefix`: lines, or
+    characters for a one-line solution) after a short header, and the group is
+    resampled from the refined prompt with the same number of completions; the
+    refined group *replaces* the plain one and trains on the refined prompt
+    (``prompt_ids`` = refined: imitation of the revealed steps plus RL on the
+    rest). Prompts the model can solve stay on-policy and unchanged.
+
+    Multi-stage schedule, ``omega`` in ``ghpo_fractions`` (the paper's linear
+    schedule 1/4, 1/2, 3/4):
+
+    * ``within_step`` (default, our reading of the paper's multi-stage
+      guidance): stage 1, and if the refined group still has no success stage 2,
+      ... in the same step; the first group with a success (or the last stage's)
+      is kept;
+    * ``across_visits``: one stage per visit; a prompt's stage moves up after a
+      visit whose refined group also failed, stays after a refined success, and
+      resets once the plain prompt is solved.
+
+    ``hint_level`` is the stage (1-based); ``hint`` the text appended.
+    """
+
+    def __init__(self, *, ghpo_fractions: list = (0.25, 0.5, 0.75), ghpo_schedule: str = "within_step",
+                 ghpo_success_threshold: float = 1.0):
+        self.fractions = [float(f) for f in ghpo_fractions]
+        self.schedule = ghpo_schedule
+        self.threshold = ghpo_success_threshold
+        self.stage: dict[int, int] = {}  # uid -> stage (1-based) for the next failed visit (across_visits)
+
+    @staticmethod
+    def check_config(cfg) -> None:
+        fr = [float(f) for f in cfg.ghpo_fractions]
+        if not fr or any(not 0 < f < 1 for f in fr) or fr != sorted(fr):
+            raise ConfigError(f"ghpo_fractions must be ascending fractions in (0, 1), got {cfg.ghpo_fractions}")
+
+    def text(self, row: dict, stage: int) -> str:
+        solution = require_column(row, "solution", "ghpo")
+        return f"{SOLUTION_HEADER}\n{solution_prefix(str(solution), self.fractions[stage - 1])}"
+
+    def __call__(self, ctx, rows, uids, group_offset, budgets=None, temperatures=None, step: int = 0):
+        plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
+        failed = []
+        for i, uid in enumerate(uids):
+            if _solved(scalar, members[i], self.threshold):
+                self.stage.pop(int(uid), None)
+            else:
+                failed.append(i)
+        S = len(self.fractions)
+        stage = {i: (1 if self.schedule == "within_step" else min(self.stage.get(int(uids[i]), 1), S))
+                 for i in failed}
+        chosen: dict[int, tuple[RolloutBatch, list[int]]] = {}
+        pending = list(failed)
+        while pending:
+            hb, hs, hm = _hinted(ctx, [rows[i] for i in pending], [uids[i] for i in pending],
+                                 [self.text(rows[i], stage[i]) for i in pending], [stage[i] for i in pending],
+                                 [_budget(ctx, budgets, i) for i in pending],
+                                 [_pick(temperatures, i) for i in pending] if temperatures is not None else None)
+            still = []
+            for j, i in enumerate(pending):
+                chosen[i] = (hb, hm[j])
+                ok = _solved(hs, hm[j], self.threshold)
+                if self.schedule == "across_visits":
+                    self.stage[int(uids[i])] = stage[i] if ok else min(stage[i] + 1, S)
+                elif not ok and stage[i] < S:
+                    stage[i] += 1
+                    still.append(i)
+            pending = still
+        parts = [(*chosen[i], group_offset + i) if i in chosen else (plain, members[i], group_offset + i)
+                 for i in range(len(rows))]
+        return _assemble(ctx, parts)
+
+    def state_dict(self) -> dict:
+        return {"stage": dict(self.stage)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stage = {int(k): int(v) for k, v in state["stage"].items()}

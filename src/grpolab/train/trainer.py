@@ -337,7 +337,8 @@ class Trainer:
         batch.ref_logprobs = torch.cat(parts)
 
     def update(self, batch) -> dict:
-        """``num_iterations`` optimiser passes over the batch, in micro-batches."""
+        """``num_iterations`` optimiser passes over the batch, in micro-batches (the LR schedule steps in
+        :meth:`train_step`, once per step)."""
         cfg = self.cfg
         mbs = batch.micro_batches(cfg.micro_batch_size, max_tokens=cfg.micro_batch_tokens)
         shared = cfg.shared_prefix_forward and not cfg.gradient_checkpointing
@@ -394,7 +395,6 @@ class Trainer:
                 continue
             self.optimizer.step()
         self.model.eval()
-        self.scheduler.step()
         out = {"loss": loss_value if not skipped else float("nan"), "grad_norm": grad_norm,
                "skipped": skipped}
         out["entropy"] = sums.get("entropy", 0.0) / ntok
@@ -427,6 +427,7 @@ class Trainer:
         self.reference_logprobs(batch)
         upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
                                    ctx=self.ctx, step=self.step)
+        self.scheduler.step()  # once per step, however many optimiser passes the update strategy made
         self._engine_stale = True
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
                               reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
