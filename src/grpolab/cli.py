@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, recipes."""
+"""grpolab command line: train, eval, sft, recipes, config."""
 from __future__ import annotations
 
 import argparse
@@ -117,6 +117,29 @@ def cmd_eval(args, rest: list[str]) -> int:
     return 0
 
 
+def cmd_sft(args, rest: list[str]) -> int:
+    """Supervised cold start (``grpolab sft``): see :mod:`grpolab.sft`."""
+    from .config import Config, ConfigError
+    from .sft import run_sft
+
+    cli = _kv_pairs(rest, Config.field_names())
+    if "out" in cli or "data" in cli or "model" in cli or "task" in cli:
+        raise ConfigError("grpolab sft: give --model, --task, --data and --out as options of the command "
+                          "(before other --key value pairs)")
+    layers = {"model": args.model, **cli}
+    if args.task:
+        layers["task"] = args.task
+    if args.data and args.task:
+        raise ConfigError("grpolab sft: give --data FILE or --task NAME, not both")
+    cfg = Config.build(layers, sources=["command line"])
+    out = Path(args.out)
+    if (out / "config.json").exists() and not args.overwrite:
+        raise ConfigError(f"--out {out} already holds a model; choose another --out or pass --overwrite")
+    summary = run_sft(cfg, out, data=args.data, log=lambda *a: print(*a, file=sys.stderr, flush=True))
+    print(json.dumps(summary))
+    return 0
+
+
 def recipes_markdown(recipes: list[dict]) -> str:
     """The recipe table of the README and docs/recipes.md."""
     def cell(d: dict) -> str:
@@ -177,6 +200,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--data", help="JSONL file")
     e.add_argument("--reward", action="append", help="module:function[=weight] (with --data)")
     e.add_argument("--compact", action="store_true", help="one-line JSON")
+    f = sub.add_parser("sft", help="supervised cold start (TON thought dropout, Thinkless control tokens); "
+                                   "writes a model folder for --model")
+    f.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder")
+    f.add_argument("--task", help="built-in task whose 'solution' column is the target (default: config task)")
+    f.add_argument("--data", help="JSONL file of prompt / completion rows")
+    f.add_argument("--out", default="runs/sft", help="folder for the trained model (default runs/sft)")
+    f.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
     r = sub.add_parser("recipes", help="list recipes with citations")
     r.add_argument("--json", action="store_true", help="print as JSON")
     r.add_argument("--markdown", action="store_true", help="print the recipe table as markdown")
@@ -187,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .registry import UnknownComponentError
     try:
-        commands = {"train": cmd_train, "eval": cmd_eval, "recipes": cmd_recipes, "config": cmd_config}
+        commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
+                    "config": cmd_config}
         return commands[args.command](args, rest)
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)

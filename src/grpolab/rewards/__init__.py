@@ -28,20 +28,40 @@ class RewardFn:
     weight: float = 1.0
 
 
-def parse_reward_spec(spec: str) -> RewardFn:
-    """``module:function[=weight]`` or ``rm:PATH[=weight]`` -> :class:`RewardFn`.
+def parse_reward_spec(spec: str, cfg=None) -> RewardFn:
+    """``module:function[=weight]``, ``rm:PATH[=weight]``, ``judge:PATH[=weight]`` or
+    ``pm4grpo[=weight]`` -> :class:`RewardFn`.
 
     The module is imported with the current directory on ``sys.path`` (and
     ``PYTHONPATH`` as usual). ``rm:PATH`` loads a local Hugging Face
     sequence-classification model as a reward model (``rewards/models.py``).
+    ``judge:PATH`` / ``judge:self`` / ``judge:tiny`` asks a causal LM a yes/no
+    question about each completion (``rewards/judge.py``); ``pm4grpo`` is the
+    PM4GRPO process-conformance reward (``rewards/process.py``). ``cfg`` (the
+    run's Config) supplies the ``judge_*`` / ``pm4grpo_*`` options and the
+    policy that ``judge:self`` copies; without it the defaults apply.
     """
     if spec.startswith("rm:"):
         from .models import parse_rm_spec
         return parse_rm_spec(spec)
+    if spec.startswith("judge:"):
+        from .judge import parse_judge_spec
+        return parse_judge_spec(spec, cfg)
+    if spec.partition("=")[0] == "pm4grpo":
+        from .process import PM4GRPOReward
+        weight = spec.partition("=")[2]
+        try:
+            w = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
+        keys = ("pm4grpo_teacher_column", "pm4grpo_measure", "pm4grpo_abstract_numbers")
+        opts = {k: getattr(cfg, k) for k in keys if cfg is not None and hasattr(cfg, k)}
+        return RewardFn("pm4grpo", PM4GRPOReward(**opts), w)
     target, _, weight = spec.partition("=")
     module_name, _, func_name = target.partition(":")
     if not module_name or not func_name:
-        raise ValueError(f"--reward '{spec}': expected module:function or module:function=weight")
+        raise ValueError(f"--reward '{spec}': expected module:function or module:function=weight "
+                         f"(or rm:PATH, judge:PATH, pm4grpo)")
     try:
         w = float(weight) if weight else 1.0
     except ValueError:
@@ -116,3 +136,6 @@ class RewardScorer:
                 if math.isfinite(f):
                     matrix[i, k] = f
         return matrix, errors
+
+
+from . import modes  # noqa: E402,F401  (registers the Thinkless mode reward transform)

@@ -1,1 +1,702 @@
-"""Rollout strategies that inject tokens into completions (filled in by the catalogue II work)."""
+"""Rollout strategies that inject tokens into completions.
+
+Every strategy here builds completions out of *segments*: tokens the policy
+sampled (``SAMPLED``, with the log-prob recorded when they were drawn) and
+tokens put there from outside (``INJECTED``: a reference answer, a ground-truth
+prefix, a corrected sentence, teacher feedback), optionally followed by a
+continuation the behaviour policy samples *conditioned on everything before
+it*. One helper, :func:`compose_rows`, does that for all of them:
+
+* the loss context ``prompt_ids`` is always the original prompt; the
+  injected tokens sit in ``completion_ids`` exactly as they were tokenized
+  (the continuation is sampled from ``prompt ids + head ids``, never from
+  re-tokenized text, so what the policy saw is what the loss sees);
+* injected tokens are marked ``INJECTED`` in ``token_origin`` and get the
+  behaviour log-prob they really have, teacher-forced under the behaviour
+  policy with :meth:`RolloutContext.logprobs`; sampled tokens keep the
+  log-prob recorded at sampling time;
+* whether injected tokens enter the loss (``completion_mask``) is a
+  per-strategy config key (``*_train_*``), documented per paper; they are
+  always attended to (``completion_attention_mask``);
+* every row has at most ``max_completion_length`` tokens (longer heads are
+  cut and the row is flagged ``truncated``), so the rows concatenate with
+  plain rollouts through :meth:`RolloutBatch.concat`.
+
+The reference answer of a data row is ``injection_reference_template``
+formatted with the row's columns (:func:`reference_text`); the default
+``"Answer: {solution}"`` is what the ``countdown`` reward accepts
+(``arithmetic``: ``"Answer: {answer}"``).
+
+Strategies that need to know which rollouts failed score the batch
+themselves (``ctx.score``), so the trainer does not score again; rows they
+add or change are scored too. "Failed" always means: combined scalar reward
+(``ctx.scalar``: weights, then reward transforms) below the strategy's
+``*_success_threshold``; unscorable (NaN) rows never count as failed.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..batch import INJECTED, SAMPLED, RolloutBatch
+from ..config import ConfigError
+from ..data import render_prompt
+from .plain import eos_token_ids, tokenize_prompts
+from .sampling import sample_completions
+from .strategies import ROLLOUT_STRATEGIES
+
+
+# --------------------------------------------------------------------------- helpers
+@dataclass
+class Segment:
+    """A run of completion tokens with one origin.
+
+    ``logprobs`` holds the behaviour log-probs when they are known (tokens the
+    policy sampled in this very context); ``None`` means "teacher-force them".
+    ``train`` says whether the tokens enter the loss.
+    """
+    ids: list[int]
+    origin: int = INJECTED
+    train: bool = False
+    logprobs: list[float] | None = None
+
+
+def reference_text(row: dict, template: str) -> str:
+    """The row's reference completion: ``template`` formatted with the row's columns."""
+    try:
+        return template.format(**row)
+    except (KeyError, IndexError) as e:
+        raise ConfigError(f"injection_reference_template '{template}' needs column {e} which the data row does "
+                          f"not have (columns: {', '.join(sorted(row))}); set injection_reference_template "
+                          f"to a template over the data's columns") from None
+
+
+def text_ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def sampled_head(batch: RolloutBatch, i: int, eos_ids: list[int], max_tokens: int | None = None) -> Segment:
+    """Row ``i``'s own tokens as a SAMPLED segment (trailing EOS dropped, at most ``max_tokens``)."""
+    n = int(batch.completion_attention_mask[i].sum())
+    ids = batch.completion_ids[i, :n].tolist()
+    lps = batch.behavior_logprobs[i, :n].tolist()
+    if ids and ids[-1] in eos_ids:
+        ids, lps = ids[:-1], lps[:-1]
+    if max_tokens is not None:
+        ids, lps = ids[:max_tokens], lps[:max_tokens]
+    return Segment(ids, SAMPLED, True, lps)
+
+
+def compose_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], heads: list[list[Segment]], *,
+                 continue_: bool | list[bool] = True) -> RolloutBatch:
+    """One completion per row: ``heads[i]`` (its segments, in order), then a sampled continuation.
+
+    The continuation (SAMPLED, in the loss) is drawn by the behaviour policy
+    from ``prompt + head`` with at most ``max_completion_length - len(head)``
+    new tokens, at the config temperature; it is skipped where ``continue_``
+    is False, where the head already ends with EOS or fills the budget. Heads
+    longer than ``max_completion_length`` are cut. Unknown behaviour log-probs
+    (injected tokens) are teacher-forced with ``ctx.logprobs``.
+    """
+    cfg, tok, model = ctx.cfg, ctx.tokenizer, ctx.policy
+    L = cfg.max_completion_length
+    eos = eos_token_ids(tok, model)
+    n = len(rows)
+    conts = continue_ if isinstance(continue_, list) else [continue_] * n
+    prompt_ids, prompt_mask = tokenize_prompts(tok, [r["prompt"] for r in rows], cfg.max_prompt_length)
+
+    ids, origin, train, lps, known = [], [], [], [], []
+    for segs in heads:
+        a, o, t, lp, k = [], [], [], [], []
+        for s in segs:
+            a += s.ids
+            o += [s.origin] * len(s.ids)
+            t += [s.train] * len(s.ids)
+            lp += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
+            k += [s.logprobs is not None] * len(s.ids)
+        ids.append(a[:L])
+        origin.append(o[:L])
+        train.append(t[:L])
+        lps.append(lp[:L])
+        known.append(k[:L])
+    ended = [bool(a) and a[-1] in eos for a in ids]
+    truncated = [not e for e in ended]
+
+    todo = [i for i in range(n) if conts[i] and not ended[i] and len(ids[i]) < L]
+    if todo:
+        contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + ids[i] for i in todo]
+        width = max(len(c) for c in contexts)
+        ctx_ids = torch.full((len(todo), width), tok.pad_token_id, dtype=torch.long)
+        ctx_mask = torch.zeros((len(todo), width), dtype=torch.long)
+        for j, c in enumerate(contexts):  # left padding, like the prompts
+            ctx_ids[j, width - len(c):] = torch.tensor(c, dtype=torch.long)
+            ctx_mask[j, width - len(c):] = 1
+        budget = max(L - len(ids[i]) for i in todo)
+        out = sample_completions(model, ctx_ids, ctx_mask, num_samples=1, max_new_tokens=budget, eos_ids=eos,
+                                 pad_id=tok.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
+                                 top_p=cfg.top_p, generator=ctx.generator)
+        for j, i in enumerate(todo):
+            room = L - len(ids[i])
+            m = min(int(out.lengths[j]), room)  # a cut sample is still a sample of its first m tokens
+            new = out.completion_ids[j, :m].tolist()
+            ids[i] += new
+            origin[i] += [SAMPLED] * m
+            train[i] += [True] * m
+            lps[i] += out.logprobs[j, :m].tolist()
+            known[i] += [True] * m
+            truncated[i] = not (new and new[-1] in eos)
+
+    T = max(1, max(len(a) for a in ids))
+    c_ids = torch.full((n, T), tok.pad_token_id, dtype=torch.long)
+    c_origin = torch.full((n, T), SAMPLED, dtype=torch.int8)
+    c_train = torch.zeros((n, T))
+    c_lp = torch.zeros((n, T))
+    c_known = torch.ones((n, T), dtype=torch.bool)
+    present = torch.zeros((n, T), dtype=torch.long)
+    for i in range(n):
+        m = len(ids[i])
+        if m:
+            c_ids[i, :m] = torch.tensor(ids[i])
+            c_origin[i, :m] = torch.tensor(origin[i], dtype=torch.int8)
+            c_train[i, :m] = torch.tensor(train[i], dtype=torch.float)
+            c_lp[i, :m] = torch.tensor(lps[i])
+            c_known[i, :m] = torch.tensor(known[i])
+            present[i, :m] = 1
+
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    columns["prompt"] = [r["prompt"] for r in rows]
+    texts = tok.batch_decode(c_ids, skip_special_tokens=True)
+    columns["completion"] = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
+                             for p, t in zip(columns["prompt"], texts)]
+    batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=c_ids,
+                         completion_mask=c_train * present, behavior_logprobs=c_lp * present,
+                         completion_attention_mask=present, token_origin=c_origin,
+                         group_ids=torch.tensor(group_ids, dtype=torch.long),
+                         prompt_uids=torch.tensor(uids, dtype=torch.long),
+                         truncated=torch.tensor(truncated, dtype=torch.bool), columns=columns)
+    if not bool(c_known.all()):
+        forced = ctx.logprobs(batch)
+        batch.behavior_logprobs = torch.where(c_known, c_lp, forced) * present
+    return batch
+
+
+def reference_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], *, train: bool) -> RolloutBatch:
+    """Whole injected completions: each row's reference answer + EOS, teacher-forced, nothing sampled.
+
+    Longer than ``max_completion_length``: cut (and flagged truncated), like any completion.
+    """
+    tok = ctx.tokenizer
+    eos = tok.eos_token_id
+    template = ctx.cfg.injection_reference_template
+    heads = [[Segment(text_ids(tok, reference_text(r, template)) + [eos], INJECTED, train)] for r in rows]
+    return compose_rows(ctx, rows, uids, group_ids, heads, continue_=False)
+
+
+def _column_rows(batch: RolloutBatch, idx: list[int]) -> list[dict]:
+    """The data rows behind batch rows ``idx`` (prompt + data columns, without the completion)."""
+    return [{k: v[i] for k, v in batch.columns.items() if k != "completion"} for i in idx]
+
+
+def replace_rows(batch: RolloutBatch, idx: list[int], new: RolloutBatch, pad_id: int) -> RolloutBatch:
+    """``batch`` with row ``idx[k]`` replaced by row ``k`` of ``new`` (order kept)."""
+    if not idx:
+        return batch
+    R = batch.num_rows
+    order = list(range(R))
+    for k, j in enumerate(idx):
+        order[j] = R + k
+    return RolloutBatch.concat([batch, new], pad_id=pad_id).select(order)
+
+
+def by_group(batch: RolloutBatch) -> RolloutBatch:
+    """Rows reordered so each group is contiguous (stable; groups in id order)."""
+    order = torch.argsort(batch.group_ids, stable=True)
+    return batch.select(order)
+
+
+def failed_rows(scalar: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Rows whose scalar reward is below ``threshold`` (NaN = unscorable = not failed)."""
+    return scalar < threshold
+
+
+def all_failed_groups(scalar: torch.Tensor, group_ids: torch.Tensor, threshold: float) -> list[int]:
+    """Group ids in which every row failed."""
+    fail = failed_rows(scalar, threshold)
+    return [int(g) for g in torch.unique(group_ids) if bool(fail[group_ids == g].all())]
+
+
+def _pick(rows: list[int], fraction: float, generator: torch.Generator) -> list[int]:
+    """``ceil(fraction * len(rows))`` of ``rows``, drawn at random (sorted)."""
+    k = min(len(rows), math.ceil(fraction * len(rows) - 1e-9))
+    if k <= 0:
+        return []
+    perm = torch.randperm(len(rows), generator=generator)[:k]
+    return sorted(rows[int(p)] for p in perm)
+
+
+def _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures):
+    batch = ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
+    return batch, ctx.score(batch)
+
+
+def _check_fraction(cfg, fraction_key: str) -> None:
+    if not 0 <= getattr(cfg, fraction_key) <= 1:
+        raise ConfigError(f"{fraction_key}: must be in [0, 1], got {getattr(cfg, fraction_key)}")
+
+
+# ------------------------------------------------------------------- GCPO (000-15)
+def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+                   gcpo_success_threshold: float = 1.0, gcpo_train_reference: bool = True):
+    """GCPO reference-answer injection (Wu et al., 2025, "GCPO: Group Contrastive Policy
+    Optimization", github.com/AchoWu/GCPO; seed 000-15).
+
+    G completions are sampled and scored. For every group in which *all*
+    rollouts fail (scalar reward < ``gcpo_success_threshold``) the last
+    rollout is replaced by the reference answer (``injection_reference_template``
+    + EOS), marked INJECTED, teacher-forced under the behaviour policy and
+    scored like any completion. The group then has a correct member, so its
+    rewards vary and every row gets a non-zero advantage: the failed rows are
+    pushed down, the reference up.
+
+    Choices: the reference *replaces* one rollout (the group size stays G, as
+    in the paper's "the reference answer supplies the correct response");
+    it is trained on (``gcpo_train_reference``, the paper's point is to
+    emulate the reference's solution) with ratio pi_theta / pi_behaviour
+    exactly like sampled tokens, since its behaviour log-probs are the
+    teacher-forced ones.
+    """
+    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+    groups = all_failed_groups(scalar, batch.group_ids, gcpo_success_threshold)
+    if not groups:
+        return batch
+    idx = [int((batch.group_ids == g).nonzero()[-1]) for g in groups]
+    new = reference_rows(ctx, _column_rows(batch, idx), batch.prompt_uids[idx].tolist(), groups,
+                         train=gcpo_train_reference)
+    ctx.score(new)
+    return replace_rows(batch, idx, new, ctx.tokenizer.pad_token_id)
+
+
+ROLLOUT_STRATEGIES.register("gcpo_reference")(gcpo_reference)
+
+
+# ------------------------------------------------------- DaGRPO anchors (000-17)
+def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+                   dagrpo_success_threshold: float = 1.0, dagrpo_num_anchors: int = 1,
+                   dagrpo_train_anchors: bool = True):
+    """DaGRPO Off-policy Data Augmentation (Xie et al., 2025, arXiv:2512.06337; seed 000-17).
+
+    "For hard queries, the scarcity of valid positive samples results in
+    ineffective optimization": groups with *no* positive rollout (every
+    scalar reward < ``dagrpo_success_threshold``) are augmented with
+    ``dagrpo_num_anchors`` high-quality off-policy anchors -- here the
+    data row's reference answer (``injection_reference_template`` + EOS),
+    the only expert response available offline. Anchors are INJECTED rows,
+    teacher-forced under the behaviour policy, scored, and *added* to the
+    group (it grows from G to G + anchors: a ragged group), unlike GCPO
+    which replaces a rollout. Groups that already have a positive are left
+    alone. Anchors enter the loss (``dagrpo_train_anchors``; the paper mixes
+    SFT-like anchor learning into the RL objective).
+
+    Combine with the ``dagrpo_distinct_pairs`` advantage for the full method
+    (recipe ``dagrpo_anchors``). Left open by the abstract: how anchors are
+    weighted; we use the plain group advantage with the exact behaviour
+    ratio (no extra weighting).
+    """
+    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+    groups = all_failed_groups(scalar, batch.group_ids, dagrpo_success_threshold)
+    if not groups or dagrpo_num_anchors < 1:
+        return batch
+    first = [int((batch.group_ids == g).nonzero()[0]) for g in groups]
+    src = [i for i in first for _ in range(dagrpo_num_anchors)]
+    gids = [g for g in groups for _ in range(dagrpo_num_anchors)]
+    new = reference_rows(ctx, _column_rows(batch, src), batch.prompt_uids[src].tolist(), gids,
+                         train=dagrpo_train_anchors)
+    ctx.score(new)
+    return by_group(RolloutBatch.concat([batch, new], pad_id=ctx.tokenizer.pad_token_id))
+
+
+def _dagrpo_check(cfg) -> None:
+    if cfg.dagrpo_num_anchors < 0:
+        raise ConfigError(f"dagrpo_num_anchors: must be >= 0, got {cfg.dagrpo_num_anchors}")
+
+
+dagrpo_anchors.check_config = _dagrpo_check
+ROLLOUT_STRATEGIES.register("dagrpo_anchors")(dagrpo_anchors)
+
+
+# -------------------------------------------------------------- G2RPO-A (004-07)
+@ROLLOUT_STRATEGIES.register("g2rpo_a")
+class G2RPOAdaptiveGuidance:
+    """G²RPO-A adaptive prefix guidance (Guo, Deng, Cheng and Tang, 2025, arXiv:2508.13023,
+    github.com/T-Lab-CUHKSZ/G2RPO-A; seed 004-07).
+
+    In each group, ``g2rpo_a_guided_rows`` = k rows start with the first
+    ``l`` tokens of the ground-truth solution (``injection_reference_template``),
+    INJECTED, and the policy continues from there (sampled conditioned on the
+    prefix); the other G - k rows are plain rollouts. The guidance tokens
+    enter the loss (``g2rpo_a_train_guidance``; in the authors' code the
+    guidance is part of the completion and only padding is masked).
+
+    Guidance length ``l`` adapts to training reward (authors' code,
+    ``_compute_new_guidance_length``): the step's mean reward ``r_t`` (all
+    rows, guided included; ``g2rpo_a_reward`` names the reward function, ''
+    = combined scalar) is collected for ``T = g2rpo_a_window`` steps; at the
+    next step it is compared with their mean ``r_bar``::
+
+        r_t < r_bar:  l <- min(int(l * r_bar / r_t), g2rpo_a_max_length)   (worse: more guidance)
+        r_t > r_bar:  l <- max(int(l * r_bar / r_t), 1)                    (better: less guidance)
+
+    (no change if ``r_t`` or ``r_bar`` is 0 or they are equal), then the
+    history is cleared and a new window starts -- the authors' 3-step cycle
+    for T = 2. The new ``l`` applies from the next rollout. The number of
+    guided rows is fixed (the authors guide 2 of 12). ``l`` and the
+    history are checkpointed (``state_dict``).
+    """
+
+    def __init__(self, *, g2rpo_a_guided_rows: int = 1, g2rpo_a_initial_length: int = 8,
+                 g2rpo_a_max_length: int = 64, g2rpo_a_window: int = 2, g2rpo_a_reward: str = "",
+                 g2rpo_a_train_guidance: bool = True):
+        self.guided_rows = g2rpo_a_guided_rows
+        self.length = g2rpo_a_initial_length
+        self.max_length = g2rpo_a_max_length
+        self.window = g2rpo_a_window
+        self.reward = g2rpo_a_reward
+        self.train_guidance = g2rpo_a_train_guidance
+        self.history: list[float] = []
+
+    @staticmethod
+    def check_config(cfg) -> None:
+        if not 0 <= cfg.g2rpo_a_guided_rows < cfg.num_generations:
+            raise ConfigError(f"g2rpo_a_guided_rows: must be in [0, num_generations), got "
+                              f"{cfg.g2rpo_a_guided_rows} with num_generations={cfg.num_generations}")
+        for k in ("g2rpo_a_initial_length", "g2rpo_a_max_length", "g2rpo_a_window"):
+            if getattr(cfg, k) < 1:
+                raise ConfigError(f"{k}: must be >= 1, got {getattr(cfg, k)}")
+
+    def observe(self, r: float) -> int:
+        """Feed one step's mean reward; returns the guidance length for the next step."""
+        if len(self.history) < self.window:
+            self.history.append(float(r))
+            return self.length
+        r_bar = sum(self.history) / len(self.history)
+        if r > 0 and r_bar > 0 and r != r_bar:
+            scaled = int(self.length * r_bar / r)
+            self.length = min(scaled, self.max_length) if r < r_bar else max(scaled, 1)
+        self.history = []
+        return self.length
+
+    def __call__(self, ctx, rows, uids, group_offset, budgets=None, temperatures=None):
+        sizes = budgets if budgets is not None else [ctx.cfg.num_generations] * len(rows)
+        k = [min(self.guided_rows, max(g - 1, 0)) for g in sizes]
+        parts = []
+        if any(g - kk > 0 for g, kk in zip(sizes, k)):
+            keep = [i for i in range(len(rows)) if sizes[i] - k[i] > 0]
+            plain = ctx.generate([rows[i] for i in keep], [uids[i] for i in keep], group_offset=0,
+                                 num_generations=[sizes[i] - k[i] for i in keep] if budgets is not None
+                                 else ctx.cfg.num_generations - self.guided_rows,
+                                 temperature=[temperatures[i] for i in keep] if temperatures is not None else None)
+            plain.group_ids = torch.tensor([group_offset + keep[int(g)] for g in plain.group_ids])
+            parts.append(plain)
+        src = [i for i in range(len(rows)) for _ in range(k[i])]
+        if src:
+            tok = ctx.tokenizer
+            template = ctx.cfg.injection_reference_template
+            heads = [[Segment(text_ids(tok, reference_text(rows[i], template))[:self.length], INJECTED,
+                              self.train_guidance)] for i in src]
+            parts.append(compose_rows(ctx, [rows[i] for i in src], [uids[i] for i in src],
+                                      [group_offset + i for i in src], heads))
+        batch = by_group(RolloutBatch.concat(parts, pad_id=ctx.tokenizer.pad_token_id))
+        scalar = ctx.score(batch)
+        if self.reward:
+            if self.reward not in batch.reward_names:
+                raise ConfigError(f"g2rpo_a_reward: no reward function '{self.reward}' (have: "
+                                  f"{', '.join(batch.reward_names)})")
+            signal = batch.rewards[:, batch.reward_names.index(self.reward)]
+        else:
+            signal = scalar
+        if (~signal.isnan()).any():
+            self.observe(float(torch.nanmean(signal)))
+        return batch
+
+    def state_dict(self) -> dict:
+        return {"length": self.length, "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.length = int(state["length"])
+        self.history = [float(x) for x in state["history"]]
+
+
+# ------------------------------------------------------------- EditGRPO (004-11)
+_SENTENCE = re.compile(r"[^.!?\n]*(?:[.!?\n]+|$)")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text`` with their terminators; they concatenate back to ``text``."""
+    return [s for s in _SENTENCE.findall(text) if s]
+
+
+def edit_point(attempt: str, reference: str) -> tuple[str, str]:
+    """(kept attempt text, corrected remainder) for a sentence-level edit.
+
+    Sentence i of the attempt is right if it equals sentence i of the reference
+    (whitespace-insensitive); the attempt is kept up to its first wrong
+    sentence, which and everything after it is replaced by the reference's
+    sentences from the same position on.
+    """
+    a, r = split_sentences(attempt), split_sentences(reference)
+    n = 0
+    while n < min(len(a), len(r)) and a[n].split() == r[n].split():
+        n += 1
+    return "".join(a[:n]), "".join(r[n:])
+
+
+def _kept_tokens(tok, ids: list[int], kept_text: str) -> int:
+    """Fewest leading tokens of ``ids`` whose decoded text covers ``kept_text``."""
+    if not kept_text:
+        return 0
+    for k in range(1, len(ids) + 1):
+        if len(tok.decode(ids[:k], skip_special_tokens=True)) >= len(kept_text):
+            return k
+    return len(ids)
+
+
+def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+             editgrpo_success_threshold: float = 1.0, editgrpo_edit_fraction: float = 0.5,
+             editgrpo_train_edits: bool = True):
+    """EditGRPO post-rollout sentence-level edits (Zhang et al., 2025, arXiv:2509.22812,
+    github.com/taokz/EditGRPO; seed 004-11).
+
+    Mixed-policy rollouts: G completions are sampled and scored; in each
+    group ``ceil(editgrpo_edit_fraction * #failed)`` failed rollouts (scalar
+    reward < ``editgrpo_success_threshold``, drawn at random) are edited
+    against the reference (``injection_reference_template``): the rollout
+    is split into sentences (terminators ``. ! ? newline``) and kept up to
+    its first sentence that differs from the reference's sentence at the same
+    position (:func:`edit_point`); that sentence and the rest are replaced by
+    the reference's remaining sentences + EOS. Kept tokens stay SAMPLED with
+    their original behaviour log-probs; corrected tokens are INJECTED with
+    teacher-forced log-probs ("recompute the log-probabilities on the edited
+    sequence"), and enter the loss (``editgrpo_train_edits``). Edited rows are
+    re-scored.
+
+    Choices: the paper edits radiology reports with NER-driven minimal
+    sentence operations and a similarity threshold; for verifiable tasks
+    without a sentence judge we use positional sentence agreement with the
+    reference as "first wrong sentence", and edit half of the failed rollouts
+    (the authors' "half" setting) so groups keep on-policy failures as
+    contrast.
+    """
+    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+    fail = failed_rows(scalar, editgrpo_success_threshold)
+    idx = []
+    for g in torch.unique(batch.group_ids):
+        members = [int(i) for i in (batch.group_ids == g).nonzero().squeeze(-1) if fail[int(i)]]
+        idx += _pick(members, editgrpo_edit_fraction, ctx.generator)
+    if not idx:
+        return batch
+    tok = ctx.tokenizer
+    eos = eos_token_ids(tok, ctx.policy)
+    template = ctx.cfg.injection_reference_template
+    data = _column_rows(batch, idx)
+    heads = []
+    for i, row in zip(idx, data):
+        head = sampled_head(batch, i, eos)
+        kept, fix = edit_point(tok.decode(head.ids, skip_special_tokens=True), reference_text(row, template))
+        k = _kept_tokens(tok, head.ids, kept)
+        heads.append([Segment(head.ids[:k], SAMPLED, True, head.logprobs[:k]),
+                      Segment(text_ids(tok, fix) + [tok.eos_token_id], INJECTED, editgrpo_train_edits)])
+    new = compose_rows(ctx, data, batch.prompt_uids[idx].tolist(), batch.group_ids[idx].tolist(), heads,
+                       continue_=False)
+    ctx.score(new)
+    return replace_rows(batch, idx, new, tok.pad_token_id)
+
+
+editgrpo.check_config = lambda cfg: _check_fraction(cfg, "editgrpo_edit_fraction")
+ROLLOUT_STRATEGIES.register("editgrpo")(editgrpo)
+
+
+# ----------------------------------------------------------- ThinkTuning (004-13)
+CRITIQUE = ("Problem: {question}\nStudent attempt: {attempt}\n{reference}"
+            "The attempt is wrong. Give short corrective feedback that points the student in the right direction.")
+
+
+@ROLLOUT_STRATEGIES.register("thinktuning")
+class ThinkTuning:
+    """ThinkTuning teacher-guided rollouts (RRV et al., 2025, arXiv:2508.07616,
+    github.com/3rdAT/ThinkTuning; seed 004-13).
+
+    G completions are sampled and scored. In each group
+    ``ceil(thinktuning_fraction * #failed)`` failed rollouts (scalar reward
+    < ``thinktuning_success_threshold``) get teacher feedback: the teacher
+    generates up to ``thinktuning_feedback_tokens`` tokens from a critique
+    prompt (:data:`CRITIQUE`: the question, the student's attempt and, with
+    ``thinktuning_use_reference``, the reference answer). The guided row is
+
+        student attempt (SAMPLED, kept, <= max_completion_length // 2 tokens)
+        + "\\n" feedback "\\n" (INJECTED, not in the loss)
+        + continuation sampled by the student from all of the above (SAMPLED)
+
+    and is re-scored. Feedback tokens get teacher-forced behaviour log-probs
+    (under the student) but are masked out of the loss: the student learns
+    from how it continues after feedback, not to imitate the teacher.
+
+    ``thinktuning_teacher``: ``"self"`` = the current behaviour policy (the
+    paper's same-size teacher; no extra memory and a resumed run behaves
+    exactly like an uninterrupted one), ``"frozen"`` = a copy of the policy
+    deep-copied once at first use (after a resume, the copy is taken from
+    the resumed policy), or a local model folder loaded with
+    :func:`grpolab.model.loading.load_policy` (its own tokenizer; the feedback
+    text is re-tokenized with the student's tokenizer). Choices: the attempt
+    is cut to half the completion budget so feedback and continuation fit.
+    """
+
+    def __init__(self, *, thinktuning_teacher: str = "self", thinktuning_success_threshold: float = 1.0,
+                 thinktuning_fraction: float = 0.5, thinktuning_feedback_tokens: int = 16,
+                 thinktuning_use_reference: bool = True, injection_reference_template: str = "Answer: {solution}"):
+        self.teacher_spec = thinktuning_teacher
+        self.threshold = thinktuning_success_threshold
+        self.fraction = thinktuning_fraction
+        self.feedback_tokens = thinktuning_feedback_tokens
+        self.use_reference = thinktuning_use_reference
+        self.template = injection_reference_template
+        self._teacher = None  # (model, tokenizer) once loaded, for "frozen" / a folder
+
+    @staticmethod
+    def check_config(cfg) -> None:
+        _check_fraction(cfg, "thinktuning_fraction")
+        if cfg.thinktuning_feedback_tokens < 1:
+            raise ConfigError(f"thinktuning_feedback_tokens: must be >= 1, got {cfg.thinktuning_feedback_tokens}")
+        t = cfg.thinktuning_teacher
+        if t not in ("self", "frozen") and not (Path(t) / "config.json").exists():
+            raise ConfigError(f"thinktuning_teacher: '{t}' is not 'self', 'frozen' or a local model folder "
+                              f"with config.json")
+
+    def teacher(self, ctx):
+        if self.teacher_spec == "self":
+            return ctx.policy, ctx.tokenizer
+        if self._teacher is None:
+            if self.teacher_spec == "frozen":
+                self._teacher = (copy.deepcopy(ctx.policy).eval().requires_grad_(False), ctx.tokenizer)
+            else:
+                from ..model.loading import load_policy
+                model, tok = load_policy(self.teacher_spec, log=ctx.log)
+                self._teacher = (model.requires_grad_(False), tok)
+        return self._teacher
+
+    def critique(self, row: dict, attempt: str) -> str:
+        question = row.get("question")
+        if question is None:
+            p = row["prompt"]
+            question = p if isinstance(p, str) else p[-1]["content"]
+        ref = f"Reference answer: {reference_text(row, self.template)}\n" if self.use_reference else ""
+        return CRITIQUE.format(question=question, attempt=attempt, reference=ref)
+
+    @torch.no_grad()
+    def feedback(self, ctx, critiques: list[str]) -> list[str]:
+        model, tok = self.teacher(ctx)
+        texts = [render_prompt(tok, [{"role": "user", "content": c}]) for c in critiques]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        out = sample_completions(model, enc["input_ids"], enc["attention_mask"], num_samples=1,
+                                 max_new_tokens=self.feedback_tokens, eos_ids=eos_token_ids(tok, model),
+                                 pad_id=tok.pad_token_id, temperature=ctx.cfg.temperature, top_k=ctx.cfg.top_k,
+                                 top_p=ctx.cfg.top_p, generator=ctx.generator)
+        present = torch.arange(out.completion_ids.shape[1])[None, :] < out.lengths[:, None]
+        ids = torch.where(present, out.completion_ids, torch.full_like(out.completion_ids, tok.pad_token_id))
+        return [t.strip() for t in tok.batch_decode(ids, skip_special_tokens=True)]
+
+    def __call__(self, ctx, rows, uids, group_offset, budgets=None, temperatures=None):
+        batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+        fail = failed_rows(scalar, self.threshold)
+        idx = []
+        for g in torch.unique(batch.group_ids):
+            members = [int(i) for i in (batch.group_ids == g).nonzero().squeeze(-1) if fail[int(i)]]
+            idx += _pick(members, self.fraction, ctx.generator)
+        if not idx:
+            return batch
+        tok = ctx.tokenizer
+        eos = eos_token_ids(tok, ctx.policy)
+        data = _column_rows(batch, idx)
+        attempts = [sampled_head(batch, i, eos, ctx.cfg.max_completion_length // 2) for i in idx]
+        notes = self.feedback(ctx, [self.critique(r, tok.decode(a.ids, skip_special_tokens=True))
+                                    for r, a in zip(data, attempts)])
+        heads = [[a, Segment(text_ids(tok, f"\n{note}\n"), INJECTED, False)] for a, note in zip(attempts, notes)]
+        new = compose_rows(ctx, data, batch.prompt_uids[idx].tolist(), batch.group_ids[idx].tolist(), heads)
+        ctx.score(new)
+        return replace_rows(batch, idx, new, tok.pad_token_id)
+
+
+# ------------------------------------------ EDGE-GRPO guided error correction (000-25)
+EDGE_REFLECTION = " Wait! Something is wrong here."
+EDGE_ANSWER = "\nWait! Something is wrong here. After verification, the correct answer is:\n{reference}"
+
+
+def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+                    edge_gec_success_threshold: float = 1.0, edge_gec_only_all_failed: bool = False,
+                    edge_gec_train_injected: bool = True):
+    """EDGE-GRPO Guided Error Correction (Zhang, Wen, Wu and Huang, 2025, arXiv:2507.21848,
+    github.com/ZhangXJ199/EDGE-GRPO; seed 000-25).
+
+    G completions are sampled and scored; every failed rollout (scalar reward
+    < ``edge_gec_success_threshold``; with ``edge_gec_only_all_failed`` only
+    those in groups where all failed) is corrected by one of three rules,
+    drawn as in the authors' trainer (``GEC``): with probability 1/2
+
+    * reflection: attempt + ``" Wait! Something is wrong here."`` (INJECTED),
+      then the policy continues (SAMPLED);
+
+    otherwise, with probability 1/2 each,
+
+    * answer: attempt + ``"\\nWait! Something is wrong here. After
+      verification, the correct answer is:\\n<reference>"`` + EOS (INJECTED);
+    * solution: the whole completion is replaced by the reference + EOS (INJECTED).
+
+    ``<reference>`` is ``injection_reference_template`` (the authors use
+    ``\\boxed{answer}``; ours is what the task's reward accepts). Corrected
+    rows are re-scored. Injected tokens enter the loss
+    (``edge_gec_train_injected``; the authors train on the whole edited
+    completion). The kept attempt is cut to half of ``max_completion_length``
+    so the correction fits (the authors add up to 256 tokens beyond the
+    original completion; our completions must stay within the budget).
+    Combine with the ``edge_entropy_driven`` weighting for the full method
+    (recipe ``edge_grpo_correction``).
+    """
+    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+    fail = failed_rows(scalar, edge_gec_success_threshold)
+    if edge_gec_only_all_failed:
+        groups = set(all_failed_groups(scalar, batch.group_ids, edge_gec_success_threshold))
+        fail = fail & torch.tensor([int(g) in groups for g in batch.group_ids], dtype=torch.bool)
+    idx = fail.nonzero().squeeze(-1).tolist()
+    if not idx:
+        return batch
+    tok = ctx.tokenizer
+    eos = eos_token_ids(tok, ctx.policy)
+    template = ctx.cfg.injection_reference_template
+    train = edge_gec_train_injected
+    data = _column_rows(batch, idx)
+    draws = torch.rand(len(idx), 2, generator=ctx.generator)
+    heads, cont = [], []
+    for j, (i, row) in enumerate(zip(idx, data)):
+        attempt = sampled_head(batch, i, eos, ctx.cfg.max_completion_length // 2)
+        ref = reference_text(row, template)
+        if draws[j, 0] < 0.5:
+            heads.append([attempt, Segment(text_ids(tok, EDGE_REFLECTION), INJECTED, train)])
+            cont.append(True)
+        elif draws[j, 1] < 0.5:
+            heads.append([attempt, Segment(text_ids(tok, EDGE_ANSWER.format(reference=ref)) + [tok.eos_token_id],
+                                           INJECTED, train)])
+            cont.append(False)
+        else:
+            heads.append([Segment(text_ids(tok, ref) + [tok.eos_token_id], INJECTED, train)])
+            cont.append(False)
+    new = compose_rows(ctx, data, batch.prompt_uids[idx].tolist(), batch.group_ids[idx].tolist(), heads,
+                       continue_=cont)
+    ctx.score(new)
+    return replace_rows(batch, idx, new, tok.pad_token_id)
+
+
+ROLLOUT_STRATEGIES.register("edge_correction")(edge_correction)

@@ -1,10 +1,19 @@
 """A small batched sampler with a shared-prompt KV cache.
 
 Each prompt is pre-filled once; its KV cache is then fanned out to its ``G``
-completions (``batch_repeat_interleave``). Rows that have finished are dropped
-from the cache, so they stop costing compute. The behaviour log-prob
+completions (``batch_repeat_interleave``; with ragged groups, one count per
+prompt, ``batch_select_indices`` with the repeat index). Rows that have finished
+are dropped from the cache, so they stop costing compute. The behaviour log-prob
 ``log softmax(logits / temperature)[token]`` of every sampled token is recorded
 as it is drawn, so no second forward pass is needed to get it.
+
+Per-prompt temperatures: each row's behaviour log-prob is recorded under *its
+own* sampling temperature (the distribution the token was really drawn from).
+The training forward scales logits by ``cfg.temperature``, so for a row sampled
+at another temperature the importance ratio ``pi_theta(.; T_train) /
+pi_old(.; T_row)`` is not 1 even before the first update: it is the
+importance weight that corrects for sampling from the tempered policy (and is
+clipped like any off-policy ratio). See ``sampling/budgets.py`` (ERPO).
 """
 from __future__ import annotations
 
@@ -15,38 +24,70 @@ import torch
 
 @dataclass
 class SampleOutput:
-    completion_ids: torch.Tensor   # long [N*G, T], padded with pad_id
-    logprobs: torch.Tensor         # float [N*G, T], 0 on padding
-    lengths: torch.Tensor          # long [N*G], tokens generated including EOS
-    truncated: torch.Tensor        # bool [N*G], no EOS within max_new_tokens
+    completion_ids: torch.Tensor   # long [R, T], padded with pad_id (R = N*G, or sum of the counts)
+    logprobs: torch.Tensor         # float [R, T], 0 on padding
+    lengths: torch.Tensor          # long [R], tokens generated including EOS
+    truncated: torch.Tensor        # bool [R], no EOS within max_new_tokens
+
+
+def per_prompt(value, n: int, name: str) -> list:
+    """``value`` as a list with one entry per prompt (a scalar is repeated)."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name}: {len(value)} values for {n} prompts")
+        return list(value)
+    return [value] * n
+
+
+def completion_counts(num_samples, n: int) -> list[int]:
+    """Completions per prompt (int or one per prompt), each checked ``>= 1``."""
+    counts = [int(c) for c in per_prompt(num_samples, n, "num_samples")]
+    if any(c < 1 for c in counts):
+        raise ValueError(f"num_samples: every prompt needs at least one completion, got {counts}")
+    return counts
 
 
 @torch.no_grad()
-def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *, num_samples: int,
-                       max_new_tokens: int, eos_ids: list[int], pad_id: int, temperature: float = 1.0,
-                       top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None
-                       ) -> SampleOutput:
+def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+                       num_samples: int | list[int], max_new_tokens: int, eos_ids: list[int], pad_id: int,
+                       temperature: float | list[float] = 1.0, top_k: int = 0, top_p: float = 1.0,
+                       generator: torch.Generator | None = None) -> SampleOutput:
     """Sample ``num_samples`` completions for each left-padded prompt row.
 
-    ``temperature == 0`` is greedy decoding (log-probs are then those of the
-    untempered distribution). Rows of the output are grouped prompt-major:
-    rows ``i*G .. i*G+G-1`` belong to prompt ``i``.
+    ``num_samples`` is one count for all prompts or a list with one count per
+    prompt (ragged groups, each ``>= 1``); ``temperature`` likewise (a list
+    gives every completion its prompt's temperature). ``temperature == 0`` is
+    greedy decoding (log-probs are then those of the untempered distribution).
+    Rows of the output are grouped prompt-major: prompt ``i``'s rows follow
+    prompt ``i-1``'s (rows ``i*G .. i*G+G-1`` when the count is one int).
     """
     from transformers import DynamicCache
 
-    n, G = prompt_ids.shape[0], num_samples
+    n = prompt_ids.shape[0]
+    counts = completion_counts(num_samples, n)
     cache = DynamicCache()
     ckw = _cache_kwarg(model)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
                 use_cache=True, logits_to_keep=1, **{ckw: cache})
     logits = out.logits[:, -1, :].float()
-    if G > 1:
-        cache.batch_repeat_interleave(G)
-        logits = logits.repeat_interleave(G, dim=0)
-    attn = prompt_mask.repeat_interleave(G, dim=0)
-    next_pos = pos[:, -1].repeat_interleave(G, dim=0) + 1
-    rows = n * G
+    if isinstance(num_samples, int):  # one G for every prompt: fan the cache out G times
+        G = num_samples
+        if G > 1:
+            cache.batch_repeat_interleave(G)
+            logits = logits.repeat_interleave(G, dim=0)
+        attn = prompt_mask.repeat_interleave(G, dim=0)
+        next_pos = pos[:, -1].repeat_interleave(G, dim=0) + 1
+    else:  # ragged groups: prompt i's cache entry is gathered counts[i] times
+        rep = torch.repeat_interleave(torch.arange(n), torch.tensor(counts, dtype=torch.long))
+        cache.batch_select_indices(rep)
+        logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
+    rows = sum(counts)
+    if isinstance(temperature, (list, tuple)):  # one temperature per prompt -> one per row
+        temps = torch.tensor([float(t) for t, c in zip(per_prompt(temperature, n, "temperature"), counts)
+                              for _ in range(c)], dtype=torch.float32)
+    else:
+        temps = None
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
     lps = torch.zeros((rows, max_new_tokens), dtype=torch.float32)
     lengths = torch.zeros(rows, dtype=torch.long)
@@ -54,7 +95,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     active = torch.arange(rows)  # row index of each cache entry
     eos = torch.tensor(eos_ids, dtype=torch.long)
     for t in range(max_new_tokens):
-        logp, tok = draw(logits, temperature, top_k, top_p, generator)
+        logp, tok = draw(logits, temperature if temps is None else temps[active], top_k, top_p, generator)
         tokens[active, t] = tok
         lps[active, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         lengths[active] = t + 1
@@ -78,14 +119,23 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
     return SampleOutput(tokens[:, :max(T, 1)], lps[:, :max(T, 1)], lengths, ~done)
 
 
-def draw(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0, top_p: float = 1.0,
          generator: torch.Generator | None = None):
     """One token per row. Returns ``(log softmax(logits / temperature), tokens)``.
 
-    ``temperature <= 0`` is greedy. Sampling uses the exponential race:
-    ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` picks ``i`` with probability
-    ``p_i`` (the same distribution as ``torch.multinomial``, faster on CPU).
+    ``temperature`` is one float or a tensor with one temperature per row;
+    ``temperature <= 0`` is greedy (for that row). Sampling uses the
+    exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` picks ``i``
+    with probability ``p_i`` (the same distribution as ``torch.multinomial``,
+    faster on CPU).
     """
+    if isinstance(temperature, torch.Tensor):
+        greedy = temperature <= 0
+        scale = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
+        logp = torch.log_softmax(logits / scale[:, None], dim=-1)
+        probs = _filter(logp, top_k, top_p).exp()
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        return logp, torch.where(greedy, logp.argmax(-1), (probs / race).argmax(-1))
     logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
     if temperature <= 0:
         return logp, logp.argmax(-1)

@@ -1,4 +1,4 @@
-"""``arithmetic``: integer addition and subtraction with a strict answer format.
+"""``arithmetic``: integer arithmetic with a strict answer format, one or several steps.
 
 The model is asked to answer as ``Answer: <number>``. Rewards:
 
@@ -11,6 +11,22 @@ The model is asked to answer as ``Answer: <number>``. Rewards:
 ``eval`` also reports ``lenient_accuracy`` (the last integer anywhere in the
 reply), so a gain from learning the format is told apart from a gain in
 arithmetic.
+
+Two tasks:
+
+* ``arithmetic`` (the default job): every ``a + b`` / ``a - b`` with operands
+  0..30, level 1. Its rows, their order and its rewards are those of the
+  measured default run (README); the rows also carry ``level`` (1),
+  ``solution`` (worked solution ``"a op b = v\\nAnswer: v"``) and ``hints``
+  (three strings, abstract to concrete).
+* ``arithmetic_multistep``: expressions of ``k`` operations (``k`` from the
+  config key ``arithmetic_levels``, default 2, 3, 4) over ``+ - *``; each step
+  of the worked solution is one line ``x op n = y`` (left to right, parentheses
+  first), the last line ``Answer: N``. Problems are distinct, drawn with
+  ``arithmetic_seed``; the first ``arithmetic_n_eval`` are held out.
+
+Columns: ``question``, ``answer``, ``level`` (number of operations),
+``solution``, ``hints``.
 """
 from __future__ import annotations
 
@@ -23,14 +39,56 @@ from .common import completion_text, last_int
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 FORMAT = re.compile(r"Answer:\s*-?\d+\s*\.?\s*$")  # the reply ends with the answer
 SYSTEM = "You are a helpful assistant that solves arithmetic problems."
+_APPLY = {"+": lambda x, n: x + n, "-": lambda x, n: x - n, "*": lambda x, n: x * n}
+
+
+def _prompt(question: str) -> list[dict]:
+    content = f"Compute {question}. Finish your reply with 'Answer:' followed by the number."
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+
+
+def _level1_hints(a: int, op: str, b: int) -> list[str]:
+    tens, ones = (b // 10) * 10, b % 10
+    verb = "add" if op == "+" else "subtract"
+    if tens:
+        middle = f"{verb.capitalize()} the tens of {b} first, then its ones."
+        concrete = f"{a} {op} {tens} = {_APPLY[op](a, tens)}, then {verb} {ones}."
+    elif b:
+        middle = f"Count {b} {'up' if op == '+' else 'down'} from {a}."
+        concrete = f"The first count is {a} {op} 1 = {_APPLY[op](a, 1)}."
+    else:
+        middle, concrete = f"You {verb} zero.", f"{verb.capitalize()}ing 0 leaves {a} unchanged."
+    return ["Work out the single operation carefully, digit by digit.", middle, concrete]
 
 
 def make_row(a: int, op: str, b: int) -> dict:
+    """One level-1 row (the default task's prompt, question and answer, plus solution and hints)."""
     value = a + b if op == "+" else a - b
     question = f"{a} {op} {b}"
-    content = f"Compute {question}. Finish your reply with 'Answer:' followed by the number."
-    return {"prompt": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}],
-            "question": question, "answer": str(value)}
+    return {"prompt": _prompt(question), "question": question, "answer": str(value), "level": 1,
+            "solution": f"{question} = {value}\nAnswer: {value}", "hints": _level1_hints(a, op, b)}
+
+
+def make_multistep(rng: random.Random, steps: int, max_operand: int = 30) -> dict:
+    """A ``steps``-operation problem; multiplication uses a factor 2..5 and parenthesises what precedes it."""
+    x = rng.randint(0, max_operand)
+    expr, lines, value = str(x), [], x
+    for _ in range(steps):
+        op = rng.choice("+-*")
+        n = rng.randint(2, 5) if op == "*" else rng.randint(0, max_operand)
+        new = _APPLY[op](value, n)
+        lines.append(f"{value} {op} {n} = {new}")
+        if op == "*" and not expr.isdigit():
+            expr = f"({expr}) * {n}"
+        else:
+            expr = f"{expr} {op} {n}"
+        value = new
+    first = lines[0].split(" = ")[0]
+    hints = ["Work left to right, one operation at a time (parentheses first).",
+             f"There are {steps} operations; start with {first}.",
+             f"The first step is {lines[0]}."]
+    return {"prompt": _prompt(expr), "question": expr, "answer": str(value), "level": steps,
+            "solution": "\n".join(lines + [f"Answer: {value}"]), "hints": hints}
 
 
 def accuracy(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
@@ -49,6 +107,9 @@ def lenient_accuracy(prompts=None, completions=None, answer=None, **kwargs) -> l
     return [1.0 if last_int(completion_text(c)) == int(a) else 0.0 for c, a in zip(completions, answer)]
 
 
+REWARDS = [("accuracy", accuracy, 1.0), ("format", format_reward, 0.5)]
+
+
 @TASKS.register("arithmetic")
 def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Task:
     """Every problem ``a op b`` with ``0 <= a, b <= max_operand``, shuffled by ``seed``;
@@ -56,8 +117,41 @@ def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Ta
     problems = [(a, op, b) for a in range(max_operand + 1) for b in range(max_operand + 1) for op in "+-"]
     random.Random(seed).shuffle(problems)
     rows = [make_row(*p) for p in problems]
-    return Task("arithmetic", rows[n_eval:], rows[:n_eval],
-                rewards=[("accuracy", accuracy, 1.0), ("format", format_reward, 0.5)],
-                accuracy_reward="accuracy",
+    return Task("arithmetic", rows[n_eval:], rows[:n_eval], rewards=list(REWARDS), accuracy_reward="accuracy",
                 description=f"a + b / a - b with operands 0..{max_operand}, strict 'Answer: N' format",
+                extra={"lenient_accuracy": lenient_accuracy})
+
+
+@TASKS.register("arithmetic_multistep")
+def arithmetic_multistep(*, arithmetic_levels: list = [2, 3, 4], arithmetic_max_operand: int = 30,  # noqa: B006
+                         arithmetic_n_train: int = 2000, arithmetic_n_eval: int = 200,
+                         arithmetic_seed: int = 1234) -> Task:
+    """``n_train + n_eval`` distinct problems, each of a level drawn uniformly from ``arithmetic_levels``
+    (level 1 = the default task's ``a +/- b``), drawn with ``arithmetic_seed``; the first
+    ``arithmetic_n_eval`` are held out. Same seed, same rows."""
+    levels = sorted({int(x) for x in arithmetic_levels})
+    if not levels or levels[0] < 1:
+        raise ValueError(f"arithmetic_levels: expected operation counts >= 1, got {arithmetic_levels}")
+    rng = random.Random(arithmetic_seed)
+    need = arithmetic_n_train + arithmetic_n_eval
+    rows, seen, tries = [], set(), 0
+    while len(rows) < need:
+        tries += 1
+        if tries > 50 * need:
+            raise ValueError(f"arithmetic_multistep: only {len(rows)} distinct problems for levels {levels} "
+                             f"and operands 0..{arithmetic_max_operand}; ask for fewer rows")
+        k = rng.choice(levels)
+        if k == 1:
+            row = make_row(rng.randint(0, arithmetic_max_operand), rng.choice("+-"),
+                           rng.randint(0, arithmetic_max_operand))
+        else:
+            row = make_multistep(rng, k, arithmetic_max_operand)
+        if row["question"] not in seen:
+            seen.add(row["question"])
+            rows.append(row)
+    n_eval = arithmetic_n_eval
+    return Task("arithmetic_multistep", rows[n_eval:], rows[:n_eval], rewards=list(REWARDS),
+                accuracy_reward="accuracy",
+                description=f"{'/'.join(map(str, levels))}-step + - * problems with worked solutions, "
+                            f"strict 'Answer: N' format",
                 extra={"lenient_accuracy": lenient_accuracy})

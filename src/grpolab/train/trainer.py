@@ -47,14 +47,14 @@ def setup_data(cfg: Config):
     """Train rows, eval rows, reward functions, accuracy reward name, extra eval rewards."""
     if cfg.data:
         rows = load_jsonl(cfg.data)
-        rewards = [parse_reward_spec(s) for s in cfg.reward]
+        rewards = [parse_reward_spec(s, cfg=cfg) for s in cfg.reward]
         for r in rewards:
             check_signature(r, columns_of(rows), source=f"--data {cfg.data}")
         return rows, rows[:cfg.eval_problems], rewards, None, {}
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, cfg=cfg)
     rewards = [RewardFn(n, f, w) for n, f, w in task.rewards]
     for spec in cfg.reward:  # extra user rewards on a built-in task
-        r = parse_reward_spec(spec)
+        r = parse_reward_spec(spec, cfg=cfg)
         check_signature(r, columns_of(task.train_rows), source=f"task {cfg.task}")
         rewards.append(r)
     return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra

@@ -1,0 +1,115 @@
+"""``rg:NAME``: any dataset of the reasoning-gym package as a grpolab task.
+
+``--task rg:chain_sum`` builds the train rows from
+``reasoning_gym.create_dataset(NAME, size=rg_train_size, seed=rg_seed)`` and the
+held-out rows from a second dataset with seed ``rg_seed + rg_train_size``.
+reasoning-gym draws item ``i`` from ``Random(seed + i)``, so the two splits
+use disjoint seed ranges (``seed + 1`` would repeat the train items shifted by
+one); held-out questions that still occur in the train split are dropped, so
+the splits never share a question. ``rg_config`` (a mapping, or a
+JSON object on the command line) passes extra dataset options, e.g.
+``{"min_terms": 2, "max_terms": 3}``.
+
+The prompt is the dataset's question followed by "Finish your reply with
+'Answer:' followed by the answer." Rewards:
+
+* ``rg_score`` (weight 1.0, the accuracy reward): the dataset's own
+  ``score_answer(extracted, entry)`` on the text after the last ``Answer:``
+  (up to the end of that line); 0.0 when there is no ``Answer:``.
+* ``format`` (weight 0.5): 1.0 if the reply ends with an ``Answer: ...`` line.
+
+Columns: ``question``, ``answer`` (the dataset's reference answer),
+``rg_entry`` (the dataset entry: question, answer, metadata; what
+``score_answer`` reads) and ``rg_split`` (``train`` / ``eval``).
+
+reasoning-gym is optional (``pip install 'grpolab[gym]'``); it is imported only
+when an ``rg:`` task is built.
+"""
+from __future__ import annotations
+
+import difflib
+import json
+import re
+
+from . import Task
+from .common import completion_text
+
+ANSWER_LINE = re.compile(r"Answer:[ \t]*([^\n]*)")
+FORMAT = re.compile(r"Answer:[ \t]*\S[^\n]*\s*$")
+INSTRUCTION = "Finish your reply with 'Answer:' followed by the answer."
+
+
+def _import_gym():
+    try:
+        import reasoning_gym
+    except ImportError:
+        raise ValueError("task 'rg:...' needs the optional package reasoning-gym: "
+                         "pip install 'grpolab[gym]'") from None
+    return reasoning_gym
+
+
+def gym_names() -> list[str]:
+    """Every dataset name reasoning-gym registers."""
+    from reasoning_gym.factory import DATASETS
+    return sorted(DATASETS)
+
+
+def extract_answer(text: str) -> str | None:
+    """What follows the last ``Answer:`` up to the end of its line (stripped); None if absent."""
+    found = ANSWER_LINE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def _options(rg_config) -> dict:
+    if rg_config in (None, ""):
+        return {}
+    if isinstance(rg_config, str):
+        try:
+            rg_config = json.loads(rg_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"rg_config: expected a JSON object, got {rg_config!r} ({e})") from None
+    if not isinstance(rg_config, dict):
+        raise ValueError(f"rg_config: expected a mapping of dataset options, got {rg_config!r}")
+    return dict(rg_config)
+
+
+def _row(entry: dict, split: str) -> dict:
+    content = f"{entry['question']}\n{INSTRUCTION}"
+    return {"prompt": [{"role": "user", "content": content}], "question": entry["question"],
+            "answer": str(entry["answer"]), "rg_entry": {"question": entry["question"], "answer": entry["answer"],
+                                                         "metadata": entry.get("metadata", {})},
+            "rg_split": split}
+
+
+def gym_task(name: str, *, rg_train_size: int = 1000, rg_eval_size: int = 200, rg_seed: int = 1234,
+             rg_config: dict | str | None = None) -> Task:
+    """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring)."""
+    rg = _import_gym()
+    names = gym_names()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=5, cutoff=0.5)
+        hint = f"; did you mean {', '.join('rg:' + c for c in close)}?" if close else ""
+        raise ValueError(f"task 'rg:{name}': reasoning-gym has no dataset '{name}'{hint} "
+                         f"({len(names)} datasets, e.g. {', '.join(names[:6])})")
+    opts = _options(rg_config)
+    datasets = {"train": rg.create_dataset(name, size=rg_train_size, seed=rg_seed, **opts),
+                "eval": rg.create_dataset(name, size=rg_eval_size, seed=rg_seed + rg_train_size, **opts)}
+    train = [_row(e, "train") for e in datasets["train"]]
+    seen = {r["question"] for r in train}
+    held = [_row(e, "eval") for e in datasets["eval"]]
+    held = [r for r in held if r["question"] not in seen]
+
+    def rg_score(prompts=None, completions=None, rg_entry=None, rg_split=None, **kwargs) -> list[float]:
+        out = []
+        for c, entry, split in zip(completions, rg_entry, rg_split):
+            pred = extract_answer(completion_text(c))
+            out.append(0.0 if pred is None else float(datasets[split].score_answer(pred, entry)))
+        return out
+
+    def format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
+        return [1.0 if FORMAT.search(completion_text(c)) else 0.0 for c in completions]
+
+    return Task(f"rg:{name}", train, held, rewards=[("rg_score", rg_score, 1.0), ("format", format_reward, 0.5)],
+                accuracy_reward="rg_score",
+                description=f"reasoning-gym '{name}' (seeds {rg_seed} / {rg_seed + rg_train_size}), "
+                            f"'Answer: ...' format")

@@ -1,0 +1,296 @@
+"""Rollout strategies that inject tokens into completions (rollout/injection.py)."""
+import math
+
+import pytest
+import torch
+
+from grpolab.batch import INJECTED, SAMPLED
+from grpolab.config import Config, ConfigError
+from grpolab.rollout import injection as inj
+from grpolab.rollout.strategies import ROLLOUT_STRATEGIES
+from grpolab.train.trainer import Trainer
+
+L = 24  # max_completion_length of the shared trainer
+
+
+@pytest.fixture(scope="module")
+def tr(tmp_path_factory):
+    """A tiny-model trainer on countdown; its RolloutContext is what strategies receive."""
+    args = {"model": "tiny", "task": "countdown", "steps": 1, "prompts_per_step": 3, "num_generations": 4,
+            "max_completion_length": L, "eval_before": False, "eval_after": False, "tensorboard": False,
+            "micro_batch_size": 16, "out": str(tmp_path_factory.mktemp("inj") / "run")}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    t.ctx.new_step()
+    return t
+
+
+def short_rows(tr, n=3):
+    """Rows whose reference completion ('Answer: <solution>' + EOS) fits in L tokens (char-level tokenizer)."""
+    idx = [i for i, r in enumerate(tr.rows) if len("Answer: " + r["solution"]) <= L - 2][:n]
+    return [tr.rows[i] for i in idx], idx
+
+
+def injected_rows(batch):
+    return (batch.token_origin == INJECTED).any(-1).nonzero().squeeze(-1).tolist()
+
+
+def assert_behaviour_logprobs_exact(tr, batch):
+    """Every token's behaviour log-prob is its log-prob under the behaviour policy in its context."""
+    forced = tr.ctx.logprobs(batch)
+    diff = ((batch.behavior_logprobs - forced) * batch.completion_attention_mask).abs().max()
+    assert diff < 1e-4, diff
+
+
+@pytest.fixture
+def plant_success(tr, monkeypatch):
+    """Make group 0 succeed: its first sampled row is replaced by the reference answer."""
+    orig = tr.ctx.generate
+
+    def generate(rows, uids, **kw):
+        b = orig(rows, uids, **kw)
+        first = int((b.group_ids == b.group_ids.min()).nonzero()[0])
+        good = inj.reference_rows(tr.ctx, [rows[0]], [uids[0]], [int(b.group_ids[first])], train=True)
+        return inj.replace_rows(b, [first], good, tr.tok.pad_token_id)
+
+    monkeypatch.setattr(tr.ctx, "generate", generate)
+
+
+# ----------------------------------------------------------------- shared helper
+def test_compose_rows_prefix_is_injected_and_continuation_conditions_on_it(tr):
+    rows, uids = short_rows(tr, 2)
+    pre = [inj.text_ids(tr.tok, "Answer: (")[:5], inj.text_ids(tr.tok, "Answer")]
+    heads = [[inj.Segment(p, INJECTED, train=False)] for p in pre]
+    b = inj.compose_rows(tr.ctx, rows, uids, [0, 1], heads)
+    assert b.completion_ids.shape[1] <= L
+    for i, p in enumerate(pre):
+        assert b.completion_ids[i, :len(p)].tolist() == p  # the tokenization of the prefix, as injected
+        assert (b.token_origin[i, :len(p)] == INJECTED).all()
+        assert (b.token_origin[i, len(p):] == SAMPLED).all()
+        assert (b.completion_mask[i, :len(p)] == 0).all()  # train=False: not in the loss ...
+        assert (b.completion_attention_mask[i, :len(p)] == 1).all()  # ... but attended to
+        n = int(b.completion_attention_mask[i].sum())
+        assert n > len(p) and (b.completion_mask[i, len(p):n] == 1).all()
+    # the prompt the loss conditions on is the original prompt
+    prompts, _ = inj.tokenize_prompts(tr.tok, [r["prompt"] for r in rows], tr.cfg.max_prompt_length)
+    assert torch.equal(b.prompt_ids, prompts)
+    assert_behaviour_logprobs_exact(tr, b)
+    # conditioning: without the prefix the same continuation has other log-probs
+    i, p = 0, pre[0]
+    n = int(b.completion_attention_mask[i].sum())
+    cont = inj.compose_rows(tr.ctx, rows[:1], uids[:1], [0],
+                            [[inj.Segment(b.completion_ids[i, len(p):n].tolist(), INJECTED, True)]],
+                            continue_=False)
+    m = n - len(p)
+    assert (cont.behavior_logprobs[0, :m] - b.behavior_logprobs[i, len(p):n]).abs().max() > 1e-3
+
+
+def test_reference_rows_eos_and_truncation(tr):
+    rows, uids = short_rows(tr, 1)
+    text = inj.reference_text(rows[0], tr.cfg.injection_reference_template)
+    assert text == "Answer: " + rows[0]["solution"]
+    ids = inj.text_ids(tr.tok, text)
+    b = inj.reference_rows(tr.ctx, rows, uids, [7], train=True)
+    n = len(ids) + 1  # + EOS
+    assert b.completion_ids[0, :n].tolist() == ids + [tr.tok.eos_token_id]
+    assert not b.truncated[0] and int(b.completion_attention_mask.sum()) == n
+    assert (b.token_origin[0, :n] == INJECTED).all() and (b.completion_mask[0, :n] == 1).all()
+    assert int(b.group_ids[0]) == 7 and int(b.prompt_uids[0]) == uids[0]
+    assert tr.ctx.score(b)[0] == 1.5  # accuracy 1 + 0.5 * format 1: the task's reward accepts it
+    assert_behaviour_logprobs_exact(tr, b)
+    tr.cfg.max_completion_length = 5
+    try:
+        cut = inj.reference_rows(tr.ctx, rows, uids, [0], train=False)
+    finally:
+        tr.cfg.max_completion_length = L
+    assert cut.completion_ids.shape[1] == 5 and cut.truncated[0]  # cut to the budget, flagged truncated
+    assert cut.completion_ids[0].tolist() == ids[:5] and cut.completion_mask.sum() == 0
+    with pytest.raises(ConfigError, match="solution"):
+        inj.reference_text({"answer": "3"}, "Answer: {solution}")
+
+
+def test_replace_rows_keeps_order():
+    from grpolab.batch import RolloutBatch
+
+    def mk(vals):
+        n = len(vals)
+        one = torch.ones(n, 1, dtype=torch.long)
+        return RolloutBatch(prompt_ids=one, prompt_mask=one,
+                            completion_ids=torch.tensor(vals)[:, None], completion_mask=torch.ones(n, 1),
+                            behavior_logprobs=torch.zeros(n, 1), group_ids=torch.zeros(n, dtype=torch.long),
+                            prompt_uids=torch.zeros(n, dtype=torch.long), truncated=torch.zeros(n, dtype=torch.bool))
+    out = inj.replace_rows(mk([10, 11, 12, 13]), [1, 3], mk([21, 23]), pad_id=0)
+    assert out.completion_ids[:, 0].tolist() == [10, 21, 12, 23]
+
+
+# ------------------------------------------------------------------------ GCPO
+def test_gcpo_reference_only_in_all_failed_groups(tr, plant_success):
+    rows, uids = short_rows(tr)
+    b = inj.gcpo_reference(tr.ctx, rows, uids, 0, gcpo_success_threshold=1.0)
+    scalar = tr.ctx.scalar(b)
+    assert b.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4  # replaced, not added
+    # group 0 had a success (the planted row 0): nothing injected besides it
+    assert injected_rows(b) == [0, 7, 11]  # the last row of each all-failed group
+    for g in (1, 2):
+        sel = b.group_ids == g
+        assert scalar[sel].std() > 0  # the reference makes the group non-zero-variance
+        assert scalar[sel][-1] == 1.5 and (scalar[sel][:-1] < 1.0).all()
+    assert_behaviour_logprobs_exact(tr, b)
+
+
+# ---------------------------------------------------------------- DaGRPO anchors
+def test_dagrpo_anchors_added_to_groups_without_positive(tr, plant_success):
+    rows, uids = short_rows(tr)
+    b = inj.dagrpo_anchors(tr.ctx, rows, uids, 0, dagrpo_success_threshold=1.0, dagrpo_num_anchors=2)
+    # group 0 keeps its G = 4 rows; groups 1 and 2 grow to 4 + 2 (contiguous)
+    assert b.group_ids.tolist() == [0] * 4 + [1] * 6 + [2] * 6
+    assert injected_rows(b) == [0, 8, 9, 14, 15]
+    scalar = tr.ctx.scalar(b)
+    assert (scalar[[8, 9, 14, 15]] == 1.5).all()
+    assert b.prompt_uids.tolist() == [uids[0]] * 4 + [uids[1]] * 6 + [uids[2]] * 6
+    assert_behaviour_logprobs_exact(tr, b)
+
+
+# ------------------------------------------------------------------------ G2RPO-A
+def test_g2rpo_a_adaptation_hand_computed():
+    c = inj.G2RPOAdaptiveGuidance(g2rpo_a_initial_length=8, g2rpo_a_max_length=64, g2rpo_a_window=2)
+    assert [c.observe(0.5), c.observe(0.3)] == [8, 8]  # collecting the window
+    assert c.observe(0.2) == 16  # r_bar = 0.4 > 0.2: worse -> int(8 * 0.4 / 0.2) = 16 (more guidance)
+    assert c.history == []  # a new window starts
+    assert [c.observe(0.6), c.observe(0.6)] == [16, 16]
+    assert c.observe(0.9) == 10  # r_bar = 0.6 < 0.9: better -> int(16 * 0.6 / 0.9) = int(10.67) = 10
+    c.observe(0.5), c.observe(0.5)
+    assert c.observe(0.5) == 10  # equal: unchanged
+    c.observe(0.4), c.observe(0.4)
+    assert c.observe(0.0) == 10  # zero reward: unchanged (the ratio is undefined)
+    capped = inj.G2RPOAdaptiveGuidance(g2rpo_a_initial_length=8, g2rpo_a_max_length=12, g2rpo_a_window=1)
+    capped.observe(0.5)
+    assert capped.observe(0.1) == 12  # int(8 * 5) = 40, capped at 12
+    floor = inj.G2RPOAdaptiveGuidance(g2rpo_a_initial_length=2, g2rpo_a_window=1)
+    floor.observe(0.1)
+    assert floor.observe(1.0) == 1  # int(2 * 0.1) = 0, floored at 1
+
+
+def test_g2rpo_a_restores_exactly():
+    seq = [0.2, 0.4, 0.1, 0.3, 0.3, 0.6, 0.2, 0.05, 0.5, 0.5, 0.25]
+    a = inj.G2RPOAdaptiveGuidance(g2rpo_a_initial_length=6, g2rpo_a_window=3)
+    for r in seq[:5]:
+        a.observe(r)
+    b = inj.G2RPOAdaptiveGuidance(g2rpo_a_initial_length=99, g2rpo_a_window=3)
+    b.load_state_dict(a.state_dict())
+    out_a = [a.observe(r) for r in seq[5:]]
+    assert out_a == [b.observe(r) for r in seq[5:]] and a.state_dict() == b.state_dict()
+    assert len(set(out_a)) > 1  # the continuation really adapts (not a constant)
+
+
+def test_g2rpo_a_rollout_prefix_guidance(tr):
+    rows, uids = short_rows(tr)
+    s = inj.G2RPOAdaptiveGuidance(g2rpo_a_guided_rows=2, g2rpo_a_initial_length=5, g2rpo_a_window=2)
+    b = s(tr.ctx, rows, uids, 3)
+    assert b.group_ids.tolist() == [3] * 4 + [4] * 4 + [5] * 4
+    guided = injected_rows(b)
+    assert len(guided) == 6
+    for i in guided:
+        g = int(b.group_ids[i]) - 3
+        ref = inj.text_ids(tr.tok, "Answer: " + rows[g]["solution"])[:5]
+        assert b.completion_ids[i, :5].tolist() == ref
+        assert (b.token_origin[i, :5] == INJECTED).all() and (b.token_origin[i, 5:] == SAMPLED).all()
+        assert (b.completion_mask[i, :5] == 1).all()  # guidance is trained on (authors' code)
+    assert b.rewards is not None and s.history and len(s.history) == 1  # scored itself, fed the controller
+    assert_behaviour_logprobs_exact(tr, b)  # continuation sampled conditioned on the guidance
+
+
+# ------------------------------------------------------------------------- EditGRPO
+def test_edit_point_hand_computed():
+    kept, fix = inj.edit_point("First step. Wrong step. Junk", "First step. Right step. Answer: 5")
+    assert (kept, fix) == ("First step.", " Right step. Answer: 5")
+    assert inj.edit_point("Junk", "Answer: 5") == ("", "Answer: 5")
+    assert inj.split_sentences("a. b!\nc") == ["a.", " b!\n", "c"]
+
+
+def test_editgrpo_edits_failed_rows(tr):
+    rows, uids = short_rows(tr)
+    b = inj.editgrpo(tr.ctx, rows, uids, 0, editgrpo_success_threshold=1.0, editgrpo_edit_fraction=0.5)
+    edited = injected_rows(b)
+    for g in range(3):  # tiny model: every sampled row fails, so ceil(0.5 * 4) = 2 edited per group
+        assert sum(int(b.group_ids[i]) == g for i in edited) == 2
+    for i in edited:
+        n = int(b.completion_attention_mask[i].sum())
+        assert int(b.completion_ids[i, n - 1]) == tr.tok.eos_token_id  # corrected text ends the row
+        assert tr.ctx.scalar(b.select([i]))[0] == 1.5  # the edited completion is correct
+    assert_behaviour_logprobs_exact(tr, b)
+
+
+# ----------------------------------------------------------------------- ThinkTuning
+def test_thinktuning_feedback_masked_and_student_continues(tr):
+    rows, uids = short_rows(tr)
+    s = inj.ThinkTuning(thinktuning_teacher="frozen", thinktuning_fraction=0.25, thinktuning_feedback_tokens=4)
+    b = s(tr.ctx, rows, uids, 0)
+    teacher = s.teacher(tr.ctx)[0]
+    assert teacher is not tr.model and s.teacher(tr.ctx)[0] is teacher  # copied once
+    guided = injected_rows(b)
+    assert sorted(int(b.group_ids[i]) for i in guided) == [0, 1, 2]  # ceil(0.25 * 4) = 1 per group
+    for i in guided:
+        o = b.token_origin[i][b.completion_attention_mask[i].bool()]
+        pos = (o == INJECTED).nonzero().squeeze(-1)
+        first, last = int(pos[0]), int(pos[-1])
+        assert (o[first:last + 1] == INJECTED).all()  # one block of feedback ...
+        assert (b.completion_mask[i, first:last + 1] == 0).all()  # ... left out of the loss
+        assert (o[:first] == SAMPLED).all() and first <= L // 2  # the attempt, capped at L // 2
+        assert (o[last + 1:] == SAMPLED).all()  # the student's continuation (maybe empty if budget spent)
+        assert int(b.completion_mask[i, last + 1:].sum()) == len(o) - last - 1
+    assert_behaviour_logprobs_exact(tr, b)
+    assert "Reference answer: Answer: " + rows[0]["solution"] in s.critique(rows[0], "xyz")
+
+
+# --------------------------------------------------------------------------- EDGE
+def test_edge_correction_only_failed(tr, plant_success):
+    rows, uids = short_rows(tr)
+    b = inj.edge_correction(tr.ctx, rows, uids, 0, edge_gec_success_threshold=1.0, edge_gec_only_all_failed=True)
+    fixed = injected_rows(b)
+    assert fixed[0] == 0 and all(i >= 4 for i in fixed[1:])  # group 0 had a success: only the planted row
+    assert len(fixed) == 9  # every (failed) row of groups 1 and 2
+    assert_behaviour_logprobs_exact(tr, b)
+    b = inj.edge_correction(tr.ctx, rows, uids, 0, edge_gec_success_threshold=1.0)
+    assert injected_rows(b) == list(range(12))  # now the failed rows of group 0 too
+
+
+# ------------------------------------------------------------------- end to end
+@pytest.mark.parametrize("strategy", ["gcpo_reference", "dagrpo_anchors", "g2rpo_a", "editgrpo", "thinktuning",
+                                      "edge_correction"])
+def test_trainer_runs_each_strategy(tiny_args, strategy):
+    args = {**tiny_args, "task": "countdown", "rollout_strategy": strategy, "steps": 1, "prompts_per_step": 2,
+            "max_completion_length": 16}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    seen = []
+    orig = t.rollout
+
+    def rollout(*a, **k):  # keep the batch and its log-probs under the behaviour policy of that moment
+        batch = orig(*a, **k)
+        seen.append((batch, t.ctx.logprobs(batch)))
+        return batch
+
+    t.rollout = rollout
+    metrics = t.train_step()
+    b, forced = seen[0]
+    assert strategy in ROLLOUT_STRATEGIES and b.rewards is not None
+    scalar = t.scalar_rewards(b)
+    rows = injected_rows(b)
+    assert rows  # the tiny model fails, so every strategy injects something
+    if strategy in ("gcpo_reference", "dagrpo_anchors"):  # injected only into groups with no success
+        for g in {int(b.group_ids[i]) for i in rows}:
+            sel = (b.group_ids == g) & ~(b.token_origin == INJECTED).any(-1)
+            assert (scalar[sel] < 1.0).all()
+    assert ((b.behavior_logprobs - forced) * b.completion_attention_mask).abs().max() < 1e-4
+    if strategy == "g2rpo_a":
+        state = t.components["rollout/g2rpo_a"].fn.state_dict()
+        assert state["history"] and state["length"] == 8
+    assert math.isfinite(metrics["loss"]) and metrics["skipped"] == 0
+
+
+def test_check_config_rejects_bad_settings(tiny_args):
+    with pytest.raises(ConfigError, match="g2rpo_a_guided_rows"):
+        Config.build({**tiny_args, "rollout_strategy": "g2rpo_a", "g2rpo_a_guided_rows": 4})
+    with pytest.raises(ConfigError, match="thinktuning_teacher"):
+        Config.build({**tiny_args, "rollout_strategy": "thinktuning", "thinktuning_teacher": "/nonexistent"})
+    with pytest.raises(ConfigError, match="editgrpo_edit_fraction"):
+        Config.build({**tiny_args, "rollout_strategy": "editgrpo", "editgrpo_edit_fraction": 1.5})
