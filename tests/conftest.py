@@ -15,3 +15,11 @@ def tiny_args(tmp_path):
     return {"model": "tiny", "task": "repeat", "steps": 4, "prompts_per_step": 4, "num_generations": 4,
             "max_completion_length": 6, "learning_rate": 3e-3, "eval_before": False, "eval_after": False,
             "tensorboard": False, "save_steps": 2, "micro_batch_size": 16, "out": str(tmp_path / "run")}
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """A test that runs with ``threads: 1`` (torch.set_num_threads is process-wide) must not change
+    the numerics of the tests after it."""
+    yield
+    torch.set_num_threads(2)
