@@ -47,8 +47,14 @@ def completion_counts(num_samples, n: int) -> list[int]:
     return counts
 
 
+def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kwargs) -> SampleOutput:
+    """See :func:`_sample_completions`; runs it with the decode-friendly linear layers."""
+    with small_batch_linears(model):
+        return _sample_completions(model, prompt_ids, prompt_mask, **kwargs)
+
+
 @torch.no_grad()
-def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                        num_samples: int | list[int], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                        temperature: float | list[float] = 1.0, top_k: int = 0, top_p: float = 1.0,
                        generator: torch.Generator | None = None) -> SampleOutput:
@@ -124,24 +130,74 @@ def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0
     """One token per row. Returns ``(log softmax(logits / temperature), tokens)``.
 
     ``temperature`` is one float or a tensor with one temperature per row;
-    ``temperature <= 0`` is greedy (for that row). Sampling uses the
-    exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` picks ``i``
-    with probability ``p_i`` (the same distribution as ``torch.multinomial``,
-    faster on CPU).
+    ``temperature <= 0`` is greedy (for that row). Sampling is by inverse CDF:
+    one uniform ``u`` per row, token = the first ``i`` whose cumulative
+    probability (float64) exceeds ``u`` times the total, which picks ``i``
+    with probability ``p_i`` (the distribution of ``torch.multinomial``) from
+    one random number per row; on CPU this is ~40x cheaper than drawing an
+    exponential or Gumbel variate for every vocabulary entry.
     """
     if isinstance(temperature, torch.Tensor):
         greedy = temperature <= 0
         scale = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
         logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-        probs = _filter(logp, top_k, top_p).exp()
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        return logp, torch.where(greedy, logp.argmax(-1), (probs / race).argmax(-1))
+        return logp, torch.where(greedy, logp.argmax(-1), _inverse_cdf(_filter(logp, top_k, top_p), generator))
     logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
     if temperature <= 0:
         return logp, logp.argmax(-1)
-    probs = _filter(logp, top_k, top_p).exp()
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return logp, (probs / race).argmax(-1)
+    return logp, _inverse_cdf(_filter(logp, top_k, top_p), generator)
+
+
+def _inverse_cdf(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row from ``softmax`` weights ``exp(logp)`` (rows need not be normalised)."""
+    cum = logp.exp().double().cumsum(-1)
+    u = torch.rand(logp.shape[0], 1, generator=generator, dtype=torch.float64) * cum[:, -1:]
+    return torch.searchsorted(cum, u, right=True).squeeze(-1).clamp(max=logp.shape[-1] - 1)
+
+
+class small_batch_linears:
+    """Context manager: ``nn.Linear`` layers of ``model`` compute ``(W @ x^T)^T`` for inputs of few rows.
+
+    During decoding every linear layer sees a handful of rows (one token per
+    sequence). For such shapes the CPU BLAS runs ``W @ x^T`` about twice as
+    fast as ``x @ W^T`` (measured on SmolLM2's LM head, 32 rows: 35 ms vs
+    64 ms; its MLP, 32 rows: 1.3x); the result is the same product
+    (summation order may differ in the last bits). Inputs with more than
+    ``max_rows`` rows (8x that for layers with >= 8192 outputs, i.e. LM heads,
+    where the gain holds to ~1000 rows), inputs that need gradients, and every
+    layer outside the ``with`` block use the standard path.
+    """
+
+    def __init__(self, model, max_rows: int = 128):
+        self.model, self.max_rows = model, max_rows
+        self.patched: list = []
+
+    def __enter__(self):
+        if next(self.model.parameters()).device.type != "cpu":
+            return self
+        for mod in self.model.modules():
+            if type(mod) is torch.nn.Linear:
+                mod.forward = _small_rows_forward(mod, self.max_rows)
+                self.patched.append(mod)
+        return self
+
+    def __exit__(self, *exc):
+        for mod in self.patched:
+            del mod.forward  # back to the class's forward
+        self.patched = []
+
+
+def _small_rows_forward(mod: torch.nn.Linear, max_rows: int):
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        limit = max_rows if mod.weight.shape[0] < 8192 else 8 * max_rows  # LM heads gain up to ~1000 rows
+        if rows > limit or x.requires_grad or mod.weight.requires_grad and torch.is_grad_enabled():
+            return torch.nn.functional.linear(x, mod.weight, mod.bias)
+        out = (mod.weight @ x.reshape(rows, x.shape[-1]).t()).t()
+        if mod.bias is not None:
+            out = out + mod.bias
+        return out.reshape(*x.shape[:-1], mod.weight.shape[0])
+    return forward
 
 
 def _cache_kwarg(model) -> str:
