@@ -9,7 +9,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test clean
+.PHONY: install install-dev train test bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,12 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# grpolab vs TRL GRPOTrainer on the same job, plus scaling and Prefix Grouper tables (about 30 min on
+# 2 cores); writes docs/benchmarks.md. Installs the bench extra (trl) first.
+bench: $(DEVSTAMP)
+	$(BIN)/pip install -q -e '.[bench]'
+	HF_HUB_OFFLINE=1 $(BIN)/grpolab bench speed --scaling --prefix-grouper --out docs/benchmarks.md $(ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -95,31 +95,41 @@ class PeakRSS:
         self._t.join()
 
 
-def matmul_flops_per_s(n: int = 1024, seconds: float = 2.0) -> float:
-    """This machine's float32 matrix-multiply rate (FLOP/s) with torch's current thread count."""
+def matmul_flops_per_s(seconds: float = 1.0) -> float:
+    """This machine's float32 matrix-multiply rate (FLOP/s) with torch's current thread count.
+
+    The best of the shapes a SmolLM2-sized training step runs (2048 tokens x 576 -> 1536, its transpose,
+    and 1024^3), so the compute floor is a floor: no step can run its FLOPs faster than this.
+    """
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    return 2 * n ** 3 * reps / (time.perf_counter() - t0)
+    best = 0.0
+    for m, k, n in ((2048, 576, 1536), (2048, 1536, 576), (1024, 1024, 1024)):
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        for _ in range(3):
+            a @ b
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t0))
+    return best
 
 
-def step_flops(n_params: int, prompt_tokens: int, prompts: int, gen_tokens: int) -> float:
+def step_flops(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:
     """Minimal FLOPs of one GRPO step (the compute floor's numerator).
 
-    Forward = 2 FLOPs per parameter per token, backward = 4. Generation: each
-    prompt pre-filled once + one forward per generated token. Training: each
-    prompt once + every completion token, forward and backward. Attention's
-    quadratic term is small at these lengths and left out (the floor is a
-    lower bound).
+    Forward = 2 FLOPs per parameter per token, backward = 4 more. The
+    transformer body sees each prompt once (shared prefix) and every
+    completion token; the LM head (``head_params`` = vocab x hidden) is
+    needed only where a completion token is predicted. Generation is one
+    forward of all of that, training one forward + backward. Attention's
+    quadratic term is small at these lengths and left out, so the floor is a
+    lower bound.
     """
     ctx = prompt_tokens * prompts
-    return 2 * n_params * (ctx + gen_tokens) + 6 * n_params * (ctx + gen_tokens)
+    per_pass = body_params * (ctx + gen_tokens) + head_params * gen_tokens
+    return 2 * per_pass + 6 * per_pass
 
 
 # ------------------------------------------------------------------- workers
@@ -141,6 +151,9 @@ def _run_grpolab(a) -> dict:
                         **dict(kv.split("=", 1) for kv in a.grpolab_set)})
     tr = Trainer(cfg, log=lambda *x: None)
     n_params = sum(p.numel() for p in tr.model.parameters())
+    head = tr.model.get_output_embeddings().weight.numel()
+    tied = tr.model.get_output_embeddings().weight is tr.model.get_input_embeddings().weight
+    body = n_params - (head if tied else head + tr.model.get_input_embeddings().weight.numel())
     times, tokens, prompt_len = [], [], 0
     with PeakRSS() as mem:
         for i in range(a.warmup + a.steps):
@@ -155,6 +168,7 @@ def _run_grpolab(a) -> dict:
                                      add_generation_prompt=True)
     return {"lib": "grpolab", "step_s": times, "gen_tokens": tokens, "peak_rss": mem.peak,
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
+            "body_params": body, "head_params": head,
             "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
             "threads": torch.get_num_threads()}
 
@@ -333,7 +347,7 @@ def speed(argv: list[str]) -> int:
     floor = None
     if g is not None:
         toks = summ["grpolab"]["tokens_per_step"]
-        floor = step_flops(g["n_params"], g["prompt_tokens"], a.prompts, toks) / rate
+        floor = step_flops(g["body_params"], g["head_params"], g["prompt_tokens"], a.prompts, toks) / rate
     scaling = _scaling(a) if a.scaling else None
     pg = prefix_grouper_timing(model=a.model) if a.prefix_grouper else None
     report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start)
@@ -348,11 +362,11 @@ def _scaling(a) -> dict:
     out = {"G": [], "length": []}
     for G in (2, 4, 8, 16):
         print(f"[bench] scaling: G={G} ...", file=sys.stderr, flush=True)
-        res = _spawn("grpolab", _pass_through(a, G=G, steps=2))
+        res = _spawn("grpolab", _pass_through(a, G=G, steps=1))
         out["G"].append((G, a.max_new, _summary([res])))
     for L in (32, 64, 128, 256):
         print(f"[bench] scaling: length={L} ...", file=sys.stderr, flush=True)
-        res = _spawn("grpolab", _pass_through(a, **{"max-new": L, "steps": 2}))
+        res = _spawn("grpolab", _pass_through(a, **{"max-new": L, "steps": 1}))
         out["length"].append((a.G, L, _summary([res])))
     return out
 

@@ -212,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--markdown", action="store_true", help="print the recipe table as markdown")
     c = sub.add_parser("config", help="print the default configuration (YAML) or the key reference")
     c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
+    sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
+                                 "(see `grpolab bench speed --help`)", add_help=False)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # its own argument parser (src/grpolab/bench.py)
+        from .bench import main as bench_main
+        return bench_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
     from .config import ConfigError
     from .data import DataError
