@@ -39,7 +39,7 @@ test: $(DEVSTAMP)
 # 2 cores); writes docs/benchmarks.md. Installs the bench extra (trl) first.
 bench: $(DEVSTAMP)
 	$(BIN)/pip install -q -e '.[bench]'
-	HF_HUB_OFFLINE=1 $(BIN)/grpolab bench speed --scaling --prefix-grouper --out docs/benchmarks.md $(ARGS)
+	HF_HUB_OFFLINE=1 $(BIN)/grpolab bench speed --scaling --prefix-grouper --engine-checks --out docs/benchmarks.md $(ARGS)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

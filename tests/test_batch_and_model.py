@@ -110,3 +110,16 @@ def test_draw_matches_the_distribution_and_filters():
     assert not bool((tok == 0).any())
     logp, tok = draw(logits[:2], 0.0)
     assert tok.tolist() == [2, 2] and torch.allclose(logp.exp().sum(-1), torch.ones(2))
+
+
+def test_inverse_cdf_sampler_matches_the_distribution():
+    """sampling_method inverse_cdf draws from the same distribution as the race (and respects top-k)."""
+    from grpolab.rollout.sampling import draw
+
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
+    g = torch.Generator().manual_seed(0)
+    _, tok = draw(logits, 1.0, generator=g, method="inverse_cdf")
+    freq = torch.bincount(tok, minlength=4).float() / len(tok)
+    assert torch.allclose(freq, torch.softmax(logits[0], -1), atol=0.01)
+    _, tok = draw(logits, 1.0, top_k=2, generator=g, method="inverse_cdf")
+    assert set(tok.tolist()) == {0, 1}

@@ -8,6 +8,8 @@ step time, generated tokens per second and peak resident memory, the ratios
 grpolab / TRL, and grpolab's step time over the compute floor (the step's
 FLOPs over this machine's measured matrix-multiply rate).
 
+grpolab samples with its faster exact sampler (``sampling_method:
+inverse_cdf``; the same distribution as TRL's ``torch.multinomial``).
 Identical settings on both sides: the same model weights (SmolLM2-135M-Instruct
 as float32 safetensors), the same prompts and reward, G completions per
 prompt, the same maximum completion length, temperature, learning rate,
@@ -29,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -68,31 +69,29 @@ def bench_reward(completions, topic=None, **kwargs) -> list[float]:
 
 # ------------------------------------------------------------------ measuring
 class PeakRSS:
-    """Peak resident memory of this process, sampled every 5 ms (and the kernel's high-water mark)."""
+    """Peak resident memory of this process: the kernel's high-water mark (``VmHWM``), read when the block ends.
+
+    Each measurement runs in a fresh process, so this is that library's peak
+    for the whole job (model load included). No sampling thread: nothing
+    competes with the measured work.
+    """
 
     def __init__(self):
         self.peak = 0
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
 
     @staticmethod
-    def current() -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _run(self):
-        while not self._stop.is_set():
-            self.peak = max(self.peak, self.current())
-            time.sleep(0.005)
+    def high_water_mark() -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
     def __enter__(self):
-        self.peak = self.current()
-        self._t.start()
         return self
 
     def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
+        self.peak = self.high_water_mark()
 
 
 def matmul_flops_per_s(seconds: float = 1.0) -> float:
@@ -148,6 +147,7 @@ def _run_grpolab(a) -> dict:
                         "learning_rate": a.lr, "micro_batch_size": a.micro_batch, "beta": 0.0,
                         "max_prompt_length": 1024, "eval_before": False, "eval_after": False,
                         "tensorboard": False, "out": str(tmp / "run"), "seed": a.seed, "threads": a.threads,
+                        "sampling_method": "inverse_cdf",
                         **dict(kv.split("=", 1) for kv in a.grpolab_set)})
     tr = Trainer(cfg, log=lambda *x: None)
     n_params = sum(p.numel() for p in tr.model.parameters())
@@ -235,7 +235,8 @@ def worker(argv: list[str]) -> int:
 # ------------------------------------------------------------------- driver
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpolab bench speed")
-    p.add_argument("--lib", default="both", choices=["both", "grpolab", "trl"])
+    p.add_argument("--lib", default="both", choices=["both", "grpolab", "trl", "none"],
+                   help="which libraries to time ('none': only the in-process checks below)")
     p.add_argument("--model", default="smollm2")
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--G", type=int, default=8)
@@ -251,6 +252,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scaling", action="store_true", help="also time grpolab for G in 2..16 and lengths 32..256")
     p.add_argument("--prefix-grouper", action="store_true", help="also time the shared-prefix training forward")
+    p.add_argument("--engine-checks", action="store_true",
+                   help="also measure the matmul rate per dtype and sampler-vs-training log-prob consistency")
     p.add_argument("--grpolab-set", nargs="*", default=[], help="extra grpolab config key=value")
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/benchmarks.md)")
     return p
@@ -286,7 +289,49 @@ def _summary(runs: list[dict]) -> dict:
             "peak_rss_mb": max(r["peak_rss"] for r in runs) / 2 ** 20}
 
 
-def prefix_grouper_timing(prompt_tokens: int = 256, completion_tokens: int = 32, G: int = 8, reps: int = 3,
+def dtype_matmul_rates(seconds: float = 0.5) -> dict:
+    """Matmul rate (GFLOP/s) per dtype at a SmolLM2 shape (256 x 576 by 576 x 1536): the dtype choice's evidence."""
+    import torch
+
+    out = {}
+    for dt in (torch.float32, torch.bfloat16, torch.float16):
+        a, b = torch.randn(256, 576).to(dt), torch.randn(576, 1536).to(dt)
+        for _ in range(3):
+            a @ b
+        reps, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            a @ b
+            reps += 1
+        out[str(dt).replace("torch.", "")] = 2 * 256 * 576 * 1536 * reps / (time.perf_counter() - t0) / 1e9
+    return out
+
+
+def logprob_consistency(model: str = "smollm2", prompts: int = 4, G: int = 8, max_new: int = 64) -> dict:
+    """Behaviour log-probs recorded while sampling vs the training forward on the same tokens.
+
+    Returns the mean and max absolute difference over all completion tokens,
+    and the mean |ratio - 1| it would put into the first optimiser pass.
+    """
+    import torch
+
+    from .model.loading import load_policy
+    from .model.logprobs import completion_logprobs
+    from .rollout.plain import plain_rollout
+
+    m, tok = load_policy(model, log=lambda *x: None)
+    rows = bench_prompts(prompts)
+    b = plain_rollout(m, tok, rows, list(range(prompts)), num_generations=G, max_completion_length=max_new,
+                      max_prompt_length=1024, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        lp = torch.cat([completion_logprobs(m, mb, 1.0)[0] * mb.completion_mask
+                        for mb in b.micro_batches(8, trim=False)])
+    mask = b.completion_mask > 0
+    d = (lp - b.behavior_logprobs)[mask].abs()
+    return {"tokens": int(mask.sum()), "mean_abs": float(d.mean()), "max_abs": float(d.max()),
+            "ratio_dev": float((torch.exp(lp - b.behavior_logprobs)[mask] - 1).abs().mean())}
+
+
+def prefix_grouper_timing(prompt_tokens: int = 256, completion_tokens: int = 32, G: int = 8, reps: int = 5,
                           model: str = "smollm2") -> dict:
     """Training forward + backward of one group: shared-prefix vs repeated-prompt (seconds, median of reps)."""
     import torch
@@ -321,7 +366,7 @@ def prefix_grouper_timing(prompt_tokens: int = 256, completion_tokens: int = 32,
 
 def speed(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
-    libs = ["grpolab", "trl"] if a.lib == "both" else [a.lib]
+    libs = {"both": ["grpolab", "trl"], "none": []}.get(a.lib, [a.lib])
     if "trl" in libs:
         try:
             import trl  # noqa: F401
@@ -350,7 +395,10 @@ def speed(argv: list[str]) -> int:
         floor = step_flops(g["body_params"], g["head_params"], g["prompt_tokens"], a.prompts, toks) / rate
     scaling = _scaling(a) if a.scaling else None
     pg = prefix_grouper_timing(model=a.model) if a.prefix_grouper else None
-    report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start)
+    checks = None
+    if a.engine_checks:
+        checks = {"dtypes": dtype_matmul_rates(), "consistency": logprob_consistency(a.model, a.prompts, a.G, a.max_new)}
+    report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start, checks)
     print(report)
     if a.out:
         Path(a.out).write_text(report)
@@ -371,22 +419,23 @@ def _scaling(a) -> dict:
     return out
 
 
-def render(a, argv, summ, rate, floor, scaling, pg, elapsed) -> str:
+def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None) -> str:
     cmd = "grpolab bench speed " + " ".join(argv)
     lines = ["# Benchmarks", "",
              "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
              f"    {cmd.strip()}", "",
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch threads {summ and next(iter(summ.values())) and (a.threads or 'all')}; "
+             f"torch threads {a.threads or 'all'}; "
              f"measured float32 matmul rate {rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
              f"{elapsed / 60:.1f} min.", "",
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
              f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
              f"one optimiser step per {a.prompts * a.G} completions), float32, beta 0, no vLLM, no gradient "
-             f"checkpointing. {a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
-             f"{a.rounds} alternating rounds per library (each run a fresh process).", "",
-             "| library | median step (s) | generated tokens / step | generated tokens / s | peak RSS (MB) |",
-             "|---|---|---|---|---|"]
+             f"checkpointing; grpolab samples with `sampling_method: inverse_cdf`. {a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
+             f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
+    if summ:
+        lines += ["| library | median step (s) | generated tokens / step | generated tokens / s | peak RSS (MB) |",
+                  "|---|---|---|---|---|"]
     for lib, s in summ.items():
         tps = f"{s['gen_tok_per_s']:.1f}" if s["gen_tok_per_s"] else "n/a"
         tks = f"{s['tokens_per_step']:.0f}" if s["tokens_per_step"] else "n/a"
@@ -406,11 +455,21 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed) -> str:
     if pg is not None:
         lines += ["## Prefix Grouper (shared-prefix training forward)", "",
                   "One group, 256-token prompt, G=8 completions of 32 tokens, forward + backward of the "
-                  "completion log-probs (median of 3 after a warm-up):", "",
+                  "completion log-probs (median of 5 after a warm-up):", "",
                   "| forward | seconds |", "|---|---|",
                   f"| repeated prompt (plain) | {pg['repeated']:.3f} |",
                   f"| shared prefix (grpolab default) | {pg['shared']:.3f} |",
                   f"| speed-up | **{pg['speedup']:.2f}x** |", ""]
+    if checks is not None:
+        d, c = checks["dtypes"], checks["consistency"]
+        lines += ["## Dtype and log-prob consistency", "",
+                  "Matrix-multiply rate at a SmolLM2 shape (256 x 576 by 576 x 1536), GFLOP/s:", "",
+                  "| " + " | ".join(d) + " |", "|" + "---|" * len(d),
+                  "| " + " | ".join(f"{v:.1f}" for v in d.values()) + " |", "",
+                  f"Behaviour log-probs recorded while sampling vs the training forward on the same "
+                  f"{c['tokens']} completion tokens ({a.prompts} prompts x G={a.G}, {a.max_new} new tokens): "
+                  f"mean |difference| {c['mean_abs']:.2e}, max {c['max_abs']:.2e}; mean |ratio - 1| at the first "
+                  f"optimiser pass {c['ratio_dev']:.2e}.", ""]
     if scaling is not None:
         lines += ["## Scaling (grpolab)", "", "| G | max new tokens | median step (s) | generated tokens / s |",
                   "|---|---|---|---|"]

@@ -84,7 +84,7 @@ class RolloutContext:
                              max_prompt_length=cfg.max_prompt_length,
                              temperature=cfg.temperature if temperature is None else temperature,
                              top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
-                             group_offset=group_offset)
+                             group_offset=group_offset, sampling_method=cfg.sampling_method)
 
     # ---------------------------------------------------------------- rewards
     def score(self, batch: RolloutBatch) -> torch.Tensor:

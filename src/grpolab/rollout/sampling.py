@@ -57,7 +57,7 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                        num_samples: int | list[int], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                        temperature: float | list[float] = 1.0, top_k: int = 0, top_p: float = 1.0,
-                       generator: torch.Generator | None = None) -> SampleOutput:
+                       generator: torch.Generator | None = None, method: str = "race") -> SampleOutput:
     """Sample ``num_samples`` completions for each left-padded prompt row.
 
     ``num_samples`` is one count for all prompts or a list with one count per
@@ -101,7 +101,7 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     active = torch.arange(rows)  # row index of each cache entry
     eos = torch.tensor(eos_ids, dtype=torch.long)
     for t in range(max_new_tokens):
-        logp, tok = draw(logits, temperature if temps is None else temps[active], top_k, top_p, generator)
+        logp, tok = draw(logits, temperature if temps is None else temps[active], top_k, top_p, generator, method)
         tokens[active, t] = tok
         lps[active, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         lengths[active] = t + 1
@@ -126,26 +126,36 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
 
 
 def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0, top_p: float = 1.0,
-         generator: torch.Generator | None = None):
+         generator: torch.Generator | None = None, method: str = "race"):
     """One token per row. Returns ``(log softmax(logits / temperature), tokens)``.
 
     ``temperature`` is one float or a tensor with one temperature per row;
-    ``temperature <= 0`` is greedy (for that row). Sampling is by inverse CDF:
-    one uniform ``u`` per row, token = the first ``i`` whose cumulative
-    probability (float64) exceeds ``u`` times the total, which picks ``i``
-    with probability ``p_i`` (the distribution of ``torch.multinomial``) from
-    one random number per row; on CPU this is ~40x cheaper than drawing an
-    exponential or Gumbel variate for every vocabulary entry.
+    ``temperature <= 0`` is greedy (for that row). Two exact samplers of the
+    same distribution (``method``, config key ``sampling_method``):
+
+    * ``race`` (default): the exponential race ``argmax_i p_i / E_i`` with
+      ``E_i ~ Exp(1)`` picks ``i`` with probability ``p_i``; one variate per
+      vocabulary entry (about 45 ms per decode step at 32 rows x 49,152 tokens on
+      2 cores). The default job's measured results (README) use this stream.
+    * ``inverse_cdf``: one uniform per row against the float64 cumulative sum:
+      about 1 ms per step, a different random stream for the same seed.
     """
+    pick = _race if method == "race" else _inverse_cdf
     if isinstance(temperature, torch.Tensor):
         greedy = temperature <= 0
         scale = torch.where(greedy, torch.ones_like(temperature), temperature).to(logits.dtype)
         logp = torch.log_softmax(logits / scale[:, None], dim=-1)
-        return logp, torch.where(greedy, logp.argmax(-1), _inverse_cdf(_filter(logp, top_k, top_p), generator))
+        return logp, torch.where(greedy, logp.argmax(-1), pick(_filter(logp, top_k, top_p), generator))
     logp = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)
     if temperature <= 0:
         return logp, logp.argmax(-1)
-    return logp, _inverse_cdf(_filter(logp, top_k, top_p), generator)
+    return logp, pick(_filter(logp, top_k, top_p), generator)
+
+
+def _race(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """``argmax_i p_i / E_i``, ``E_i ~ Exp(1)``: one sample per row with probability ``p_i``."""
+    probs = logp.exp()
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
 def _inverse_cdf(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
