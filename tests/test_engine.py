@@ -103,3 +103,15 @@ def test_fused_selected_logprob_matches_autograd():
         ref_ent = -(ref.exp() * ref).sum(-1)
         assert torch.allclose(lp, ref_lp, atol=1e-6) and torch.allclose(ent, ref_ent.detach(), atol=1e-6)
         assert torch.allclose(a.grad, b.grad, atol=1e-6)
+
+
+def test_reference_logprobs_with_ragged_micro_batches(tiny_args):
+    """beta > 0 with micro-batches of different completion widths (regression: the per-micro-batch
+    trim made the reference log-probs impossible to concatenate)."""
+    tr = _trainer(tiny_args, beta=0.1, micro_batch_size=3, temperature=1.5)
+    b = _batch(tr)
+    tr.reference_logprobs(b)
+    assert b.ref_logprobs.shape == b.completion_ids.shape
+    # the reference is the initial policy: before any update its log-probs are the policy's own
+    own = tr.ctx.logprobs(b, model=tr.model)
+    assert torch.allclose(b.ref_logprobs, own, atol=1e-5)

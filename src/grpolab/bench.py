@@ -100,19 +100,22 @@ def matmul_flops_per_s(seconds: float = 1.0) -> float:
     The best of the shapes a SmolLM2-sized training step runs (2048 tokens x 576 -> 1536, its transpose,
     and 1024^3), so the compute floor is a floor: no step can run its FLOPs faster than this.
     """
+    return max(_matmul_rate(m, k, n, seconds=seconds) for m, k, n in ((2048, 576, 1536), (2048, 1536, 576),
+                                                                      (1024, 1024, 1024)))
+
+
+def _matmul_rate(m: int, k: int, n: int, dtype=None, seconds: float = 1.0) -> float:
+    """FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (float32 by default): 3 warm-ups, then as many as fit in ``seconds``."""
     import torch
 
-    best = 0.0
-    for m, k, n in ((2048, 576, 1536), (2048, 1536, 576), (1024, 1024, 1024)):
-        a, b = torch.randn(m, k), torch.randn(k, n)
-        for _ in range(3):
-            a @ b
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            a @ b
-            reps += 1
-        best = max(best, 2 * m * k * n * reps / (time.perf_counter() - t0))
-    return best
+    a, b = torch.randn(m, k).to(dtype or torch.float32), torch.randn(k, n).to(dtype or torch.float32)
+    for _ in range(3):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * m * k * n * reps / (time.perf_counter() - t0)
 
 
 def step_flops(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:
@@ -154,7 +157,7 @@ def _run_grpolab(a) -> dict:
     head = tr.model.get_output_embeddings().weight.numel()
     tied = tr.model.get_output_embeddings().weight is tr.model.get_input_embeddings().weight
     body = n_params - (head if tied else head + tr.model.get_input_embeddings().weight.numel())
-    times, tokens, prompt_len = [], [], 0
+    times, tokens = [], []
     with PeakRSS() as mem:
         for i in range(a.warmup + a.steps):
             t0 = time.perf_counter()
@@ -163,7 +166,6 @@ def _run_grpolab(a) -> dict:
             if i >= a.warmup:
                 times.append(dt)
                 tokens.append(m["completion_len_mean"] * a.prompts * a.G)
-                prompt_len = max(prompt_len, m.get("prompt_len", 0))
     enc = tr.tok.apply_chat_template(bench_prompts(1, a.prompt_words)[0]["prompt"], tokenize=True,
                                      add_generation_prompt=True)
     return {"lib": "grpolab", "step_s": times, "gen_tokens": tokens, "peak_rss": mem.peak,
@@ -293,17 +295,8 @@ def dtype_matmul_rates(seconds: float = 0.5) -> dict:
     """Matmul rate (GFLOP/s) per dtype at a SmolLM2 shape (256 x 576 by 576 x 1536): the dtype choice's evidence."""
     import torch
 
-    out = {}
-    for dt in (torch.float32, torch.bfloat16, torch.float16):
-        a, b = torch.randn(256, 576).to(dt), torch.randn(576, 1536).to(dt)
-        for _ in range(3):
-            a @ b
-        reps, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            a @ b
-            reps += 1
-        out[str(dt).replace("torch.", "")] = 2 * 256 * 576 * 1536 * reps / (time.perf_counter() - t0) / 1e9
-    return out
+    return {str(dt).replace("torch.", ""): _matmul_rate(256, 576, 1536, dt, seconds) / 1e9
+            for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
 
 def logprob_consistency(model: str = "smollm2", prompts: int = 4, G: int = 8, max_new: int = 64) -> dict:

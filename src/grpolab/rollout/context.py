@@ -106,5 +106,6 @@ class RolloutContext:
         from ..model.logprobs import completion_logprobs
         m = model if model is not None else self.policy
         parts = [completion_logprobs(m, mb, self.cfg.temperature, shared_prefix=self.cfg.shared_prefix_forward)[0]
-                 for mb in batch.micro_batches(self.cfg.micro_batch_size, trim=False)]
+                 for mb in batch.micro_batches(self.cfg.micro_batch_size, trim=False,
+                                               max_tokens=self.cfg.micro_batch_tokens)]
         return torch.cat(parts) * batch.completion_attention_mask

@@ -201,7 +201,7 @@ def _small_rows_forward(mod: torch.nn.Linear, max_rows: int):
     def forward(x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
         limit = max_rows if mod.weight.shape[0] < 8192 else 8 * max_rows  # LM heads gain up to ~1000 rows
-        if rows > limit or x.requires_grad or mod.weight.requires_grad and torch.is_grad_enabled():
+        if rows > limit or torch.is_grad_enabled():
             return torch.nn.functional.linear(x, mod.weight, mod.bias)
         out = (mod.weight @ x.reshape(rows, x.shape[-1]).t()).t()
         if mod.bias is not None:

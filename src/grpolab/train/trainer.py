@@ -229,7 +229,7 @@ class Trainer:
             self._refresh_behavior()
         return self.behavior_model
 
-    def rollout(self, num_prompts: int | None = None, round_: int = 0):
+    def rollout(self, num_prompts: int | None = None):
         """Sample prompts, then let the rollout strategy produce their completions.
 
         A sampler may also choose each prompt's number of completions
@@ -260,7 +260,7 @@ class Trainer:
         n_kept = 0
         for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
             need = cfg.prompts_per_step - n_kept
-            batch = self.rollout(need, round_)
+            batch = self.rollout(need)
             if batch.rewards is None:
                 errors += self.score(batch)
             errors += self.ctx.reward_errors
@@ -320,21 +320,15 @@ class Trainer:
         batch.scalar_rewards = scalar
         return scalar
 
-    @torch.no_grad()
     def reference_logprobs(self, batch) -> None:
+        """Log-probs of the batch under the frozen reference (LoRA: the base model, adapters off)."""
         if self.cfg.beta <= 0:
             return
-        parts = []
-        for mb in batch.micro_batches(self.cfg.micro_batch_size, max_tokens=self.cfg.micro_batch_tokens):
-            if self.ref_model is not None:
-                lp, _ = completion_logprobs(self.ref_model, mb, self.cfg.temperature,
-                                            shared_prefix=self.cfg.shared_prefix_forward)
-            else:  # LoRA: the reference is the base model with adapters switched off
-                with self.model.disable_adapter():
-                    lp, _ = completion_logprobs(self.model, mb, self.cfg.temperature,
-                                                shared_prefix=self.cfg.shared_prefix_forward)
-            parts.append(lp)
-        batch.ref_logprobs = torch.cat(parts)
+        if self.ref_model is not None:
+            batch.ref_logprobs = self.ctx.logprobs(batch, model=self.ref_model)
+        else:
+            with self.model.disable_adapter():
+                batch.ref_logprobs = self.ctx.logprobs(batch, model=self.model)
 
     def update(self, batch) -> dict:
         """``num_iterations`` optimiser passes over the batch, in micro-batches (the LR schedule steps in
