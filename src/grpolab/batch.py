@@ -102,6 +102,15 @@ class RolloutBatch:
     def completion_lengths(self) -> torch.Tensor:
         return self.completion_mask.sum(-1)
 
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """This batch with every tensor on ``device`` (itself when they already are)."""
+        device = torch.device(device)
+        if self.completion_ids.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
+                 if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
+
     def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
         """Rows ``index`` of this batch (a new batch; tensors are indexed, lists gathered)."""
         idx = torch.as_tensor(index, dtype=torch.long)

@@ -113,6 +113,13 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
                                              "uses the plain forward, since the shared-prefix forward keeps a "
                                              "KV cache that recomputation would duplicate")
     threads: int = _f(0, "torch CPU threads (0 = all cores)")
+    device: str = _f("auto", "where the policy trains and samples: 'auto' (cuda if available, else cpu), "
+                             "'cpu', 'cuda', 'cuda:N' or 'mps'")
+    dtype: str = _f("auto", "compute precision of forward passes (weights and optimiser state stay float32): "
+                            "'auto' = bfloat16 autocast on a GPU that supports it, else float32",
+                    ["auto", "float32", "bfloat16", "float16"])
+    static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
+                                     "projections (same forward; rollout/fast_decode.py)")
     # evaluation, logging, checkpoints
     eval_before: bool = _f(True, "measure held-out accuracy before training")
     eval_after: bool = _f(True, "measure held-out accuracy after training")
@@ -177,6 +184,8 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
         if self.kl_gradient is not None and self.kl_gradient not in _kl:
             raise ConfigError(f"kl_gradient: '{self.kl_gradient}' is not valid; valid values: "
                               f"{', '.join(_kl.names())}")
+        from .devices import check_device_spec
+        check_device_spec(self.device)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         self._check_components(registries)

@@ -485,7 +485,7 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     # end-aligned: reverse each row's tokens so its last token sits at position 0
     T = ids.shape[1]
     lengths = batch.completion_attention_mask[:, :T].sum(-1).long()
-    idx = (lengths[:, None] - 1 - torch.arange(T)[None, :])
+    idx = (lengths[:, None] - 1 - torch.arange(T, device=lengths.device)[None, :])
     valid_rev = idx >= 0
     idx_c = idx.clamp(min=0)
     rev = _conflicts(torch.where(valid_rev, ids.gather(1, idx_c), -1), valid_rev.to(mask.dtype), pos, neg, same_group)

@@ -100,6 +100,12 @@ class SelectedLogProb(torch.autograd.Function):
         return grad.to(logits.dtype), None, None, None
 
 
+def model_device(model) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    p = next(iter(model.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
 def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
                         shared_prefix: bool = True, entropy_grad: bool = False):
     """Log-prob ``[R, T]`` of every completion token (and entropy ``[R, T]`` if asked).
@@ -108,7 +114,9 @@ def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, wi
     (a GRPO group) share one prompt forward pass: see
     :func:`shared_prefix_logits`. Otherwise each row runs prompt + completion
     in full. Either way only completion positions go through the LM head.
+    The batch is moved to the model's device; the outputs stay there.
     """
+    batch = batch.to(model_device(model))
     if shared_prefix:
         logits = shared_prefix_logits(model, batch)
         return token_logprobs_from_logits(logits, batch.completion_ids, temperature, with_entropy,

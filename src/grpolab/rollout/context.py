@@ -56,7 +56,13 @@ class RolloutContext:
 
     @property
     def generator(self) -> torch.Generator:
+        """The run's seeded CPU generator (checkpointed): for choices made on the CPU."""
         return self._t.generator
+
+    @property
+    def sampling_generator(self) -> torch.Generator:
+        """The seeded generator for token draws, on the policy's device (the CPU generator on a CPU run)."""
+        return getattr(self._t, "sample_generator", None) or self._t.generator
 
     def log(self, *args) -> None:
         self._t.log(*args)
@@ -83,8 +89,9 @@ class RolloutContext:
                              max_completion_length=cfg.max_completion_length,
                              max_prompt_length=cfg.max_prompt_length,
                              temperature=cfg.temperature if temperature is None else temperature,
-                             top_k=cfg.top_k, top_p=cfg.top_p, generator=self.generator,
-                             group_offset=group_offset, sampling_method=cfg.sampling_method)
+                             top_k=cfg.top_k, top_p=cfg.top_p, generator=self.sampling_generator,
+                             group_offset=group_offset, sampling_method=cfg.sampling_method,
+                             static_cache=cfg.static_kv_cache)
 
     # ---------------------------------------------------------------- rewards
     def score(self, batch: RolloutBatch) -> torch.Tensor:
@@ -108,4 +115,4 @@ class RolloutContext:
         parts = [completion_logprobs(m, mb, self.cfg.temperature, shared_prefix=self.cfg.shared_prefix_forward)[0]
                  for mb in batch.micro_batches(self.cfg.micro_batch_size, trim=False,
                                                max_tokens=self.cfg.micro_batch_tokens)]
-        return torch.cat(parts) * batch.completion_attention_mask
+        return torch.cat(parts).to(batch.completion_attention_mask.device) * batch.completion_attention_mask

@@ -139,7 +139,7 @@ def compose_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], h
         budget = max(L - len(ids[i]) for i in todo)
         out = sample_completions(model, ctx_ids, ctx_mask, num_samples=1, max_new_tokens=budget, eos_ids=eos,
                                  pad_id=tok.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
-                                 top_p=cfg.top_p, generator=ctx.generator)
+                                 top_p=cfg.top_p, generator=ctx.sampling_generator)
         for j, i in enumerate(todo):
             room = L - len(ids[i])
             m = min(int(out.lengths[j]), room)  # a cut sample is still a sample of its first m tokens
@@ -604,7 +604,7 @@ class ThinkTuning:
         out = sample_completions(model, enc["input_ids"], enc["attention_mask"], num_samples=1,
                                  max_new_tokens=self.feedback_tokens, eos_ids=eos_token_ids(tok, model),
                                  pad_id=tok.pad_token_id, temperature=ctx.cfg.temperature, top_k=ctx.cfg.top_k,
-                                 top_p=ctx.cfg.top_p, generator=ctx.generator)
+                                 top_p=ctx.cfg.top_p, generator=ctx.sampling_generator)
         present = torch.arange(out.completion_ids.shape[1])[None, :] < out.lengths[:, None]
         ids = torch.where(present, out.completion_ids, torch.full_like(out.completion_ids, tok.pad_token_id))
         return [t.strip() for t in tok.batch_decode(ids, skip_special_tokens=True)]

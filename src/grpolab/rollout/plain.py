@@ -30,7 +30,7 @@ def eos_token_ids(tokenizer, model) -> list[int]:
 def plain_rollout(model, tokenizer, rows: list[dict], uids: list[int], *, num_generations: int | list[int],
                   max_completion_length: int, max_prompt_length: int, temperature: float | list[float],
                   top_k: int = 0, top_p: float = 1.0, generator: torch.Generator | None = None,
-                  group_offset: int = 0, sampling_method: str = "race") -> RolloutBatch:
+                  group_offset: int = 0, sampling_method: str = "race", static_cache: bool = True) -> RolloutBatch:
     """Sample ``num_generations`` completions for each row and pack a RolloutBatch.
 
     ``num_generations`` is one G or a list with one count per row (ragged
@@ -43,7 +43,7 @@ def plain_rollout(model, tokenizer, rows: list[dict], uids: list[int], *, num_ge
     out = sample_completions(model, prompt_ids, prompt_mask, num_samples=num_generations,
                              max_new_tokens=max_completion_length, eos_ids=eos_token_ids(tokenizer, model),
                              pad_id=tokenizer.pad_token_id, temperature=temperature, top_k=top_k,
-                             top_p=top_p, generator=generator, method=sampling_method)
+                             top_p=top_p, generator=generator, method=sampling_method, static_cache=static_cache)
     counts = completion_counts(num_generations, len(rows))
     return pack_completions(tokenizer, rows, uids, prompt_ids, prompt_mask, counts, out.completion_ids,
                             out.logprobs, out.lengths, out.truncated, group_offset=group_offset)

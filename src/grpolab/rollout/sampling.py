@@ -57,7 +57,8 @@ def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tenso
 def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
                        num_samples: int | list[int], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                        temperature: float | list[float] = 1.0, top_k: int = 0, top_p: float = 1.0,
-                       generator: torch.Generator | None = None, method: str = "race") -> SampleOutput:
+                       generator: torch.Generator | None = None, method: str = "race",
+                       static_cache: bool = True) -> SampleOutput:
     """Sample ``num_samples`` completions for each left-padded prompt row.
 
     ``num_samples`` is one count for all prompts or a list with one count per
@@ -66,9 +67,17 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     greedy decoding (log-probs are then those of the untempered distribution).
     Rows of the output are grouped prompt-major: prompt ``i``'s rows follow
     prompt ``i-1``'s (rows ``i*G .. i*G+G-1`` when the count is one int).
+    ``static_cache`` decodes Llama / Qwen2 models with the preallocated KV
+    cache and fused projections of ``rollout/fast_decode.py`` (the same
+    forward; other models always use the Hugging Face forward).
     """
     from transformers import DynamicCache
 
+    from ..model.logprobs import model_device
+    from .fast_decode import static_decoder
+
+    dev = model_device(model)
+    prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
     n = prompt_ids.shape[0]
     counts = completion_counts(num_samples, n)
     cache = DynamicCache()
@@ -77,29 +86,27 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
                 use_cache=True, logits_to_keep=1, **{ckw: cache})
     logits = out.logits[:, -1, :].float()
-    if isinstance(num_samples, int):  # one G for every prompt: fan the cache out G times
-        G = num_samples
-        if G > 1:
-            cache.batch_repeat_interleave(G)
-            logits = logits.repeat_interleave(G, dim=0)
-        attn = prompt_mask.repeat_interleave(G, dim=0)
-        next_pos = pos[:, -1].repeat_interleave(G, dim=0) + 1
-    else:  # ragged groups: prompt i's cache entry is gathered counts[i] times
-        rep = torch.repeat_interleave(torch.arange(n), torch.tensor(counts, dtype=torch.long))
-        cache.batch_select_indices(rep)
-        logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
+    rep = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, dtype=torch.long, device=dev))
+    logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
+    fast = static_decoder(model, cache, rep, attn, attn.shape[1] + max_new_tokens) if static_cache else None
+    if fast is None:  # Hugging Face forward: fan the cache out to the rows
+        if isinstance(num_samples, int):
+            if num_samples > 1:
+                cache.batch_repeat_interleave(num_samples)
+        else:  # ragged groups: prompt i's cache entry is gathered counts[i] times
+            cache.batch_select_indices(rep)
     rows = sum(counts)
     if isinstance(temperature, (list, tuple)):  # one temperature per prompt -> one per row
         temps = torch.tensor([float(t) for t, c in zip(per_prompt(temperature, n, "temperature"), counts)
-                              for _ in range(c)], dtype=torch.float32)
+                              for _ in range(c)], dtype=torch.float32, device=dev)
     else:
         temps = None
-    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long)
-    lps = torch.zeros((rows, max_new_tokens), dtype=torch.float32)
-    lengths = torch.zeros(rows, dtype=torch.long)
-    done = torch.zeros(rows, dtype=torch.bool)
-    active = torch.arange(rows)  # row index of each cache entry
-    eos = torch.tensor(eos_ids, dtype=torch.long)
+    tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=dev)
+    lps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=dev)
+    lengths = torch.zeros(rows, dtype=torch.long, device=dev)
+    done = torch.zeros(rows, dtype=torch.bool, device=dev)
+    active = torch.arange(rows, device=dev)  # row index of each cache entry
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=dev)
     for t in range(max_new_tokens):
         logp, tok = draw(logits, temperature if temps is None else temps[active], top_k, top_p, generator, method)
         tokens[active, t] = tok
@@ -114,15 +121,21 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
             break
         if not keep.all():  # drop finished rows from the cache: they stop costing compute
             idx = keep.nonzero().squeeze(-1)
-            cache.batch_select_indices(idx)
+            if fast is None:
+                cache.batch_select_indices(idx)
+            else:
+                fast.keep(idx)
             active, tok, attn, next_pos = active[idx], tok[idx], attn[idx], next_pos[idx]
-        attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
-        out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
-                    use_cache=True, **{ckw: cache})
-        logits = out.logits[:, -1, :].float()
+        if fast is None:
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                        use_cache=True, **{ckw: cache})
+            logits = out.logits[:, -1, :].float()
+        else:
+            logits = fast.step(tok, next_pos).float()
         next_pos = next_pos + 1
     T = int(lengths.max()) if rows else 0
-    return SampleOutput(tokens[:, :max(T, 1)], lps[:, :max(T, 1)], lengths, ~done)
+    return SampleOutput(tokens[:, :max(T, 1)].cpu(), lps[:, :max(T, 1)].cpu(), lengths.cpu(), (~done).cpu())
 
 
 def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -155,13 +168,18 @@ def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0
 def _race(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """``argmax_i p_i / E_i``, ``E_i ~ Exp(1)``: one sample per row with probability ``p_i``."""
     probs = logp.exp()
+    if generator is not None and generator.device != probs.device:  # e.g. a CPU generator for a GPU model
+        noise = torch.empty(probs.shape, dtype=probs.dtype, device=generator.device).exponential_(generator=generator)
+        return (probs / noise.to(probs.device)).argmax(-1)
     return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(-1)
 
 
 def _inverse_cdf(logp: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One sample per row from ``softmax`` weights ``exp(logp)`` (rows need not be normalised)."""
     cum = logp.exp().double().cumsum(-1)
-    u = torch.rand(logp.shape[0], 1, generator=generator, dtype=torch.float64) * cum[:, -1:]
+    gen_device = generator.device if generator is not None else logp.device
+    u = torch.rand(logp.shape[0], 1, generator=generator, dtype=torch.float64, device=gen_device).to(logp.device)
+    u = u * cum[:, -1:]
     return torch.searchsorted(cum, u, right=True).squeeze(-1).clamp(max=logp.shape[-1] - 1)
 
 

@@ -354,15 +354,17 @@ def angle_concentration(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tenso
 def prompt_angle_concentration(model, tokenizer, rows: list[dict], max_prompt_length: int,
                                batch_size: int = 32) -> torch.Tensor:
     """:func:`angle_concentration` of every row's prompt under ``model``'s last-layer hidden states."""
+    from ..model.logprobs import model_device
     was_training = model.training
     model.eval()
     out = []
     for i in range(0, len(rows), batch_size):
         ids, mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows[i:i + batch_size]], max_prompt_length)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        res = model(input_ids=ids, attention_mask=mask, position_ids=pos, output_hidden_states=True,
-                    use_cache=False)
-        out.append(angle_concentration(res.hidden_states[-1], mask))
+        dev = model_device(model)
+        res = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
+                    output_hidden_states=True, use_cache=False)
+        out.append(angle_concentration(res.hidden_states[-1].float().cpu(), mask))
     model.train(was_training)
     return torch.cat(out).to(torch.float64)
 

@@ -31,16 +31,22 @@ def latest_checkpoint(out: Path) -> Path | None:
     return dirs[-1] if dirs else None
 
 
-def rng_state(generator: torch.Generator) -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
-            "sampling": generator.get_state()}
+def rng_state(generator: torch.Generator, device_generator: torch.Generator | None = None) -> dict:
+    """Every random stream of a run: torch, Python, NumPy, the trainer's generator, the device's sampler."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state(),
+             "sampling": generator.get_state()}
+    if device_generator is not None and device_generator is not generator:
+        state["device_sampling"] = device_generator.get_state()
+    return state
 
 
-def set_rng_state(state: dict, generator: torch.Generator) -> None:
+def set_rng_state(state: dict, generator: torch.Generator, device_generator: torch.Generator | None = None) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     generator.set_state(state["sampling"])
+    if device_generator is not None and "device_sampling" in state:
+        device_generator.set_state(state["device_sampling"])
 
 
 def trainable_state(model) -> dict[str, torch.Tensor]:

@@ -29,6 +29,7 @@ from ..batch import RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..data import columns_of, load_jsonl
+from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs
 from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
@@ -108,8 +109,13 @@ class Trainer:
         self.rewards = rewards
         self.scorer = RewardScorer(rewards, log=self.log)
 
+        self.device = resolve_device(cfg.device)
+        self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.model, self.tok = load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
                                            tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+        self.model.to(self.device)
+        if self.device.type != "cpu" or self.dtype != torch.float32:
+            self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')}")
         self.ref_model = None
         if cfg.beta > 0 and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
@@ -128,6 +134,9 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
         self.sampler = build_sampler(cfg, self.rows)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
+        # token draws happen where the logits are: on an accelerator, from a generator on that device
+        self.sample_generator = (self.generator if self.device.type == "cpu"
+                                 else torch.Generator(self.device).manual_seed(cfg.seed + 1))
 
         self.advantage = Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
         self.weightings = [Component(WEIGHTINGS.get(n), cfg, "", n) for n in cfg.advantage_weightings]
@@ -166,7 +175,7 @@ class Trainer:
                 self.sampler.load_state_dict(state["sampler"])
                 for key, comp_state in state.get("components", {}).items():
                     self.components[key].fn.load_state_dict(comp_state)
-                ckpt.set_rng_state(state["rng"], self.generator)
+                ckpt.set_rng_state(state["rng"], self.generator, self.sample_generator)
                 self.step, self.skipped_steps = state["step"], state["skipped_steps"]
                 if state.get("behavior") is not None:
                     self._refresh_behavior(state["behavior"])
@@ -191,7 +200,7 @@ class Trainer:
 
     def _state(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator),
+                "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator, self.sample_generator),
                 "components": {k: c.fn.state_dict() for k, c in self.components.items() if c.stateful},
                 "step": self.step, "skipped_steps": self.skipped_steps,
                 "behavior": None if self.behavior_model is None else ckpt.trainable_state(self.behavior_model)}
@@ -199,8 +208,13 @@ class Trainer:
     def save(self) -> Path:
         return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
 
+    def precision(self):
+        """Autocast context of the configured forward precision (a no-op for float32)."""
+        return autocast(self.device, self.dtype)
+
     def evaluate(self, progress=None) -> dict:
-        return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
+        with self.precision():
+            return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
                         max_completion_length=self.cfg.max_completion_length,
                         max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
                         accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
@@ -349,24 +363,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             loss_value, finite = 0.0, True
             for mb in mbs:
-                logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True,
-                                                shared_prefix=shared, entropy_grad=entropy_grad)
-                inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
-                          "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent.detach(),
-                          "entropy_grad": ent,
-                          "group_ids": mb.group_ids, "batch": mb, "step": self.step}
-                per_token, tok_metrics = self.policy_loss(**inputs)
-                if mb.token_weights is not None:  # e.g. engine/trainer truncated importance weights
-                    per_token = per_token * mb.token_weights
-                if cfg.beta > 0:
-                    kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator, gradient=cfg.kl_gradient)
-                    per_token = per_token + cfg.beta * kl
-                    tok_metrics = {**tok_metrics, "kl": kl.detach()}
-                for reg in self.regularizers:
-                    extra, reg_metrics = reg(**inputs)
-                    per_token = per_token + extra
-                    tok_metrics = {**tok_metrics, **reg_metrics}
-                loss = self.aggregate(per_token, mb.completion_mask, totals)
+                mb = mb.to(self.device)
+                with self.precision():
+                    loss, logp, ent, tok_metrics = self._micro_batch_loss(mb, totals, shared, entropy_grad)
                 if not torch.isfinite(loss):
                     finite = False
                     break
@@ -400,11 +399,35 @@ class Trainer:
                 out[k] = v / (ntok * cfg.num_iterations)
         return out
 
+    def _micro_batch_loss(self, mb, totals, shared: bool, entropy_grad: bool):
+        """Forward one micro-batch and its aggregated loss: ``(loss, logprobs, entropy, token metrics)``."""
+        cfg = self.cfg
+        logp, ent = completion_logprobs(self.model, mb, cfg.temperature, with_entropy=True,
+                                        shared_prefix=shared, entropy_grad=entropy_grad)
+        inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
+                  "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent.detach(),
+                  "entropy_grad": ent,
+                  "group_ids": mb.group_ids, "batch": mb, "step": self.step}
+        per_token, tok_metrics = self.policy_loss(**inputs)
+        if mb.token_weights is not None:  # e.g. engine/trainer truncated importance weights
+            per_token = per_token * mb.token_weights
+        if cfg.beta > 0:
+            kl = kl_penalty(logp, mb.ref_logprobs, cfg.kl_estimator, gradient=cfg.kl_gradient)
+            per_token = per_token + cfg.beta * kl
+            tok_metrics = {**tok_metrics, "kl": kl.detach()}
+        for reg in self.regularizers:
+            extra, reg_metrics = reg(**inputs)
+            per_token = per_token + extra
+            tok_metrics = {**tok_metrics, **reg_metrics}
+        loss = self.aggregate(per_token, mb.completion_mask, totals)
+        return loss, logp, ent, tok_metrics
+
     def train_step(self) -> dict:
         t0 = time.perf_counter()
         self.model.eval()
         self.ctx.new_step()
-        batch, errors, stats = self.collect()
+        with self.precision():
+            batch, errors, stats = self.collect()
         t1 = time.perf_counter()
         if batch is None:  # dynamic sampling found no group with signal: nothing to learn from
             self.step += 1
@@ -418,7 +441,8 @@ class Trainer:
         scalar = batch.scalar_rewards
         errors += self.ctx.reward_errors
         self.ctx.reward_errors = 0
-        self.reference_logprobs(batch)
+        with self.precision():
+            self.reference_logprobs(batch)
         upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
                                    ctx=self.ctx, step=self.step)
         self.scheduler.step()  # once per step, however many optimiser passes the update strategy made
