@@ -88,6 +88,25 @@ def test_shared_prefix_forward_equals_plain_forward(arch):
         assert float((a - c).abs().max()) <= 1e-6 * scale
 
 
+def test_shared_prefix_backward_accumulates_dense_tied_gradient():
+    """The one-lookup embedding's sparse gradient lands in the tied LM head's dense .grad across
+    micro-batches (what AdamW needs), equal to the plain forward's accumulated gradient."""
+    model, tok, b = _batch("llama", dtype=torch.float64)
+    assert model.get_input_embeddings().weight is model.get_output_embeddings().weight
+    grads = []
+    for shared in (False, True):
+        model.zero_grad(set_to_none=True)
+        for rows in ([0, 1, 2, 3], [4, 5, 6, 7]):  # two micro-batches, gradient accumulation
+            mb = b.select(rows)
+            lp, _ = completion_logprobs(model, mb, 1.0, shared_prefix=shared)
+            (lp * mb.completion_mask).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    scale = max(float(g.abs().max()) for g in grads[0].values())
+    for n, g in grads[1].items():  # tolerance as above: the HF float32 internals of a float64 model
+        assert g.layout == torch.strided, n
+        assert float((g - grads[0][n]).abs().max()) <= 1e-6 * scale, n
+
+
 def test_greedy_sampling_is_deterministic():
     model, tok = build_tiny(TEXTS)
     rows = [{"prompt": "say 1:"}]

@@ -131,7 +131,8 @@ class StaticDecoder:
         cos, sin = self.rotary(x, positions[:, None])  # [r, 1, D]
         cos, sin = cos[:, 0, None, :], sin[:, 0, None, :]  # [r, 1, D] broadcast over heads
         self.valid[:, t] = True
-        mask = self.valid[:, None, None, : t + 1]  # [r, 1, 1, L]
+        bias = torch.zeros(self.valid[:, : t + 1].shape, dtype=x.dtype, device=x.device)  # additive mask, once per step
+        bias = bias.masked_fill_(~self.valid[:, : t + 1], float("-inf"))[:, None, None, :]  # [r, 1, 1, L]
         for i, (w_in, eps_in, w_qkv, b_qkv, w_o, b_o, w_post, eps_post, w_gu, b_gu, w_down, b_down) \
                 in enumerate(self.layers):
             h = _rms_norm(x, w_in, eps_in)
@@ -139,15 +140,13 @@ class StaticDecoder:
             if b_qkv is not None:
                 qkv = qkv + b_qkv
             qkv = qkv.t()  # [r, (H + 2 KV) D]
-            q = _rope(qkv[:, : H * D].reshape(r, H, D), cos, sin)
-            k = _rope(qkv[:, H * D:(H + KV) * D].reshape(r, KV, D), cos, sin)
-            v = qkv[:, (H + KV) * D:].reshape(r, KV, D)
+            qk = _rope(qkv[:, :(H + KV) * D].reshape(r, H + KV, D), cos, sin)  # queries and keys at once
             K, V = self.keys[i], self.values[i]
-            K[:, :, t] = k
-            V[:, :, t] = v
-            q = q.reshape(r, KV, H // KV, D)  # queries grouped under their key/value head
+            K[:, :, t] = qk[:, H:]
+            V[:, :, t] = qkv[:, (H + KV) * D:].reshape(r, KV, D)
+            q = qk[:, :H].reshape(r, KV, H // KV, D)  # queries grouped under their key/value head
             scores = (q @ K[:, :, : t + 1].transpose(-1, -2)) * self.scale  # [r, KV, H/KV, L]
-            scores = scores.masked_fill(~mask, float("-inf"))
+            scores = scores + bias
             probs = torch.softmax(scores, dim=-1, dtype=self.softmax_dtype).to(q.dtype)
             o = (probs @ V[:, :, : t + 1]).reshape(r, H * D)  # [r, H D]
             o = w_o @ o.t()
