@@ -76,6 +76,8 @@ def test_shared_prefix_forward_equals_plain_forward(arch):
         b.completion_ids[row, keep:] = tok.pad_token_id
     assert len(set(b.completion_attention_mask.sum(-1).tolist())) >= 3
     assert int((b.prompt_mask == 0).sum()) > 0  # some prompts are left-padded
+    from grpolab.model.grouped_forward import supports
+    assert supports(model)  # the one-pass grouped forward (model/grouped_forward.py) is what is tested
     params = [p for p in model.parameters()]
     lp1, _ = completion_logprobs(model, b, 0.9, shared_prefix=False)
     lp2, _ = completion_logprobs(model, b, 0.9, shared_prefix=True)
@@ -105,6 +107,30 @@ def test_shared_prefix_backward_accumulates_dense_tied_gradient():
     for n, g in grads[1].items():  # tolerance as above: the HF float32 internals of a float64 model
         assert g.layout == torch.strided, n
         assert float((g - grads[0][n]).abs().max()) <= 1e-6 * scale, n
+
+
+def test_grouped_forward_with_lora_equals_plain_forward():
+    """LoRA layers are the model's own modules, so the grouped forward applies them: same log-probs and
+    adapter gradients as the plain forward (float64, random adapter weights)."""
+    from peft import LoraConfig, get_peft_model
+
+    from grpolab.model.grouped_forward import supports
+    model, tok, b = _batch("qwen2", dtype=torch.float64)
+    lora = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        for n, p in lora.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.1)
+    assert supports(lora)
+    params = [p for p in lora.parameters() if p.requires_grad]
+    out = []
+    for shared in (False, True):
+        lp, _ = completion_logprobs(lora, b, 1.0, shared_prefix=shared)
+        out.append((lp * b.completion_mask, torch.autograd.grad((lp * b.completion_mask).sum(), params)))
+    assert torch.allclose(out[0][0], out[1][0], atol=1e-10)
+    scale = max(float(g.abs().max()) for g in out[0][1])
+    for a, c in zip(out[0][1], out[1][1]):
+        assert float((a - c).abs().max()) <= 1e-6 * scale
 
 
 def test_greedy_sampling_is_deterministic():

@@ -153,6 +153,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     from transformers import DynamicCache
 
     from ..rollout.sampling import _cache_kwarg
+    from .grouped_forward import grouped_hidden_states, supports as grouped_supports
 
     uniq, inverse = torch.unique(torch.cat([batch.prompt_ids, batch.prompt_mask], dim=1), dim=0,
                                  return_inverse=True)
@@ -167,6 +168,12 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     cache = DynamicCache()
     ckw = _cache_kwarg(model)
     parts = _plain_head_parts(model)
+    if parts is not None and grouped_supports(model):  # one pass: prompts and completions share the products
+        _, head, embed = parts
+        sparse = head.weight is embed.weight and embed.weight.requires_grad and torch.is_grad_enabled()
+        first, hidden = grouped_hidden_states(model, p_ids, p_mask, p_pos, inverse, batch.completion_ids,
+                                              comp_attn, pos, embed_sparse=sparse)
+        return head(torch.cat([first, hidden[:, :T - 1, :]], dim=1))
     if parts is not None:
         decoder, head, embed = parts
         ids = torch.cat([p_ids.reshape(-1), batch.completion_ids.reshape(-1)])

@@ -50,9 +50,17 @@ def static_decoder(model, cache, rows_index: torch.Tensor, attn: torch.Tensor, c
     return StaticDecoder(model, cache, rows_index, attn, capacity)
 
 
-def supports(model) -> bool:
-    """Whether :class:`StaticDecoder` computes this model's forward exactly."""
-    if type(model).__name__ not in SUPPORTED or hasattr(model, "peft_config"):
+def supports(model, allow_peft: bool = False) -> bool:
+    """Whether :class:`StaticDecoder` computes this model's forward exactly.
+
+    ``allow_peft``: accept a PEFT-wrapped model of a supported architecture (for
+    code that calls the model's own modules, like ``model/grouped_forward.py``).
+    """
+    if hasattr(model, "peft_config"):
+        if not allow_peft:
+            return False
+        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if type(model).__name__ not in SUPPORTED:
         return False
     cfg = model.config
     if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) not in (None, 1):
