@@ -35,15 +35,16 @@ def token_logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, tempe
     tok = tokens.reshape(R * T)
     lps, ents = [], []
     for i in range(0, R * T, chunk):
+        rows = flat if R * T <= chunk else flat[i:i + chunk]  # one chunk: no slice (its backward zero-fills)
         if with_entropy and entropy_grad:
-            x = _wide(flat[i:i + chunk])
+            x = _wide(rows)
             if temperature != 1.0:
                 x = x / temperature
             lse = torch.logsumexp(x, dim=-1)
             lps.append(x.gather(-1, tok[i:i + chunk, None]).squeeze(-1) - lse)
             ents.append(lse - (torch.softmax(x, dim=-1) * x).sum(-1))
         else:
-            lp, ent = SelectedLogProb.apply(flat[i:i + chunk], tok[i:i + chunk], float(temperature), with_entropy)
+            lp, ent = SelectedLogProb.apply(rows, tok[i:i + chunk], float(temperature), with_entropy)
             lps.append(lp)
             ents.append(ent)
     lp = torch.cat(lps).view(R, T)
