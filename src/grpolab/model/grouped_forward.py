@@ -33,9 +33,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..rollout.fast_decode import rope as _rope
+
 
 def supports(model) -> bool:
-    from ..rollout.fast_decode import supports as decode_supports
+    from ..rollout.fast_decode import supports as decode_supports  # same exactness conditions
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     if not decode_supports(base, allow_peft=True):
         return False
@@ -100,11 +102,6 @@ def grouped_hidden_states(model, p_ids, p_mask, p_pos, inverse, c_ids, c_attn, c
     x = dec.norm(x)
     first = x[:n_p].view(U, P, -1)[:, -1:, :][inverse]
     return first, x[n_p:].view(R, T, -1)
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _repeat(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -148,7 +148,7 @@ class StaticDecoder:
             if b_qkv is not None:
                 qkv = qkv + b_qkv
             qkv = qkv.t()  # [r, (H + 2 KV) D]
-            qk = _rope(qkv[:, :(H + KV) * D].reshape(r, H + KV, D), cos, sin)  # queries and keys at once
+            qk = rope(qkv[:, :(H + KV) * D].reshape(r, H + KV, D), cos, sin)  # queries and keys at once
             K, V = self.keys[i], self.values[i]
             K[:, :, t] = qk[:, H:]
             V[:, :, t] = qkv[:, (H + KV) * D:].reshape(r, KV, D)
@@ -182,7 +182,8 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding ``x cos + rotate_half(x) sin`` (the Hugging Face Llama convention)."""
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
