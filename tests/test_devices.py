@@ -4,6 +4,7 @@ import torch
 
 from grpolab.batch import RolloutBatch
 from grpolab.config import Config, ConfigError
+from grpolab import devices
 from grpolab.devices import check_device_spec, resolve_device, resolve_dtype
 from grpolab.model.logprobs import completion_logprobs
 from grpolab.train.trainer import Trainer
@@ -27,9 +28,22 @@ def test_unavailable_cuda_is_a_clear_error(tiny_args):
 
 def test_dtype_resolution():
     cpu = torch.device("cpu")
-    assert resolve_dtype("auto", cpu) == torch.float32  # half precision is emulated on CPUs without bf16 units
+    assert resolve_dtype("auto", cpu) == devices.cpu_autocast_dtype()
     assert resolve_dtype("bfloat16", cpu) == torch.bfloat16
     assert resolve_dtype("float16", cpu) == torch.float16
+    assert resolve_dtype("float32", cpu) == torch.float32
+
+
+def test_cpu_dtype_is_chosen_by_measured_matmul_rate(monkeypatch):
+    """auto on a CPU: bfloat16 only where its matrix products measure >= 1.5x float32's rate."""
+    for bf16_rate, expected in ((2e11, torch.bfloat16), (1.4e11, torch.float32), (1e9, torch.float32)):
+        rates = {torch.float32: 1e11, torch.bfloat16: bf16_rate}
+        monkeypatch.setattr(devices, "matmul_rate", lambda m, k, n, dtype, **kw: rates[dtype])
+        assert devices.measured_cpu_dtype() == expected
+
+
+def test_matmul_rate_is_a_positive_rate():
+    assert 1e6 < devices.matmul_rate(32, 32, 32, seconds=0.01, warmups=1) < 1e14
 
 
 def _batch():

@@ -105,17 +105,11 @@ def matmul_flops_per_s(seconds: float = 1.0) -> float:
 
 
 def _matmul_rate(m: int, k: int, n: int, dtype=None, seconds: float = 1.0) -> float:
-    """FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (float32 by default): 3 warm-ups, then as many as fit in ``seconds``."""
+    """FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (float32 by default); see :func:`grpolab.devices.matmul_rate`."""
     import torch
 
-    a, b = torch.randn(m, k).to(dtype or torch.float32), torch.randn(k, n).to(dtype or torch.float32)
-    for _ in range(3):
-        a @ b
-    reps, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds:
-        a @ b
-        reps += 1
-    return 2 * m * k * n * reps / (time.perf_counter() - t0)
+    from .devices import matmul_rate
+    return matmul_rate(m, k, n, dtype or torch.float32, seconds=seconds)
 
 
 def step_flops(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:

@@ -116,7 +116,8 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
     device: str = _f("auto", "where the policy trains and samples: 'auto' (cuda if available, else cpu), "
                              "'cpu', 'cuda', 'cuda:N' or 'mps'")
     dtype: str = _f("auto", "compute precision of forward passes (weights and optimiser state stay float32): "
-                            "'auto' = bfloat16 autocast on a GPU that supports it, else float32",
+                            "'auto' = bfloat16 autocast on a GPU that supports it; on a CPU bfloat16 only where a "
+                            "measured bf16 matmul is >= 1.5x faster than float32 (native BF16/AMX), else float32",
                     ["auto", "float32", "bfloat16", "float16"])
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
                                      "projections (same forward; rollout/fast_decode.py)")

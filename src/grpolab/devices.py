@@ -6,14 +6,19 @@
   micro-batch.
 * ``dtype``: the weights and the AdamW state stay float32 (master weights);
   forward passes run under ``torch.autocast`` in the chosen precision, like
-  TRL's ``bf16=True``. ``auto`` is bfloat16 on a GPU that supports it and
-  float32 elsewhere: on a CPU without AVX512-BF16 / AMX, half-precision matrix
-  products are emulated and measured 10-50x slower than float32 (docs/performance.md).
+  TRL's ``bf16=True``. ``auto`` is bfloat16 on a GPU that supports it; on a
+  CPU it is chosen by measurement (:func:`cpu_autocast_dtype`): bfloat16 where
+  this CPU multiplies bfloat16 matrices at least 1.5x faster than float32
+  (native AVX512-BF16 / AMX), else float32. On CPUs without them the
+  half-precision products are emulated and measured 10-100x slower than
+  float32 (docs/performance.md).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
+import time
 
 import torch
 
@@ -53,7 +58,39 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
         return DTYPES[spec]
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.bfloat16
+    if device.type == "cpu":
+        return cpu_autocast_dtype()
     return torch.float32
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_autocast_dtype() -> torch.dtype:
+    """:func:`measured_cpu_dtype`, measured once per process."""
+    return measured_cpu_dtype()
+
+
+def measured_cpu_dtype() -> torch.dtype:
+    """bfloat16 if this CPU runs a bfloat16 matrix product at least 1.5x faster than float32, else float32.
+
+    Measured at a small SmolLM2-like shape (128 x 576 by 576 x 576; about
+    0.1 s on a CPU that emulates bfloat16).
+    """
+    f32 = matmul_rate(128, 576, 576, torch.float32, seconds=0.02, warmups=1)
+    bf16 = matmul_rate(128, 576, 576, torch.bfloat16, seconds=0.02, warmups=1)
+    return torch.bfloat16 if bf16 >= 1.5 * f32 else torch.float32
+
+
+def matmul_rate(m: int, k: int, n: int, dtype=torch.float32, seconds: float = 1.0, warmups: int = 3) -> float:
+    """FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` on the CPU: ``warmups`` products, then as many as fit
+    in ``seconds`` (at least one)."""
+    a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+    for _ in range(warmups):
+        a @ b
+    reps, t0 = 0, time.perf_counter()
+    while reps == 0 or time.perf_counter() - t0 < seconds:
+        a @ b
+        reps += 1
+    return 2 * m * k * n * reps / (time.perf_counter() - t0)
 
 
 def autocast(device: torch.device, dtype: torch.dtype):
