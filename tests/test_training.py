@@ -211,3 +211,29 @@ def test_default_out_folder_is_never_overwritten(tiny_args, tmp_path, monkeypatc
     assert main(argv) == 0 and main(argv) == 0
     assert (tmp_path / "runs" / "default" / "metrics.jsonl").exists()
     assert (tmp_path / "runs" / "default-2" / "metrics.jsonl").exists()
+
+
+def test_rollout_strategy_metrics_reach_metrics_jsonl(tiny_args):
+    """ctx.metric(name, v) in a rollout strategy is logged as rollout/<name>; hint strategies get
+    frac_hinted (share of rows trained with a hint in the context) without doing anything."""
+    from grpolab.rollout.strategies import ROLLOUT_STRATEGIES, plain
+
+    @ROLLOUT_STRATEGIES.register("_metric_probe")
+    def probe(ctx, rows, uids, group_offset, budgets, temperatures, step):
+        ctx.metric("probe", 10 + step)
+        ctx.metric("rows", len(rows))
+        return plain(ctx=ctx, rows=rows, uids=uids, group_offset=group_offset, budgets=budgets,
+                     temperatures=temperatures)
+    try:
+        run({**tiny_args, "rollout_strategy": "_metric_probe", "steps": 2})
+    finally:
+        ROLLOUT_STRATEGIES._items.pop("_metric_probe")
+    ms = read_metrics(tiny_args["out"])
+    assert [m["rollout/probe"] for m in ms] == [10.0, 11.0]
+    assert all(m["rollout/rows"] == tiny_args["prompts_per_step"] for m in ms)
+    assert all("frac_hinted" not in m for m in ms)
+
+    out = str(Path(tiny_args["out"]).parent / "guide")
+    run({**tiny_args, **recipe_overrides("guide_grpo"), "task": "arithmetic", "steps": 1, "out": out})
+    (m,) = read_metrics(out)
+    assert 0.0 <= m["frac_hinted"] <= 1.0

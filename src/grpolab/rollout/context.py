@@ -20,10 +20,16 @@ class RolloutContext:
         self._t = trainer
         self.reward_errors = 0  # reward-function errors seen through score()
         self._next_group = 0
+        self.metrics: dict[str, float] = {}  # this step's rollout/<name> metrics (see metric())
 
     def new_step(self) -> None:
-        """Called by the trainer at the start of every step (group ids restart at 0)."""
+        """Called by the trainer at the start of every step (group ids restart at 0, metrics empty)."""
         self._next_group = 0
+        self.metrics: dict[str, float] = {}
+
+    def metric(self, name: str, value: float) -> None:
+        """Log ``value`` for this step as ``rollout/<name>`` in metrics.jsonl (the last value of the step wins)."""
+        self.metrics[name] = float(value)
 
     def allocate_groups(self, n: int) -> int:
         """Reserve ``n`` fresh group ids for this step; returns the first (ids are offset .. offset+n-1)."""
