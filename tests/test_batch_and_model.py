@@ -109,6 +109,24 @@ def test_shared_prefix_backward_accumulates_dense_tied_gradient():
         assert float((g - grads[0][n]).abs().max()) <= 1e-6 * scale, n
 
 
+def test_kv_cache_shared_prefix_path_equals_plain_forward(monkeypatch):
+    """Models outside the grouped forward (e.g. Qwen3, Mistral) take the KV-cache path on hidden states:
+    same log-probs and gradients as the plain forward (float64)."""
+    import grpolab.model.grouped_forward as gf
+    monkeypatch.setattr(gf, "supports", lambda model: False)
+    model, tok, b = _batch("llama", dtype=torch.float64)
+    params = list(model.parameters())
+    lp1, _ = completion_logprobs(model, b, 0.9, shared_prefix=False)
+    lp2, _ = completion_logprobs(model, b, 0.9, shared_prefix=True)
+    m = b.completion_mask
+    assert torch.allclose(lp1 * m, lp2 * m, atol=1e-10)
+    g1 = torch.autograd.grad((lp1 * m).sum(), params)
+    g2 = torch.autograd.grad((lp2 * m).sum(), params)
+    scale = max(float(g.abs().max()) for g in g1)
+    for a, c in zip(g1, g2):
+        assert float((a - c).abs().max()) <= 1e-6 * scale
+
+
 def test_grouped_forward_with_lora_equals_plain_forward():
     """LoRA layers are the model's own modules, so the grouped forward applies them: same log-probs and
     adapter gradients as the plain forward (float64, random adapter weights)."""

@@ -100,16 +100,9 @@ def matmul_flops_per_s(seconds: float = 1.0) -> float:
     The best of the shapes a SmolLM2-sized training step runs (2048 tokens x 576 -> 1536, its transpose,
     and 1024^3), so the compute floor is a floor: no step can run its FLOPs faster than this.
     """
-    return max(_matmul_rate(m, k, n, seconds=seconds) for m, k, n in ((2048, 576, 1536), (2048, 1536, 576),
-                                                                      (1024, 1024, 1024)))
-
-
-def _matmul_rate(m: int, k: int, n: int, dtype=None, seconds: float = 1.0) -> float:
-    """FLOP/s of ``[m, k] @ [k, n]`` in ``dtype`` (float32 by default); see :func:`grpolab.devices.matmul_rate`."""
-    import torch
-
     from .devices import matmul_rate
-    return matmul_rate(m, k, n, dtype or torch.float32, seconds=seconds)
+    return max(matmul_rate(m, k, n, seconds=seconds) for m, k, n in ((2048, 576, 1536), (2048, 1536, 576),
+                                                                      (1024, 1024, 1024)))
 
 
 def step_flops(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:
@@ -289,7 +282,8 @@ def dtype_matmul_rates(seconds: float = 0.5) -> dict:
     """Matmul rate (GFLOP/s) per dtype at a SmolLM2 shape (256 x 576 by 576 x 1536): the dtype choice's evidence."""
     import torch
 
-    return {str(dt).replace("torch.", ""): _matmul_rate(256, 576, 1536, dt, seconds) / 1e9
+    from .devices import matmul_rate
+    return {str(dt).replace("torch.", ""): matmul_rate(256, 576, 1536, dt, seconds) / 1e9
             for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
 

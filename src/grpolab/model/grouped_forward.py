@@ -25,47 +25,46 @@ summation order (``tests/test_batch_and_model.py``, float64). Padding queries
 attend to themselves only, so no row of the attention is empty (an empty row
 would make NaNs whose zero gradients still poison the weight gradients).
 
-Supported: the Llama / Qwen2 family (``rollout.fast_decode.supports`` without the
-PEFT restriction); other models use the KV-cache path.
+Supported: the Llama / Qwen2 family (``rollout.fast_decode.exact_architecture``),
+with or without PEFT adapters; other models use the KV-cache path.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..rollout.fast_decode import rope as _rope
+from ..rollout.fast_decode import exact_architecture, rope as _rope
+from .logprobs import base_model
 
 
 def supports(model) -> bool:
-    from ..rollout.fast_decode import supports as decode_supports  # same exactness conditions
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    if not decode_supports(base, allow_peft=True):
+    base = base_model(model)  # PEFT-wrapped is fine: the model's own modules apply the adapters
+    if not exact_architecture(base):
         return False
     attn = base.model.layers[0].self_attn
     return not any(hasattr(attn, n) for n in ("q_norm", "k_norm"))  # Qwen3-style q/k norms: not handled
 
 
-def grouped_hidden_states(model, p_ids, p_mask, p_pos, inverse, c_ids, c_attn, c_pos, embed_sparse: bool):
+def grouped_hidden_states(model, x, p_mask, p_pos, inverse, c_attn, c_pos):
     """Final hidden states ``(first [R, 1, d], completion [R, T, d])``.
 
-    ``p_*`` are the ``U`` distinct (left-padded) prompts; ``inverse[i]`` is row
-    ``i``'s prompt; ``c_*`` the ``[R, T]`` completion ids, attention mask and
-    positions. ``first[i]`` is the hidden state of prompt ``inverse[i]``'s last
-    position (it predicts completion token 0).
+    ``x`` is the embedding of the ``U`` distinct (left-padded) prompts'
+    tokens followed by the ``[R, T]`` completion tokens, flattened
+    (``[U P + R T, d]``); ``p_mask`` / ``p_pos`` are the prompts' mask and
+    positions, ``inverse[i]`` row ``i``'s prompt, ``c_attn`` / ``c_pos`` the
+    completions' attention mask and positions. ``first[i]`` is the hidden state
+    of prompt ``inverse[i]``'s last position (it predicts completion token 0).
     """
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     dec, cfg = base.model, base.config
-    embed = dec.embed_tokens
-    U, P = p_ids.shape
-    R, T = c_ids.shape
+    U, P = p_mask.shape
+    R, T = c_attn.shape
     H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
     D = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
-    ids = torch.cat([p_ids.reshape(-1), c_ids.reshape(-1)])
-    x = F.embedding(ids, embed.weight, padding_idx=embed.padding_idx, sparse=embed_sparse)  # [U P + R T, d]
     pcos, psin = dec.rotary_emb(x, p_pos)  # [U, P, D]
     ccos, csin = dec.rotary_emb(x, c_pos)  # [R, T, D]
     pcos, psin, ccos, csin = pcos[:, None], psin[:, None], ccos[:, None], csin[:, None]
-    dev = p_ids.device
+    dev = p_mask.device
     # prompt part: causal over real tokens; a padding query sees itself only
     causal_p = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
     pm = p_mask.bool()

@@ -97,6 +97,11 @@ class SelectedLogProb(torch.autograd.Function):
         return grad.to(ctx.logit_dtype), None, None, None
 
 
+def base_model(model):
+    """The Hugging Face model inside a PEFT wrapper (the model itself when not wrapped)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def model_device(model) -> torch.device:
     """The device of ``model``'s first parameter (CPU for a model without parameters)."""
     p = next(iter(model.parameters()), None)
@@ -169,23 +174,22 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     cache = DynamicCache()
     ckw = _cache_kwarg(model)
     parts = _plain_head_parts(model)
-    if parts is not None and grouped_supports(model):  # one pass: prompts and completions share the products
-        _, head, embed = parts
-        sparse = head.weight is embed.weight and embed.weight.requires_grad and torch.is_grad_enabled()
-        first, hidden = grouped_hidden_states(model, p_ids, p_mask, p_pos, inverse, batch.completion_ids,
-                                              comp_attn, pos, embed_sparse=sparse)
-        return head(torch.cat([first, hidden[:, :T - 1, :]], dim=1))
     if parts is not None:
         decoder, head, embed = parts
         ids = torch.cat([p_ids.reshape(-1), batch.completion_ids.reshape(-1)])
-        tied = head.weight is embed.weight and embed.weight.requires_grad and torch.is_grad_enabled()
-        emb = torch.nn.functional.embedding(ids, embed.weight, padding_idx=embed.padding_idx, sparse=tied)
-        p_emb, c_emb = emb[:p_ids.numel()].view(*p_ids.shape, -1), emb[p_ids.numel():].view(*batch.completion_ids.shape, -1)
-        out = decoder(inputs_embeds=p_emb, attention_mask=p_mask, position_ids=p_pos, use_cache=True, **{ckw: cache})
+        sparse = head.weight is embed.weight and embed.weight.requires_grad and torch.is_grad_enabled()
+        emb = torch.nn.functional.embedding(ids, embed.weight, padding_idx=embed.padding_idx, sparse=sparse)
+        if grouped_supports(model):  # one pass: prompts and completions share every matrix product
+            first, hidden = grouped_hidden_states(model, emb, p_mask, p_pos, inverse, comp_attn, pos)
+            return head(torch.cat([first, hidden[:, :T - 1, :]], dim=1))
+        n_p = p_ids.numel()
+        out = decoder(inputs_embeds=emb[:n_p].view(*p_ids.shape, -1), attention_mask=p_mask, position_ids=p_pos,
+                      use_cache=True, **{ckw: cache})
         first = out.last_hidden_state[:, -1:, :][inverse]  # predicts completion token 0
         cache = out.past_key_values if getattr(out, "past_key_values", None) is not None else cache
         cache.batch_select_indices(inverse)
-        out = decoder(inputs_embeds=c_emb, attention_mask=attn, position_ids=pos, use_cache=True, **{ckw: cache})
+        out = decoder(inputs_embeds=emb[n_p:].view(*batch.completion_ids.shape, -1), attention_mask=attn,
+                      position_ids=pos, use_cache=True, **{ckw: cache})
         return head(torch.cat([first, out.last_hidden_state[:, :T - 1, :]], dim=1))
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
                 logits_to_keep=1, **{ckw: cache})
@@ -199,7 +203,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
 
 def _plain_head_parts(model):
     """``(decoder, lm_head, input embedding)`` of a ``PLAIN_HEAD`` model (PEFT-wrapped or not), else None."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = base_model(model)
     if type(base).__name__ not in PLAIN_HEAD:
         return None
     embed = base.get_input_embeddings()

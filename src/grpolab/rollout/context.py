@@ -25,7 +25,7 @@ class RolloutContext:
     def new_step(self) -> None:
         """Called by the trainer at the start of every step (group ids restart at 0, metrics empty)."""
         self._next_group = 0
-        self.metrics: dict[str, float] = {}
+        self.metrics = {}
 
     def metric(self, name: str, value: float) -> None:
         """Log ``value`` for this step as ``rollout/<name>`` in metrics.jsonl (the last value of the step wins)."""

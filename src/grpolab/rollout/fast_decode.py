@@ -50,16 +50,15 @@ def static_decoder(model, cache, rows_index: torch.Tensor, attn: torch.Tensor, c
     return StaticDecoder(model, cache, rows_index, attn, capacity)
 
 
-def supports(model, allow_peft: bool = False) -> bool:
-    """Whether :class:`StaticDecoder` computes this model's forward exactly.
+def supports(model) -> bool:
+    """Whether :class:`StaticDecoder` computes this model's forward exactly (it reads the raw weights,
+    so a PEFT-wrapped model, whose adapters it would skip, is not supported)."""
+    return not hasattr(model, "peft_config") and exact_architecture(model)
 
-    ``allow_peft``: accept a PEFT-wrapped model of a supported architecture (for
-    code that calls the model's own modules, like ``model/grouped_forward.py``).
-    """
-    if hasattr(model, "peft_config"):
-        if not allow_peft:
-            return False
-        model = model.get_base_model() if hasattr(model, "get_base_model") else model
+
+def exact_architecture(model) -> bool:
+    """A Llama / Qwen2 model whose forward the re-implementations here and in ``model/grouped_forward.py``
+    compute exactly: SiLU MLPs, RMSNorm, full attention on every layer, no soft-capping."""
     if type(model).__name__ not in SUPPORTED:
         return False
     cfg = model.config

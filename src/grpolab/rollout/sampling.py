@@ -89,12 +89,8 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     rep = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, dtype=torch.long, device=dev))
     logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
     fast = static_decoder(model, cache, rep, attn, attn.shape[1] + max_new_tokens) if static_cache else None
-    if fast is None:  # Hugging Face forward: fan the cache out to the rows
-        if isinstance(num_samples, int):
-            if num_samples > 1:
-                cache.batch_repeat_interleave(num_samples)
-        else:  # ragged groups: prompt i's cache entry is gathered counts[i] times
-            cache.batch_select_indices(rep)
+    if fast is None:  # Hugging Face forward: prompt i's cache entry is gathered counts[i] times
+        cache.batch_select_indices(rep)
     rows = sum(counts)
     if isinstance(temperature, (list, tuple)):  # one temperature per prompt -> one per row
         temps = torch.tensor([float(t) for t, c in zip(per_prompt(temperature, n, "temperature"), counts)
@@ -201,7 +197,8 @@ class small_batch_linears:
         self.patched: list = []
 
     def __enter__(self):
-        if next(self.model.parameters()).device.type != "cpu":
+        from ..model.logprobs import model_device
+        if model_device(self.model).type != "cpu":
             return self
         for mod in self.model.modules():
             if type(mod) is torch.nn.Linear:
@@ -231,8 +228,8 @@ def _small_rows_forward(mod: torch.nn.Linear, max_rows: int):
 def _cache_kwarg(model) -> str:
     """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
     import inspect
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    from ..model.logprobs import base_model
+    return "cache" if "cache" in inspect.signature(base_model(model).forward).parameters else "past_key_values"
 
 
 def _filter(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

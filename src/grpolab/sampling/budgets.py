@@ -357,11 +357,11 @@ def prompt_angle_concentration(model, tokenizer, rows: list[dict], max_prompt_le
     from ..model.logprobs import model_device
     was_training = model.training
     model.eval()
+    dev = model_device(model)
     out = []
     for i in range(0, len(rows), batch_size):
         ids, mask = tokenize_prompts(tokenizer, [r["prompt"] for r in rows[i:i + batch_size]], max_prompt_length)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        dev = model_device(model)
         res = model(input_ids=ids.to(dev), attention_mask=mask.to(dev), position_ids=pos.to(dev),
                     output_hidden_states=True, use_cache=False)
         out.append(angle_concentration(res.hidden_states[-1].float().cpu(), mask))

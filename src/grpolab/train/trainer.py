@@ -218,9 +218,9 @@ class Trainer:
     def evaluate(self, progress=None) -> dict:
         with self.precision():
             return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
-                        max_completion_length=self.cfg.max_completion_length,
-                        max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
-                        accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
+                            max_completion_length=self.cfg.max_completion_length,
+                            max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
+                            accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
 
     # -------------------------------------------------------------------- step
     def _refresh_behavior(self, weights: dict | None = None) -> None:
@@ -491,7 +491,7 @@ class Trainer:
         injected = (batch.token_origin != SAMPLED) & (batch.completion_attention_mask > 0)
         if injected.any():  # injection strategies: share of completion tokens that were not sampled
             m["frac_injected_tokens"] = float(injected.sum()) / max(float(batch.completion_attention_mask.sum()), 1.0)
-        m.update({f"rollout/{k}": v for k, v in getattr(self.ctx, "metrics", {}).items()})
+        m.update({f"rollout/{k}": v for k, v in self.ctx.metrics.items()})
         if "engine_logprob_mismatch" in batch.columns:
             m["engine_logprob_mismatch"] = float(np.mean(batch.columns["engine_logprob_mismatch"]))
         for k, v in upd.items():
