@@ -5,7 +5,7 @@ import torch
 from grpolab.batch import INJECTED, SAMPLED, RolloutBatch
 from grpolab.model.loading import build_tiny
 from grpolab.model.logprobs import completion_logprobs
-from grpolab.rollout.plain import plain_rollout
+from grpolab.generation.plain import plain_rollout
 
 TEXTS = ["say 1:", "say 2:", "abc def = + - 0123456789"]
 
@@ -160,7 +160,7 @@ def test_greedy_sampling_is_deterministic():
 
 
 def test_draw_matches_the_distribution_and_filters():
-    from grpolab.rollout.sampling import draw
+    from grpolab.generation.sampling import draw
 
     g = torch.Generator().manual_seed(0)
     logits = torch.log(torch.tensor([[0.1, 0.2, 0.7]])).repeat(50_000, 1)
@@ -177,7 +177,7 @@ def test_draw_matches_the_distribution_and_filters():
 
 def test_inverse_cdf_sampler_matches_the_distribution():
     """sampling_method inverse_cdf draws from the same distribution as the race (and respects top-k)."""
-    from grpolab.rollout.sampling import draw
+    from grpolab.generation.sampling import draw
 
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(20000, 1)
     g = torch.Generator().manual_seed(0)

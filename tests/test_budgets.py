@@ -13,10 +13,10 @@ from grpolab.batch import INJECTED, SAMPLED
 from grpolab.config import Config, ConfigError
 from grpolab.model.loading import build_tiny
 from grpolab.model.logprobs import completion_logprobs
-from grpolab.rollout.plain import plain_rollout
-from grpolab.rollout.strategies import ROLLOUT_STRATEGIES
-from grpolab.sampling import SAMPLERS
-from grpolab.sampling.budgets import (angle_concentration, knapsack_allocate, knapsack_value, round_allocation,
+from grpolab.generation.plain import plain_rollout
+from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES
+from grpolab.prompts import SAMPLERS
+from grpolab.prompts.budgets import (angle_concentration, knapsack_allocate, knapsack_value, round_allocation,
                                       sqrt_allocation)
 from grpolab.tasks import get_task
 from grpolab.train.trainer import Trainer, build_sampler

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from grpolab.model.loading import build_tiny
-from grpolab.rollout.fast_decode import StaticDecoder, supports
-from grpolab.rollout.sampling import sample_completions
+from grpolab.generation.fast_decode import StaticDecoder, supports
+from grpolab.generation.sampling import sample_completions
 
 
 def _model(arch: str):

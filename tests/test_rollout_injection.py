@@ -6,8 +6,8 @@ import torch
 
 from grpolab.batch import INJECTED, SAMPLED
 from grpolab.config import Config, ConfigError
-from grpolab.rollout import injection as inj
-from grpolab.rollout.strategies import ROLLOUT_STRATEGIES
+from grpolab.rollouts import injection as inj
+from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES
 from grpolab.train.trainer import Trainer
 
 L = 24  # max_completion_length of the shared trainer

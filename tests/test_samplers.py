@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from grpolab.config import Config
-from grpolab.sampling import SAMPLERS
-from grpolab.sampling.adaptive import prompt_outcomes, trajectory_diversity
+from grpolab.prompts import SAMPLERS
+from grpolab.prompts.adaptive import prompt_outcomes, trajectory_diversity
 from grpolab.train.trainer import build_sampler
 
 T = torch.tensor

@@ -11,8 +11,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.rewards import parse_reward_spec
 from grpolab.rewards.judge import JudgeReward
 from grpolab.rewards.process import PM4GRPOReward, conformance, lcs_length, reasoning_steps
-from grpolab.rollout.thinking import motif, motif_progress, motif_row
-from grpolab.sft import build_examples, split_reasoning
+from grpolab.rollouts.thinking import motif, motif_progress, motif_row
+from grpolab.train.sft import build_examples, split_reasoning
 from grpolab.tasks import TASKS, get_task
 
 from _helpers import close, tr  # noqa: E402
@@ -163,7 +163,7 @@ def test_judge_tiny_p_yes_in_unit_interval_deterministic_and_batch_invariant():
 
 def test_judge_self_copies_initial_policy(tmp_path):
     from grpolab.model.loading import load_policy
-    from grpolab.train.trainer import model_texts
+    from grpolab.data import model_texts
     with pytest.raises(ValueError, match="judge:self"):
         parse_reward_spec("judge:self")
     with pytest.raises(FileNotFoundError):

@@ -47,11 +47,11 @@ def test_resume_in_process_with_snapshot_matches(tiny_args, tmp_path):
 
 
 def test_zero_variance_filter_hand_computed():
-    from grpolab.algorithms import FILTERS
+    from grpolab.algorithms import zero_variance_groups
 
     r = torch.tensor([1.0, 1.0, 0.0, 1.0, float("nan"), 0.5, 0.5 + 1e-9])
     g = torch.tensor([0, 0, 1, 1, 2, 3, 3])
-    keep = FILTERS.get("zero_variance_groups")(r, g)
+    keep = zero_variance_groups(r, g)
     # group 0 constant, group 1 varies, group 2 has no scored pair, group 3 differs only by float noise
     assert keep.tolist() == [False, False, True, True, False, False, False]
 
@@ -92,8 +92,8 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
     # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 refills 2: one kept; round 3 refills 1: kept
     assert calls == [4, 2, 1]
     assert len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 3
-    from grpolab.algorithms import FILTERS
-    assert bool(FILTERS.get("zero_variance_groups")(batch.rewards[:, 0], batch.group_ids).all())
+    from grpolab.algorithms import zero_variance_groups
+    assert bool(zero_variance_groups(batch.rewards[:, 0], batch.group_ids).all())
     assert stats["dynamic_sampling/dropped_groups"] == 3 and stats["dynamic_sampling/generated_groups"] == 7
 
 
@@ -180,7 +180,7 @@ def test_mask_truncated_and_reward_transform_in_training(tiny_args):
 
 
 def test_uniform_sampler_resumes_to_the_same_choices():
-    from grpolab.sampling import SAMPLERS
+    from grpolab.prompts import SAMPLERS
 
     a = SAMPLERS.get("uniform")(num_rows=7, seed=3)
     first = a.next(5)

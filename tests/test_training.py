@@ -216,7 +216,7 @@ def test_default_out_folder_is_never_overwritten(tiny_args, tmp_path, monkeypatc
 def test_rollout_strategy_metrics_reach_metrics_jsonl(tiny_args):
     """ctx.metric(name, v) in a rollout strategy is logged as rollout/<name>; hint strategies get
     frac_hinted (share of rows trained with a hint in the context) without doing anything."""
-    from grpolab.rollout.strategies import ROLLOUT_STRATEGIES, plain
+    from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES, plain
 
     @ROLLOUT_STRATEGIES.register("_metric_probe")
     def probe(ctx, rows, uids, group_offset, budgets, temperatures, step):

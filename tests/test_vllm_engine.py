@@ -19,9 +19,9 @@ import torch
 
 from grpolab.config import Config
 from grpolab.model.loading import load_policy, save_policy
-from grpolab.rollout.plain import eos_token_ids
-from grpolab.rollout.sampling import sample_completions
-from grpolab.rollout.vllm_engine import importance_weights
+from grpolab.generation.plain import eos_token_ids
+from grpolab.generation.sampling import sample_completions
+from grpolab.generation.vllm_engine import importance_weights
 from grpolab.train.trainer import Trainer
 
 SHIFT = 0.05  # the stand-in engine's log-probs are this much lower than the trainer's

@@ -297,7 +297,7 @@ def logprob_consistency(model: str = "smollm2", prompts: int = 4, G: int = 8, ma
 
     from .model.loading import load_policy
     from .model.logprobs import completion_logprobs
-    from .rollout.plain import plain_rollout
+    from .generation.plain import plain_rollout
 
     m, tok = load_policy(model, log=lambda *x: None)
     rows = bench_prompts(prompts)

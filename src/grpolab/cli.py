@@ -118,9 +118,9 @@ def cmd_eval(args, rest: list[str]) -> int:
 
 
 def cmd_sft(args, rest: list[str]) -> int:
-    """Supervised cold start (``grpolab sft``): see :mod:`grpolab.sft`."""
+    """Supervised cold start (``grpolab sft``): see :mod:`grpolab.train.sft`."""
     from .config import Config, ConfigError
-    from .sft import run_sft
+    from .train.sft import run_sft
 
     cli = _kv_pairs(rest, Config.field_names())
     if "out" in cli or "data" in cli or "model" in cli or "task" in cli:
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
-    from .config import ConfigError
+    from .errors import ConfigError
     from .data import DataError
     from .registry import UnknownComponentError
     try:

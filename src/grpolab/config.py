@@ -14,11 +14,12 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A bad key or value; the message names it and says what is valid."""
+from .devices import check_device_spec
 
 
+from .errors import ConfigError
+from .registry import (ADVANTAGES, AGGREGATIONS, BATCH_STAGES, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS,
+                       REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS, TASKS, UPDATE_STRATEGIES, WEIGHTINGS)
 from .params import (AdvantageParamsA, AdvantageParamsB, BudgetParams, ObjectiveParams, RewardParams,  # noqa: E402
                      RolloutParams, SamplerParams, StageParams, TaskParams, InjectionParams, param as _f)
 
@@ -149,12 +150,6 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
         return cfg
 
     def validate(self) -> None:
-        from .algorithms import ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS
-        from .rewards.transforms import REWARD_TRANSFORMS
-        from .rollout.strategies import ROLLOUT_STRATEGIES
-        from .sampling import SAMPLERS
-        from .stages import BATCH_STAGES, UPDATE_STRATEGIES
-
         registries = {"ROLLOUT_STRATEGIES": ROLLOUT_STRATEGIES, "BATCH_STAGES": BATCH_STAGES,
                       "UPDATE_STRATEGIES": UPDATE_STRATEGIES, "ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
                       "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS,
@@ -181,16 +176,14 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
-        from .algorithms import KL_ESTIMATORS as _kl
+        _kl = KL_ESTIMATORS
         if self.kl_gradient is not None and self.kl_gradient not in _kl:
             raise ConfigError(f"kl_gradient: '{self.kl_gradient}' is not valid; valid values: "
                               f"{', '.join(_kl.names())}")
-        from .devices import check_device_spec
         check_device_spec(self.device)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         self._check_components(registries)
-        from .tasks import TASKS
         if self.data is None and self.task not in TASKS:
             raise ConfigError(f"task: '{self.task}' is not valid; valid values: {', '.join(TASKS.names())}")
         if self.data is not None and not self.reward:

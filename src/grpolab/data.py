@@ -1,7 +1,8 @@
-"""Prompt data: JSONL files and prompt formatting."""
+"""Prompt data: JSONL files, prompt formatting, completion text."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 
@@ -55,3 +56,32 @@ def render_prompt(tokenizer, prompt) -> str:
     if isinstance(prompt, str):
         return prompt
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+
+
+_INT = re.compile(r"-?\d+")
+
+
+def completion_text(completion) -> str:
+    """Text of a completion given as a string or as chat messages (TRL's two formats)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def last_int(text: str) -> int | None:
+    found = _INT.findall(text)
+    return int(found[-1]) if found else None
+
+
+def model_texts(rows: list[dict]) -> list[str]:
+    """Every string of ``rows`` (plain values and chat-message contents): what a tiny model's tokenizer must cover."""
+    out = []
+    for row in rows:
+        for v in row.values():
+            if isinstance(v, str):
+                out.append(v)
+            elif isinstance(v, list):
+                out.extend(m["content"] for m in v if isinstance(m, dict) and "content" in m)
+    return out

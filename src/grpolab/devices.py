@@ -22,7 +22,7 @@ import time
 
 import torch
 
-from .config import ConfigError
+from .errors import ConfigError
 
 _SPEC = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -1,52 +1,186 @@
-"""Named registries for pluggable components.
+"""Named registries of pluggable components, and how a component declares its parameters.
 
-Every algorithm piece (advantage estimator, policy loss, KL estimator, loss
-aggregation, task, ...) registers itself under a short name, so recipes and
-configs can refer to it as data and users can call it from their own loops::
+A leaf module: every registry of grpolab lives here, so a component imports the
+registry it joins from below and no package imports its own implementations
+back. Recipes and configs name components as data; users call them from their
+own loops::
 
-    from grpolab.algorithms import ADVANTAGES
+    from grpolab.registry import ADVANTAGES
     fn = ADVANTAGES.get("group_zscore")
+
+A component **owns its parameters**: a keyword-only parameter whose default is
+``param(default, help)`` is a config key of the runs that select the component,
+with that default and help text, declared once, next to the code that uses it::
+
+    @ADVANTAGES.register("my_estimator")
+    def my_estimator(rewards, group_ids, *, my_scale: float = param(1.0, "My estimator: scale of ...")):
+        ...
+
+Registering replaces the ``param(...)`` default by its value, so the function
+stays callable directly (``my_estimator(r, g)`` uses ``my_scale=1.0``). A
+keyword-only parameter named like a core config key (``epsilon``,
+``max_completion_length``, ...) is filled from that key and has no default of
+its own. Several components that share one setting use the same ``Param``
+object (declared once at module level).
 """
 from __future__ import annotations
 
-from typing import Callable, Generic, TypeVar
+import copy
+import inspect
+from typing import Any, Callable, Generic, TypeVar
+
+from .errors import UnknownComponentError
 
 T = TypeVar("T")
 
+__all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentError", "ALL_REGISTRIES"]
 
-class UnknownComponentError(KeyError):
-    """Raised when a name is not registered; the message lists valid names."""
 
-    def __str__(self) -> str:  # KeyError quotes its message; keep it readable
-        return str(self.args[0])
+class Param:
+    """The declaration of one component parameter: default, help text, valid choices."""
+
+    __slots__ = ("default", "help", "choices", "name", "owners")
+
+    def __init__(self, default: Any, help: str, choices: list | None = None):
+        self.default = default
+        self.help = help
+        self.choices = choices
+        self.name: str | None = None  # the config key (the parameter's name), set at registration
+        self.owners: list[str] = []   # "kind/name" of the components that take it
+
+    def value(self) -> Any:
+        """A fresh copy of the default (lists and dicts are never shared between runs)."""
+        return copy.deepcopy(self.default)
+
+    def __repr__(self) -> str:
+        return f"param({self.default!r}, {self.help!r})"
+
+
+def param(default: Any, help: str, choices: list | None = None) -> Any:
+    """Declare a component parameter (use as the default of a keyword-only parameter)."""
+    return Param(default, help, choices)
+
+
+def _targets(obj) -> list[Callable]:
+    """The callables whose keyword-only parameters are an object's parameters."""
+    if inspect.isclass(obj):
+        return [f for f in (obj.__dict__.get("__init__"), obj.__dict__.get("__call__")) if f is not None]
+    return [obj]
+
+
+def _collect(obj, owner: str) -> dict[str, Param]:
+    params = dict(getattr(obj, "__grpolab_params__", {}))
+    for fn in _targets(obj):
+        kwd = getattr(fn, "__kwdefaults__", None) or {}
+        for key, value in list(kwd.items()):
+            if isinstance(value, Param):
+                if value.name not in (None, key):
+                    raise ValueError(f"{owner}: parameter '{key}' reuses the declaration of '{value.name}'")
+                value.name = key
+                params[key] = value
+                kwd[key] = value.default  # callable directly with the declared default
+    for p in params.values():
+        if owner not in p.owners:
+            p.owners.append(owner)
+    try:
+        obj.__grpolab_params__ = params
+    except (AttributeError, TypeError):  # builtins and the like: no parameters to keep
+        pass
+    return params
+
+
+def declared_params(obj) -> dict[str, Param]:
+    """The parameters ``obj`` (a function or class) declared with :func:`param`."""
+    if not hasattr(obj, "__grpolab_params__"):
+        _collect(obj, getattr(obj, "__qualname__", repr(obj)))
+    return dict(getattr(obj, "__grpolab_params__", {}))
 
 
 class Registry(Generic[T]):
-    """A name -> object mapping with helpful errors."""
+    """A name -> component mapping with helpful errors.
 
-    def __init__(self, kind: str):
+    ``register(name, check=fn)`` may attach a config check ``fn(cfg)`` that
+    raises :class:`~grpolab.errors.ConfigError` for settings the component
+    cannot work with (e.g. a pairwise objective with odd group sizes).
+    """
+
+    def __init__(self, kind: str, key: str | None = None):
         self.kind = kind
+        self.key = key  # the config key that selects from this registry (for messages and docs)
         self._items: dict[str, T] = {}
+        self._checks: dict[str, Callable] = {}
+        self._prefixes: dict[str, str] = {}  # "rg:" -> how the rest of the name is read, for messages
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, *, check: Callable | None = None, prefix: str | None = None) -> Callable[[T], T]:
+        """Register under ``name``; with ``prefix="WHAT"``, ``name`` is a prefix (``"rg:"``) and every
+        ``name + WHAT`` resolves to this component, which receives ``WHAT`` as its first argument."""
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
             self._items[name] = obj
+            if prefix is not None:
+                self._prefixes[name] = prefix
+            _collect(obj, f"{self.kind}/{name}")
+            if check is not None:
+                self._checks[name] = check
             return obj
 
         return deco
 
+    def split(self, name: str) -> tuple[str, str | None]:
+        """``(registered name, rest)``: ``("rg:", "chain_sum")`` for a prefix entry, else ``(name, None)``."""
+        if isinstance(name, str):
+            for pre in self._prefixes:
+                if name.startswith(pre) and len(name) > len(pre):
+                    return pre, name[len(pre):]
+        return name, None
+
     def get(self, name: str) -> T:
+        key, _ = self.split(name)
         try:
-            return self._items[name]
-        except KeyError:
+            return self._items[key]
+        except (KeyError, TypeError):
             raise UnknownComponentError(
-                f"unknown {self.kind} '{name}'; valid: {', '.join(sorted(self._items))}"
+                f"unknown {self.kind} '{name}'; valid: {', '.join(self.names())}"
             ) from None
 
+    def check(self, name: str) -> Callable | None:
+        """The config check registered with ``name`` (``None`` if it has none)."""
+        return self._checks.get(name)
+
+    def params(self, name: str) -> dict[str, Param]:
+        return declared_params(self.get(name))
+
     def names(self) -> list[str]:
-        return sorted(self._items)
+        return sorted(n + self._prefixes[n] if n in self._prefixes else n for n in self._items)
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
 
     def __contains__(self, name: str) -> bool:
-        return name in self._items
+        key, rest = self.split(name)
+        return key in self._items and not (key in self._prefixes and rest is None)
+
+
+# ------------------------------------------------------------ every registry
+ADVANTAGES: Registry = Registry("advantage estimator", "advantage")
+WEIGHTINGS: Registry = Registry("advantage weighting", "advantage_weightings")
+POLICY_LOSSES: Registry = Registry("policy loss", "policy_loss")
+REGULARIZERS: Registry = Registry("regularizer", "regularizers")
+AGGREGATIONS: Registry = Registry("loss aggregation", "loss_aggregation")
+KL_ESTIMATORS: Registry = Registry("KL estimator", "kl_estimator")
+ANSWER_KEYS: Registry = Registry("answer equivalence")
+REWARD_TRANSFORMS: Registry = Registry("reward transform", "reward_transforms")
+REWARD_SPECS: Registry = Registry("reward spec", "reward")
+TASKS: Registry = Registry("task", "task")
+SAMPLERS: Registry = Registry("prompt sampler", "prompt_sampler")
+ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy", "rollout_strategy")
+BATCH_STAGES: Registry = Registry("batch stage", "batch_stages")
+UPDATE_STRATEGIES: Registry = Registry("update strategy", "update_strategy")
+
+ALL_REGISTRIES: dict[str, Registry] = {
+    "advantage": ADVANTAGES, "weighting": WEIGHTINGS, "policy_loss": POLICY_LOSSES, "regularizer": REGULARIZERS,
+    "aggregation": AGGREGATIONS, "kl": KL_ESTIMATORS, "answer_key": ANSWER_KEYS, "reward_transform": REWARD_TRANSFORMS,
+    "reward_spec": REWARD_SPECS, "task": TASKS, "prompt_sampler": SAMPLERS, "rollout": ROLLOUT_STRATEGIES,
+    "stage": BATCH_STAGES, "update": UPDATE_STRATEGIES,
+}

@@ -23,9 +23,9 @@ from typing import Callable
 
 import torch
 
-from ..registry import Registry
+from ..registry import ANSWER_KEYS
 from .losses import per_token
-from ..tasks.common import completion_text
+from ..data import completion_text
 from .advantages import ADVANTAGES, group_stats, group_zscore
 from .weightings import WEIGHTINGS
 
@@ -67,7 +67,6 @@ def _reward_names(batch, reward_matrix: torch.Tensor) -> list[str]:
 
 # ------------------------------------------------- answer equivalence (SEED)
 
-ANSWER_KEYS: Registry = Registry("answer equivalence")
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 

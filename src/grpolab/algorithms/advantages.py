@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
+from ..registry import ADVANTAGES
 
-ADVANTAGES: Registry = Registry("advantage estimator")
 
 
 def combine_rewards(reward_matrix: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -29,9 +29,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..registry import Registry
+from ..registry import AGGREGATIONS
 
-AGGREGATIONS: Registry = Registry("loss aggregation")
 
 
 @dataclass(frozen=True)

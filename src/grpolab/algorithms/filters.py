@@ -7,13 +7,9 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
 from .advantages import group_stats
 
-FILTERS: Registry = Registry("row filter")
 
-
-@FILTERS.register("zero_variance_groups")
 def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor, *, tolerance: float = 1e-6) -> torch.Tensor:
     """Keep rows of groups whose rewards vary (DAPO dynamic sampling, arXiv:2503.14476).
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
+from ..registry import KL_ESTIMATORS
 
-KL_ESTIMATORS: Registry = Registry("KL estimator")
 
 
 def _x(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
+from ..registry import POLICY_LOSSES
 
-POLICY_LOSSES: Registry = Registry("policy loss")
 
 
 def per_token(advantages: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

@@ -691,7 +691,7 @@ def validate_objective_config(cfg) -> None:
 
     Call from ``Config.validate()``.
     """
-    from ..config import ConfigError
+    from ..errors import ConfigError
 
     if cfg.policy_loss in GROUP_COUPLED:
         if cfg.num_generations < 2:

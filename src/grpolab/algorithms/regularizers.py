@@ -8,6 +8,5 @@ built in: ``beta`` and ``kl_estimator``.)
 """
 from __future__ import annotations
 
-from ..registry import Registry
+from ..registry import REGULARIZERS
 
-REGULARIZERS: Registry = Registry("regularizer")

@@ -6,6 +6,5 @@ Listed in the config as ``advantage_weightings: [name, ...]``, applied in order.
 """
 from __future__ import annotations
 
-from ..registry import Registry
+from ..registry import WEIGHTINGS
 
-WEIGHTINGS: Registry = Registry("advantage weighting")

@@ -33,8 +33,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..rollout.fast_decode import exact_architecture, rope as _rope
-from .logprobs import base_model
+from .hf import base_model, exact_architecture, rope as _rope
 
 
 def supports(model) -> bool:

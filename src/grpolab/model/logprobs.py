@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
+from .grouped_forward import grouped_hidden_states, supports as grouped_supports
+from .hf import base_model, cache_kwarg, model_device
 
 
 def sequence_inputs(batch: RolloutBatch):
@@ -97,17 +99,6 @@ class SelectedLogProb(torch.autograd.Function):
         return grad.to(ctx.logit_dtype), None, None, None
 
 
-def base_model(model):
-    """The Hugging Face model inside a PEFT wrapper (the model itself when not wrapped)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
-
-
-def model_device(model) -> torch.device:
-    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
-    p = next(iter(model.parameters()), None)
-    return p.device if p is not None else torch.device("cpu")
-
-
 def completion_logprobs(model, batch: RolloutBatch, temperature: float = 1.0, with_entropy: bool = False,
                         shared_prefix: bool = True, entropy_grad: bool = False):
     """Log-prob ``[R, T]`` of every completion token (and entropy ``[R, T]`` if asked).
@@ -158,8 +149,6 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     """
     from transformers import DynamicCache
 
-    from ..rollout.sampling import _cache_kwarg
-    from .grouped_forward import grouped_hidden_states, supports as grouped_supports
 
     uniq, inverse = torch.unique(torch.cat([batch.prompt_ids, batch.prompt_mask], dim=1), dim=0,
                                  return_inverse=True)
@@ -172,7 +161,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     pos = start + (comp_attn.cumsum(-1) - 1).clamp(min=0)
     T = batch.completion_ids.shape[1]
     cache = DynamicCache()
-    ckw = _cache_kwarg(model)
+    ckw = cache_kwarg(model)
     parts = _plain_head_parts(model)
     if parts is not None:
         decoder, head, embed = parts

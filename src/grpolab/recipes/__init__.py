@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..config import ConfigError
+from ..errors import ConfigError
 
 HERE = Path(__file__).parent
 

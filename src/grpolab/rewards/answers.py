@@ -29,7 +29,7 @@ import math
 import re
 from fractions import Fraction
 
-from ..tasks.common import completion_text
+from ..data import completion_text
 
 _MATH_VERIFY = None  # None: not tried yet; False: not importable; else the module
 

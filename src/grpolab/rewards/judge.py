@@ -37,8 +37,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from ..tasks.common import completion_text  # noqa: E402
+from ..data import completion_text  # noqa: E402
+from ..registry import REWARD_SPECS  # noqa: E402
 from .models import _prompt_text  # noqa: E402
+from .scoring import RewardFn  # noqa: E402
 
 
 def tiny_judge(seed: int = 0):
@@ -49,9 +51,8 @@ def tiny_judge(seed: int = 0):
 
 def _self_texts(cfg) -> list[str]:
     """The texts the trainer trains the tiny tokenizer on (so ``judge:self`` rebuilds the same model)."""
-    from ..data import load_jsonl
+    from ..data import load_jsonl, model_texts
     from ..tasks import get_task
-    from ..train.trainer import model_texts
     if cfg.data:
         return model_texts(load_jsonl(cfg.data))
     task = get_task(cfg.task, cfg=cfg)
@@ -154,13 +155,13 @@ class JudgeReward:
         return f"JudgeReward({self.path!r})"
 
 
+@REWARD_SPECS.register("judge:", prefix="PATH|self|tiny")
 def parse_judge_spec(spec: str, cfg=None):
     """``judge:PATH[=weight]`` -> :class:`grpolab.rewards.RewardFn` named ``judge``.
 
     The weight is the part after the last ``=`` when it parses as a number.
     Options come from the config keys ``judge_*`` when ``cfg`` is given.
     """
-    from . import RewardFn
 
     body, path, weight = spec[len("judge:"):], spec[len("judge:"):], 1.0
     head, sep, tail = body.rpartition("=")

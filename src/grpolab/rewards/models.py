@@ -35,7 +35,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
-from ..tasks.common import completion_text  # noqa: E402
+from ..data import completion_text  # noqa: E402
+from ..registry import REWARD_SPECS  # noqa: E402
+from .scoring import RewardFn  # noqa: E402
 
 
 def _prompt_text(prompt) -> str:
@@ -125,13 +127,13 @@ class RewardModelFn:
         return f"RewardModelFn({self.path!r})"
 
 
-def parse_rm_spec(spec: str, **kwargs):
+@REWARD_SPECS.register("rm:", prefix="PATH")
+def parse_rm_spec(spec: str, cfg=None, **kwargs):
     """``rm:PATH`` or ``rm:PATH=weight`` -> :class:`grpolab.rewards.RewardFn` named ``rm``.
 
     The weight is the part after the last ``=`` when it parses as a number
     (so a path may itself contain ``=``).
     """
-    from . import RewardFn
 
     if not spec.startswith("rm:"):
         raise ValueError(f"--reward '{spec}': a reward-model spec starts with 'rm:'")

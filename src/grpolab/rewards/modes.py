@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from ..tasks.common import completion_text
+from ..data import completion_text
 from .shaping import correct_rows
-from .transforms import REWARD_TRANSFORMS
+from ..registry import REWARD_TRANSFORMS
 
 
 def control_mode(text: str, short_token: str = "<short>", think_token: str = "<think>") -> str | None:

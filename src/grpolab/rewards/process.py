@@ -47,7 +47,9 @@ from __future__ import annotations
 
 import re
 
-from ..tasks.common import completion_text
+from ..data import completion_text
+from ..registry import REWARD_SPECS, declared_params, param
+from .scoring import RewardFn
 
 _TAGS = re.compile(r"</?think>|<short>|</?reasoning>|</?answer>")
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=\S)")
@@ -98,8 +100,14 @@ def conformance(policy_steps: list, teacher_steps: list) -> dict[str, float]:
 class PM4GRPOReward:
     """The conformance reward as a TRL-contract reward function (spec ``pm4grpo[=weight]``)."""
 
-    def __init__(self, *, pm4grpo_teacher_column: str = "solution", pm4grpo_measure: str = "f1",
-                 pm4grpo_abstract_numbers: bool = False):
+    def __init__(self, *,
+                 pm4grpo_teacher_column: str = param("solution", "PM4GRPO: data column holding the teacher's "
+                                                                 "reasoning trace"),
+                 pm4grpo_measure: str = param("f1", "PM4GRPO: conformance score: f1 (paper: harmonic mean of "
+                                                    "fitness and precision), fitness or precision",
+                                              ["f1", "fitness", "precision"]),
+                 pm4grpo_abstract_numbers: bool = param(False, "PM4GRPO: compare steps with every number replaced "
+                                                               "by '#' (procedure, not values)")):
         if pm4grpo_measure not in ("f1", "fitness", "precision"):
             raise ValueError(f"pm4grpo_measure: expected f1, fitness or precision, got '{pm4grpo_measure}'")
         self.column = pm4grpo_teacher_column
@@ -128,3 +136,17 @@ def pm4grpo_conformance(prompts=None, completions=None, solution=None, **kwargs)
     (``--reward grpolab.rewards.process:pm4grpo_conformance``)."""
     cols = {} if solution is None else {"solution": solution}
     return PM4GRPOReward()(prompts=prompts, completions=completions, **cols)
+
+
+def parse_pm4grpo_spec(spec: str, cfg=None, **opts):
+    """``pm4grpo[=weight]`` -> the conformance reward as :class:`~grpolab.rewards.scoring.RewardFn`."""
+    weight = spec.partition("=")[2]
+    try:
+        w = float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
+    return RewardFn("pm4grpo", PM4GRPOReward(**opts), w)
+
+
+parse_pm4grpo_spec.__grpolab_params__ = declared_params(PM4GRPOReward)  # its options are the reward's
+REWARD_SPECS.register("pm4grpo")(parse_pm4grpo_spec)

@@ -18,8 +18,8 @@ from fractions import Fraction
 
 import torch
 
-from ..tasks.common import completion_text
-from .transforms import REWARD_TRANSFORMS
+from ..data import completion_text
+from ..registry import REWARD_TRANSFORMS
 
 _NUMBER = r"-?\d+(?:\.\d+)?(?:/\d+)?"
 

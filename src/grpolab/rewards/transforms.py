@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
+from ..registry import REWARD_TRANSFORMS
 
-REWARD_TRANSFORMS: Registry = Registry("reward transform")
 
 
 @REWARD_TRANSFORMS.register("overlong_penalty")
@@ -40,5 +39,3 @@ def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_comple
     pen = torch.where(y > max_completion_length, torch.full_like(y, -1.0), pen)
     return rewards + overlong_penalty_factor * pen
 
-
-from . import shaping  # noqa: E402,F401  (register the seeds' reward transforms)

@@ -4,7 +4,7 @@
 registered function or class (stateful: checkpointed) called after the
 advantages are computed and before the loss, with the inputs ``batch``
 (a scored :class:`RolloutBatch` with ``advantages`` [R, T]), ``rewards`` (the
-scalar reward [R]), ``ctx`` (:class:`~grpolab.rollout.context.RolloutContext`)
+scalar reward [R]), ``ctx`` (:class:`~grpolab.rollouts.context.RolloutContext`)
 and ``step``. It returns the batch to train on (possibly fewer or more rows;
 rows it adds must carry rewards and advantages).
 
@@ -14,15 +14,7 @@ trainer's standard update: ``update(batch) -> metrics dict``), ``batch``,
 """
 from __future__ import annotations
 
-from ..registry import Registry
+from ..registry import BATCH_STAGES, UPDATE_STRATEGIES
+from . import pruning, replay, sfpo, updates  # noqa: F401  (register stages and update strategies)
 
-BATCH_STAGES: Registry = Registry("batch stage")
-UPDATE_STRATEGIES: Registry = Registry("update strategy")
-
-
-@UPDATE_STRATEGIES.register("standard")
-def standard(update, batch):
-    """``num_iterations`` optimiser passes over the batch in micro-batches (GRPO's update)."""
-    return update(batch)
-
-from . import pruning, replay, sfpo  # noqa: E402,F401  (register stages and update strategies)
+__all__ = ["BATCH_STAGES", "UPDATE_STRATEGIES"]

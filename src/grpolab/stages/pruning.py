@@ -18,8 +18,8 @@ import torch
 
 from ..algorithms import group_zscore
 from ..batch import RolloutBatch
-from ..config import ConfigError
-from . import BATCH_STAGES
+from ..errors import ConfigError
+from ..registry import BATCH_STAGES
 
 
 def row_advantage(batch: RolloutBatch) -> torch.Tensor:

@@ -15,8 +15,8 @@ from collections import OrderedDict
 import torch
 
 from ..batch import RolloutBatch
-from ..config import ConfigError
-from . import BATCH_STAGES
+from ..errors import ConfigError
+from ..registry import BATCH_STAGES
 from .pruning import row_advantage, score_new_rows, set_group_advantages
 
 

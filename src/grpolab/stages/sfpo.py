@@ -5,8 +5,8 @@ import math
 
 import torch
 
-from ..config import ConfigError
-from . import UPDATE_STRATEGIES
+from ..errors import ConfigError
+from ..registry import UPDATE_STRATEGIES
 
 
 @UPDATE_STRATEGIES.register("sfpo")

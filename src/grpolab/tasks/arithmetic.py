@@ -33,8 +33,9 @@ from __future__ import annotations
 import random
 import re
 
-from . import TASKS, Task
-from .common import completion_text, last_int
+from ..registry import TASKS
+from .base import Task
+from ..data import completion_text, last_int
 
 ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 FORMAT = re.compile(r"Answer:\s*-?\d+\s*\.?\s*$")  # the reply ends with the answer

@@ -23,8 +23,9 @@ import re
 from collections import Counter
 from fractions import Fraction
 
-from . import TASKS, Task
-from .common import completion_text
+from ..registry import TASKS
+from .base import Task
+from ..data import completion_text
 
 ANSWER = re.compile(r"Answer:\s*([0-9+\-*/() ]+)")
 FORMAT = re.compile(r"Answer:\s*[0-9+\-*/() ]*[0-9)]\s*\.?\s*$")

@@ -31,9 +31,11 @@ import difflib
 import json
 import re
 
-from . import Task
-from .common import completion_text
+from ..registry import TASKS
+from .base import Task
+from ..data import completion_text
 
+GYM_PREFIX = "rg:"
 ANSWER_LINE = re.compile(r"Answer:[ \t]*([^\n]*)")
 FORMAT = re.compile(r"Answer:[ \t]*\S[^\n]*\s*$")
 INSTRUCTION = "Finish your reply with 'Answer:' followed by the answer."
@@ -81,6 +83,7 @@ def _row(entry: dict, split: str) -> dict:
             "rg_split": split}
 
 
+@TASKS.register(GYM_PREFIX, prefix="NAME (reasoning-gym)")
 def gym_task(name: str, *, rg_train_size: int = 1000, rg_eval_size: int = 200, rg_seed: int = 1234,
              rg_config: dict | str | None = None) -> Task:
     """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring)."""

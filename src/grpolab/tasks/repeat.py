@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import random
 
-from . import TASKS, Task
-from .common import completion_text
+from ..registry import TASKS
+from .base import Task
+from ..data import completion_text
 
 
 def match(prompts=None, completions=None, digit=None, **kwargs) -> list[float]:

@@ -5,7 +5,7 @@ import torch
 
 from ..algorithms import combine_rewards
 from ..rewards import RewardFn, RewardScorer
-from ..rollout.plain import plain_rollout
+from ..generation.plain import plain_rollout
 
 
 @torch.no_grad()

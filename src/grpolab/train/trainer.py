@@ -22,21 +22,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, FILTERS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals,
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, zero_variance_groups,
                           combine_rewards, group_stats)
 from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
-from ..data import columns_of, load_jsonl
+from ..data import columns_of, load_jsonl, model_texts
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs
 from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
-from ..rollout.context import RolloutContext
-from ..rollout.strategies import ROLLOUT_STRATEGIES
-from ..sampling import SAMPLERS
+from ..rollouts.context import RolloutContext
+from ..rollouts.strategies import ROLLOUT_STRATEGIES
+from ..prompts import SAMPLERS
 from ..stages import BATCH_STAGES, UPDATE_STRATEGIES
 from ..tasks import get_task
 from . import checkpoint as ckpt
@@ -75,17 +75,6 @@ def build_sampler(cfg: Config, rows: list[dict]):
     if "rows" in inspect.signature(cls.__init__).parameters:
         kwargs["rows"] = rows
     return cls(num_rows=len(rows), seed=cfg.seed, **kwargs)
-
-
-def model_texts(rows: list[dict]) -> list[str]:
-    out = []
-    for row in rows:
-        for v in row.values():
-            if isinstance(v, str):
-                out.append(v)
-            elif isinstance(v, list):
-                out.extend(m["content"] for m in v if isinstance(m, dict) and "content" in m)
-    return out
 
 
 class Trainer:
@@ -159,7 +148,7 @@ class Trainer:
         self.ctx = RolloutContext(self)
         self.engine = None
         if cfg.generation_engine == "vllm":
-            from ..rollout.vllm_engine import VLLMEngine, engine_model_path
+            from ..generation.vllm_engine import VLLMEngine, engine_model_path
             self.engine = VLLMEngine(engine_model_path(cfg), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                                      max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed)
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
@@ -286,7 +275,7 @@ class Trainer:
             if not cfg.dynamic_sampling:
                 return batch, errors, {}
             scalar = self.scalar_rewards(batch)
-            keep = FILTERS.get("zero_variance_groups")(scalar, batch.group_ids)
+            keep = zero_variance_groups(scalar, batch.group_ids)
             dropped += len(torch.unique(batch.group_ids[~keep]))
             if keep.any():
                 rows = keep.nonzero().squeeze(-1)

@@ -1,23 +1,10 @@
-"""Prompt samplers: which prompts come next. Stateful; they checkpoint exactly.
-
-A sampler is a class registered in ``SAMPLERS`` and built as
-``cls(num_rows=N, seed=S, [rows=dataset rows], **config keys)`` (keyword-only
-``__init__`` parameters are filled from config keys of the same name). It has
-
-* ``next(k) -> list[int]``: the dataset indices of the next ``k`` prompts;
-* ``feedback(prompt_uids, rewards, group_ids, reward_matrix, lengths, completion_ids, step)``:
-  per-row outcomes after every step (``prompt_uids`` are dataset indices,
-  ``rewards`` the combined scalar reward with NaN = unscorable);
-* ``state_dict()`` / ``load_state_dict()``: everything needed to make the same
-  choices after a resume, its random generator included.
-"""
+"""The uniform prompt sampler: an epoch-wise shuffled pass over the data."""
 from __future__ import annotations
 
 import torch
 
-from ..registry import Registry
+from ..registry import SAMPLERS
 
-SAMPLERS: Registry = Registry("prompt sampler")
 
 
 @SAMPLERS.register("uniform")
@@ -63,4 +50,3 @@ class UniformSampler:
             raise ValueError(f"sampler state is for {state['num_rows']} rows, the data has {self.num_rows}")
         self.generator.set_state(state["generator"])
         self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
-from . import adaptive, budgets  # noqa: E402,F401  (register adaptive and budget-aware samplers)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from .plain import plain_rollout
+from ..generation.plain import plain_rollout
 
 
 class RolloutContext:
@@ -86,7 +86,7 @@ class RolloutContext:
         cfg = self.cfg
         engine = getattr(self._t, "engine", None)
         if engine is not None and model is None:  # vLLM: sampled by the engine, pi_old from the trainer
-            from .vllm_engine import engine_rollout
+            from ..generation.vllm_engine import engine_rollout
             return engine_rollout(engine, self, rows, uids, group_offset=group_offset,
                                   num_generations=cfg.num_generations if num_generations is None else num_generations,
                                   temperature=cfg.temperature if temperature is None else temperature)

@@ -6,9 +6,9 @@ import re
 
 import torch
 
-from ..config import ConfigError
-from ..tasks.common import completion_text
-from .strategies import ROLLOUT_STRATEGIES
+from ..errors import ConfigError
+from ..data import completion_text
+from ..registry import ROLLOUT_STRATEGIES
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 

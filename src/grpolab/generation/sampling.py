@@ -21,6 +21,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.hf import base_model, cache_kwarg, model_device
+from .fast_decode import static_decoder
+
 
 @dataclass
 class SampleOutput:
@@ -73,15 +76,13 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     """
     from transformers import DynamicCache
 
-    from ..model.logprobs import model_device
-    from .fast_decode import static_decoder
 
     dev = model_device(model)
     prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
     n = prompt_ids.shape[0]
     counts = completion_counts(num_samples, n)
     cache = DynamicCache()
-    ckw = _cache_kwarg(model)
+    ckw = cache_kwarg(model)
     pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
                 use_cache=True, logits_to_keep=1, **{ckw: cache})
@@ -197,7 +198,6 @@ class small_batch_linears:
         self.patched: list = []
 
     def __enter__(self):
-        from ..model.logprobs import model_device
         if model_device(self.model).type != "cpu":
             return self
         for mod in self.model.modules():
@@ -223,13 +223,6 @@ def _small_rows_forward(mod: torch.nn.Linear, max_rows: int):
             out = out + mod.bias
         return out.reshape(*x.shape[:-1], mod.weight.shape[0])
     return forward
-
-
-def _cache_kwarg(model) -> str:
-    """Newer transformers name the KV-cache argument ``cache`` (``past_key_values`` is deprecated)."""
-    import inspect
-    from ..model.logprobs import base_model
-    return "cache" if "cache" in inspect.signature(base_model(model).forward).parameters else "past_key_values"
 
 
 def _filter(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

@@ -30,8 +30,8 @@ import math
 import torch
 
 from ..batch import RolloutBatch
-from ..config import ConfigError
-from .strategies import ROLLOUT_STRATEGIES
+from ..errors import ConfigError
+from ..registry import ROLLOUT_STRATEGIES
 
 HINT_TASKS = "countdown, arithmetic (multi-step)"
 SOLUTION_HEADER = "The beginning of a reference solution, to continue from:"

@@ -121,7 +121,7 @@ def add_control_tokens(model, tok, tokens: list[str]) -> int:
 
 def encode(tok, example: SFTExample, max_length: int) -> tuple[list[int], list[int]]:
     """``(input_ids, labels)``: the rendered prompt (labels -100), the target and EOS."""
-    from .data import render_prompt
+    from ..data import render_prompt
     p = tok(render_prompt(tok, example.prompt), add_special_tokens=False)["input_ids"]
     t = tok(example.target, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     ids, labels = (p + t)[:max_length], ([-100] * len(p) + t)[:max_length]
@@ -173,10 +173,10 @@ def sft_train(model, tok, examples: list[SFTExample], *, sft_steps: int = 50, sf
 
 def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
     """Build examples (JSONL ``data`` or ``cfg.task``), train ``cfg.model`` and save it to ``out``."""
-    from .data import load_jsonl
-    from .model.loading import load_policy, save_policy
-    from .tasks import get_task
-    from .train.trainer import model_texts
+    from ..data import load_jsonl
+    from ..model.loading import load_policy, save_policy
+    from ..tasks import get_task
+    from ..data import model_texts
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

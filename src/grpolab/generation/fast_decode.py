@@ -35,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM")
+from ..model.hf import exact_architecture, rope
+
 
 
 def static_decoder(model, cache, rows_index: torch.Tensor, attn: torch.Tensor, capacity: int):
@@ -54,25 +55,6 @@ def supports(model) -> bool:
     """Whether :class:`StaticDecoder` computes this model's forward exactly (it reads the raw weights,
     so a PEFT-wrapped model, whose adapters it would skip, is not supported)."""
     return not hasattr(model, "peft_config") and exact_architecture(model)
-
-
-def exact_architecture(model) -> bool:
-    """A Llama / Qwen2 model whose forward the re-implementations here and in ``model/grouped_forward.py``
-    compute exactly: SiLU MLPs, RMSNorm, full attention on every layer, no soft-capping."""
-    if type(model).__name__ not in SUPPORTED:
-        return False
-    cfg = model.config
-    if getattr(cfg, "hidden_act", "silu") != "silu" or getattr(cfg, "pretraining_tp", 1) not in (None, 1):
-        return False
-    if any(t != "full_attention" for t in (getattr(cfg, "layer_types", None) or [])):
-        return False
-    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "attn_logit_softcapping", None):
-        return False
-    if getattr(cfg, "attention_dropout", 0.0) and model.training:
-        return False
-    base = model.model
-    return all(type(m).__name__.endswith("RMSNorm") for layer in base.layers
-               for m in (layer.input_layernorm, layer.post_attention_layernorm))
 
 
 def _cat(*ts):
@@ -179,10 +161,3 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     xf = x.float()
     xf = xf * torch.rsqrt(xf.pow(2).mean(0, keepdim=True) + eps)
     return weight * xf.to(x.dtype)
-
-
-def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding ``x cos + rotate_half(x) sin`` (the Hugging Face Llama convention)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin

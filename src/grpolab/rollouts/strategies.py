@@ -1,7 +1,7 @@
 """Rollout strategies: how a step's completions are produced.
 
 A strategy is a registered function or class (stateful: checkpointed). It is
-called with the inputs ``ctx`` (:class:`~grpolab.rollout.context.RolloutContext`),
+called with the inputs ``ctx`` (:class:`~grpolab.rollouts.context.RolloutContext`),
 ``rows`` (the sampled data rows), ``uids`` (their dataset indices),
 ``group_offset`` (first group id to use), ``budgets`` (completions per prompt,
 a list) and ``temperatures`` (one per prompt, a list), plus ``step``; keyword-only
@@ -14,14 +14,11 @@ behaviour log-prob it really has (``ctx.logprobs``).
 """
 from __future__ import annotations
 
-from ..registry import Registry
+from ..registry import ROLLOUT_STRATEGIES
 
-ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy")
 
 
 @ROLLOUT_STRATEGIES.register("plain")
 def plain(ctx, rows, uids, group_offset, budgets=None, temperatures=None):
     """G sampled completions per prompt (the GRPO rollout); ragged when ``budgets`` differ."""
     return ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
-
-from . import guidance, injection, thinking  # noqa: E402,F401  (register strategies)

@@ -44,11 +44,11 @@ from pathlib import Path
 import torch
 
 from ..batch import INJECTED, SAMPLED, RolloutBatch
-from ..config import ConfigError
+from ..errors import ConfigError
 from ..data import render_prompt
-from .plain import eos_token_ids, tokenize_prompts
-from .sampling import sample_completions
-from .strategies import ROLLOUT_STRATEGIES
+from ..generation.plain import eos_token_ids, tokenize_prompts
+from ..generation.sampling import sample_completions
+from ..registry import ROLLOUT_STRATEGIES
 
 
 # --------------------------------------------------------------------------- helpers

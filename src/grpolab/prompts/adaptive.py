@@ -1,6 +1,6 @@
 """Adaptive prompt samplers (variant catalogue II): difficulty- and variance-aware prompt selection.
 
-Every sampler here follows the interface of ``grpolab.sampling`` (``next``,
+Every sampler here follows the interface of ``grpolab.prompts`` (``next``,
 ``feedback``, ``state_dict`` / ``load_state_dict``) and draws all randomness
 from its own ``torch.Generator``, whose state is part of ``state_dict``, so a
 resumed sampler makes exactly the choices an uninterrupted one makes.
@@ -18,7 +18,7 @@ import warnings
 
 import torch
 
-from . import SAMPLERS
+from ..registry import SAMPLERS
 
 
 # ----------------------------------------------------------------------------- shared helpers

@@ -1,0 +1,129 @@
+"""Reward functions and their scoring: loading, validation and scoring into a ``[rows, K]`` matrix.
+
+The contract is TRL's: a reward function is called as
+``f(prompts=..., completions=..., completion_ids=..., **columns)`` and returns a
+list with one float (or ``None`` = unscorable) per completion. Unscorable
+entries become NaN and are left out of group statistics.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..registry import REWARD_SPECS, declared_params
+
+STANDARD_ARGS = {"prompts", "completions", "completion_ids"}
+
+
+@dataclass
+class RewardFn:
+    name: str
+    fn: Callable
+    weight: float = 1.0
+
+
+def parse_reward_spec(spec: str, cfg=None) -> RewardFn:
+    """``module:function[=weight]``, ``rm:PATH[=weight]``, ``judge:PATH[=weight]`` or
+    ``pm4grpo[=weight]`` -> :class:`RewardFn`.
+
+    The module is imported with the current directory on ``sys.path`` (and
+    ``PYTHONPATH`` as usual). ``rm:PATH`` loads a local Hugging Face
+    sequence-classification model as a reward model (``rewards/models.py``).
+    ``judge:PATH`` / ``judge:self`` / ``judge:tiny`` asks a causal LM a yes/no
+    question about each completion (``rewards/judge.py``); ``pm4grpo`` is the
+    PM4GRPO process-conformance reward (``rewards/process.py``). ``cfg`` (the
+    run's Config) supplies the ``judge_*`` / ``pm4grpo_*`` options and the
+    policy that ``judge:self`` copies; without it the defaults apply.
+    """
+    name = spec.partition("=")[0]
+    if name in REWARD_SPECS:  # rm:PATH, judge:PATH, pm4grpo, ...: built by the registered spec parser
+        parse = REWARD_SPECS.get(name)
+        opts = {k: getattr(cfg, k) for k in declared_params(parse) if cfg is not None and hasattr(cfg, k)}
+        return parse(spec, cfg=cfg, **opts)
+    target, _, weight = spec.partition("=")
+    module_name, _, func_name = target.partition(":")
+    if not module_name or not func_name:
+        raise ValueError(f"--reward '{spec}': expected module:function or module:function=weight "
+                         f"(or rm:PATH, judge:PATH, pm4grpo)")
+    try:
+        w = float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"--reward '{spec}': cannot import module '{module_name}' ({e}); "
+                         f"it must be importable from the current directory or PYTHONPATH") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise ValueError(f"--reward '{spec}': module '{module_name}' has no function '{func_name}'")
+    return RewardFn(func_name, fn, w)
+
+
+def check_signature(reward: RewardFn, columns: set[str], source: str = "the data") -> None:
+    """Reject a reward function that asks for a parameter no data column provides."""
+    sig = inspect.signature(reward.fn)
+    for p in sig.parameters.values():
+        if p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if p.name in STANDARD_ARGS or p.name in columns or p.default is not inspect.Parameter.empty:
+            continue
+        raise ValueError(
+            f"reward function '{reward.name}' takes parameter '{p.name}', but {source} has no column "
+            f"'{p.name}' (columns: {', '.join(sorted(columns)) or 'none'}; always passed: "
+            f"{', '.join(sorted(STANDARD_ARGS))}). Add the column or give the parameter a default.")
+
+
+class RewardScorer:
+    """Runs every reward function over a batch of completions."""
+
+    def __init__(self, rewards: list[RewardFn], log=print):
+        names = [r.name for r in rewards]
+        self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
+        self.rewards = rewards
+        self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
+        self.log = log
+
+    def score_batch(self, batch) -> tuple[torch.Tensor, int]:
+        """Score a RolloutBatch: its prompts, completions, completion token ids and data columns."""
+        cols = {k: v for k, v in batch.columns.items() if k not in ("prompt", "completion")}
+        ids = [row[:int(n)].tolist() for row, n in zip(batch.completion_ids, batch.completion_attention_mask.sum(-1))]
+        return self.score(batch.columns["prompt"], batch.columns["completion"], ids, cols)
+
+    def score(self, prompts: list, completions: list, completion_ids: list[list[int]],
+              columns: dict[str, list]) -> tuple[torch.Tensor, int]:
+        """Return ``(matrix [R, K] with NaN for unscorable, number of calls that raised)``."""
+        R, errors = len(completions), 0
+        matrix = torch.full((R, len(self.rewards)), float("nan"))
+        for k, (name, r) in enumerate(zip(self.names, self.rewards)):
+            try:
+                values = r.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
+                              **columns)
+                values = list(values)
+                if len(values) != R:
+                    raise ValueError(f"returned {len(values)} values for {R} completions")
+            except Exception as e:  # a failing reward must not kill the run
+                errors += 1
+                self.log(f"[grpolab] reward function '{name}' raised {type(e).__name__}: {e}; its "
+                         f"{R} rows are unscorable this step\n{traceback.format_exc(limit=2)}")
+                continue
+            for i, v in enumerate(values):
+                if v is None:
+                    continue
+                try:
+                    f = float(v)
+                except (TypeError, ValueError):
+                    continue
+                if math.isfinite(f):
+                    matrix[i, k] = f
+        return matrix, errors

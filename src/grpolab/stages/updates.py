@@ -1,0 +1,10 @@
+"""The standard update strategy (GRPO's update)."""
+from __future__ import annotations
+
+from ..registry import UPDATE_STRATEGIES
+
+
+@UPDATE_STRATEGIES.register("standard")
+def standard(update, batch):
+    """``num_iterations`` optimiser passes over the batch in micro-batches (GRPO's update)."""
+    return update(batch)

@@ -1,0 +1,38 @@
+"""A task: train and held-out rows plus reward functions; ``get_task`` builds a registered one."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..registry import TASKS
+
+
+@dataclass
+class Task:
+    name: str
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    rewards: list[tuple[str, Callable, float]]  # (name, function, weight)
+    accuracy_reward: str | None = None  # reward whose value 1.0 means "correct"
+    description: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def task_config_kwargs(factory: Callable, cfg) -> dict:
+    """Keyword-only parameters of a task function that ``cfg`` has an attribute for."""
+    out = {}
+    if cfg is None:
+        return out
+    for p in inspect.signature(factory).parameters.values():
+        if p.kind == p.KEYWORD_ONLY and hasattr(cfg, p.name):
+            out[p.name] = getattr(cfg, p.name)
+    return out
+
+
+def get_task(name: str, cfg=None, **kwargs) -> Task:
+    """Build task ``name``; ``cfg`` (a Config) fills the task's keyword-only options, ``kwargs`` win."""
+    factory = TASKS.get(name)
+    _, rest = TASKS.split(name)
+    args = (rest,) if rest is not None else ()
+    return factory(*args, **{**task_config_kwargs(factory, cfg), **kwargs})
