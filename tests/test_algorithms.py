@@ -14,7 +14,7 @@ def test_group_zscore_hand_computed():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0])
     g = torch.zeros(4, dtype=torch.long)
     std = math.sqrt(1 / 3)  # Bessel: sum of squares 1.0 over n-1 = 3
-    a = ADVANTAGES.get("group_zscore")(r, g, epsilon=1e-4)
+    a = ADVANTAGES.get("group_zscore")(r, g, advantage_epsilon=1e-4)
     expected = torch.tensor([0.5, -0.5, -0.5, 0.5]) / (std + 1e-4)
     assert torch.allclose(a, expected, atol=1e-6)
     assert abs(float(a[0]) - 0.865875) < 1e-5
@@ -23,7 +23,7 @@ def test_group_zscore_hand_computed():
 def test_group_zscore_nan_ragged_and_zero_variance():
     r = torch.tensor([1.0, 0.0, nan, 2.0, 2.0, 2.0, 5.0])
     g = torch.tensor([0, 0, 0, 1, 1, 1, 2])
-    a = ADVANTAGES.get("group_zscore")(r, g, epsilon=1e-4)
+    a = ADVANTAGES.get("group_zscore")(r, g, advantage_epsilon=1e-4)
     s = math.sqrt(0.5)
     assert torch.allclose(a[:2], torch.tensor([0.5, -0.5]) / (s + 1e-4), atol=1e-6)
     assert a[2] == 0  # unscorable row: no advantage

@@ -63,7 +63,7 @@ def test_redit_is_deterministic_per_seed_and_step_and_zero_mean():
 
 
 def test_redit_resumed_trainer_component_matches():
-    cfg = Config.build({"seed": 11, "redit_scale": 0.2})
+    cfg = Config.build({"seed": 11, "reward_transforms": ["redit"], "redit_scale": 0.2})
     c1, c2 = Component(REWARD_TRANSFORMS.get("redit"), cfg), Component(REWARD_TRANSFORMS.get("redit"), cfg)
     r, uids = torch.ones(4), torch.tensor([0, 0, 1, 1])
     for step in range(3):  # a "resumed" component (fresh object) gives the same noise at every step

@@ -134,7 +134,7 @@ def test_pm4grpo_reward_on_texts():
     assert got == pytest.approx([0.8])
     # abstraction compares procedure: "3 + 4 = 7" conforms to "12 + 5 = 17"
     assert PM4GRPOReward(pm4grpo_abstract_numbers=True)(completions=["3 + 4 = 7"], solution=["12 + 5 = 17"]) == [1.0]
-    spec = parse_reward_spec("pm4grpo=0.5", cfg=Config.build({"pm4grpo_measure": "precision"}))
+    spec = parse_reward_spec("pm4grpo=0.5", cfg=Config.build({"reward": ["pm4grpo"], "pm4grpo_measure": "precision"}))
     assert spec.name == "pm4grpo" and spec.weight == 0.5 and spec.fn.measure == "precision"
     with pytest.raises(ValueError, match="teacher"):
         r(completions=["x"], answer=["1"])
@@ -168,7 +168,7 @@ def test_judge_self_copies_initial_policy(tmp_path):
         parse_reward_spec("judge:self")
     with pytest.raises(FileNotFoundError):
         parse_reward_spec(f"judge:{tmp_path}")
-    cfg = Config.build({"model": "tiny", "task": "repeat", "judge_question": "ok?"})
+    cfg = Config.build({"model": "tiny", "task": "repeat", "reward": ["judge:self"], "judge_question": "ok?"})
     j = parse_reward_spec("judge:self", cfg=cfg).fn
     j.load()
     t = get_task("repeat")

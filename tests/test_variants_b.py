@@ -102,8 +102,8 @@ def test_sgrpo_advantage():
     fn = ADVANTAGES.get("sgrpo_noise_aware")
     r = torch.tensor([1.0, 0, 0, 0, 1, 1, 0, 0])
     g = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    out = fn(r, g, epsilon=EPS, sgrpo_noise_p=0.1)
-    z = group_zscore(r, g, epsilon=EPS)
+    out = fn(r, g, advantage_epsilon=EPS, sgrpo_noise_p=0.1)
+    z = group_zscore(r, g, advantage_epsilon=EPS)
     assert out[:4].tolist() == pytest.approx((z[:4] * 0.721110).tolist(), abs=1e-5)
     assert out[4:].tolist() == pytest.approx((z[4:] * 0.8).tolist(), abs=1e-6)
     # p = 0: w* = t(1-t)/(t(1-t)+eps) ~= 1 -> GRPO
@@ -152,7 +152,7 @@ def test_spo_batch_normalisation_and_groups():
     t = SPOValueTracker(spo_normalize="batch")
     r = torch.tensor([1.0, 0.0, 1.0, 0.0])
     uids = torch.tensor([1, 1, 2, 3])
-    out = t(r, uids, torch.zeros(4, 2), torch.ones(4, 2), epsilon=EPS)
+    out = t(r, uids, torch.zeros(4, 2), torch.ones(4, 2), advantage_epsilon=EPS)
     # fresh prompts: A = r - .5 = [.5,-.5,.5,-.5]; batch mean 0, std = sqrt(4*.25/3) = .57735
     assert out.tolist() == pytest.approx([0.5 / (0.57735027 + EPS), -0.5 / (0.57735027 + EPS)] * 2, abs=1e-6)
     assert t.table[1][:2] == (5.0, 5.0)  # G = 2 rows of prompt 1 share one update: 4+1, 4+1
@@ -189,7 +189,7 @@ def test_spo_restore_is_exact():
 def test_spo_recipe_single_stream_validates():
     cfg = Config.build(recipe_overrides("spo_single_stream"))
     assert cfg.num_generations == 1 and cfg.advantage == "spo_single_stream"
-    comp = Component(ADVANTAGES.get("spo_single_stream"), cfg, "advantage_", "spo_single_stream")
+    comp = Component(ADVANTAGES.get("spo_single_stream"), cfg, "spo_single_stream")
     assert comp.stateful and comp.fn.rho_min == 0.875
 
 
@@ -252,7 +252,7 @@ def test_tempsamp_soft_advantage():
     # tau .5, alphas 1: 1 -> .5 + log 1.5 = .905465 ; .5 -> .5 ; 0 -> .5 - (e^.5 - 1) = -.148721
     phi = asymmetric_soft_reward(r, 0.5, 1.0, 1.0)
     assert phi.tolist() == pytest.approx([0.905465, 0.5, -0.148721], abs=1e-6)
-    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(3, dtype=torch.long), epsilon=EPS)
+    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(3, dtype=torch.long), advantage_epsilon=EPS)
     # mean .418915; devs .486550, .081085, -.567636; std = sqrt(.565516/2) = .531750
     assert out.tolist() == pytest.approx([0.486550 / 0.53185, 0.081085 / 0.53185, -0.567636 / 0.53185], abs=1e-4)
     assert out[1] > 0  # asymmetric: the middle completion is above the shaped mean (GRPO gives it 0)
@@ -269,16 +269,16 @@ def test_aapo_momentum_hand_computed():
     a = AAPOMomentum(aapo_momentum=0.9)
     g, u = torch.tensor([0, 0]), torch.tensor([3, 3])
     # no reference column -> EMA fallback. step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
-    assert a(torch.tensor([1.0, 1.0]), g, u, epsilon=EPS).tolist() == [0.0, 0.0]
+    assert a(torch.tensor([1.0, 1.0]), g, u, advantage_epsilon=EPS).tolist() == [0.0, 0.0]
     # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2 (vanishing group advantage still gets signal)
     assert a(torch.tensor([0.0, 0.0]), g, u).tolist() == pytest.approx([-0.2, -0.2])
     assert a.ema[3] == pytest.approx(0.9)  # .9 * 1 + .1 * 0
     # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; margins 1-.9 = .1 (kept), 0-.9 = -.9 -> -.2
-    out = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS)
+    out = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS)
     assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.2], abs=1e-5)
     assert a.ema[3] == pytest.approx(0.9 * 0.9 + 0.1 * 0.5)  # .86
     # without clipping the unclipped margins come back: -.706997 - (0 - .86)
-    wide = a(torch.tensor([1.0, 0.0]), g, u, epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0)
+    wide = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0)
     assert wide.tolist() == pytest.approx([0.706997 + 0.14, -0.706997 - 0.86], abs=1e-5)
 
 
@@ -290,9 +290,9 @@ def test_aapo_reference_reward_column():
     batch.columns["ref_reward"] = [0.0, 1.0, None]
     r = torch.tensor([1.0, 1.0, 1.0])
     # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None -> 0
-    assert a(r, g, u, batch, epsilon=EPS).tolist() == pytest.approx([0.28, 0.0, 0.0])
+    assert a(r, g, u, batch, advantage_epsilon=EPS).tolist() == pytest.approx([0.28, 0.0, 0.0])
     # eta scales the margin term; rewards 1,0,0 vs ref 0,1,None: z = (2/3, -1/3, -1/3)/(.57735 + 1e-4)
-    out = a(torch.tensor([1.0, 0.0, 0.0]), g, u, batch, epsilon=EPS, aapo_eta=0.5)
+    out = a(torch.tensor([1.0, 0.0, 0.0]), g, u, batch, advantage_epsilon=EPS, aapo_eta=0.5)
     z = 1 / 3 / (0.577350 + 1e-4)
     assert out.tolist() == pytest.approx([2 * z + 0.5 * 0.28, -z + 0.5 * -0.2, -z], abs=1e-5)
     with pytest.raises(ValueError):
@@ -325,13 +325,13 @@ def test_awpo_gated():
     rm = torch.tensor([o, z]).T
     g = torch.tensor([0] * 4 + [1] * 4)
     batch = make_batch([[0]] * 8, reward_names=["acc", "fmt"])
-    out = fn(rm, g, batch, epsilon=EPS, awpo_outcome_reward="acc", awpo_reasoning_reward="fmt", awpo_lambda=0.5)
+    out = fn(rm, g, batch, advantage_epsilon=EPS, awpo_outcome_reward="acc", awpo_reasoning_reward="fmt", awpo_lambda=0.5)
     # group 0 all fail: var 0 -> gate 1, difficulty 1 - 0 = 1; A = .5 * zscore(z) = .5 * [.75, -.25...]/.5001
     assert out[:4].tolist() == pytest.approx([0.5 * 0.75 / 0.5001] + [0.5 * -0.25 / 0.5001] * 3, abs=1e-6)
     # group 1: var_o = 1/3 > .25 -> gate 0 -> outcome advantage only
     assert torch.allclose(out[4:], group_zscore(torch.tensor(o[4:]), torch.zeros(4, dtype=torch.long)))
     # indices work too ("0" = first column, "-1" = last)
-    assert torch.equal(out, fn(rm, g, batch, epsilon=EPS, awpo_outcome_reward="0", awpo_reasoning_reward="-1"))
+    assert torch.equal(out, fn(rm, g, batch, advantage_epsilon=EPS, awpo_outcome_reward="0", awpo_reasoning_reward="-1"))
     with pytest.raises(ValueError, match="neither a reward name"):
         fn(rm, g, batch, awpo_reasoning_reward="tool")
 
@@ -342,13 +342,13 @@ def test_dagrpo_distinct_pairs():
     fn = ADVANTAGES.get("dagrpo_distinct_pairs")
     r = torch.tensor([1.0, 0.95, 0.0, 0.5, 0.52, 0.55])
     g = torch.tensor([0, 0, 0, 1, 1, 1])
-    out = fn(r, g, epsilon=EPS, dagrpo_delta=0.1)
+    out = fn(r, g, advantage_epsilon=EPS, dagrpo_delta=0.1)
     # group 0: std = sqrt((.35^2+.3^2+.65^2)/2) = sqrt(.3175) = .563471; pair (0,1) masked (|.05| < .1)
     # A0 = (1/3)(1-0) = .333333, A1 = (1/3)(.95-0) = .316667, A2 = (1/3)(-1-.95) = -.65  (all / (std+eps))
     s = 0.563471 + EPS
     assert out[:3].tolist() == pytest.approx([0.333333 / s, 0.316667 / s, -0.65 / s], abs=1e-5)
     assert out[3:].tolist() == [0.0, 0.0, 0.0]  # homogeneous group: every pair within delta
-    assert torch.allclose(fn(r, g, epsilon=EPS, dagrpo_delta=0.0), group_zscore(r, g, epsilon=EPS), atol=1e-6)
+    assert torch.allclose(fn(r, g, advantage_epsilon=EPS, dagrpo_delta=0.0), group_zscore(r, g, advantage_epsilon=EPS), atol=1e-6)
 
 
 # ----------------------------------------------------- span-decoupled (004-12, 004-05)
@@ -398,12 +398,12 @@ def test_span_decoupled_advantage_dtpo():
     g = torch.zeros(2, dtype=torch.long)
     mask = torch.ones(2, 3)
     batch = make_batch([[1, 2, 3]] * 2, mask=mask, span_ids=[[1, 1, 2], [1, 2, 0]], reward_names=["tool", "acc"])
-    out = fn(rewards, g, rm, mask, batch, epsilon=EPS, span_mark="batch", span_reward_columns=["", "tool", "acc"])
+    out = fn(rewards, g, rm, mask, batch, advantage_epsilon=EPS, span_mark="batch", span_reward_columns=["", "tool", "acc"])
     z = 0.5 / (math.sqrt(0.5) + EPS)  # two rows 1, 0: mean .5, std .707107 -> +-.706997
     assert out.flatten().tolist() == pytest.approx([z, z, -z, -z, z, 0.0], abs=1e-6)
     # unmarked everywhere -> every token gets the combined-reward GRPO advantage
     plain = make_batch([[1, 2, 3]] * 2, mask=mask, reward_names=["tool", "acc"])
-    out = fn(torch.tensor([1.0, 0.0]), g, rm, mask, plain, epsilon=EPS, span_reward_columns=["", "tool", "acc"])
+    out = fn(torch.tensor([1.0, 0.0]), g, rm, mask, plain, advantage_epsilon=EPS, span_reward_columns=["", "tool", "acc"])
     assert out.flatten().tolist() == pytest.approx([z] * 3 + [-z] * 3, abs=1e-6)
 
 
@@ -413,6 +413,6 @@ def test_span_decoupled_advantage_dtpo():
                                     "tw_grpo", "tempsamp_r1", "aapo", "awpo", "dagrpo", "degrpo_thinkless", "dtpo"])
 def test_group_b_recipes_build(recipe):
     cfg = Config.build(recipe_overrides(recipe))
-    Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
+    Component(ADVANTAGES.get(cfg.advantage), cfg, cfg.advantage)
     for n in cfg.advantage_weightings:
-        Component(WEIGHTINGS.get(n), cfg, "", n)
+        Component(WEIGHTINGS.get(n), cfg, n)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, StepTotals
-from grpolab.algorithms.objectives import RatioVariance, validate_objective_config
+from grpolab.algorithms.objectives import RatioVariance
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.recipes import recipe_overrides
@@ -421,8 +421,8 @@ def test_ratio_variance_restore_is_exact():
 
 
 def test_ratio_variance_is_a_stateful_component():
-    cfg = Config.build({"model": "tiny", "task": "repeat", "r2vpo_lambda_init": 3.0})
-    comp = Component(REGULARIZERS.get("ratio_variance"), cfg, "", "ratio_variance")
+    cfg = Config.build({"model": "tiny", "task": "repeat", "regularizers": ["ratio_variance"], "r2vpo_lambda_init": 3.0})
+    comp = Component(REGULARIZERS.get("ratio_variance"), cfg, "ratio_variance")
     assert comp.stateful and comp.fn.lam == 3.0
 
 
@@ -432,7 +432,7 @@ BASE = {"model": "tiny", "task": "repeat"}
 
 
 def test_validate_objective_config_errors():
-    """Invalid combinations are rejected when the config loads (Config.build calls validate_objective_config)."""
+    """Invalid combinations are rejected when the config loads (each component's registered check)."""
     with pytest.raises(ConfigError, match="multiple of num_generations"):
         Config.build({**BASE, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 6})
     with pytest.raises(ConfigError, match="beta > 0"):
@@ -440,12 +440,13 @@ def test_validate_objective_config_errors():
     with pytest.raises(ConfigError, match="gvpo_anchor"):
         Config.build({**BASE, "policy_loss": "gvpo", "gvpo_anchor": "reference", "beta": 0.0,
                       "micro_batch_size": 8, "num_generations": 4})
-    cfg = Config.build({**BASE, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 8})
-    validate_objective_config(cfg)
+    with pytest.raises(ConfigError, match="rebel_eta: must be > 0"):
+        Config.build({**BASE, "policy_loss": "rebel", "rebel_eta": 0.0, "num_generations": 4, "micro_batch_size": 8})
+    Config.build({**BASE, "policy_loss": "rebel", "num_generations": 4, "micro_batch_size": 8})
 
 
 @pytest.mark.parametrize("recipe", ["gspo", "sapo", "cispo", "reg_grpo", "rebel", "gvpo", "disco", "simple_po",
                                     "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "dcpo", "grpo_d"])
 def test_group_c_recipes_validate(recipe):
     cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})
-    validate_objective_config(cfg)
+    assert cfg.policy_loss == recipe_overrides(recipe).get("policy_loss", "clipped_ratio")

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 def _kv_pairs(tokens: list[str], valid: list[str]) -> dict[str, str]:
     """``--key value`` / ``--key=value`` pairs; unknown keys list the valid ones."""
-    from .config import ConfigError, _coerce
+    from .errors import ConfigError
 
     out: dict[str, str] = {}
     i = 0
@@ -27,7 +27,6 @@ def _kv_pairs(tokens: list[str], valid: list[str]) -> dict[str, str]:
                 raise ConfigError(f"--{key} needs a value")
             value = tokens[i + 1]
             i += 1
-        _coerce(key, value, "command line")  # validates the key early
         out[key] = value
         i += 1
     return out
@@ -53,8 +52,13 @@ def cmd_train(args, rest: list[str]) -> int:
         if not saved.exists():
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a grpolab run folder?")
         base = load_yaml(saved)
-        cfg = Config.build(base, cli, sources=[str(saved), "command line"])
+        # lenient: a config.yaml written before components owned their parameters lists every variant's keys
+        cfg = Config.build(base, cli, sources=[str(saved), "command line"], lenient=True)
         cfg.out = str(args.resume)
+        if cfg.dropped_keys:
+            print(f"[grpolab] {saved}: {len(cfg.dropped_keys)} keys of components this run does not select were "
+                  f"ignored ({', '.join(cfg.dropped_keys[:8])}{', ...' if len(cfg.dropped_keys) > 8 else ''})",
+                  file=sys.stderr)
     else:
         file_cfg = load_yaml(args.config) if args.config else {}
         recipe = cli.get("recipe") or file_cfg.get("recipe") or args.recipe
@@ -120,7 +124,7 @@ def cmd_eval(args, rest: list[str]) -> int:
 def cmd_sft(args, rest: list[str]) -> int:
     """Supervised cold start (``grpolab sft``): see :mod:`grpolab.train.sft`."""
     from .config import Config, ConfigError
-    from .train.sft import run_sft
+    from .train.sft import SFT_COMPONENTS, run_sft
 
     cli = _kv_pairs(rest, Config.field_names())
     if "out" in cli or "data" in cli or "model" in cli or "task" in cli:
@@ -131,7 +135,7 @@ def cmd_sft(args, rest: list[str]) -> int:
         layers["task"] = args.task
     if args.data and args.task:
         raise ConfigError("grpolab sft: give --data FILE or --task NAME, not both")
-    cfg = Config.build(layers, sources=["command line"])
+    cfg = Config.build(layers, sources=["command line"], extra=SFT_COMPONENTS)
     out = Path(args.out)
     if (out / "config.json").exists() and not args.overwrite:
         raise ConfigError(f"--out {out} already holds a model; choose another --out or pass --overwrite")
@@ -175,13 +179,19 @@ def cmd_recipes(args, rest: list[str]) -> int:
 
 
 def cmd_config(args, rest: list[str]) -> int:
-    from .config import Config, markdown_reference
+    """The resolved configuration of a run (core keys first, then the selected components' parameters)."""
+    from .config import Config, load_yaml, markdown_reference
+    from .recipes import recipe_overrides
 
+    file_cfg = load_yaml(args.config) if args.config else {}
+    cli = _kv_pairs(rest, Config.field_names())
+    rec = recipe_overrides(args.recipe) if args.recipe else {}
+    cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {args.recipe}", args.config or "", "command line"])
     if args.markdown:
-        print(markdown_reference(), end="")
+        print(markdown_reference(cfg), end="")
     else:
         import yaml
-        print(yaml.safe_dump(Config.build({}).to_dict(), sort_keys=False), end="")
+        print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     return 0
 
 
@@ -210,7 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("recipes", help="list recipes with citations")
     r.add_argument("--json", action="store_true", help="print as JSON")
     r.add_argument("--markdown", action="store_true", help="print the recipe table as markdown")
-    c = sub.add_parser("config", help="print the default configuration (YAML) or the key reference")
+    c = sub.add_parser("config", help="print a run's resolved configuration (YAML): core keys, then the "
+                                      "parameters of the components it selects")
+    c.add_argument("--recipe", help="show the configuration of this recipe")
+    c.add_argument("--config", help="YAML file of config keys")
     c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)

@@ -1,39 +1,52 @@
-"""One validated configuration object.
+"""One validated configuration: the core keys, plus the parameters of the components the run selects.
 
 Precedence (later wins): defaults < recipe < ``--config`` YAML < ``--key value``.
-Names follow TRL's ``GRPOConfig`` where the concept is the same.
+Core key names follow TRL's ``GRPOConfig`` where the concept is the same. A
+component (advantage estimator, policy loss, sampler, rollout strategy, task,
+...) declares its own parameters next to its code (``registry.param``); the
+keys of a run are the core keys and the parameters of the components it
+selects, and an unknown key is an error that lists the valid keys *for this
+run*. ``cfg.NAME`` reads a core key or a selected component's parameter.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
 import typing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from .devices import check_device_spec
-
-
 from .errors import ConfigError
-from .registry import (ADVANTAGES, AGGREGATIONS, BATCH_STAGES, KL_ESTIMATORS, POLICY_LOSSES, REGULARIZERS,
-                       REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS, TASKS, UPDATE_STRATEGIES, WEIGHTINGS)
-from .params import (AdvantageParamsA, AdvantageParamsB, BudgetParams, ObjectiveParams, RewardParams,  # noqa: E402
-                     RolloutParams, SamplerParams, StageParams, TaskParams, InjectionParams, param as _f)
+from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, KL_ESTIMATORS, POLICY_LOSSES,
+                       REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS, TASKS,
+                       UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params)
+
+
+def _f(default, help: str, choices: Any = None):
+    """A core config field with its help text and (optional) choices: a list, or a Registry (``many``: a list
+    of names from it)."""
+    kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(metadata={"help": help, "choices": choices}, **kw)
+
+
+def _many(registry: Registry) -> tuple:
+    return (registry, "many")
 
 
 @dataclass
-class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutParams, SamplerParams, RewardParams, ObjectiveParams,
-             AdvantageParamsB, AdvantageParamsA):
-    """All settings. Variant parameters live in ``params/`` mixins, one file per group."""
+class Config:
+    """The core settings; component parameters of this run are in ``params`` (read them as ``cfg.NAME``)."""
 
     # what to train
     model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
-    task: str = _f("arithmetic", "built-in task (used when --data is not given)")
+    task: str = _f("arithmetic", "built-in task (used when --data is not given)", TASKS)
     data: str | None = _f(None, "JSONL file with a 'prompt' per row (string or chat messages)")
-    reward: list = _f([], "reward functions 'module:function[=weight]' (with --data)")
+    reward: list = _f([], "reward functions 'module:function[=weight]', or a registered reward spec (rm:PATH, "
+                          "judge:PATH, pm4grpo)", _many(REWARD_SPECS))
     recipe: str | None = _f(None, "named preset of components and parameters (grpolab recipes)")
     out: str = _f("runs/default", "run folder: metrics, checkpoints, final model")
     # schedule
@@ -50,12 +63,12 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
     micro_batch_tokens: int = _f(0, "also close a micro-batch before its padded size (rows x (prompt + "
                                     "completion) tokens) exceeds this (0 = rows only)")
-    prompt_sampler: str = _f("uniform", "which prompts come next", "SAMPLERS")
+    prompt_sampler: str = _f("uniform", "which prompts come next", SAMPLERS)
     rollout_strategy: str = _f("plain", "how completions are produced (hints, injected references, ...)",
-                               "ROLLOUT_STRATEGIES")
+                               ROLLOUT_STRATEGIES)
     batch_stages: list = _f([], "stages applied to the scored batch before the loss, in order (pruning, "
-                                "replay, ...)", "BATCH_STAGES*")
-    update_strategy: str = _f("standard", "how the optimiser consumes a batch", "UPDATE_STRATEGIES")
+                                "replay, ...)", _many(BATCH_STAGES))
+    update_strategy: str = _f("standard", "how the optimiser consumes a batch", UPDATE_STRATEGIES)
     # generation
     max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
     max_completion_length: int = _f(20, "maximum new tokens per completion")
@@ -73,21 +86,21 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
     vllm_is_cap: float = _f(2.0, "vLLM: cap C of the truncated importance weight min(pi_trainer/pi_engine, C) "
                                  "per token (TRL's token_truncate correction)")
     # algorithm
-    advantage: str = _f("group_zscore", "advantage estimator", "ADVANTAGES")
+    advantage: str = _f("group_zscore", "advantage estimator", ADVANTAGES)
     advantage_epsilon: float = _f(1e-4, "epsilon added to the group std (group_zscore)")
-    advantage_weightings: list = _f([], "weightings applied to the advantages, in order", "WEIGHTINGS*")
-    policy_loss: str = _f("clipped_ratio", "policy objective", "POLICY_LOSSES")
-    regularizers: list = _f([], "extra per-token loss terms", "REGULARIZERS*")
-    loss_aggregation: str = _f("seq_mean_token_mean", "per-token loss -> scalar", "AGGREGATIONS")
+    advantage_weightings: list = _f([], "weightings applied to the advantages, in order", _many(WEIGHTINGS))
+    policy_loss: str = _f("clipped_ratio", "policy objective", POLICY_LOSSES)
+    regularizers: list = _f([], "extra per-token loss terms", _many(REGULARIZERS))
+    loss_aggregation: str = _f("seq_mean_token_mean", "per-token loss -> scalar", AGGREGATIONS)
     loss_constant: int | None = _f(None, "normaliser L for loss_aggregation=constant (default max_completion_length)")
     epsilon: float = _f(0.2, "lower clip range eps_low")
     epsilon_high: float | None = _f(None, "upper clip range eps_high (default: epsilon)")
     beta: float = _f(0.0, "KL coefficient; 0 loads no reference model")
-    kl_estimator: str = _f("k3", "KL estimator (its value enters the loss)", "KL_ESTIMATORS")
+    kl_estimator: str = _f("k3", "KL estimator (its value enters the loss)", KL_ESTIMATORS)
     kl_gradient: str | None = _f(None, "estimator whose gradient is used instead (straight-through, e.g. k2 "
                                        "with kl_estimator k3 = verl's k3+); default: kl_estimator's own")
     reward_transforms: list = _f([], "transforms of the combined reward, in order (e.g. overlong_penalty)",
-                                 "REWARD_TRANSFORMS*")
+                                 _many(REWARD_TRANSFORMS))
     overlong_buffer: int = _f(4, "overlong_penalty: the last L_cache tokens before max_completion_length "
                                  "are penalised linearly (DAPO)")
     overlong_penalty_factor: float = _f(1.0, "overlong_penalty: scale of the penalty (DAPO)")
@@ -132,39 +145,123 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
     tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard")
     seed: int = _f(0, "random seed")
 
+    params: dict = field(default_factory=dict, repr=False, metadata={"internal": True})
+    dropped_keys: list = field(default_factory=list, repr=False, metadata={"internal": True})
+
     # ---------------------------------------------------------------- helpers
+    def __getattr__(self, name: str):  # only called when normal lookup fails: a component parameter
+        params = self.__dict__.get("params", {})
+        if name in params:
+            return params[name]
+        raise AttributeError(f"config has no key '{name}' (core keys and the parameters of this run's components: "
+                             f"grpolab config --recipe NAME lists them)")
+
+    def __setattr__(self, name: str, value) -> None:
+        params = self.__dict__.get("params")
+        if params is not None and name in params and name not in CORE_KEYS:
+            params[name] = value
+        else:
+            object.__setattr__(self, name, value)
+
     @classmethod
     def field_names(cls) -> list[str]:
-        return [f.name for f in dataclasses.fields(cls)]
+        """The core keys."""
+        return list(CORE_KEYS)
 
     @classmethod
-    def build(cls, *layers: dict[str, Any], sources: list[str] | None = None) -> "Config":
-        """Merge dicts of overrides in order, validate, and return a Config."""
+    def build(cls, *layers: dict[str, Any], sources: list[str] | None = None, extra: tuple = (),
+              lenient: bool = False) -> "Config":
+        """Merge dicts of overrides in order, validate, and return a Config.
+
+        ``extra``: further components whose parameters are keys of this run (e.g. ``grpolab sft``'s).
+        ``lenient``: keys that no longer apply are dropped instead of rejected (resuming a run folder whose
+        ``config.yaml`` an older grpolab wrote, with the parameters of every component).
+        """
         values: dict[str, Any] = {}
+        origin: dict[str, str] = {}
         for i, layer in enumerate(layers):
-            src = sources[i] if sources else "config"
+            src = (sources[i] if sources and i < len(sources) else "") or "config"
             for k, v in (layer or {}).items():
-                values[k.replace("-", "_")] = _coerce(k.replace("-", "_"), v, src)
-        cfg = cls(**values)
-        cfg.validate()
+                key = k.replace("-", "_")
+                values[key], origin[key] = v, src
+        core = {k: _coerce(k, values[k], origin[k]) for k in values if k in CORE_KEYS}
+        cfg = cls(**core)
+        decl = cfg.component_params(extra)
+        params: dict[str, Any] = {}
+        dropped = []
+        for k, v in values.items():
+            if k in CORE_KEYS:
+                continue
+            if k in decl:
+                params[k] = _coerce_param(decl[k], v, origin[k])
+            elif lenient:
+                dropped.append(k)
+            else:
+                raise ConfigError(_unknown_key(k, origin[k], decl))
+        for k, p in decl.items():
+            if k not in params:
+                params[k] = p.value()
+        cfg.params = dict(sorted(params.items()))
+        cfg.dropped_keys = dropped
+        cfg.validate(extra)
         return cfg
 
-    def validate(self) -> None:
-        registries = {"ROLLOUT_STRATEGIES": ROLLOUT_STRATEGIES, "BATCH_STAGES": BATCH_STAGES,
-                      "UPDATE_STRATEGIES": UPDATE_STRATEGIES, "ADVANTAGES": ADVANTAGES, "POLICY_LOSSES": POLICY_LOSSES, "WEIGHTINGS": WEIGHTINGS,
-                      "AGGREGATIONS": AGGREGATIONS, "KL_ESTIMATORS": KL_ESTIMATORS, "REGULARIZERS": REGULARIZERS,
-                      "REWARD_TRANSFORMS": REWARD_TRANSFORMS, "SAMPLERS": SAMPLERS}
+    def selected(self, extra: tuple = ()) -> list[tuple[str, Any]]:
+        """``(kind/name, component)`` for every component this config selects (plus ``extra``)."""
+        out = []
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            many = isinstance(choices, tuple)
+            reg = choices[0] if many else choices
+            if not isinstance(reg, Registry):
+                continue
+            if f.name == "task" and self.data is not None:
+                continue
+            values = getattr(self, f.name)
+            for v in (values if many else [values]):
+                if reg is REWARD_SPECS:
+                    v = v.partition("=")[0]
+                    if v not in REWARD_SPECS:
+                        continue  # a user reward function module:function
+                if v in reg:
+                    out.append((f"{reg.kind}/{v}", reg.get(v)))
+        for obj in extra:
+            out.append((getattr(obj, "__qualname__", str(obj)), obj))
+        return out
+
+    def component_params(self, extra: tuple = ()) -> dict[str, Param]:
+        """The parameters (config keys) declared by the components this config selects."""
+        out: dict[str, Param] = {}
+        for _, obj in self.selected(extra):
+            out.update(declared_params(obj))
+        return out
+
+    def validate(self, extra: tuple = ()) -> None:
         for f in dataclasses.fields(self):
             choices = f.metadata.get("choices")
             value = getattr(self, f.name)
-            many = isinstance(choices, str) and choices.endswith("*")
-            if isinstance(choices, str):
-                choices = registries[choices.rstrip("*")].names()
+            many = isinstance(choices, tuple)
+            if many:
+                choices = choices[0]
+            if f.name == "reward":
+                continue  # user functions are checked when they are imported (rewards/scoring.py)
+            if f.name == "task" and self.data is not None:
+                continue
             for v in (value if many else [value]):
-                if choices is not None and v not in choices:
-                    raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(choices) or 'none yet'}")
-        positive = ["dynamic_sampling_max_rounds", "off_policy_refresh_steps", "steps", "prompts_per_step", "num_generations", "num_iterations", "micro_batch_size",
-                    "max_completion_length", "max_prompt_length", "save_steps", "eval_batch_size"]
+                if isinstance(choices, Registry):
+                    if v not in choices:
+                        raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: "
+                                          f"{', '.join(choices.names()) or 'none yet'}")
+                elif choices is not None and v not in choices:
+                    raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(map(str, choices))}")
+        for key, value in self.params.items():
+            p = self.component_params(extra).get(key)
+            if p is not None and p.choices is not None and value not in p.choices:
+                raise ConfigError(f"{key}: '{value}' is not valid; valid values: {', '.join(map(str, p.choices))} "
+                                  f"({p.help})")
+        positive = ["dynamic_sampling_max_rounds", "off_policy_refresh_steps", "steps", "prompts_per_step",
+                    "num_generations", "num_iterations", "micro_batch_size", "max_completion_length",
+                    "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
@@ -176,93 +273,108 @@ class Config(InjectionParams, TaskParams, StageParams, BudgetParams, RolloutPara
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
-        _kl = KL_ESTIMATORS
-        if self.kl_gradient is not None and self.kl_gradient not in _kl:
+        if self.kl_gradient is not None and self.kl_gradient not in KL_ESTIMATORS:
             raise ConfigError(f"kl_gradient: '{self.kl_gradient}' is not valid; valid values: "
-                              f"{', '.join(_kl.names())}")
+                              f"{', '.join(KL_ESTIMATORS.names())}")
         check_device_spec(self.device)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
-        self._check_components(registries)
-        if self.data is None and self.task not in TASKS:
-            raise ConfigError(f"task: '{self.task}' is not valid; valid values: {', '.join(TASKS.names())}")
         if self.data is not None and not self.reward:
             raise ConfigError("reward: --data needs at least one --reward module:function")
+        self._check_components(extra)
 
-    def _check_components(self, registries: dict) -> None:
-        """Let each chosen component reject settings it cannot work with.
-
-        A component (function or class) may define ``check_config(cfg)`` that
-        raises :class:`ConfigError` for an invalid combination, e.g. a pairwise
-        objective with odd group sizes.
-        """
-        chosen = [registries["ADVANTAGES"].get(self.advantage), registries["POLICY_LOSSES"].get(self.policy_loss)]
-        chosen += [registries["WEIGHTINGS"].get(n) for n in self.advantage_weightings]
-        chosen += [registries["REGULARIZERS"].get(n) for n in self.regularizers]
-        chosen += [registries["REWARD_TRANSFORMS"].get(n) for n in self.reward_transforms]
-        chosen += [registries["BATCH_STAGES"].get(n) for n in self.batch_stages]
-        chosen += [registries["ROLLOUT_STRATEGIES"].get(self.rollout_strategy),
-                   registries["UPDATE_STRATEGIES"].get(self.update_strategy),
-                   registries["SAMPLERS"].get(self.prompt_sampler)]
-        for obj in chosen:
-            check = getattr(obj, "check_config", None)
-            if callable(check):
+    def _check_components(self, extra: tuple = ()) -> None:
+        """Let each chosen component reject settings it cannot work with (its registered ``check``)."""
+        for kind_name, _ in self.selected(extra):
+            kind, _, name = kind_name.partition("/")
+            reg = next((r for r in ALL_REGISTRIES.values() if r.kind == kind), None)
+            check = reg.check(name) if reg is not None else None
+            if check is not None:
                 check(self)
-        from .algorithms.objectives import validate_objective_config
-        validate_objective_config(self)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Core keys, then this run's component parameters (what ``config.yaml`` holds)."""
+        import copy
+        core = {k: copy.deepcopy(getattr(self, k)) for k in CORE_KEYS}
+        return {**core, **copy.deepcopy(self.params)}
 
     def save(self, path: Path) -> None:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+CORE_KEYS: list[str] = [f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")]
+_CORE_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+_TYPES = {"bool": bool, "int": int, "float": float, "str": str, "list": list, "tuple": list, "dict": dict}
+
+
 def _coerce(key: str, value: Any, source: str) -> Any:
-    fields = {f.name: f for f in dataclasses.fields(Config)}
-    if key not in fields:
-        close = difflib.get_close_matches(key, fields, n=3)
-        hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise ConfigError(f"{source}: unknown key '{key}'{hint}; valid keys: {', '.join(fields)}")
-    hints = typing.get_type_hints(Config)
-    tp = hints[key]
+    """A core key's value from YAML or the command line, converted to its declared type."""
+    if key not in _CORE_FIELDS:
+        raise ConfigError(_unknown_key(key, source, {}))
+    tp = typing.get_type_hints(Config)[key]
     args = [a for a in typing.get_args(tp) if a is not type(None)]
-    base = args[0] if args else tp
-    optional = type(None) in typing.get_args(tp)
-    origin = typing.get_origin(base) or base
+    base = typing.get_origin(args[0] if args else tp) or (args[0] if args else tp)
+    return _convert(key, value, source, [base], type(None) in typing.get_args(tp), _CORE_FIELDS[key].metadata["help"])
+
+
+def _coerce_param(p: Param, value: Any, source: str) -> Any:
+    """A component parameter's value, converted to the type its declaration names (or its default's type)."""
+    names = [t.strip().split("[")[0] for t in (p.annotation or "").split("|") if t.strip()]
+    types = [_TYPES[n] for n in names if n in _TYPES]
+    optional = "None" in names or p.default is None
+    if not types and p.default is not None:
+        types = [type(p.default) if not isinstance(p.default, tuple) else list]
+    return _convert(p.name, value, source, types, optional, p.help)
+
+
+def _convert(key: str, value: Any, source: str, types: list, optional: bool, help: str) -> Any:
+    """``value`` as the first of ``types`` (strings from the command line are parsed); ConfigError if it is not."""
     try:
         if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
             if not optional:
                 raise ValueError("may not be empty")
             return None
-        if origin is bool:
-            if isinstance(value, str):
-                if value.lower() in ("true", "1", "yes", "on"):
-                    return True
-                if value.lower() in ("false", "0", "no", "off"):
-                    return False
-                raise ValueError("expected true or false")
+        base = types[0] if types else None
+        if base is bool:
             if isinstance(value, bool):
                 return value
+            if isinstance(value, str) and value.lower() in ("true", "1", "yes", "on"):
+                return True
+            if isinstance(value, str) and value.lower() in ("false", "0", "no", "off"):
+                return False
             raise ValueError("expected true or false")
-        if origin is list:
+        if base is list:
             if isinstance(value, str):
                 return [v for v in (s.strip() for s in value.split(",")) if v]
             return list(value)
-        if origin is int:
+        if base is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("expected an integer")
             return int(value)
-        if origin is float:
+        if base is float:
             if isinstance(value, bool):
                 raise ValueError("expected a number")
             return float(value)
-        if origin is str:
+        if base is str and (len(types) == 1 or isinstance(value, (str, int, float))):
             return str(value)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"{source}: {key}: invalid value {value!r} ({e}; "
-                          f"{fields[key].metadata['help']})") from None
+        raise ConfigError(f"{source}: {key}: invalid value {value!r} ({e}; {help})") from None
     return value
+
+
+def _unknown_key(key: str, source: str, decl: dict[str, Param]) -> str:
+    """The message for a key that is neither a core key nor a parameter of this run's components."""
+    valid = CORE_KEYS + sorted(decl)
+    close = difflib.get_close_matches(key, valid, n=3)
+    msg = f"{source}: unknown key '{key}'"
+    owners = sorted({o for reg in ALL_REGISTRIES.values() for name, obj in reg.items()
+                     for o in (declared_params(obj).get(key).owners if key in declared_params(obj) else [])})
+    if owners:
+        msg += (f": it is a parameter of {', '.join(owners)}, which this run does not select (select the "
+                f"component first, e.g. with its recipe)")
+    elif close:
+        msg += f" (did you mean {', '.join(close)}?)"
+    return msg + f"; valid keys for this run: {', '.join(valid)}"
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -278,16 +390,28 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def markdown_reference() -> str:
-    """Every config key with its default and help, as a markdown table."""
+def _choices_text(choices) -> str:
+    if isinstance(choices, tuple):
+        return f" (names from the {choices[0].kind} registry, a list)"
+    if isinstance(choices, Registry):
+        return f" (a {choices.kind}: grpolab components)"
+    if isinstance(choices, list):
+        return f" ({' / '.join(map(str, choices))})"
+    return ""
+
+
+def markdown_reference(cfg: "Config | None" = None) -> str:
+    """The core keys with their defaults and help, then (with ``cfg``) the parameters of its components."""
     lines = ["| key | default | meaning |", "|---|---|---|"]
     for f in dataclasses.fields(Config):
+        if f.metadata.get("internal"):
+            continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        choices = f.metadata.get("choices")
-        extra = ""
-        if isinstance(choices, list):
-            extra = f" ({' / '.join(map(str, choices))})"
-        elif isinstance(choices, str):
-            extra = f" (registry {choices.rstrip('*')}{', a list' if choices.endswith('*') else ''})"
-        lines.append(f"| `{f.name}` | `{default}` | {f.metadata.get('help', '')}{extra} |")
+        lines.append(f"| `{f.name}` | `{default}` | {f.metadata.get('help', '')}"
+                     f"{_choices_text(f.metadata.get('choices'))} |")
+    if cfg is not None and cfg.params:
+        decl = cfg.component_params()
+        lines += ["", "| component parameter | default | meaning |", "|---|---|---|"]
+        for k, p in decl.items():
+            lines.append(f"| `{k}` | `{p.default}` | {p.help}{_choices_text(p.choices)} ({', '.join(p.owners)}) |")
     return "\n".join(lines) + "\n"

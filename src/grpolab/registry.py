@@ -39,7 +39,7 @@ __all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentErr
 class Param:
     """The declaration of one component parameter: default, help text, valid choices."""
 
-    __slots__ = ("default", "help", "choices", "name", "owners")
+    __slots__ = ("default", "help", "choices", "name", "owners", "annotation")
 
     def __init__(self, default: Any, help: str, choices: list | None = None):
         self.default = default
@@ -47,6 +47,7 @@ class Param:
         self.choices = choices
         self.name: str | None = None  # the config key (the parameter's name), set at registration
         self.owners: list[str] = []   # "kind/name" of the components that take it
+        self.annotation: str | None = None  # the parameter's type annotation, as written
 
     def value(self) -> Any:
         """A fresh copy of the default (lists and dicts are never shared between runs)."""
@@ -77,6 +78,8 @@ def _collect(obj, owner: str) -> dict[str, Param]:
                 if value.name not in (None, key):
                     raise ValueError(f"{owner}: parameter '{key}' reuses the declaration of '{value.name}'")
                 value.name = key
+                ann = getattr(fn, "__annotations__", {}).get(key)
+                value.annotation = ann if isinstance(ann, str) or ann is None else getattr(ann, "__name__", str(ann))
                 params[key] = value
                 kwd[key] = value.default  # callable directly with the declared default
     for p in params.values():

@@ -18,6 +18,7 @@ import torch
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
 from .filters import zero_variance_groups
 from .weightings import WEIGHTINGS
+from ..registry import param
 
 # --------------------------------------------------------------------------- helpers
 
@@ -70,7 +71,7 @@ def _batch_whiten(values: torch.Tensor, epsilon: float) -> torch.Tensor:
 
 def _per_reward_zscore(reward_matrix: torch.Tensor, group_ids: torch.Tensor, epsilon: float) -> torch.Tensor:
     """``[R, K]``: each reward column group-z-scored on its own (``group_zscore``), NaN kept where unscorable."""
-    cols = [group_zscore(reward_matrix[:, k], group_ids, epsilon=epsilon) for k in range(reward_matrix.shape[1])]
+    cols = [group_zscore(reward_matrix[:, k], group_ids, advantage_epsilon=epsilon) for k in range(reward_matrix.shape[1])]
     z = torch.stack(cols, dim=1) if cols else reward_matrix.clone()
     return torch.where(torch.isnan(reward_matrix), torch.full_like(z, float("nan")), z)
 
@@ -96,7 +97,7 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
 
 
 @ADVANTAGES.register("batch_zscore")
-def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """REINFORCE++-baseline: group mean baseline, then whitening over the whole batch (arXiv:2501.03262).
 
     ``a_i = r_i - mean_g(r)``;  ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + epsilon)``
@@ -107,11 +108,11 @@ def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: flo
     completions more. Unscorable rows are left out and get 0.
     """
     centred = rewards - group_stats(rewards, group_ids)[0]
-    return _batch_whiten(centred, epsilon)
+    return _batch_whiten(centred, advantage_epsilon)
 
 
 @ADVANTAGES.register("group_mean_batch_std")
-def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Lite-PPO advantage: group mean, **batch** std (Liu et al., 2025, arXiv:2508.08221).
 
     ``A_i = (r_i - mean_g(r)) / (std_batch(r) + epsilon)``
@@ -121,12 +122,12 @@ def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsi
     """
     ok = ~torch.isnan(rewards)
     std = rewards[ok].std() if ok.sum() > 1 else rewards.new_tensor(0.0)
-    return torch.nan_to_num(group_mean(rewards, group_ids) / (std + epsilon), nan=0.0)
+    return torch.nan_to_num(group_mean(rewards, group_ids) / (std + advantage_epsilon), nan=0.0)
 
 
 @ADVANTAGES.register("gpg")
-def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = "valid",
-        gpg_std_normalize: bool = False, epsilon: float = 1e-4) -> torch.Tensor:
+def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = param('valid', "GPG: batch correction alpha = B / #valid rows ('valid', paper: rows outside zero-variance groups), B / #non-zero rewards ('nonzero', verl) or 1 ('none')", ['valid', 'nonzero', 'none']),
+        gpg_std_normalize: bool = param(False, "GPG: F_norm = group std (True) or 1 (False, the paper's best)"), advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GPG corrected group advantage (Chu et al., 2025, arXiv:2504.02546; seed 000-18).
 
     ``A_i = alpha * (r_i - mean_g(r)) / F_norm``
@@ -150,7 +151,7 @@ def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = "val
     adv = group_mean(rewards, group_ids)
     if gpg_std_normalize:
         _, std, _ = group_stats(rewards, group_ids)
-        adv = torch.nan_to_num(adv / (std + epsilon), nan=0.0)
+        adv = torch.nan_to_num(adv / (std + advantage_epsilon), nan=0.0)
     scored = ~torch.isnan(rewards)
     b = float(scored.sum())
     if gpg_alpha == "valid":
@@ -167,7 +168,7 @@ def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = "val
 
 @ADVANTAGES.register("group_mad")
 def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.Tensor | None = None,
-              dgpo_valid_token_rescale: bool = False, epsilon: float = 1e-4) -> torch.Tensor:
+              dgpo_valid_token_rescale: bool = param(False, "DGPO: multiply advantages by all tokens / tokens of non-zero-variance groups (authors' code)"), advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """DGPO difficulty-balanced group advantage, DGAE (MathForge, Dai et al., 2026, arXiv:2601.20614; seed 000-05).
 
     ``A_i = n (r_i - mean_g(r)) / (sum_{j in g} |r_j - mean_g(r)| + epsilon)``
@@ -188,7 +189,7 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
     mean, _, count = group_stats(rewards, group_ids)
     dev = rewards - mean
     abs_sum = _per_group(dev.abs(), group_ids, lambda v: v.sum())
-    adv = torch.nan_to_num(count * dev / (abs_sum + epsilon), nan=0.0)
+    adv = torch.nan_to_num(count * dev / (abs_sum + advantage_epsilon), nan=0.0)
     if dgpo_valid_token_rescale:
         if lengths is None:
             raise ValueError("group_mad: dgpo_valid_token_rescale needs the 'lengths' input")
@@ -201,7 +202,7 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
 
 @ADVANTAGES.register("group_mean_balanced_drop")
 def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, step: int = 0, *,
-                             red_seed: int = 0) -> torch.Tensor:
+                             red_seed: int = param(0, 'RED-Drop: seed of the choice of dropped negatives (combined with the step)')) -> torch.Tensor:
     """RED-Drop: shape the data by dropping surplus negatives (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
 
     Off-policy group-relative REINFORCE ("Group-Relative REINFORCE Is
@@ -243,7 +244,7 @@ def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, ste
 
 @ADVANTAGES.register("gdpo")
 def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-         reward_weights: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+         reward_weights: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GDPO group reward-decoupled normalisation (seed 000-24; TRL ``normalize_then_sum``, verl ``gdpo``).
 
     ``A_ik = (r_ik - mean_g r_k) / (std_g r_k + epsilon)``   (each reward column separately)
@@ -257,14 +258,14 @@ def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Te
     exactly ``group_zscore``; GDPO differs from GRPO only by the batch step.
     """
     del rewards  # the combined reward is not used: each column is normalised on its own
-    decoupled = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, epsilon), reward_weights)
-    return _batch_whiten(decoupled, epsilon)
+    decoupled = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, advantage_epsilon), reward_weights)
+    return _batch_whiten(decoupled, advantage_epsilon)
 
 
 @ADVANTAGES.register("mo_grpo")
 def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-            reward_weights: torch.Tensor, *, mo_grpo_use_weights: bool = False,
-            epsilon: float = 1e-4) -> torch.Tensor:
+            reward_weights: torch.Tensor, *, mo_grpo_use_weights: bool = param(False, 'MO-GRPO: weight the normalised rewards by reward_weights (the paper sums them unweighted)'),
+            advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """MO-GRPO variance-normalised reward combination (Ichihara et al., 2025, arXiv:2509.22047; seed 000-16).
 
     ``r~_i = sum_k (r_ik - mean_g r_k) / (std_g r_k + epsilon)``   then   ``A_i = group_zscore(r~)_i``
@@ -279,13 +280,13 @@ def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch
     """
     del rewards
     weights = reward_weights if mo_grpo_use_weights else torch.ones_like(reward_weights)
-    combined = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, epsilon), weights)
-    return group_zscore(combined, group_ids, epsilon=epsilon)
+    combined = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, advantage_epsilon), weights)
+    return group_zscore(combined, group_ids, advantage_epsilon=advantage_epsilon)
 
 
 @ADVANTAGES.register("multi_label_zscore")
 def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-                       reward_weights: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+                       reward_weights: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Multi-label reward combined into one scalar, then GRPO (Li et al., 2025, arXiv:2503.21819; seed 000-52).
 
     The paper's reward model regresses several alignment scores (politeness,
@@ -304,7 +305,7 @@ def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
     scored = (~torch.isnan(reward_matrix)).to(reward_matrix.dtype)
     total_w = scored @ reward_weights.to(reward_matrix.dtype)
     combined = combine_rewards(reward_matrix, reward_weights) / total_w.where(total_w != 0, torch.ones_like(total_w))
-    return group_zscore(combined, group_ids, epsilon=epsilon)
+    return group_zscore(combined, group_ids, advantage_epsilon=advantage_epsilon)
 
 
 # --------------------------------------------------------------------------- weightings
@@ -312,8 +313,8 @@ def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
 
 @WEIGHTINGS.register("dgpo_question_weight")
 def dgpo_question_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
-                         reward_matrix: torch.Tensor | None = None, *, dgpo_temperature: float = 2.0,
-                         dgpo_accuracy_reward: int = 0) -> torch.Tensor:
+                         reward_matrix: torch.Tensor | None = None, *, dgpo_temperature: float = param(2.0, 'DGPO question weights: softmax temperature T over -accuracy'),
+                         dgpo_accuracy_reward: int = param(0, 'DGPO question weights: reward column used as accuracy (-1 = combined reward)')) -> torch.Tensor:
     """DGPO difficulty-aware question-level weighting, DQW (MathForge, arXiv:2601.20614; seed 000-05).
 
     Over the ``M`` groups (questions) whose combined reward is not constant:
@@ -351,9 +352,9 @@ def lead_logistic(x: torch.Tensor, low: float, high: float, midpoint: float, ste
 
 @WEIGHTINGS.register("lead_difficulty_weight")
 def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, *,
-                           lead_weight_min: float = 0.4, lead_weight_max: float = 1.5,
-                           lead_midpoint: float = 0.75, lead_steepness: float = 10.0,
-                           lead_correct_threshold: float = 0.0) -> torch.Tensor:
+                           lead_weight_min: float = param(0.4, 'GRPO-LEAD: lower asymptote A of the logistic weight'), lead_weight_max: float = param(1.5, 'GRPO-LEAD: upper asymptote B of the logistic weight'),
+                           lead_midpoint: float = param(0.75, 'GRPO-LEAD: correct-ratio midpoint rho_0 of the logistic weight'), lead_steepness: float = param(10.0, 'GRPO-LEAD: steepness k of the logistic weight'),
+                           lead_correct_threshold: float = param(0.0, 'GRPO-LEAD: a reward above this counts as correct')) -> torch.Tensor:
     """GRPO-LEAD difficulty-aware advantage reweighting (Zhang & Zuo, 2025, arXiv:2504.09696; seed 000-03).
 
     ``rho_q`` = share of the group's scored rows with reward ``> lead_correct_threshold``;
@@ -416,8 +417,8 @@ class HistoryAwareDifficultyWeight:
     -1``) or one reward column, assumed to lie in [0, 1].
     """
 
-    def __init__(self, *, hadw_eta: float = 1.0, hadw_lambda_scale: float = 1.0, hadw_window: int = 8,
-                 hadw_init_anchor: float = 0.5, hadw_accuracy_reward: int = -1):
+    def __init__(self, *, hadw_eta: float = param(1.0, 'HA-DW: anchor step size eta; eta_t = eta * sigma_t (clipped to [0, 1])'), hadw_lambda_scale: float = param(1.0, 'HA-DW: scale lambda of the weight lambda * exp(D * M)'), hadw_window: int = param(8, 'HA-DW: number of recent batch accuracies whose std is sigma_t'),
+                 hadw_init_anchor: float = param(0.5, 'HA-DW: difficulty anchor C_0 before the first batch'), hadw_accuracy_reward: int = param(-1, 'HA-DW: reward column used as accuracy (-1 = combined reward)')):
         self.eta = float(hadw_eta)
         self.lambda_scale = float(hadw_lambda_scale)
         self.window = int(hadw_window)
@@ -466,8 +467,8 @@ class HistoryAwareDifficultyWeight:
 
 @WEIGHTINGS.register("dgrpo_difficulty_weight")
 def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
-                            batch=None, *, dgrpo_task_column: str = "task", dgrpo_task_power: float = 1.0,
-                            dgrpo_sample_power: float = 1.0, dgrpo_floor: float = 0.05) -> torch.Tensor:
+                            batch=None, *, dgrpo_task_column: str = param('task', "DGRPO: data column naming each row's task (missing = one task)"), dgrpo_task_power: float = param(1.0, 'DGRPO: exponent a of the task weight (d_task / mean d_task)^a'),
+                            dgrpo_sample_power: float = param(1.0, 'DGRPO: exponent b of the prompt weight (d_q / mean d_q)^b'), dgrpo_floor: float = param(0.05, 'DGRPO: lower bound on a difficulty 1 - mean reward')) -> torch.Tensor:
     """VITAL's DGRPO difficulty-aware multi-task weighting (Zhang et al., 2025, arXiv:2508.04416; seed 000-02).
 
     DGRPO scales the learning signal by a task-level and a sample-level
@@ -517,7 +518,7 @@ def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, gro
 
 
 @WEIGHTINGS.register("advantage_exp_weight")
-def advantage_exp_weight(advantages: torch.Tensor, *, red_temperature: float = 1.0) -> torch.Tensor:
+def advantage_exp_weight(advantages: torch.Tensor, *, red_temperature: float = param(1.0, 'RED-Weight: temperature tau of the weight exp(A / tau)')) -> torch.Tensor:
     """RED-Weight advantage weighting (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
 
     ``A'_i = A_i exp(A_i / tau)``   (unnormalised, ``weight: advantage`` in the authors' Trinity-RFT code)

@@ -50,7 +50,7 @@ def group_stats(values: torch.Tensor, group_ids: torch.Tensor):
 
 
 @ADVANTAGES.register("group_zscore")
-def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: float = 1e-4) -> torch.Tensor:
+def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GRPO group-normalised advantage (DeepSeekMath, seed 000-41).
 
     ``A_i = (r_i - mean_g(r)) / (std_g(r) + epsilon)``
@@ -61,7 +61,7 @@ def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, epsilon: flo
     unscorable (NaN) rows, get A = 0.
     """
     mean, std, _ = group_stats(rewards, group_ids)
-    adv = (rewards - mean) / (std + epsilon)
+    adv = (rewards - mean) / (std + advantage_epsilon)
     return torch.nan_to_num(adv, nan=0.0)
 
 

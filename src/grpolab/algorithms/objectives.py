@@ -11,9 +11,58 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import ConfigError
 from .kl import kl_penalty
 from .losses import POLICY_LOSSES, per_token
 from .regularizers import REGULARIZERS
+from ..registry import param
+
+# ------------------------------------------------------------------ config checks (registered with each component)
+def _positive(*keys: str):
+    """A config check: each of ``keys`` must be > 0."""
+    def check(cfg) -> None:
+        for key in keys:
+            if getattr(cfg, key) <= 0:
+                raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
+    return check
+
+
+def _whole_groups(cfg) -> None:
+    """Objectives that compare the completions of a prompt need >= 2 of them, all in one micro-batch."""
+    if cfg.num_generations < 2:
+        raise ConfigError(f"policy_loss '{cfg.policy_loss}' compares completions of a prompt: "
+                          f"num_generations must be >= 2, got {cfg.num_generations}")
+    if cfg.micro_batch_size % cfg.num_generations:
+        raise ConfigError(f"policy_loss '{cfg.policy_loss}' needs whole groups in each micro-batch: "
+                          f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of num_generations "
+                          f"({cfg.num_generations})")
+
+
+def _anchored(key: str, extra=None):
+    """GVPO / CoPG: a 'reference' anchor needs a reference model (beta > 0); whole groups per micro-batch."""
+    def check(cfg) -> None:
+        _whole_groups(cfg)
+        if getattr(cfg, key) == "reference" and cfg.beta <= 0:
+            raise ConfigError(f"{key}: 'reference' needs a reference model: set beta > 0 or use 'behavior'")
+        if extra is not None:
+            extra(cfg)
+    return check
+
+
+def _check_dynamic_kl(cfg) -> None:
+    if cfg.beta <= 0:
+        raise ConfigError("regularizers: dynamic_kl needs a reference model: set beta > 0 "
+                          "(the total KL coefficient then follows the GRPO-D schedule grpo_d_beta_min/grpo_d_beta_max)")
+    if not 0.0 <= cfg.grpo_d_explore_frac < 1.0:
+        raise ConfigError(f"grpo_d_explore_frac: must be in [0, 1), got {cfg.grpo_d_explore_frac}")
+
+
+def _both(*checks):
+    def check(cfg) -> None:
+        for c in checks:
+            c(cfg)
+    return check
+
 
 
 @POLICY_LOSSES.register("policy_gradient")
@@ -65,7 +114,7 @@ def _pair_matrix(group_ids: torch.Tensor, name: str) -> torch.Tensor:
 
     Pairwise / group-coupled objectives need whole groups in each micro-batch
     (``micro_batch_size`` a multiple of ``num_generations``; see
-    :func:`validate_objective_config`).
+    the check registered with the loss).
     """
     same = group_ids[:, None] == group_ids[None, :]
     same.fill_diagonal_(False)
@@ -148,9 +197,9 @@ def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     return loss * weight, metrics
 
 
-@POLICY_LOSSES.register("soft_gate")
+@POLICY_LOSSES.register("soft_gate", check=_positive("sapo_tau_pos", "sapo_tau_neg"))
 def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              *, sapo_tau_pos: float = 1.0, sapo_tau_neg: float = 1.05):
+              *, sapo_tau_pos: float = param(1.0, 'SAPO gate temperature for A > 0 (soft_gate)'), sapo_tau_neg: float = param(1.05, 'SAPO gate temperature for A < 0 (soft_gate)')):
     """SAPO soft temperature gate (Soft Adaptive Policy Optimization, Gao et al., Qwen team, 2025, arXiv:2511.20347; seed 000-114).
 
     ``f(r) = (4 / tau) * sigmoid(tau (r - 1))``, ``tau = tau_pos if A > 0 else tau_neg``
@@ -171,7 +220,7 @@ def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 @POLICY_LOSSES.register("cispo")
 def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          *, cispo_epsilon_low: float | None = None, cispo_epsilon_high: float = 4.0):
+          *, cispo_epsilon_low: float | None = param(None, 'CISPO: IS weight clipped below at 1 - eps_low (None = no lower clip)'), cispo_epsilon_high: float = param(4.0, 'CISPO: IS weight clipped above at 1 + eps_high')):
     """CISPO clipped importance-sampling weight (MiniMax-M1, arXiv:2506.13585).
 
     ``w_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high))``,  ``loss_t = -w_t A_t log pi_theta(o_t)``
@@ -189,9 +238,9 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     return -weight * adv * logprobs, {"cispo_clip_frac": (weight != ratio).float()}
 
 
-@POLICY_LOSSES.register("simple_po")
+@POLICY_LOSSES.register("simple_po", check=_positive("simple_po_epsilon"))
 def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              *, simple_po_epsilon: float = 0.2):
+              *, simple_po_epsilon: float = param(0.2, 'Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 penalty')):
     """Simple Policy Optimization ratio penalty (Xie et al., 2024, arXiv:2401.16025; seed 000-53).
 
     ``loss_t = -(r_t A_t - |A_t| / (2 eps) * (r_t - 1)^2)``
@@ -213,7 +262,7 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 # -------------------------------------------------------- group-coupled objectives
 
-@POLICY_LOSSES.register("reg_grpo")
+@POLICY_LOSSES.register("reg_grpo", check=_whole_groups)
 def reg_grpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
              group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4):
     """Reg-GRPO advantage regression (DeepVideo-R1, Park et al., NeurIPS 2025, arXiv:2506.07464 §3.2; seed 000-04).
@@ -254,9 +303,9 @@ def _pair_rows(pair_loss: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
     return (pair_loss * w).sum(-1) / w.sum(-1)
 
 
-@POLICY_LOSSES.register("rebel")
+@POLICY_LOSSES.register("rebel", check=_both(_whole_groups, _positive("rebel_eta")))
 def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          group_ids: torch.Tensor, *, rebel_eta: float = 1.0):
+          group_ids: torch.Tensor, *, rebel_eta: float = param(1.0, 'REBEL: log-ratio differences are divided by eta before regressing on reward gaps')):
     """REBEL relative-reward regression (Gao et al., 2024, arXiv:2404.16767; seed 000-117).
 
     For each pair (i, j) of rows in a group, with ``l_i = sum_t log(pi_theta(o_it) / pi_old(o_it))``:
@@ -289,10 +338,10 @@ def _anchor(anchor: str, old_logprobs, ref_logprobs, name: str):
     return ref_logprobs
 
 
-@POLICY_LOSSES.register("gvpo")
+@POLICY_LOSSES.register("gvpo", check=_anchored("gvpo_anchor"))
 def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, gvpo_beta: float = 0.1,
-         gvpo_anchor: str = "behavior"):
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, gvpo_beta: float = param(0.1, 'GVPO: KL strength beta in the implicit reward beta * log(pi / pi_anchor)'),
+         gvpo_anchor: str = param('behavior', 'GVPO: anchor policy of the implicit reward', ['behavior', 'reference'])):
     """GVPO group-variance objective (Zhang et al., 2025, arXiv:2504.19599; seed 000-51).
 
     ``R_theta(o_i) = beta * sum_t log(pi_theta(o_it) / pi_anchor(o_it))``
@@ -318,10 +367,10 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     return per_token(n * c ** 2 / (2 * (n - 1)), logprobs), {}
 
 
-@POLICY_LOSSES.register("disco")
+@POLICY_LOSSES.register("disco", check=_both(_whole_groups, _positive("disco_tau")))
 def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          group_ids: torch.Tensor, *, disco_score: str = "log_l", disco_tau: float = 10.0,
-          disco_delta: float = 1e-4, disco_beta: float = 1e3, disco_balanced: bool = False):
+          group_ids: torch.Tensor, *, disco_score: str = param('log_l', 'DisCO scoring function', ['log_l', 'l_ratio']), disco_tau: float = param(10.0, 'DisCO: log-sum-exp temperature over negatives (10 for log_l, 1 for l_ratio)'),
+          disco_delta: float = param(0.0001, 'DisCO: KL(pi_old || pi_theta) budget delta'), disco_beta: float = param(1000.0, 'DisCO: squared-hinge penalty weight on KL above delta'), disco_balanced: bool = param(False, 'DisCO-b: plain mean over negatives instead of log-sum-exp')):
     """DisCO discriminative constrained objective (Li et al., 2025, arXiv:2505.12366; seed 000-33).
 
     Score of a completion (non-clipping surrogates):
@@ -368,10 +417,10 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     return loss, {"disco_kl": torch.full_like(logprobs, float(kl.detach()))}
 
 
-@POLICY_LOSSES.register("copg")
+@POLICY_LOSSES.register("copg", check=_anchored("copg_anchor"))
 def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, copg_beta: float = 0.1,
-         copg_anchor: str = "behavior"):
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, copg_beta: float = param(0.1, 'CoPG: KL strength beta in the regularised reward r - beta log(pi / pi_anchor)'),
+         copg_anchor: str = param('behavior', 'CoPG: anchor policy of the KL term', ['behavior', 'reference'])):
     """Contrastive Policy Gradient (Flet-Berliac et al., 2024, arXiv:2406.19185; seed 000-93).
 
     For a pair (i, j) of completions of a prompt, ``L_i = sum_t log pi_theta(o_it)``,
@@ -401,9 +450,9 @@ def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     return per_token(_pair_rows(pair, same), logprobs), {}
 
 
-@POLICY_LOSSES.register("p3o")
+@POLICY_LOSSES.register("p3o", check=_whole_groups)
 def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-        group_ids: torch.Tensor, *, p3o_epsilon: float = 0.2):
+        group_ids: torch.Tensor, *, p3o_epsilon: float = param(0.2, 'P3O: clip range of the trajectory-wise ratio')):
     """Pairwise PPO, separate clipping (Wu et al., 2023, arXiv:2310.00212; seed 000-64).
 
     Trajectory-wise ratio ``rho_i = pi_theta(o_i) / pi_old(o_i)`` (product over
@@ -448,11 +497,11 @@ def _conflicts(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, neg: to
     return torch.cumprod(raw.long(), dim=-1).bool()
 
 
-@POLICY_LOSSES.register("gtpo_conflict")
+@POLICY_LOSSES.register("gtpo_conflict", check=_whole_groups)
 def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, group_ids: torch.Tensor, entropy: torch.Tensor, batch=None, *,
-                  epsilon: float = 0.2, epsilon_high: float | None = None, gtpo_conflict_weight: float = 2.0,
-                  gtpo_entropy_threshold: float = 0.7, gtpo_entropy_coef: float = 0.1):
+                  epsilon: float = 0.2, epsilon_high: float | None = None, gtpo_conflict_weight: float = param(2.0, 'GTPO: weight of conflict tokens in positive completions'),
+                  gtpo_entropy_threshold: float = param(0.7, 'GTPO: completions with mean entropy above this get advantage 0'), gtpo_entropy_coef: float = param(0.1, 'GTPO: advantage -= coef * mean completion entropy (kept completions)')):
     """GTPO conflict-token protection and entropy filtering (Simoni et al., 2025, arXiv:2508.03772; seed 000-29).
 
     Conflict tokens: token ``o_it`` at position t such that the same token id
@@ -509,7 +558,7 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
 # --------------------------------------------------------------------- regularisers
 
 @REGULARIZERS.register("entropy_bonus")
-def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = 0.01):
+def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = param(0.01, 'entropy_bonus: coefficient of -H (maximise entropy)')):
     """Entropy bonus: ``term_t = -coef * H_t`` with ``H_t`` the policy entropy at token t (with gradient).
 
     Maximises entropy (TRL ``entropy_coef``, verl ``entropy_coeff``); the
@@ -520,7 +569,7 @@ def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = 0.0
 
 @REGULARIZERS.register("llds")
 def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         batch=None, *, llds_coef: float = 0.1, llds_gate: str = "response"):
+         batch=None, *, llds_coef: float = param(0.1, 'LLDS: weight of the likelihood-preserving penalty'), llds_gate: str = param('response', 'LLDS: unit whose likelihood drop activates the penalty', ['response', 'action'])):
     """LLDS likelihood-preserving regulariser (Deng et al., 2025, arXiv:2512.04220; seed 000-13).
 
     Preserving set: completions with ``A_i >= 0``. For each unit u (the whole
@@ -557,10 +606,10 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     return term, {"llds_active_frac": active.float()}
 
 
-@REGULARIZERS.register("dcpo")
+@REGULARIZERS.register("dcpo", check=_positive("dcpo_temperature"))
 def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         entropy: torch.Tensor, *, dcpo_coef: float = 0.1, dcpo_temperature: float = 1.5,
-         dcpo_entropy_target: float = 0.25):
+         entropy: torch.Tensor, *, dcpo_coef: float = param(0.1, 'DCPO: coefficient of the target-distribution REINFORCE regulariser'), dcpo_temperature: float = param(1.5, 'DCPO: temperature T > 1 of the target distribution pi_old^(1/T)'),
+         dcpo_entropy_target: float = param(0.25, 'DCPO: regulariser active while mean token entropy < this (H_0)')):
     """DCPO distribution-level entropy regulariser (Li et al., 2026, arXiv:2601.12730; seed 000-35).
 
     A REINFORCE term evaluated, through a second importance ratio, under a
@@ -607,10 +656,10 @@ def grpo_d_beta(step: float, steps: int, beta_min: float, beta_max: float, explo
     return beta_min + (beta_max - beta_min) * min(1.0, (step - w) / max(t - w, 1e-12))
 
 
-@REGULARIZERS.register("dynamic_kl")
+@REGULARIZERS.register("dynamic_kl", check=_check_dynamic_kl)
 def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: int, *, beta: float, steps: int,
-               kl_estimator: str = "k3", grpo_d_beta_min: float = 0.0, grpo_d_beta_max: float = 0.02,
-               grpo_d_explore_frac: float = 0.3):
+               kl_estimator: str = "k3", grpo_d_beta_min: float = param(0.0, 'GRPO-D (dynamic_kl): minimum KL weight, reached after the exploration steps'), grpo_d_beta_max: float = param(0.02, 'GRPO-D (dynamic_kl): maximum KL weight, reached at the last step'),
+               grpo_d_explore_frac: float = param(0.3, 'GRPO-D (dynamic_kl): exploration steps w as a fraction of steps (w/t)')):
     """GRPO-D dynamic KL weight (OThink-MR1, Liu et al., 2025, arXiv:2503.16081 §3.2 Eq. 3; seed 000-69).
 
     Schedule (:func:`grpo_d_beta`, ``t`` = the config's ``steps``, ``w = 0.3 t``):
@@ -651,7 +700,7 @@ class RatioVariance:
     running moment.
     """
 
-    def __init__(self, *, r2vpo_delta: float = 0.02, r2vpo_dual_lr: float = 1.0, r2vpo_lambda_init: float = 1.0):
+    def __init__(self, *, r2vpo_delta: float = param(0.02, "R2VPO: budget on the ratio's second central moment E[(r-1)^2]"), r2vpo_dual_lr: float = param(1.0, 'R2VPO: step size of the Lagrange multiplier update'), r2vpo_lambda_init: float = param(1.0, 'R2VPO: initial Lagrange multiplier')):
         self.delta, self.dual_lr = r2vpo_delta, r2vpo_dual_lr
         self.lam = float(r2vpo_lambda_init)
         self.step: int | None = None
@@ -679,38 +728,3 @@ class RatioVariance:
     def load_state_dict(self, state: dict) -> None:
         self.lam, self.step = float(state["lam"]), state["step"]
         self.moment_sum, self.moment_count = float(state["moment_sum"]), float(state["moment_count"])
-
-
-# ----------------------------------------------------------------- config checks
-
-GROUP_COUPLED = {"reg_grpo", "rebel", "gvpo", "disco", "copg", "p3o", "gtpo_conflict"}
-
-
-def validate_objective_config(cfg) -> None:
-    """Config-time checks for this module's components; raises ``ConfigError``.
-
-    Call from ``Config.validate()``.
-    """
-    from ..errors import ConfigError
-
-    if cfg.policy_loss in GROUP_COUPLED:
-        if cfg.num_generations < 2:
-            raise ConfigError(f"policy_loss '{cfg.policy_loss}' compares completions of a prompt: "
-                              f"num_generations must be >= 2, got {cfg.num_generations}")
-        if cfg.micro_batch_size % cfg.num_generations:
-            raise ConfigError(f"policy_loss '{cfg.policy_loss}' needs whole groups in each micro-batch: "
-                              f"micro_batch_size ({cfg.micro_batch_size}) must be a multiple of num_generations "
-                              f"({cfg.num_generations})")
-    if "dynamic_kl" in cfg.regularizers and cfg.beta <= 0:
-        raise ConfigError("regularizers: dynamic_kl needs a reference model: set beta > 0 "
-                          "(the total KL coefficient then follows the GRPO-D schedule grpo_d_beta_min/grpo_d_beta_max)")
-    for key in ("gvpo_anchor", "copg_anchor"):
-        if getattr(cfg, key) == "reference" and cfg.beta <= 0 and cfg.policy_loss == key.split("_")[0]:
-            raise ConfigError(f"{key}: 'reference' needs a reference model: set beta > 0 or use 'behavior'")
-    positive = ["simple_po_epsilon", "rebel_eta", "disco_tau", "sapo_tau_pos", "sapo_tau_neg",
-                "dcpo_temperature"]
-    for key in positive:
-        if getattr(cfg, key) <= 0:
-            raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
-    if not 0.0 <= cfg.grpo_d_explore_frac < 1.0:
-        raise ConfigError(f"grpo_d_explore_frac: must be in [0, 1), got {cfg.grpo_d_explore_frac}")

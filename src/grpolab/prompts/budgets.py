@@ -36,6 +36,11 @@ from ..model.hf import model_device
 from ..registry import SAMPLERS
 from .uniform import UniformSampler
 from .adaptive import PromptGDROSampler, _check_rows, _take_without_replacement, prompt_outcomes
+from ..registry import param
+
+AR3PO_STAGE_SIZE = param(4, 'AR3PO: completions per prompt per generation stage')
+AR3PO_MAX_STAGES = param(2, 'AR3PO: generation stages (a prompt stops once it has a correct response)')
+AR3PO_SUCCESS_THRESHOLD = param(1.0, 'AR3PO: a response is correct when its reward >= this')
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -120,7 +125,11 @@ def knapsack_allocate(success: list[float], total: int, lo: int, hi: int) -> lis
     return n
 
 
-@SAMPLERS.register("knapsack")
+def _check_knapsack(cfg) -> None:
+    _check_range(cfg, "knapsack_min_generations", "knapsack_max_generations")
+
+
+@SAMPLERS.register("knapsack", check=_check_knapsack)
 class KnapsackSampler(_EpochOrderSampler):
     """Knapsack RL: per-prompt exploration budgets from a knapsack over the batch.
 
@@ -146,9 +155,9 @@ class KnapsackSampler(_EpochOrderSampler):
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8,
-                 knapsack_min_generations: int = 2, knapsack_max_generations: int = 16,
-                 knapsack_prior_success: float = 0.5, knapsack_smoothing: float = 1.0,
-                 knapsack_success_threshold: float = 1.0):
+                 knapsack_min_generations: int = param(2, 'Knapsack RL: fewest completions a prompt gets'), knapsack_max_generations: int = param(16, 'Knapsack RL: most completions a prompt gets'),
+                 knapsack_prior_success: float = param(0.5, 'Knapsack RL: success-rate estimate of a prompt never rolled out'), knapsack_smoothing: float = param(1.0, "Knapsack RL: pseudo-count pulling the last visit's success rate towards knapsack_prior_success (0 = raw rate)"),
+                 knapsack_success_threshold: float = param(1.0, 'Knapsack RL: a completion succeeds when its reward >= this')):
         super().__init__(num_rows, seed)
         if not 1 <= knapsack_min_generations <= knapsack_max_generations:
             raise ValueError("need 1 <= knapsack_min_generations <= knapsack_max_generations")
@@ -161,9 +170,6 @@ class KnapsackSampler(_EpochOrderSampler):
         self.successes = torch.zeros(num_rows, dtype=torch.float64)
         self.trials = torch.zeros(num_rows, dtype=torch.float64)
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        _check_range(cfg, "knapsack_min_generations", "knapsack_max_generations")
 
     def success_rate(self) -> torch.Tensor:
         den = self.trials + self.a
@@ -207,8 +213,8 @@ class AR3POSampler(_EpochOrderSampler):
     steps as a cap is ours (it saves the second stage on easy prompts).
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, ar3po_stage_size: int = 4, ar3po_max_stages: int = 2,
-                 ar3po_success_threshold: float = 1.0):
+    def __init__(self, num_rows: int, seed: int = 0, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES,
+                 ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
         super().__init__(num_rows, seed)
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
             raise ValueError("need ar3po_stage_size >= 1 and ar3po_max_stages >= 1")
@@ -300,9 +306,9 @@ class GainRLSampler:
     (no model) every score is 0 and the order is the data order.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, max_prompt_length: int = 512, gain_rl_sigma: float = 0.1,
-                 gain_rl_max_shift: float = 0.1, gain_rl_update_steps: int = 1, gain_rl_refresh_steps: int = 0,
-                 gain_rl_batch_size: int = 32, gain_rl_success_threshold: float = 1.0):
+    def __init__(self, num_rows: int, seed: int = 0, *, max_prompt_length: int = 512, gain_rl_sigma: float = param(0.1, 'GAIN-RL: std of the Gaussian over sorted positions, as a fraction of the data set'),
+                 gain_rl_max_shift: float = param(0.1, 'GAIN-RL: largest advance of the Gaussian centre per update, as a fraction of the data set'), gain_rl_update_steps: int = param(1, 'GAIN-RL: steps between advances of the Gaussian centre'), gain_rl_refresh_steps: int = param(0, 'GAIN-RL: recompute angle concentration with the current policy every N steps (0 = once, at the start)'),
+                 gain_rl_batch_size: int = param(32, 'GAIN-RL: prompts per forward when computing angle concentration'), gain_rl_success_threshold: float = param(1.0, 'GAIN-RL: a completion is correct when its reward >= this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if gain_rl_sigma <= 0 or gain_rl_max_shift < 0 or gain_rl_update_steps < 1 or gain_rl_refresh_steps < 0:
@@ -416,9 +422,9 @@ class AutoGroupSampler:
     sampler.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, auto_group_num_groups: int = 2, auto_group_eta: float = 1.0,
-                 auto_group_gamma: float = 0.1, auto_group_ema: float = 0.5, auto_group_prior_success: float = 0.5,
-                 auto_group_regroup_steps: int = 1, auto_group_success_threshold: float = 1.0):
+    def __init__(self, num_rows: int, seed: int = 0, *, auto_group_num_groups: int = param(2, 'auto_group: number of automatic prompt groups'), auto_group_eta: float = param(1.0, 'auto_group: exponentiated-gradient step size of the group weights'),
+                 auto_group_gamma: float = param(0.1, 'auto_group: share of uniform exploration over groups'), auto_group_ema: float = param(0.5, "auto_group: EMA factor of each prompt's success-rate estimate"), auto_group_prior_success: float = param(0.5, 'auto_group: success-rate estimate of a prompt never rolled out'),
+                 auto_group_regroup_steps: int = param(1, 'auto_group: steps between re-partitions of the prompts'), auto_group_success_threshold: float = param(1.0, 'auto_group: a completion succeeds when its reward >= this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if not 1 <= auto_group_num_groups <= num_rows:
@@ -485,7 +491,13 @@ class AutoGroupSampler:
 
 # ----------------------------------------------------------------------------- ERPO (000-85)
 
-@SAMPLERS.register("erpo")
+def _check_erpo(cfg) -> None:
+    if cfg.erpo_max_temperature < cfg.temperature:
+        raise ConfigError(f"erpo_max_temperature ({cfg.erpo_max_temperature}) must be >= temperature "
+                          f"({cfg.temperature})")
+
+
+@SAMPLERS.register("erpo", check=_check_erpo)
 class ERPOSampler(_EpochOrderSampler):
     """ERPO: raise the sampling temperature of residual (all-correct) prompts.
 
@@ -512,8 +524,8 @@ class ERPOSampler(_EpochOrderSampler):
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, temperature: float = 0.7,
-                 erpo_temperature_step: float = 0.1, erpo_max_temperature: float = 1.2,
-                 erpo_success_threshold: float = 1.0):
+                 erpo_temperature_step: float = param(0.1, 'ERPO: temperature added per residual (all-correct) visit'), erpo_max_temperature: float = param(1.2, 'ERPO: highest per-prompt sampling temperature'),
+                 erpo_success_threshold: float = param(1.0, 'ERPO: a completion is correct when its reward >= this')):
         super().__init__(num_rows, seed)
         if erpo_temperature_step < 0 or erpo_max_temperature < temperature:
             raise ValueError("need erpo_temperature_step >= 0 and erpo_max_temperature >= temperature")
@@ -521,11 +533,6 @@ class ERPOSampler(_EpochOrderSampler):
         self.max_t, self.threshold = float(erpo_max_temperature), float(erpo_success_threshold)
         self.level = torch.zeros(num_rows, dtype=torch.long)
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if cfg.erpo_max_temperature < cfg.temperature:
-            raise ConfigError(f"erpo_max_temperature ({cfg.erpo_max_temperature}) must be >= temperature "
-                              f"({cfg.temperature})")
 
     def temperatures(self, idx: list[int]) -> list[float]:
         return [min(self.max_t, self.base + self.step_size * int(self.level[i])) for i in idx]
@@ -579,7 +586,11 @@ def sqrt_allocation(price: list[float], total: int, lo: int, hi: int) -> tuple[l
     return round_allocation(x, total, lo, hi), mu
 
 
-@SAMPLERS.register("rollout_gdro")
+def _check_rollout_gdro(cfg) -> None:
+    _check_range(cfg, "rgdro_min_generations", "rgdro_max_generations")
+
+
+@SAMPLERS.register("rollout_gdro", check=_check_rollout_gdro)
 class RolloutGDROSampler(_EpochOrderSampler):
     """Rollout-GDRO: shadow-price allocation of rollouts across pass@k difficulty bins.
 
@@ -608,10 +619,10 @@ class RolloutGDROSampler(_EpochOrderSampler):
     ``self.shadow_price``.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8, rgdro_bin_edges: list | None = None,
-                 rgdro_window: int = 4, rgdro_ema: float = 0.9, rgdro_min_generations: int = 2,
-                 rgdro_max_generations: int = 16, rgdro_min_variance: float = 0.01,
-                 rgdro_success_threshold: float = 1.0):
+    def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8, rgdro_bin_edges: list | None = param([0.25, 0.5, 0.75], 'Rollout-GDRO: ascending pass@k bin edges in (0, 1)'),
+                 rgdro_window: int = param(4, "Rollout-GDRO: pass@k is the mean of a prompt's last N any-success flags"), rgdro_ema: float = param(0.9, "Rollout-GDRO: EMA factor of each bin's error rate (bias-corrected)"), rgdro_min_generations: int = param(2, 'Rollout-GDRO: fewest completions a prompt gets'),
+                 rgdro_max_generations: int = param(16, 'Rollout-GDRO: most completions a prompt gets'), rgdro_min_variance: float = param(0.01, "Rollout-GDRO: floor of a bin's variance proxy e(1-e)"),
+                 rgdro_success_threshold: float = param(1.0, 'Rollout-GDRO: a completion succeeds when its reward >= this')):
         super().__init__(num_rows, seed)
         if not 1 <= rgdro_min_generations <= rgdro_max_generations:
             raise ValueError("need 1 <= rgdro_min_generations <= rgdro_max_generations")
@@ -621,9 +632,6 @@ class RolloutGDROSampler(_EpochOrderSampler):
         self.min_var = float(rgdro_min_variance)
         self.shadow_price = float("nan")
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        _check_range(cfg, "rgdro_min_generations", "rgdro_max_generations")
 
     def prices(self) -> torch.Tensor:
         e = self.classifier.debiased_loss()

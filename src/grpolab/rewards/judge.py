@@ -38,9 +38,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from ..data import completion_text  # noqa: E402
-from ..registry import REWARD_SPECS  # noqa: E402
+from ..registry import REWARD_SPECS, declared_params  # noqa: E402
 from .models import _prompt_text  # noqa: E402
 from .scoring import RewardFn  # noqa: E402
+from ..registry import param
 
 
 def tiny_judge(seed: int = 0):
@@ -62,9 +63,9 @@ def _self_texts(cfg) -> list[str]:
 class JudgeReward:
     """A causal LM judge as a TRL-contract reward function (see the module docstring)."""
 
-    def __init__(self, path: str, *, judge_question: str = "Is the answer above correct? Answer yes or no.",
-                 judge_yes: str = "yes", judge_no: str = "no", judge_batch_size: int = 8,
-                 judge_max_length: int = 1024, cfg=None, name: str = "judge"):
+    def __init__(self, path: str, *, judge_question: str = param('Is the answer above correct? Answer yes or no.', 'judge: the yes/no question asked after the prompt and completion'),
+                 judge_yes: str = param('yes', 'judge: the word whose first token means yes'), judge_no: str = param('no', 'judge: the word whose first token means no'), judge_batch_size: int = param(8, 'judge: texts per forward pass'),
+                 judge_max_length: int = param(1024, 'judge: texts are cut to their last this many tokens'), cfg=None, name: str = "judge"):
         if path == "self" and cfg is None:
             raise ValueError("--reward judge:self needs the run's config (the policy to copy); "
                              "grpolab train passes it")
@@ -155,12 +156,11 @@ class JudgeReward:
         return f"JudgeReward({self.path!r})"
 
 
-@REWARD_SPECS.register("judge:", prefix="PATH|self|tiny")
-def parse_judge_spec(spec: str, cfg=None):
+def parse_judge_spec(spec: str, cfg=None, **opts):
     """``judge:PATH[=weight]`` -> :class:`grpolab.rewards.RewardFn` named ``judge``.
 
     The weight is the part after the last ``=`` when it parses as a number.
-    Options come from the config keys ``judge_*`` when ``cfg`` is given.
+    ``opts``: the ``judge_*`` parameters (``parse_reward_spec`` passes this run's values).
     """
 
     body, path, weight = spec[len("judge:"):], spec[len("judge:"):], 1.0
@@ -172,8 +172,8 @@ def parse_judge_spec(spec: str, cfg=None):
             pass
     if not path:
         raise ValueError(f"--reward '{spec}': expected judge:PATH, judge:self or judge:tiny (optionally =weight)")
-    opts = {}
-    if cfg is not None:
-        opts = {k: getattr(cfg, k) for k in ("judge_question", "judge_yes", "judge_no", "judge_batch_size",
-                                             "judge_max_length") if hasattr(cfg, k)}
     return RewardFn("judge", JudgeReward(path, cfg=cfg, **opts), weight)
+
+
+parse_judge_spec.__grpolab_params__ = declared_params(JudgeReward)  # its options are the judge's
+REWARD_SPECS.register("judge:", prefix="PATH|self|tiny")(parse_judge_spec)

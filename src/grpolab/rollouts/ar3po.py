@@ -9,6 +9,8 @@ from ..errors import ConfigError
 from ..generation.plain import pack_completions, tokenize_prompts
 from ..generation.sampling import per_prompt
 from ..registry import ROLLOUT_STRATEGIES
+from ..registry import param
+from ..prompts.budgets import AR3PO_MAX_STAGES, AR3PO_STAGE_SIZE, AR3PO_SUCCESS_THRESHOLD
 
 
 @ROLLOUT_STRATEGIES.register("ar3po")
@@ -40,8 +42,8 @@ class AR3PORollout:
     rather than trusted (rewards are deterministic for verifiable tasks).
     """
 
-    def __init__(self, *, ar3po_stage_size: int = 4, ar3po_max_stages: int = 2, ar3po_reuse: bool = True,
-                 ar3po_success_threshold: float = 1.0):
+    def __init__(self, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES, ar3po_reuse: bool = param(True, 'AR3PO: add a stored earlier correct response to an all-wrong group'),
+                 ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
             raise ValueError("need ar3po_stage_size >= 1 and ar3po_max_stages >= 1")
         self.stage, self.stages, self.reuse = int(ar3po_stage_size), int(ar3po_max_stages), bool(ar3po_reuse)

@@ -32,6 +32,7 @@ import torch
 from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import ROLLOUT_STRATEGIES
+from ..registry import param
 
 HINT_TASKS = "countdown, arithmetic (multi-step)"
 SOLUTION_HEADER = "The beginning of a reference solution, to continue from:"
@@ -155,7 +156,17 @@ def _solved(scalar: torch.Tensor, rows: list[int], threshold: float) -> bool:
 
 
 # ----------------------------------------------------------------- Scaf-GRPO
-@ROLLOUT_STRATEGIES.register("scaf_grpo")
+def _check_scaf_grpo(cfg) -> None:
+    if cfg.scaf_patience < 1:
+        raise ConfigError("scaf_patience must be >= 1 (visits without success before hints)")
+    if cfg.scaf_hint_samples < 1 or cfg.scaf_replace_num < 1:
+        raise ConfigError("scaf_hint_samples and scaf_replace_num must be >= 1")
+    if cfg.scaf_replace_num > cfg.num_generations:
+        raise ConfigError(f"scaf_replace_num={cfg.scaf_replace_num} exceeds num_generations="
+                          f"{cfg.num_generations}")
+
+
+@ROLLOUT_STRATEGIES.register("scaf_grpo", check=_check_scaf_grpo)
 class ScafGRPO:
     """Scaf-GRPO: tiered in-prompt hints for stagnating prompts (Zhang et al. 2025, arXiv:2510.19807;
     seed 000-61 = 004-02).
@@ -188,9 +199,9 @@ class ScafGRPO:
     failed visits. The number of hinted samples per tier is a parameter.
     """
 
-    def __init__(self, *, scaf_patience: int = 1, scaf_warmup_steps: int = 0, scaf_schedule: str = "search",
-                 scaf_hint_samples: int = 2, scaf_replace_num: int = 1, scaf_max_level: int = 0,
-                 scaf_success_threshold: float = 1.0):
+    def __init__(self, *, scaf_patience: int = param(1, "Scaf-GRPO: a prompt stagnates after this many consecutive visits whose group had no success (1 = the authors' code: an all-wrong group after the exploration phase)"), scaf_warmup_steps: int = param(0, 'Scaf-GRPO: exploration phase; no hints before this step (the authors use 50 of their training steps)'), scaf_schedule: str = param('search', "Scaf-GRPO: 'search' tries tiers 1, 2, ... in the same step until one yields a success (the authors' code); 'escalate' tries one tier per visit, one tier higher after each failed visit", ['search', 'escalate']),
+                 scaf_hint_samples: int = param(2, 'Scaf-GRPO: hinted completions sampled per stagnating prompt and tier'), scaf_replace_num: int = param(1, 'Scaf-GRPO: failed on-policy completions of a stagnating group replaced by successful hinted ones at the minimal tier (the authors use 1)'), scaf_max_level: int = param(0, "Scaf-GRPO: highest hint tier used (0 = all of a row's hints)"),
+                 scaf_success_threshold: float = param(1.0, 'Scaf-GRPO: a completion succeeds when its reward >= this')):
         self.patience = scaf_patience
         self.warmup = scaf_warmup_steps
         self.schedule = scaf_schedule
@@ -201,15 +212,6 @@ class ScafGRPO:
         self.streak: dict[int, int] = {}  # uid -> consecutive visits without success
         self.level: dict[int, int] = {}   # uid -> tier for the next stagnating visit (escalate)
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if cfg.scaf_patience < 1:
-            raise ConfigError("scaf_patience must be >= 1 (visits without success before hints)")
-        if cfg.scaf_hint_samples < 1 or cfg.scaf_replace_num < 1:
-            raise ConfigError("scaf_hint_samples and scaf_replace_num must be >= 1")
-        if cfg.scaf_replace_num > cfg.num_generations:
-            raise ConfigError(f"scaf_replace_num={cfg.scaf_replace_num} exceeds num_generations="
-                              f"{cfg.num_generations}")
 
     def _levels(self, row) -> int:
         n = len(require_column(row, "hints", "scaf_grpo"))
@@ -278,8 +280,8 @@ class ScafGRPO:
 
 # --------------------------------------------------------------------- Guide
 @ROLLOUT_STRATEGIES.register("guide")
-def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, guide_success_threshold: float = 1.0,
-          guide_hint_level: int = 0, guide_keep_failed: bool = False):
+def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, guide_success_threshold: float = param(1.0, 'Guide: a completion succeeds when its reward >= this; groups with no success are resampled with a hint'),
+          guide_hint_level: int = param(0, "Guide: number of the row's hints (abstract to concrete) put in the hinted context (0 = all)"), guide_keep_failed: bool = param(False, 'Guide: keep the failed unguided completions next to the hinted ones in the group (false = the hinted group replaces them)')):
     """Guide (Guide-GRPO): hints for all-wrong prompts, trained as if the hint were absent
     (Nath et al. 2025, "Adaptive Guidance Accelerates Reinforcement Learning of Reasoning
     Models", arXiv:2506.13923; seed 004-16).
@@ -344,7 +346,13 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, gui
 
 
 # ---------------------------------------------------------------------- GHPO
-@ROLLOUT_STRATEGIES.register("ghpo")
+def _check_ghpo(cfg) -> None:
+    fr = [float(f) for f in cfg.ghpo_fractions]
+    if not fr or any(not 0 < f < 1 for f in fr) or fr != sorted(fr):
+        raise ConfigError(f"ghpo_fractions must be ascending fractions in (0, 1), got {cfg.ghpo_fractions}")
+
+
+@ROLLOUT_STRATEGIES.register("ghpo", check=_check_ghpo)
 class GHPO:
     """GHPO: difficulty-aware adaptive prompt refinement with partial reference solutions
     (Liu et al. 2025, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement
@@ -374,18 +382,13 @@ class GHPO:
     ``hint_level`` is the stage (1-based); ``hint`` the text appended.
     """
 
-    def __init__(self, *, ghpo_fractions: list = (0.25, 0.5, 0.75), ghpo_schedule: str = "within_step",
-                 ghpo_success_threshold: float = 1.0):
+    def __init__(self, *, ghpo_fractions: list = param([0.25, 0.5, 0.75], 'GHPO: ascending fractions of the reference solution revealed at stage 1, 2, ... (lines if it has several, else characters)'), ghpo_schedule: str = param('within_step', "GHPO: 'within_step' refines a failed prompt stage by stage in the same step until a completion succeeds; 'across_visits' moves one stage per failed visit and resets when the prompt is solved", ['within_step', 'across_visits']),
+                 ghpo_success_threshold: float = param(1.0, 'GHPO: a completion succeeds when its reward >= this')):
         self.fractions = [float(f) for f in ghpo_fractions]
         self.schedule = ghpo_schedule
         self.threshold = ghpo_success_threshold
         self.stage: dict[int, int] = {}  # uid -> stage (1-based) for the next failed visit (across_visits)
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        fr = [float(f) for f in cfg.ghpo_fractions]
-        if not fr or any(not 0 < f < 1 for f in fr) or fr != sorted(fr):
-            raise ConfigError(f"ghpo_fractions must be ascending fractions in (0, 1), got {cfg.ghpo_fractions}")
 
     def text(self, row: dict, stage: int) -> str:
         solution = require_column(row, "solution", "ghpo")

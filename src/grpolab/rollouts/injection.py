@@ -49,6 +49,10 @@ from ..data import render_prompt
 from ..generation.plain import eos_token_ids, tokenize_prompts
 from ..generation.sampling import sample_completions
 from ..registry import ROLLOUT_STRATEGIES
+from ..registry import param
+
+REFERENCE_TEMPLATE = param("Answer: {solution}", "reference completion for injection strategies, formatted with "
+                           "the row's columns (countdown: 'Answer: {solution}'; arithmetic: 'Answer: {answer}')")
 
 
 # --------------------------------------------------------------------------- helpers
@@ -251,7 +255,8 @@ def _check_fraction(cfg, fraction_key: str) -> None:
 
 # ------------------------------------------------------------------- GCPO (000-15)
 def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-                   gcpo_success_threshold: float = 1.0, gcpo_train_reference: bool = True):
+                   injection_reference_template: str = REFERENCE_TEMPLATE,
+                   gcpo_success_threshold: float = param(1.0, 'gcpo_reference: a rollout succeeds when its scalar reward >= this; a group with no success gets the reference answer'), gcpo_train_reference: bool = param(True, 'gcpo_reference: the injected reference tokens enter the loss')):
     """GCPO reference-answer injection (Wu et al., 2025, "GCPO: Group Contrastive Policy
     Optimization", github.com/AchoWu/GCPO; seed 000-15).
 
@@ -286,8 +291,9 @@ ROLLOUT_STRATEGIES.register("gcpo_reference")(gcpo_reference)
 
 # ------------------------------------------------------- DaGRPO anchors (000-17)
 def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-                   dagrpo_success_threshold: float = 1.0, dagrpo_num_anchors: int = 1,
-                   dagrpo_train_anchors: bool = True):
+                   injection_reference_template: str = REFERENCE_TEMPLATE,
+                   dagrpo_success_threshold: float = param(1.0, 'dagrpo_anchors: a rollout is a positive when its scalar reward >= this; groups with no positive get anchors'), dagrpo_num_anchors: int = param(1, 'dagrpo_anchors: reference (anchor) completions added to each group without a positive'),
+                   dagrpo_train_anchors: bool = param(True, 'dagrpo_anchors: the anchor tokens enter the loss')):
     """DaGRPO Off-policy Data Augmentation (Xie et al., 2025, arXiv:2512.06337; seed 000-17).
 
     "For hard queries, the scarcity of valid positive samples results in
@@ -325,12 +331,20 @@ def _dagrpo_check(cfg) -> None:
         raise ConfigError(f"dagrpo_num_anchors: must be >= 0, got {cfg.dagrpo_num_anchors}")
 
 
-dagrpo_anchors.check_config = _dagrpo_check
-ROLLOUT_STRATEGIES.register("dagrpo_anchors")(dagrpo_anchors)
+ROLLOUT_STRATEGIES.register("dagrpo_anchors", check=_dagrpo_check)(dagrpo_anchors)
 
 
 # -------------------------------------------------------------- G2RPO-A (004-07)
-@ROLLOUT_STRATEGIES.register("g2rpo_a")
+def _check_g2rpo_a(cfg) -> None:
+    if not 0 <= cfg.g2rpo_a_guided_rows < cfg.num_generations:
+        raise ConfigError(f"g2rpo_a_guided_rows: must be in [0, num_generations), got "
+                          f"{cfg.g2rpo_a_guided_rows} with num_generations={cfg.num_generations}")
+    for k in ("g2rpo_a_initial_length", "g2rpo_a_max_length", "g2rpo_a_window"):
+        if getattr(cfg, k) < 1:
+            raise ConfigError(f"{k}: must be >= 1, got {getattr(cfg, k)}")
+
+
+@ROLLOUT_STRATEGIES.register("g2rpo_a", check=_check_g2rpo_a)
 class G2RPOAdaptiveGuidance:
     """G²RPO-A adaptive prefix guidance (Guo, Deng, Cheng and Tang, 2025, arXiv:2508.13023,
     github.com/T-Lab-CUHKSZ/G2RPO-A; seed 004-07).
@@ -358,9 +372,9 @@ class G2RPOAdaptiveGuidance:
     history are checkpointed (``state_dict``).
     """
 
-    def __init__(self, *, g2rpo_a_guided_rows: int = 1, g2rpo_a_initial_length: int = 8,
-                 g2rpo_a_max_length: int = 64, g2rpo_a_window: int = 2, g2rpo_a_reward: str = "",
-                 g2rpo_a_train_guidance: bool = True):
+    def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE, g2rpo_a_guided_rows: int = param(1, 'g2rpo_a: rows of each group whose completion starts with the first l reference tokens (the rest are plain rollouts)'), g2rpo_a_initial_length: int = param(8, 'g2rpo_a: initial guidance length l (reference tokens revealed)'),
+                 g2rpo_a_max_length: int = param(64, 'g2rpo_a: upper bound on the guidance length l'), g2rpo_a_window: int = param(2, 'g2rpo_a: steps of reward history the current step is compared with'), g2rpo_a_reward: str = param('', "g2rpo_a: reward function whose batch mean drives the adaptation ('' = the combined scalar reward)"),
+                 g2rpo_a_train_guidance: bool = param(True, 'g2rpo_a: the injected guidance tokens enter the loss')):
         self.guided_rows = g2rpo_a_guided_rows
         self.length = g2rpo_a_initial_length
         self.max_length = g2rpo_a_max_length
@@ -369,14 +383,6 @@ class G2RPOAdaptiveGuidance:
         self.train_guidance = g2rpo_a_train_guidance
         self.history: list[float] = []
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if not 0 <= cfg.g2rpo_a_guided_rows < cfg.num_generations:
-            raise ConfigError(f"g2rpo_a_guided_rows: must be in [0, num_generations), got "
-                              f"{cfg.g2rpo_a_guided_rows} with num_generations={cfg.num_generations}")
-        for k in ("g2rpo_a_initial_length", "g2rpo_a_max_length", "g2rpo_a_window"):
-            if getattr(cfg, k) < 1:
-                raise ConfigError(f"{k}: must be >= 1, got {getattr(cfg, k)}")
 
     def observe(self, r: float) -> int:
         """Feed one step's mean reward; returns the guidance length for the next step."""
@@ -466,8 +472,9 @@ def _kept_tokens(tok, ids: list[int], kept_text: str) -> int:
 
 
 def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-             editgrpo_success_threshold: float = 1.0, editgrpo_edit_fraction: float = 0.5,
-             editgrpo_train_edits: bool = True):
+             injection_reference_template: str = REFERENCE_TEMPLATE,
+             editgrpo_success_threshold: float = param(1.0, 'editgrpo: rollouts with scalar reward below this are failed and may be edited'), editgrpo_edit_fraction: float = param(0.5, "editgrpo: fraction of each group's failed rollouts that are edited (rounded up)"),
+             editgrpo_train_edits: bool = param(True, 'editgrpo: the injected corrected sentences enter the loss')):
     """EditGRPO post-rollout sentence-level edits (Zhang et al., 2025, arXiv:2509.22812,
     github.com/taokz/EditGRPO; seed 004-11).
 
@@ -516,8 +523,11 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     return replace_rows(batch, idx, new, tok.pad_token_id)
 
 
-editgrpo.check_config = lambda cfg: _check_fraction(cfg, "editgrpo_edit_fraction")
-ROLLOUT_STRATEGIES.register("editgrpo")(editgrpo)
+def _check_editgrpo(cfg) -> None:
+    _check_fraction(cfg, "editgrpo_edit_fraction")
+
+
+ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo)(editgrpo)
 
 
 # ----------------------------------------------------------- ThinkTuning (004-13)
@@ -525,7 +535,17 @@ CRITIQUE = ("Problem: {question}\nStudent attempt: {attempt}\n{reference}"
             "The attempt is wrong. Give short corrective feedback that points the student in the right direction.")
 
 
-@ROLLOUT_STRATEGIES.register("thinktuning")
+def _check_thinktuning(cfg) -> None:
+    _check_fraction(cfg, "thinktuning_fraction")
+    if cfg.thinktuning_feedback_tokens < 1:
+        raise ConfigError(f"thinktuning_feedback_tokens: must be >= 1, got {cfg.thinktuning_feedback_tokens}")
+    t = cfg.thinktuning_teacher
+    if t not in ("self", "frozen") and not (Path(t) / "config.json").exists():
+        raise ConfigError(f"thinktuning_teacher: '{t}' is not 'self', 'frozen' or a local model folder "
+                          f"with config.json")
+
+
+@ROLLOUT_STRATEGIES.register("thinktuning", check=_check_thinktuning)
 class ThinkTuning:
     """ThinkTuning teacher-guided rollouts (RRV et al., 2025, arXiv:2508.07616,
     github.com/3rdAT/ThinkTuning; seed 004-13).
@@ -555,9 +575,9 @@ class ThinkTuning:
     is cut to half the completion budget so feedback and continuation fit.
     """
 
-    def __init__(self, *, thinktuning_teacher: str = "self", thinktuning_success_threshold: float = 1.0,
-                 thinktuning_fraction: float = 0.5, thinktuning_feedback_tokens: int = 16,
-                 thinktuning_use_reference: bool = True, injection_reference_template: str = "Answer: {solution}"):
+    def __init__(self, *, thinktuning_teacher: str = param('self', "thinktuning: 'self' (the current behaviour policy), 'frozen' (a copy of the policy taken at first use) or a local model folder"), thinktuning_success_threshold: float = param(1.0, 'thinktuning: rollouts with scalar reward below this get teacher feedback'),
+                 thinktuning_fraction: float = param(0.5, "thinktuning: fraction of each group's failed rollouts that are guided (rounded up)"), thinktuning_feedback_tokens: int = param(16, 'thinktuning: maximum tokens of teacher feedback'),
+                 thinktuning_use_reference: bool = param(True, 'thinktuning: show the reference answer to the teacher'), injection_reference_template: str = REFERENCE_TEMPLATE):
         self.teacher_spec = thinktuning_teacher
         self.threshold = thinktuning_success_threshold
         self.fraction = thinktuning_fraction
@@ -566,15 +586,6 @@ class ThinkTuning:
         self.template = injection_reference_template
         self._teacher = None  # (model, tokenizer) once loaded, for "frozen" / a folder
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        _check_fraction(cfg, "thinktuning_fraction")
-        if cfg.thinktuning_feedback_tokens < 1:
-            raise ConfigError(f"thinktuning_feedback_tokens: must be >= 1, got {cfg.thinktuning_feedback_tokens}")
-        t = cfg.thinktuning_teacher
-        if t not in ("self", "frozen") and not (Path(t) / "config.json").exists():
-            raise ConfigError(f"thinktuning_teacher: '{t}' is not 'self', 'frozen' or a local model folder "
-                              f"with config.json")
 
     def teacher(self, ctx):
         if self.teacher_spec == "self":
@@ -636,8 +647,9 @@ EDGE_ANSWER = "\nWait! Something is wrong here. After verification, the correct 
 
 
 def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-                    edge_gec_success_threshold: float = 1.0, edge_gec_only_all_failed: bool = False,
-                    edge_gec_train_injected: bool = True):
+                    injection_reference_template: str = REFERENCE_TEMPLATE,
+                    edge_gec_success_threshold: float = param(1.0, 'edge_correction: rollouts with scalar reward below this are corrected'), edge_gec_only_all_failed: bool = param(False, "edge_correction: correct failed rollouts only in groups where every rollout failed (the authors' code corrects every failed one)"),
+                    edge_gec_train_injected: bool = param(True, 'edge_correction: the injected reflection/answer tokens enter the loss')):
     """EDGE-GRPO Guided Error Correction (Zhang, Wen, Wu and Huang, 2025, arXiv:2507.21848,
     github.com/ZhangXJ199/EDGE-GRPO; seed 000-25).
 

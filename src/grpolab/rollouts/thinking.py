@@ -9,6 +9,7 @@ import torch
 from ..errors import ConfigError
 from ..data import completion_text
 from ..registry import ROLLOUT_STRATEGIES
+from ..registry import param
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 
@@ -40,9 +41,15 @@ def motif_row(row: dict, progress: str, round_done: int, final: bool) -> dict:
     return out
 
 
-@ROLLOUT_STRATEGIES.register("motif")
-def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, motif_rounds: int = 3,
-          motif_rollouts: int = 4, motif_progress_chars: int = 200):
+def _check_motif(cfg) -> None:
+    if cfg.motif_rounds < 1 or cfg.motif_rollouts < 1:
+        raise ConfigError(f"motif: motif_rounds and motif_rollouts must be >= 1, got {cfg.motif_rounds} and "
+                          f"{cfg.motif_rollouts}")
+
+
+@ROLLOUT_STRATEGIES.register("motif", check=_check_motif)
+def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, motif_rounds: int = param(3, 'MOTIF: thinking rounds per answer (the last one gives the final answer)'),
+          motif_rollouts: int = param(4, 'MOTIF: continuations of rounds 2..R sampled per first-round completion; its reward is their mean final-round reward'), motif_progress_chars: int = param(200, "MOTIF: a round's progress handed to the next round is cut to its last this many characters")):
     """MOTIF: Modular Thinking via Reinforcement Fine-tuning (Mitra and Ulukus, 2025, arXiv:2507.02851; 004-04).
 
     The model reasons over ``R = motif_rounds`` rounds; round ``r+1`` sees the
@@ -97,12 +104,3 @@ def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, mot
     batch.reward_names = list(cont.reward_names)
     batch.columns["motif_final"] = [cont.columns["completion"][i * M] for i in range(R)]
     return batch
-
-
-def _check_motif(cfg) -> None:
-    if cfg.motif_rounds < 1 or cfg.motif_rollouts < 1:
-        raise ConfigError(f"motif: motif_rounds and motif_rollouts must be >= 1, got {cfg.motif_rounds} and "
-                          f"{cfg.motif_rollouts}")
-
-
-motif.check_config = _check_motif

@@ -20,6 +20,7 @@ from ..algorithms import group_zscore
 from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import BATCH_STAGES
+from ..registry import param
 
 
 def row_advantage(batch: RolloutBatch) -> torch.Tensor:
@@ -35,7 +36,7 @@ def set_group_advantages(ctx, batch: RolloutBatch, scalar: torch.Tensor) -> Roll
     configured advantage estimator and weightings are *not* applied: rows a
     stage creates get GRPO's group z-score (documented per stage).
     """
-    adv = group_zscore(scalar, batch.group_ids, epsilon=ctx.cfg.advantage_epsilon)
+    adv = group_zscore(scalar, batch.group_ids, advantage_epsilon=ctx.cfg.advantage_epsilon)
     batch.scalar_rewards = scalar
     batch.advantages = adv[:, None].to(torch.float32) * batch.completion_mask
     return batch
@@ -88,7 +89,14 @@ def top_abs_advantage(batch: RolloutBatch, rate: float, scope: str) -> torch.Ten
     return torch.cat(keep).sort().values
 
 
-@BATCH_STAGES.register("cppo_prune")
+def _check_cppo_prune(cfg) -> None:
+    if not 0.0 <= cfg.cppo_pruning_rate < 1.0:
+        raise ConfigError(f"cppo_pruning_rate: must be in [0, 1), got {cfg.cppo_pruning_rate}")
+    if cfg.cppo_scope not in ("group", "batch"):
+        raise ConfigError(f"cppo_scope: '{cfg.cppo_scope}' is not valid; valid values: group, batch")
+
+
+@BATCH_STAGES.register("cppo_prune", check=_check_cppo_prune)
 class CPPOPrune:
     """CPPO: prune low-|advantage| completions, refill with completions of new questions.
 
@@ -124,19 +132,13 @@ class CPPOPrune:
     to ``A_i`` for sequence-level advantages).
     """
 
-    def __init__(self, *, cppo_pruning_rate: float = 0.5, cppo_scope: str = "group", cppo_refill: bool = True,
+    def __init__(self, *, cppo_pruning_rate: float = param(0.5, 'CPPO: pruning rate P; keep floor(n (1 - P)) (>= 1) completions with the largest |advantage| per group (or per batch, cppo_scope)'), cppo_scope: str = param('group', "CPPO: prune within each group (paper) or over the whole batch (authors' verl code)", ['group', 'batch']), cppo_refill: bool = param(True, 'CPPO: fill the freed rows with pruned completions of additional prompts (dynamic completion allocation), so the row count is unchanged'),
                  seed: int = 0):
         self.rate = float(cppo_pruning_rate)
         self.scope = cppo_scope
         self.refill = bool(cppo_refill)
         self.generator = torch.Generator().manual_seed(int(seed) + 8400)
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if not 0.0 <= cfg.cppo_pruning_rate < 1.0:
-            raise ConfigError(f"cppo_pruning_rate: must be in [0, 1), got {cfg.cppo_pruning_rate}")
-        if cfg.cppo_scope not in ("group", "batch"):
-            raise ConfigError(f"cppo_scope: '{cfg.cppo_scope}' is not valid; valid values: group, batch")
 
     def prune(self, batch: RolloutBatch) -> RolloutBatch:
         return batch.select(top_abs_advantage(batch, self.rate, self.scope))

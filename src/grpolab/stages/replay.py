@@ -18,6 +18,7 @@ from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import BATCH_STAGES
 from .pruning import row_advantage, score_new_rows, set_group_advantages
+from ..registry import param
 
 
 def _rows(batch: RolloutBatch, index) -> list[RolloutBatch]:
@@ -37,7 +38,16 @@ def _with_group(row: RolloutBatch, gid: int) -> RolloutBatch:
 
 # ----------------------------------------------------------------------------- EFRame (000-11)
 
-@BATCH_STAGES.register("eframe")
+def _check_eframe(cfg) -> None:
+    if cfg.eframe_explore_n < 2:
+        raise ConfigError(f"eframe_explore_n: exploration groups need >= 2 completions, got {cfg.eframe_explore_n}")
+    if cfg.eframe_replay_freq < 1:
+        raise ConfigError(f"eframe_replay_freq: must be >= 1, got {cfg.eframe_replay_freq}")
+    if cfg.eframe_replay_size < 0:
+        raise ConfigError(f"eframe_replay_size: must be >= 0, got {cfg.eframe_replay_size}")
+
+
+@BATCH_STAGES.register("eframe", check=_check_eframe)
 class EFRame:
     """EFRame: Exploration (extra high-temperature rollouts), Filter, Replay.
 
@@ -80,11 +90,11 @@ class EFRame:
     sampled with plain generation and always get ``group_zscore`` advantages.
     """
 
-    def __init__(self, *, eframe_explore_n: int = 8, eframe_explore_temperature: float = 1.2,
-                 eframe_explore_threshold: float = 1.0, eframe_fail_reward: float = 0.0,
-                 eframe_filter_threshold: float = 0.05, eframe_filter_overlong: bool = True,
-                 eframe_replay_threshold: float = 1.0, eframe_replay_size: float = 2.0,
-                 eframe_replay_freq: int = 5, seed: int = 0):
+    def __init__(self, *, eframe_explore_n: int = param(8, 'EFRame: extra completions for each hard (all-fail, zero-advantage) prompt'), eframe_explore_temperature: float = param(1.2, 'EFRame: sampling temperature of the exploration rollouts'),
+                 eframe_explore_threshold: float = param(1.0, 'EFRame: keep exploration rows with |advantage| > this'), eframe_fail_reward: float = param(0.0, 'EFRame: a prompt is hard when all its rewards are <= this and its advantages are all zero'),
+                 eframe_filter_threshold: float = param(0.05, 'EFRame: keep original rows with |advantage| > this'), eframe_filter_overlong: bool = param(True, 'EFRame: drop truncated rows with a positive advantage'),
+                 eframe_replay_threshold: float = param(1.0, 'EFRame: rows with |advantage| > this enter the replay buffer'), eframe_replay_size: float = param(2.0, 'EFRame: replay buffer capacity, in batches (x rows of the first batch)'),
+                 eframe_replay_freq: int = param(5, 'EFRame: replay buffered rows every N steps'), seed: int = 0):
         self.explore_n = int(eframe_explore_n)
         self.explore_temperature = float(eframe_explore_temperature)
         self.explore_threshold = float(eframe_explore_threshold)
@@ -100,14 +110,6 @@ class EFRame:
         self.capacity = 0                      # set from the first batch's row count
         self.batch_rows = 0
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if cfg.eframe_explore_n < 2:
-            raise ConfigError(f"eframe_explore_n: exploration groups need >= 2 completions, got {cfg.eframe_explore_n}")
-        if cfg.eframe_replay_freq < 1:
-            raise ConfigError(f"eframe_replay_freq: must be >= 1, got {cfg.eframe_replay_freq}")
-        if cfg.eframe_replay_size < 0:
-            raise ConfigError(f"eframe_replay_size: must be >= 0, got {cfg.eframe_replay_size}")
 
     # ------------------------------------------------------------ the three parts
     def hard_groups(self, batch: RolloutBatch) -> list[int]:
@@ -195,7 +197,18 @@ class EFRame:
 REPO_STRATEGIES = ("all", "random_k", "highest_k", "recent_k", "max_variance_k")
 
 
-@BATCH_STAGES.register("repo_replay")
+def _check_repo_replay(cfg) -> None:
+    if cfg.repo_strategy not in REPO_STRATEGIES:
+        raise ConfigError(f"repo_strategy: '{cfg.repo_strategy}' is not valid; valid values: "
+                          f"{', '.join(REPO_STRATEGIES)}")
+    if cfg.repo_adv_norm not in ("mixed", "split"):
+        raise ConfigError(f"repo_adv_norm: '{cfg.repo_adv_norm}' is not valid; valid values: mixed, split")
+    for name in ("repo_buffer_size", "repo_num_replay", "repo_min_buffer"):
+        if getattr(cfg, name) < 1:
+            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+
+
+@BATCH_STAGES.register("repo_replay", check=_check_repo_replay)
 class RePOReplay:
     """RePO: each prompt's group = its on-policy rollouts + samples replayed from its buffer.
 
@@ -231,8 +244,8 @@ class RePOReplay:
     scalar reward is the one computed at the step the sample was drawn.
     """
 
-    def __init__(self, *, repo_buffer_size: int = 16, repo_num_replay: int = 8, repo_strategy: str = "highest_k",
-                 repo_min_buffer: int = 1, repo_adv_norm: str = "mixed", seed: int = 0):
+    def __init__(self, *, repo_buffer_size: int = param(16, 'RePO: per-prompt FIFO replay buffer size (completions)'), repo_num_replay: int = param(8, 'RePO: off-policy completions replayed per prompt (k)'), repo_strategy: str = param('highest_k', 'RePO: replay strategy', ['all', 'random_k', 'highest_k', 'recent_k', 'max_variance_k']),
+                 repo_min_buffer: int = param(1, "RePO: replay only once a prompt's buffer holds this many completions"), repo_adv_norm: str = param('mixed', "RePO: 'mixed' = z-score over on-policy + replayed (union group); 'split' = replayed rows z-scored on their own", ['mixed', 'split']), seed: int = 0):
         self.buffer_size = int(repo_buffer_size)
         self.num_replay = int(repo_num_replay)
         self.strategy = repo_strategy
@@ -241,16 +254,6 @@ class RePOReplay:
         self.generator = torch.Generator().manual_seed(int(seed) + 3400)
         self.buffers: dict[int, list[RolloutBatch]] = {}  # prompt uid -> rows, oldest first
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if cfg.repo_strategy not in REPO_STRATEGIES:
-            raise ConfigError(f"repo_strategy: '{cfg.repo_strategy}' is not valid; valid values: "
-                              f"{', '.join(REPO_STRATEGIES)}")
-        if cfg.repo_adv_norm not in ("mixed", "split"):
-            raise ConfigError(f"repo_adv_norm: '{cfg.repo_adv_norm}' is not valid; valid values: mixed, split")
-        for name in ("repo_buffer_size", "repo_num_replay", "repo_min_buffer"):
-            if getattr(cfg, name) < 1:
-                raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
 
     def retrieve(self, uid: int) -> list[RolloutBatch]:
         """The buffered rows replayed for prompt ``uid`` under the configured strategy."""

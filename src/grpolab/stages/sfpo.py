@@ -7,9 +7,19 @@ import torch
 
 from ..errors import ConfigError
 from ..registry import UPDATE_STRATEGIES
+from ..registry import param
 
 
-@UPDATE_STRATEGIES.register("sfpo")
+def _check_sfpo(cfg) -> None:
+    if cfg.sfpo_fast_steps < 1:
+        raise ConfigError(f"sfpo_fast_steps: must be >= 1, got {cfg.sfpo_fast_steps}")
+    if not 0.0 <= cfg.sfpo_alpha <= 1.0:
+        raise ConfigError(f"sfpo_alpha: must be in [0, 1], got {cfg.sfpo_alpha}")
+    if cfg.sfpo_entropy_window < 2:
+        raise ConfigError(f"sfpo_entropy_window: must be >= 2, got {cfg.sfpo_entropy_window}")
+
+
+@UPDATE_STRATEGIES.register("sfpo", check=_check_sfpo)
 class SFPO:
     """SFPO: fast trajectory, reposition, slow correction — on one batch.
 
@@ -55,8 +65,8 @@ class SFPO:
     step (see docs/variants/stages.md).
     """
 
-    def __init__(self, *, sfpo_fast_steps: int = 3, sfpo_alpha: float = 0.8, sfpo_entropy_window: int = 10,
-                 sfpo_entropy_z: float = 3.0):
+    def __init__(self, *, sfpo_fast_steps: int = param(3, 'SFPO: fast-trajectory updates K on the same batch before repositioning'), sfpo_alpha: float = param(0.8, 'SFPO: reposition theta_0 + alpha (theta_K - theta_0), in [0, 1]'), sfpo_entropy_window: int = param(10, 'SFPO: steps of on-policy entropy kept for the switch-off test'),
+                 sfpo_entropy_z: float = param(3.0, 'SFPO: switch fast steps off for good when the entropy z-score exceeds this (0 = never)')):
         self.K = int(sfpo_fast_steps)
         self.alpha = float(sfpo_alpha)
         self.window = int(sfpo_entropy_window)
@@ -64,14 +74,6 @@ class SFPO:
         self.entropies: list[float] = []
         self.active = True
 
-    @staticmethod
-    def check_config(cfg) -> None:
-        if cfg.sfpo_fast_steps < 1:
-            raise ConfigError(f"sfpo_fast_steps: must be >= 1, got {cfg.sfpo_fast_steps}")
-        if not 0.0 <= cfg.sfpo_alpha <= 1.0:
-            raise ConfigError(f"sfpo_alpha: must be in [0, 1], got {cfg.sfpo_alpha}")
-        if cfg.sfpo_entropy_window < 2:
-            raise ConfigError(f"sfpo_entropy_window: must be >= 2, got {cfg.sfpo_entropy_window}")
 
     # -------------------------------------------------------------- schedule
     def observe_entropy(self, h: float) -> None:

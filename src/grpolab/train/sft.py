@@ -46,6 +46,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from ..registry import declared_params, param
+from ..rewards.modes import THINKLESS_SHORT_TOKEN, THINKLESS_THINK_TOKEN
 
 _THINK = re.compile(r"<think>(.*?)</think>\s*(.*)", re.S)
 
@@ -84,9 +86,9 @@ def split_reasoning(completion: str) -> tuple[str, str]:
     return "\n".join(lines[:i]).strip(), "\n".join(lines[i:]).strip()
 
 
-def build_examples(rows: list[dict], *, sft_mode: str = "plain", seed: int = 0, ton_dropout_prob: float = 0.5,
-                   ton_empty_thought: str = "<think>\n\n</think>", thinkless_short_token: str = "<short>",
-                   thinkless_think_token: str = "<think>") -> list[SFTExample]:
+def build_examples(rows: list[dict], *, sft_mode: str = param('plain', 'grpolab sft: target format: plain, ton (thought dropout) or thinkless (control tokens)', ['plain', 'ton', 'thinkless']), seed: int = 0, ton_dropout_prob: float = param(0.5, "TON: probability that an SFT target's reasoning is replaced by the empty thought"),
+                   ton_empty_thought: str = param('<think>\n\n</think>', 'TON: the empty thought that replaces a dropped trace'), thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
+                   thinkless_think_token: str = THINKLESS_THINK_TOKEN) -> list[SFTExample]:
     """SFT examples for ``rows`` in the format of ``sft_mode`` (see the module docstring)."""
     if sft_mode not in ("plain", "ton", "thinkless"):
         raise ValueError(f"sft_mode: expected plain, ton or thinkless, got '{sft_mode}'")
@@ -128,8 +130,8 @@ def encode(tok, example: SFTExample, max_length: int) -> tuple[list[int], list[i
     return ids, labels
 
 
-def sft_train(model, tok, examples: list[SFTExample], *, sft_steps: int = 50, sft_batch_size: int = 8,
-              sft_learning_rate: float = 1e-4, sft_max_length: int = 512, seed: int = 0, log=None) -> list[float]:
+def sft_train(model, tok, examples: list[SFTExample], *, sft_steps: int = param(50, 'grpolab sft: optimiser steps'), sft_batch_size: int = param(8, 'grpolab sft: examples per step'),
+              sft_learning_rate: float = param(0.0001, 'grpolab sft: AdamW learning rate'), sft_max_length: int = param(512, 'grpolab sft: prompt + target tokens longer than this are cut from the right'), seed: int = 0, log=None) -> list[float]:
     """Supervised training on ``examples``; returns the loss of every step."""
     if not examples:
         raise ValueError("sft: no examples")
@@ -171,12 +173,18 @@ def sft_train(model, tok, examples: list[SFTExample], *, sft_steps: int = 50, sf
     return losses
 
 
+# `grpolab sft` is a command, not a registered component: its parameters are those of these two functions
+# (Config.build(..., extra=SFT_COMPONENTS)); declared_params turns their param() defaults into values.
+SFT_COMPONENTS = (build_examples, sft_train)
+for _fn in SFT_COMPONENTS:
+    declared_params(_fn)
+
+
 def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
     """Build examples (JSONL ``data`` or ``cfg.task``), train ``cfg.model`` and save it to ``out``."""
-    from ..data import load_jsonl
+    from ..data import load_jsonl, model_texts
     from ..model.loading import load_policy, save_policy
     from ..tasks import get_task
-    from ..data import model_texts
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

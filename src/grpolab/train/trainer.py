@@ -62,19 +62,16 @@ def setup_data(cfg: Config):
 
 
 def build_sampler(cfg: Config, rows: list[dict]):
-    """The configured prompt sampler; its keyword-only parameters come from the config.
+    """The configured prompt sampler, built as ``cls(num_rows=..., seed=..., [rows=...], **its parameters)``.
 
-    Every sampler is built as ``cls(num_rows=..., seed=..., [rows=...], **config)``
-    and must provide ``next(k) -> list[int]``, ``feedback(**outcomes)`` and
+    Every sampler provides ``next(k) -> list[int]``, ``feedback(**outcomes)`` and
     ``state_dict`` / ``load_state_dict``.
     """
-    from ..components import _config_kwargs
-
     cls = SAMPLERS.get(cfg.prompt_sampler)
-    kwargs = _config_kwargs(cls.__init__, cfg, "", {"num_rows", "seed", "rows"})
+    fixed = {"num_rows": len(rows), "seed": cfg.seed}
     if "rows" in inspect.signature(cls.__init__).parameters:
-        kwargs["rows"] = rows
-    return cls(num_rows=len(rows), seed=cfg.seed, **kwargs)
+        fixed["rows"] = rows
+    return Component(cls, cfg, cfg.prompt_sampler, **fixed).fn
 
 
 class Trainer:
@@ -130,18 +127,18 @@ class Trainer:
         self.sample_generator = (self.generator if self.device.type == "cpu"
                                  else torch.Generator(self.device).manual_seed(cfg.seed + 1))
 
-        self.advantage = Component(ADVANTAGES.get(cfg.advantage), cfg, "advantage_", cfg.advantage)
-        self.weightings = [Component(WEIGHTINGS.get(n), cfg, "", n) for n in cfg.advantage_weightings]
-        self.policy_loss = Component(POLICY_LOSSES.get(cfg.policy_loss), cfg, "", cfg.policy_loss)
-        self.regularizers = [Component(REGULARIZERS.get(n), cfg, "", n) for n in cfg.regularizers]
+        self.advantage = Component(ADVANTAGES.get(cfg.advantage), cfg, cfg.advantage)
+        self.weightings = [Component(WEIGHTINGS.get(n), cfg, n) for n in cfg.advantage_weightings]
+        self.policy_loss = Component(POLICY_LOSSES.get(cfg.policy_loss), cfg, cfg.policy_loss)
+        self.regularizers = [Component(REGULARIZERS.get(n), cfg, n) for n in cfg.regularizers]
         self.aggregate = AGGREGATIONS.get(cfg.loss_aggregation)
-        self.reward_transforms = [Component(REWARD_TRANSFORMS.get(n), cfg, "", n) for n in cfg.reward_transforms]
+        self.reward_transforms = [Component(REWARD_TRANSFORMS.get(n), cfg, n) for n in cfg.reward_transforms]
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
         self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
-        self.strategy = Component(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), cfg, "", cfg.rollout_strategy)
-        self.stages = [Component(BATCH_STAGES.get(n), cfg, "", n) for n in cfg.batch_stages]
-        self.update_strategy = Component(UPDATE_STRATEGIES.get(cfg.update_strategy), cfg, "", cfg.update_strategy)
+        self.strategy = Component(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), cfg, cfg.rollout_strategy)
+        self.stages = [Component(BATCH_STAGES.get(n), cfg, n) for n in cfg.batch_stages]
+        self.update_strategy = Component(UPDATE_STRATEGIES.get(cfg.update_strategy), cfg, cfg.update_strategy)
         self.components[f"rollout/{self.strategy.name}"] = self.strategy
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
