@@ -49,9 +49,14 @@ class FakeCtx:
         self.tokenizer = SimpleNamespace(pad_token_id=0)
         self.calls = []  # one list of (uid, prompt text) per generate call
         self._next = 0
+        self.metrics = {}  # rollout/<name> metrics of the step (ctx.metric)
 
     def new_step(self):
         self._next = 0
+        self.metrics = {}
+
+    def metric(self, name, value):
+        self.metrics[name] = float(value)
 
     def allocate_groups(self, n):
         first = self._next
@@ -184,6 +189,7 @@ def test_guide_hints_only_failed_prompts_and_trains_on_the_plain_prompt():
         assert torch.allclose(b.behavior_logprobs[r], torch.full((3,), -len(hinted_text) / 100))
         assert float(b.rewards[r, 0]) == 1.0
     assert (b.prompt_uids[g[1]] == 1).all()
+    assert ctx.metrics == {"frac_hinted": 0.5}  # 4 of the 8 rows were sampled with a hint
 
 
 def test_guide_keep_failed_and_hint_level():
@@ -194,6 +200,7 @@ def test_guide_keep_failed_and_hint_level():
     assert sorted(b.columns["hint_level"]) == [0] * 4 + [1] * 4
     assert b.columns["hint"][g[0][-1]] == "Hints:\n1. H1 abstract"
     assert float(b.rewards[:, 0].sum()) == 1.0  # sample k=0 of the hinted group
+    assert ctx.metrics["frac_hinted"] == 0.5
 
 
 # ---------------------------------------------------------------------- Scaf-GRPO

@@ -214,8 +214,8 @@ def test_default_out_folder_is_never_overwritten(tiny_args, tmp_path, monkeypatc
 
 
 def test_rollout_strategy_metrics_reach_metrics_jsonl(tiny_args):
-    """ctx.metric(name, v) in a rollout strategy is logged as rollout/<name>; hint strategies get
-    frac_hinted (share of rows trained with a hint in the context) without doing anything."""
+    """ctx.metric(name, v) in a rollout strategy is logged as rollout/<name>; hint strategies log
+    rollout/frac_hinted (share of rows trained with a hint in the context) themselves."""
     from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES, plain
 
     @ROLLOUT_STRATEGIES.register("_metric_probe")
@@ -231,9 +231,9 @@ def test_rollout_strategy_metrics_reach_metrics_jsonl(tiny_args):
     ms = read_metrics(tiny_args["out"])
     assert [m["rollout/probe"] for m in ms] == [10.0, 11.0]
     assert all(m["rollout/rows"] == tiny_args["prompts_per_step"] for m in ms)
-    assert all("frac_hinted" not in m for m in ms)
+    assert all("rollout/frac_hinted" not in m and "frac_hinted" not in m for m in ms)
 
     out = str(Path(tiny_args["out"]).parent / "guide")
     run({**tiny_args, **recipe_overrides("guide_grpo"), "task": "arithmetic", "steps": 1, "out": out})
     (m,) = read_metrics(out)
-    assert 0.0 <= m["frac_hinted"] <= 1.0
+    assert 0.0 <= m["rollout/frac_hinted"] <= 1.0 and "frac_hinted" not in m

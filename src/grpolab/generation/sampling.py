@@ -61,7 +61,7 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
                        num_samples: int | list[int], max_new_tokens: int, eos_ids: list[int], pad_id: int,
                        temperature: float | list[float] = 1.0, top_k: int = 0, top_p: float = 1.0,
                        generator: torch.Generator | None = None, method: str = "race",
-                       static_cache: bool = True) -> SampleOutput:
+                       static_cache: bool = True, stop=None) -> SampleOutput:
     """Sample ``num_samples`` completions for each left-padded prompt row.
 
     ``num_samples`` is one count for all prompts or a list with one count per
@@ -73,6 +73,14 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     ``static_cache`` decodes Llama / Qwen2 models with the preallocated KV
     cache and fused projections of ``rollout/fast_decode.py`` (the same
     forward; other models always use the Hugging Face forward).
+
+    ``eos_ids`` are all the token ids that end a row (EOS and any stop token
+    ids; the token is kept in the output). ``stop`` (optional) is a callable
+    ``stop(rows, tokens) -> bool [len(rows)]`` called after every step with
+    the output row index of every still-running row (``rows``, long) and the
+    tokens drawn so far (``tokens``, ``[all rows, t + 1]``); rows it marks end
+    there like an EOS (not truncated). Stop strings use it
+    (``generation/turns.py``). Without ``stop`` the loop is unchanged.
     """
     from transformers import DynamicCache
 
@@ -110,6 +118,8 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         lps[active, t] = logp.gather(-1, tok[:, None]).squeeze(-1)
         lengths[active] = t + 1
         finished = torch.isin(tok, eos)
+        if stop is not None:
+            finished = finished | stop(active, tokens[:, :t + 1]).to(finished.device)
         done[active[finished]] = True
         if t == max_new_tokens - 1:
             break

@@ -59,17 +59,41 @@ class VLLMEngine:
     def generate(self, prompts: list[list[int]], counts: list[int], *, temperature: float, top_k: int, top_p: float,
                  max_tokens: int, seed: int | None = None):
         """Completions per prompt: ``[(token ids, log-probs, finished), ...]`` in prompt-major order."""
-        out = []
-        reqs = [{"prompt_token_ids": p} for p in prompts]
-        params = [self._vllm.SamplingParams(n=n, temperature=temperature, top_k=top_k if top_k > 0 else -1,
-                                            top_p=top_p, max_tokens=max_tokens, logprobs=0,
-                                            seed=None if seed is None else seed + i)
+        params = [self._params(n=n, temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=max_tokens,
+                               seed=None if seed is None else seed + i)
                   for i, n in enumerate(counts)]
+        return [(ids, lps, reason == "stop") for ids, lps, reason, _ in self._run(prompts, params)]
+
+    def continue_(self, contexts: list[list[int]], *, max_tokens: list[int], temperature: list[float], top_k: int,
+                  top_p: float, stop: list[str] = (), stop_token_ids: list[int] = (), seed: int | None = None):
+        """One continuation per token-id context: ``[(ids, log-probs, finish_reason, stop_reason), ...]``.
+
+        ``max_tokens`` and ``temperature`` hold one value per context (each
+        ``max_tokens >= 1``). Stop strings are kept in the output
+        (``include_stop_str_in_output=True``; the token ids always include the
+        token that completed them, and EOS / stop tokens). vLLM's
+        ``finish_reason`` is ``"stop"`` or ``"length"``; its ``stop_reason`` is
+        ``None`` for EOS, the token id for a stop token, the string for a stop
+        string. Request ``i`` is seeded ``seed + i``.
+        """
+        params = [self._params(n=1, temperature=float(t), top_k=top_k, top_p=top_p, max_tokens=int(m),
+                               seed=None if seed is None else seed + i, stop=list(stop) or None,
+                               stop_token_ids=list(stop_token_ids) or None, include_stop_str_in_output=True)
+                  for i, (m, t) in enumerate(zip(max_tokens, temperature))]
+        return self._run(contexts, params)
+
+    def _params(self, *, top_k: int, **kwargs):
+        return self._vllm.SamplingParams(top_k=top_k if top_k > 0 else -1, logprobs=0, **kwargs)
+
+    def _run(self, prompts: list[list[int]], params: list):
+        """``llm.generate`` on token-id prompts; every output as ``(ids, log-probs, finish_reason, stop_reason)``."""
+        out = []
+        reqs = [{"prompt_token_ids": list(p)} for p in prompts]
         for res in self.llm.generate(reqs, sampling_params=params, use_tqdm=False):
             for o in res.outputs:
                 ids = list(o.token_ids)
                 lps = [float(step[t].logprob) for step, t in zip(o.logprobs, ids)]
-                out.append((ids, lps, o.finish_reason == "stop"))
+                out.append((ids, lps, o.finish_reason, getattr(o, "stop_reason", None)))
         return out
 
     @torch.no_grad()

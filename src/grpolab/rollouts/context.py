@@ -99,6 +99,37 @@ class RolloutContext:
                              group_offset=group_offset, sampling_method=cfg.sampling_method,
                              static_cache=cfg.static_kv_cache)
 
+    def continue_(self, contexts: list[list[int]], *, max_new_tokens: int | list[int] | None = None,
+                  temperature: float | list[float] | None = None, stop_token_ids=(), stop_strings=(),
+                  model=None):
+        """One continuation of each token-id context (:func:`grpolab.generation.turns.continue_sequences`).
+
+        Sampled by the behaviour policy (or ``model``) with the run's top-k /
+        top-p, sampler, static-cache setting and token-draw generator;
+        ``max_new_tokens`` defaults to ``max_completion_length`` and
+        ``temperature`` to the config's (either may be one value per context).
+        With a vLLM engine configured (and no ``model``) the engine samples,
+        seeded from the run's CPU generator like :meth:`generate`; the result
+        then has ``from_engine=True`` and the engine's log-probs (pack it with
+        :func:`~grpolab.generation.turns.pack_episodes` and
+        ``logprobs_fn=ctx.logprobs`` to get the trainer's pi_old and the
+        truncated importance weights). Returns a
+        :class:`~grpolab.generation.turns.Continuation`.
+        """
+        from ..generation.turns import continue_sequences
+
+        cfg = self.cfg
+        engine = getattr(self._t, "engine", None) if model is None else None
+        return continue_sequences(model if model is not None else self.policy, self.tokenizer, contexts,
+                                  max_new_tokens=cfg.max_completion_length if max_new_tokens is None
+                                  else max_new_tokens,
+                                  temperature=cfg.temperature if temperature is None else temperature,
+                                  top_k=cfg.top_k, top_p=cfg.top_p,
+                                  generator=self.generator if engine is not None else self.sampling_generator,
+                                  stop_token_ids=stop_token_ids, stop_strings=stop_strings,
+                                  sampling_method=cfg.sampling_method, static_cache=cfg.static_kv_cache,
+                                  engine=engine)
+
     # ---------------------------------------------------------------- rewards
     def score(self, batch: RolloutBatch) -> torch.Tensor:
         """Score ``batch`` with the reward functions (sets ``batch.rewards``); return scalar rewards [R]."""

@@ -13,7 +13,8 @@ The data row is never modified (a shallow copy gets the new ``prompt``).
 
 Every batch these strategies return carries two columns: ``hint_level`` (0 for a
 plain row; the hint tier, or the GHPO stage, otherwise) and ``hint`` (the text
-added, None for plain rows). Hinted rows keep the prompt uid and the group id of
+added, None for plain rows), and each step logs ``rollout/frac_hinted`` (the
+share of returned rows with ``hint_level > 0``) through ``ctx.metric``. Hinted rows keep the prompt uid and the group id of
 the prompt they stand for, and their ``behavior_logprobs`` are the log-probs
 they were sampled with, under the *hinted* context. Which context the loss
 conditions on (``prompt_ids``) is the difference between the methods:
@@ -130,7 +131,10 @@ def _hinted(ctx, rows, uids, texts, levels, num_generations, temperatures):
 
 
 def _assemble(ctx, parts: list[tuple[RolloutBatch, list[int], int]]) -> RolloutBatch:
-    """Rows ``idx`` of each batch, relabelled to group ``gid``, stacked and ordered by group (stable)."""
+    """Rows ``idx`` of each batch, relabelled to group ``gid``, stacked and ordered by group (stable).
+
+    Logs ``rollout/frac_hinted``: the share of the returned rows sampled with a hint in the context.
+    """
     pieces = []
     for batch, idx, gid in parts:
         if not idx:
@@ -140,7 +144,10 @@ def _assemble(ctx, parts: list[tuple[RolloutBatch, list[int], int]]) -> RolloutB
         pieces.append(sub)
     out = RolloutBatch.concat(pieces, pad_id=ctx.tokenizer.pad_token_id)
     order = torch.sort(out.group_ids, stable=True).indices
-    return out.select(order)
+    out = out.select(order)
+    levels = out.columns["hint_level"]
+    ctx.metric("frac_hinted", sum(lv > 0 for lv in levels) / max(len(levels), 1))
+    return out
 
 
 def _pick(values, i):

@@ -38,7 +38,6 @@ from __future__ import annotations
 import copy
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -47,7 +46,7 @@ from ..batch import INJECTED, SAMPLED, RolloutBatch
 from ..errors import ConfigError
 from ..data import render_prompt
 from ..generation.plain import eos_token_ids, tokenize_prompts
-from ..generation.sampling import sample_completions
+from ..generation.turns import Episode, Segment, continue_sequences, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param
 
@@ -56,20 +55,6 @@ REFERENCE_TEMPLATE = param("Answer: {solution}", "reference completion for injec
 
 
 # --------------------------------------------------------------------------- helpers
-@dataclass
-class Segment:
-    """A run of completion tokens with one origin.
-
-    ``logprobs`` holds the behaviour log-probs when they are known (tokens the
-    policy sampled in this very context); ``None`` means "teacher-force them".
-    ``train`` says whether the tokens enter the loss.
-    """
-    ids: list[int]
-    origin: int = INJECTED
-    train: bool = False
-    logprobs: list[float] | None = None
-
-
 def reference_text(row: dict, template: str) -> str:
     """The row's reference completion: ``template`` formatted with the row's columns."""
     try:
@@ -102,91 +87,48 @@ def compose_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], h
 
     The continuation (SAMPLED, in the loss) is drawn by the behaviour policy
     from ``prompt + head`` with at most ``max_completion_length - len(head)``
-    new tokens, at the config temperature; it is skipped where ``continue_``
-    is False, where the head already ends with EOS or fills the budget. Heads
+    new tokens, at the config temperature, through :meth:`RolloutContext.continue_`
+    (so through the vLLM engine when one is configured; its tokens are then
+    teacher-forced by the trainer and weighted like the engine's plain rows).
+    All rows to continue go in one call whose budget is the largest room; each
+    row is cut to its own. The continuation is skipped where ``continue_`` is
+    False, where the head already ends with EOS or fills the budget. Heads
     longer than ``max_completion_length`` are cut. Unknown behaviour log-probs
-    (injected tokens) are teacher-forced with ``ctx.logprobs``.
+    (injected tokens) are teacher-forced with ``ctx.logprobs``. Rows are built
+    as :class:`~grpolab.generation.turns.Episode` s (no span ids: 0) and packed
+    with :func:`~grpolab.generation.turns.pack_episodes`.
     """
-    cfg, tok, model = ctx.cfg, ctx.tokenizer, ctx.policy
+    cfg, tok = ctx.cfg, ctx.tokenizer
     L = cfg.max_completion_length
-    eos = eos_token_ids(tok, model)
+    eos = eos_token_ids(tok, ctx.policy)
     n = len(rows)
     conts = continue_ if isinstance(continue_, list) else [continue_] * n
     prompt_ids, prompt_mask = tokenize_prompts(tok, [r["prompt"] for r in rows], cfg.max_prompt_length)
 
-    ids, origin, train, lps, known = [], [], [], [], []
-    for segs in heads:
-        a, o, t, lp, k = [], [], [], [], []
-        for s in segs:
-            a += s.ids
-            o += [s.origin] * len(s.ids)
-            t += [s.train] * len(s.ids)
-            lp += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
-            k += [s.logprobs is not None] * len(s.ids)
-        ids.append(a[:L])
-        origin.append(o[:L])
-        train.append(t[:L])
-        lps.append(lp[:L])
-        known.append(k[:L])
-    ended = [bool(a) and a[-1] in eos for a in ids]
-    truncated = [not e for e in ended]
+    episodes = []
+    for i, segs in enumerate(heads):
+        ep = Episode(prompt_ids[i][prompt_mask[i].bool()].tolist())
+        room = L
+        for s in segs:  # the head, cut to the budget
+            if room <= 0:
+                break
+            k = min(len(s.ids), room)
+            ep.add(Segment(s.ids[:k], s.origin, s.train, None if s.logprobs is None else s.logprobs[:k],
+                           s.span, s.engine))
+            room -= k
+        ids = ep.completion_ids()
+        ep.truncated = not (bool(ids) and ids[-1] in eos)
+        episodes.append(ep)
 
-    todo = [i for i in range(n) if conts[i] and not ended[i] and len(ids[i]) < L]
+    todo = [i for i in range(n) if conts[i] and episodes[i].truncated and len(episodes[i]) < L]
     if todo:
-        contexts = [prompt_ids[i][prompt_mask[i].bool()].tolist() + ids[i] for i in todo]
-        width = max(len(c) for c in contexts)
-        ctx_ids = torch.full((len(todo), width), tok.pad_token_id, dtype=torch.long)
-        ctx_mask = torch.zeros((len(todo), width), dtype=torch.long)
-        for j, c in enumerate(contexts):  # left padding, like the prompts
-            ctx_ids[j, width - len(c):] = torch.tensor(c, dtype=torch.long)
-            ctx_mask[j, width - len(c):] = 1
-        budget = max(L - len(ids[i]) for i in todo)
-        out = sample_completions(model, ctx_ids, ctx_mask, num_samples=1, max_new_tokens=budget, eos_ids=eos,
-                                 pad_id=tok.pad_token_id, temperature=cfg.temperature, top_k=cfg.top_k,
-                                 top_p=cfg.top_p, generator=ctx.sampling_generator)
-        for j, i in enumerate(todo):
-            room = L - len(ids[i])
-            m = min(int(out.lengths[j]), room)  # a cut sample is still a sample of its first m tokens
-            new = out.completion_ids[j, :m].tolist()
-            ids[i] += new
-            origin[i] += [SAMPLED] * m
-            train[i] += [True] * m
-            lps[i] += out.logprobs[j, :m].tolist()
-            known[i] += [True] * m
-            truncated[i] = not (new and new[-1] in eos)
-
-    T = max(1, max(len(a) for a in ids))
-    c_ids = torch.full((n, T), tok.pad_token_id, dtype=torch.long)
-    c_origin = torch.full((n, T), SAMPLED, dtype=torch.int8)
-    c_train = torch.zeros((n, T))
-    c_lp = torch.zeros((n, T))
-    c_known = torch.ones((n, T), dtype=torch.bool)
-    present = torch.zeros((n, T), dtype=torch.long)
-    for i in range(n):
-        m = len(ids[i])
-        if m:
-            c_ids[i, :m] = torch.tensor(ids[i])
-            c_origin[i, :m] = torch.tensor(origin[i], dtype=torch.int8)
-            c_train[i, :m] = torch.tensor(train[i], dtype=torch.float)
-            c_lp[i, :m] = torch.tensor(lps[i])
-            c_known[i, :m] = torch.tensor(known[i])
-            present[i, :m] = 1
-
-    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-    columns["prompt"] = [r["prompt"] for r in rows]
-    texts = tok.batch_decode(c_ids, skip_special_tokens=True)
-    columns["completion"] = [[{"role": "assistant", "content": t}] if isinstance(p, list) else t
-                             for p, t in zip(columns["prompt"], texts)]
-    batch = RolloutBatch(prompt_ids=prompt_ids, prompt_mask=prompt_mask, completion_ids=c_ids,
-                         completion_mask=c_train * present, behavior_logprobs=c_lp * present,
-                         completion_attention_mask=present, token_origin=c_origin,
-                         group_ids=torch.tensor(group_ids, dtype=torch.long),
-                         prompt_uids=torch.tensor(uids, dtype=torch.long),
-                         truncated=torch.tensor(truncated, dtype=torch.bool), columns=columns)
-    if not bool(c_known.all()):
-        forced = ctx.logprobs(batch)
-        batch.behavior_logprobs = torch.where(c_known, c_lp, forced) * present
-    return batch
+        out = ctx.continue_([episodes[i].context() for i in todo],
+                            max_new_tokens=[L - len(episodes[i]) for i in todo])
+        for j, i in enumerate(todo):  # a cut sample is still a sample of its first tokens
+            episodes[i].add(Segment(out.ids[j], SAMPLED, True, out.logprobs[j], 0, out.from_engine))
+            episodes[i].truncated = out.finish_reasons[j] != "eos"
+    return pack_episodes(tok, episodes, rows, uids, group_ids, max_length=L, logprobs_fn=ctx.logprobs,
+                         is_cap=cfg.vllm_is_cap)
 
 
 def reference_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], *, train: bool) -> RolloutBatch:
@@ -609,16 +551,25 @@ class ThinkTuning:
 
     @torch.no_grad()
     def feedback(self, ctx, critiques: list[str]) -> list[str]:
+        """The teacher's feedback text for each critique prompt (at most ``thinktuning_feedback_tokens`` tokens).
+
+        Sampled with :func:`~grpolab.generation.turns.continue_sequences` from
+        the tokenized critique prompts; the ``"self"`` teacher goes through
+        :meth:`RolloutContext.continue_` (the vLLM engine when configured), other
+        teachers sample natively with their own model and tokenizer.
+        """
         model, tok = self.teacher(ctx)
         texts = [render_prompt(tok, [{"role": "user", "content": c}]) for c in critiques]
-        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        out = sample_completions(model, enc["input_ids"], enc["attention_mask"], num_samples=1,
-                                 max_new_tokens=self.feedback_tokens, eos_ids=eos_token_ids(tok, model),
-                                 pad_id=tok.pad_token_id, temperature=ctx.cfg.temperature, top_k=ctx.cfg.top_k,
-                                 top_p=ctx.cfg.top_p, generator=ctx.sampling_generator)
-        present = torch.arange(out.completion_ids.shape[1])[None, :] < out.lengths[:, None]
-        ids = torch.where(present, out.completion_ids, torch.full_like(out.completion_ids, tok.pad_token_id))
-        return [t.strip() for t in tok.batch_decode(ids, skip_special_tokens=True)]
+        contexts = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+        if self.teacher_spec == "self":
+            out = ctx.continue_(contexts, max_new_tokens=self.feedback_tokens)
+        else:
+            cfg = ctx.cfg
+            out = continue_sequences(model, tok, contexts, max_new_tokens=self.feedback_tokens,
+                                     temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                                     generator=ctx.sampling_generator, sampling_method=cfg.sampling_method,
+                                     static_cache=cfg.static_kv_cache)
+        return [tok.decode(ids, skip_special_tokens=True).strip() for ids in out.ids]
 
     def __call__(self, ctx, rows, uids, group_offset, budgets=None, temperatures=None):
         batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)

@@ -472,8 +472,6 @@ class Trainer:
                   "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "prompt_len": int(batch.prompt_mask.sum(-1).max())})
-        if "hint_level" in batch.columns:  # hint strategies: share of rows trained with a hint in the context
-            m["frac_hinted"] = float(np.mean([lv > 0 for lv in batch.columns["hint_level"]]))
         injected = (batch.token_origin != SAMPLED) & (batch.completion_attention_mask > 0)
         if injected.any():  # injection strategies: share of completion tokens that were not sampled
             m["frac_injected_tokens"] = float(injected.sum()) / max(float(batch.completion_attention_mask.sum()), 1.0)
