@@ -5,7 +5,7 @@ from grpolab.config import Config
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
 
-TIMING = {"rollout_s", "train_s", "tokens_per_s"}
+TIMING = {"rollout_s", "train_s", "tokens_per_s", "peak_rss_mb"}  # process-wide: depends on what ran before
 
 
 def _trainer(args):
@@ -169,8 +169,12 @@ def test_overlong_penalty_hand_computed():
 def test_mask_truncated_and_reward_transform_in_training(tiny_args):
     t = _trainer({**tiny_args, "mask_truncated_completions": True, "reward_transforms": ["overlong_penalty"],
                   "overlong_buffer": 3, "steps": 1})
-    batch, _, _ = t.collect()
-    scalar = t.compute_advantages(batch)
+    seen = []
+    orig = t.compute_advantages
+    t.compute_advantages = lambda batch: (seen.append(batch), orig(batch))[1]
+    t.train_step()
+    batch = seen[0]
+    scalar = batch.scalar_rewards
     raw = t.scorer.weights @ torch.nan_to_num(batch.rewards).T
     lengths = batch.completion_attention_mask.sum(-1).float()
     expected = raw + torch.where(lengths <= 3, torch.zeros_like(lengths), (3 - lengths) / 3)
