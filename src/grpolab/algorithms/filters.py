@@ -22,6 +22,11 @@ def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor, *, tole
     return ~torch.isnan(std) & (std > tolerance)
 
 
+def zero_variance_groups_count(rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
+    """Number of groups :func:`zero_variance_groups` drops (the ``frac_zero_std_groups`` numerator)."""
+    return len(torch.unique(group_ids[~zero_variance_groups(rewards, group_ids)]))
+
+
 def mask_truncated(completion_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
     """Loss mask with truncated rows zeroed (DAPO overlong filtering, ``mask_truncated_completions``).
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, group_stats,
-                          mask_truncated, zero_variance_groups)
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, mask_truncated,
+                          zero_variance_groups, zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
@@ -278,7 +278,7 @@ class Trainer:
                 return batch, errors, {}
             scalar = self.scorer.scalar(batch, step=self.step)
             keep = zero_variance_groups(scalar, batch.group_ids)
-            dropped += len(torch.unique(batch.group_ids[~keep]))
+            dropped += zero_variance_groups_count(scalar, batch.group_ids)
             if keep.any():
                 rows = keep.nonzero().squeeze(-1)
                 kept.append(batch.select(rows))
@@ -412,6 +412,9 @@ class Trainer:
             return {"step": self.step, "skipped": 1, "reward_errors": errors, **stats,
                     "rollout_s": t1 - t0, "train_s": 0.0}
         batch.scalar_rewards = self.scorer.scalar(batch, step=self.step)  # weights, then reward transforms
+        if "frac_zero_std_groups" not in stats:  # the generated groups (dynamic sampling counted its rounds)
+            stats["frac_zero_std_groups"] = (zero_variance_groups_count(batch.scalar_rewards, batch.group_ids)
+                                             / len(torch.unique(batch.group_ids)))
         if self.cfg.mask_truncated_completions:  # truncated rows leave the loss (after the rewards saw them)
             batch.completion_mask = mask_truncated(batch.completion_mask, batch.truncated)
         batch.advantages = self.compute_advantages(batch)
@@ -436,13 +439,6 @@ class Trainer:
 
     def _metrics(self, batch, scalar, errors, upd, rollout_s, train_s) -> dict:
         lengths = batch.completion_attention_mask.sum(-1).float()
-        _, std, count = group_stats(scalar, batch.group_ids)
-        groups = torch.unique(batch.group_ids)
-        zero = torch.zeros(len(groups))
-        for j, g in enumerate(groups):
-            sel = batch.group_ids == g
-            s = std[sel][0]
-            zero[j] = float(torch.isnan(s) or s < 1e-6)
         m = {"step": self.step,
              "reward_mean": float(torch.nanmean(scalar)) if (~scalar.isnan()).any() else None,
              "reward_std": float(np.nanstd(scalar.numpy(), ddof=1)) if (~scalar.isnan()).sum() > 1 else None}
@@ -450,7 +446,7 @@ class Trainer:
             col = batch.rewards[:, k]
             m[f"rewards/{name}/mean"] = float(torch.nanmean(col)) if (~col.isnan()).any() else None
             m[f"rewards/{name}/unscorable"] = int(col.isnan().sum())
-        m.update({"reward_errors": errors, "frac_zero_std_groups": float(zero.mean()),
+        m.update({"reward_errors": errors,
                   "loss": upd["loss"], "kl": upd["kl"], "entropy": upd["entropy"],
                   "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
                   "grad_norm": upd["grad_norm"], "skipped": upd["skipped"],
