@@ -76,7 +76,7 @@ def test_batch_concat_pads_and_keeps_ids():
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
     t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "steps": 1})
     calls = []
-    real_score = t.score
+    real_score = t.scorer.score
 
     def score(batch):  # every other prompt's group gets constant rewards
         errors = real_score(batch)
@@ -87,7 +87,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
         calls.append(len(torch.unique(batch.group_ids)))
         return errors
 
-    monkeypatch.setattr(t, "score", score)
+    monkeypatch.setattr(t.scorer, "score", score)
     batch, errors, stats = t.collect()
     # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 refills 2: one kept; round 3 refills 1: kept
     assert calls == [4, 2, 1]
@@ -101,14 +101,14 @@ def test_dynamic_sampling_cap_skips_step_without_signal(tiny_args, monkeypatch):
     logs = []
     t = Trainer(Config.build({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 2}),
                 log=logs.append)
-    real_score = t.score
+    real_score = t.scorer.score
 
     def constant(batch):
         errors = real_score(batch)
         batch.rewards[:] = 1.0
         return errors
 
-    monkeypatch.setattr(t, "score", constant)
+    monkeypatch.setattr(t.scorer, "score", constant)
     before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
     m = t.train_step()
     assert m["skipped"] == 1 and m["dynamic_sampling/dropped_groups"] == 8 and m["step"] == 1
