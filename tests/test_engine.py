@@ -16,7 +16,8 @@ def _batch(tr):
     tr.model.eval()
     tr.ctx.new_step()
     batch, _, _ = tr.collect()
-    tr.compute_advantages(batch)
+    batch.scalar_rewards = tr.scorer.scalar(batch)
+    batch.advantages = tr.compute_advantages(batch)
     return batch
 
 

@@ -274,7 +274,7 @@ def test_trainer_runs_each_strategy(tiny_args, strategy):
     metrics = t.train_step()
     b, forced = seen[0]
     assert strategy in ROLLOUT_STRATEGIES and b.rewards is not None
-    scalar = t.scalar_rewards(b)
+    scalar = t.scorer.scalar(b, step=t.step)
     rows = injected_rows(b)
     assert rows  # the tiny model fails, so every strategy injects something
     if strategy in ("gcpo_reference", "dagrpo_anchors"):  # injected only into groups with no success

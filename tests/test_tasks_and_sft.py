@@ -247,7 +247,7 @@ def test_sft_thinkless_trains_saves_loads_and_feeds_grpo(tmp_path):
             "out": str(tmp_path / "rl")}
     t = Trainer(Config.build(args), log=lambda *a: None)
     batch, _, _ = t.collect()
-    scalar = t.scalar_rewards(batch)
+    scalar = t.scorer.scalar(batch)
     assert set(torch.unique(scalar).tolist()) <= {-1.0, 0.9, 1.0}  # the Thinkless reward values
 
 

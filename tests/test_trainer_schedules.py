@@ -5,7 +5,7 @@ from grpolab.config import Config
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
 
-TIMING = {"rollout_s", "train_s", "tokens_per_s"}
+TIMING = {"rollout_s", "train_s", "tokens_per_s", "peak_rss_mb"}  # process-wide: depends on what ran before
 
 
 def _trainer(args):
@@ -76,7 +76,7 @@ def test_batch_concat_pads_and_keeps_ids():
 def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
     t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 3, "steps": 1})
     calls = []
-    real_score = t.score
+    real_score = t.scorer.score
 
     def score(batch):  # every other prompt's group gets constant rewards
         errors = real_score(batch)
@@ -87,7 +87,7 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
         calls.append(len(torch.unique(batch.group_ids)))
         return errors
 
-    monkeypatch.setattr(t, "score", score)
+    monkeypatch.setattr(t.scorer, "score", score)
     batch, errors, stats = t.collect()
     # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 refills 2: one kept; round 3 refills 1: kept
     assert calls == [4, 2, 1]
@@ -101,14 +101,14 @@ def test_dynamic_sampling_cap_skips_step_without_signal(tiny_args, monkeypatch):
     logs = []
     t = Trainer(Config.build({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_max_rounds": 2}),
                 log=logs.append)
-    real_score = t.score
+    real_score = t.scorer.score
 
     def constant(batch):
         errors = real_score(batch)
         batch.rewards[:] = 1.0
         return errors
 
-    monkeypatch.setattr(t, "score", constant)
+    monkeypatch.setattr(t.scorer, "score", constant)
     before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
     m = t.train_step()
     assert m["skipped"] == 1 and m["dynamic_sampling/dropped_groups"] == 8 and m["step"] == 1
@@ -169,8 +169,12 @@ def test_overlong_penalty_hand_computed():
 def test_mask_truncated_and_reward_transform_in_training(tiny_args):
     t = _trainer({**tiny_args, "mask_truncated_completions": True, "reward_transforms": ["overlong_penalty"],
                   "overlong_buffer": 3, "steps": 1})
-    batch, _, _ = t.collect()
-    scalar = t.compute_advantages(batch)
+    seen = []
+    orig = t.compute_advantages
+    t.compute_advantages = lambda batch: (seen.append(batch), orig(batch))[1]
+    t.train_step()
+    batch = seen[0]
+    scalar = batch.scalar_rewards
     raw = t.scorer.weights @ torch.nan_to_num(batch.rewards).T
     lengths = batch.completion_attention_mask.sum(-1).float()
     expected = raw + torch.where(lengths <= 3, torch.zeros_like(lengths), (3 - lengths) / 3)

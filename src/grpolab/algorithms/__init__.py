@@ -2,7 +2,7 @@
 from . import adv_baselines, adv_shaping, objectives  # noqa: F401  (register the variants)
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
 from .aggregation import AGGREGATIONS, StepTotals
-from .filters import zero_variance_groups
+from .filters import mask_truncated, zero_variance_groups, zero_variance_groups_count
 from .kl import KL_ESTIMATORS, kl_penalty
 from .losses import POLICY_LOSSES, clipped_ratio
 from .regularizers import REGULARIZERS
@@ -10,5 +10,6 @@ from .weightings import WEIGHTINGS
 
 __all__ = [
     "ADVANTAGES", "AGGREGATIONS", "KL_ESTIMATORS", "POLICY_LOSSES", "REGULARIZERS", "StepTotals", "WEIGHTINGS",
-    "clipped_ratio", "combine_rewards", "group_mean", "group_stats", "group_zscore", "kl_penalty", "zero_variance_groups",
+    "clipped_ratio", "combine_rewards", "group_mean", "group_stats", "group_zscore", "kl_penalty", "mask_truncated",
+    "zero_variance_groups", "zero_variance_groups_count",
 ]

@@ -20,3 +20,18 @@ def zero_variance_groups(rewards: torch.Tensor, group_ids: torch.Tensor, *, tole
     """
     _, std, _ = group_stats(rewards, group_ids)
     return ~torch.isnan(std) & (std > tolerance)
+
+
+def zero_variance_groups_count(rewards: torch.Tensor, group_ids: torch.Tensor) -> int:
+    """Number of groups :func:`zero_variance_groups` drops (the ``frac_zero_std_groups`` numerator)."""
+    return len(torch.unique(group_ids[~zero_variance_groups(rewards, group_ids)]))
+
+
+def mask_truncated(completion_mask: torch.Tensor, truncated: torch.Tensor) -> torch.Tensor:
+    """Loss mask with truncated rows zeroed (DAPO overlong filtering, ``mask_truncated_completions``).
+
+    A completion cut at ``max_completion_length`` has no final answer to reward,
+    so its tokens leave the loss; its reward was already computed (and may be
+    shaped, e.g. ``overlong_penalty``).
+    """
+    return completion_mask * (~truncated)[:, None]

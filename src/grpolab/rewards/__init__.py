@@ -2,6 +2,6 @@
 process rewards registered as ``--reward`` specs, and reward transforms (``transforms.py``, ``shaping.py``,
 ``modes.py``)."""
 from . import judge, models, modes, process, shaping, transforms  # noqa: F401  (register specs and transforms)
-from .scoring import STANDARD_ARGS, RewardFn, RewardScorer, check_signature, parse_reward_spec
+from .scoring import STANDARD_ARGS, BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 
-__all__ = ["STANDARD_ARGS", "RewardFn", "RewardScorer", "check_signature", "parse_reward_spec"]
+__all__ = ["STANDARD_ARGS", "BatchScorer", "RewardFn", "RewardScorer", "check_signature", "parse_reward_spec"]

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from ..algorithms.advantages import combine_rewards
 from ..registry import REWARD_SPECS, declared_params
 
 STANDARD_ARGS = {"prompts", "completions", "completion_ids"}
@@ -127,3 +128,41 @@ class RewardScorer:
                 if math.isfinite(f):
                     matrix[i, k] = f
         return matrix, errors
+
+
+class BatchScorer:
+    """Scores a ``RolloutBatch`` and turns its reward matrix into one scalar reward per row.
+
+    The single place of the scalar-reward formula: the weighted sum of the reward
+    functions (NaN entries left out, :func:`~grpolab.algorithms.advantages.combine_rewards`),
+    then each reward transform in order. Both the trainer and the rollout context
+    (strategies, stages) score through one of these.
+    """
+
+    def __init__(self, rewards: RewardScorer, transforms=()):
+        self.rewards = rewards
+        self.transforms = list(transforms)  # called with the standard transform inputs (rewards, lengths, ...)
+
+    @property
+    def names(self) -> list[str]:
+        return self.rewards.names
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return self.rewards.weights
+
+    def score(self, batch) -> int:
+        """Set ``batch.rewards`` ``[R, K]`` (NaN = unscorable) and ``batch.reward_names``; return the number
+        of reward calls that raised."""
+        batch.rewards, errors = self.rewards.score_batch(batch)
+        batch.reward_names = list(self.names)
+        return errors
+
+    def scalar(self, batch, step: int = 0) -> torch.Tensor:
+        """Scalar reward ``[R]`` of a scored batch: weighted sum of the reward functions, then the transforms."""
+        scalar = combine_rewards(batch.rewards, self.weights)
+        for tr in self.transforms:
+            scalar = tr(rewards=scalar, lengths=batch.completion_attention_mask.sum(-1), truncated=batch.truncated,
+                        group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
+                        reward_names=batch.reward_names, batch=batch, step=step)
+        return scalar

@@ -1,11 +1,13 @@
 """What a rollout strategy, a batch stage or a budget-aware sampler may use.
 
-The trainer builds one :class:`RolloutContext` and hands it to every rollout
+The trainer builds one :class:`RolloutContext` from its parts (config, tokenizer,
+data rows, policy, scorer, generators, engine) and hands it to every rollout
 strategy (``rollout/strategies.py``) and batch stage (``stages/``). Through it a
 component can generate completions (optionally with other prompts, another
 number of completions per prompt or another temperature), score a batch with
 the configured reward functions, compute the scalar reward, and teacher-force
-log-probs of tokens it injected — without knowing the trainer.
+log-probs of tokens it injected — without knowing the trainer (tests build one
+directly, see tests/test_rollout_context.py).
 """
 from __future__ import annotations
 
@@ -16,14 +18,39 @@ from ..generation.plain import plain_rollout
 
 
 class RolloutContext:
-    def __init__(self, trainer):
-        self._t = trainer
+    """Built from explicit parts, so a strategy or stage can run (and be tested) without a trainer.
+
+    ``policy`` is the model rollouts are sampled from, or a zero-argument callable
+    returning it (the trainer passes one: off-policy, the stale snapshot changes
+    between steps). ``scorer`` has ``score(batch) -> errors`` (sets
+    ``batch.rewards``) and ``scalar(batch, step) -> [R]``
+    (:class:`~grpolab.rewards.scoring.BatchScorer`). ``generator`` is the run's
+    seeded CPU generator, ``sampling_generator`` the one for token draws on the
+    policy's device (defaults to ``generator``). ``engine`` is a generation
+    engine (vLLM) or None. ``step`` is the current training step: the trainer
+    sets it at the start of every step (:meth:`new_step`).
+    """
+
+    def __init__(self, cfg, tokenizer, rows: list[dict], *, policy, scorer, generator: torch.Generator,
+                 sampling_generator: torch.Generator | None = None, engine=None, log=print, step: int = 0):
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.rows = rows  # the training data rows (dataset index = prompt uid)
+        self._policy = policy if callable(policy) and not isinstance(policy, torch.nn.Module) else (lambda: policy)
+        self.scorer = scorer
+        self.generator = generator  # seeded, checkpointed: for choices made on the CPU
+        self.sampling_generator = sampling_generator if sampling_generator is not None else generator
+        self.engine = engine
+        self.log = log
+        self.step = step
         self.reward_errors = 0  # reward-function errors seen through score()
         self._next_group = 0
         self.metrics: dict[str, float] = {}  # this step's rollout/<name> metrics (see metric())
 
-    def new_step(self) -> None:
-        """Called by the trainer at the start of every step (group ids restart at 0, metrics empty)."""
+    def new_step(self, step: int | None = None) -> None:
+        """Start a step (group ids restart at 0, metrics empty); the trainer passes its step number."""
+        if step is not None:
+            self.step = step
         self._next_group = 0
         self.metrics = {}
 
@@ -37,41 +64,10 @@ class RolloutContext:
         self._next_group += n
         return first
 
-    # ------------------------------------------------------------------ facts
-    @property
-    def cfg(self):
-        return self._t.cfg
-
-    @property
-    def tokenizer(self):
-        return self._t.tok
-
-    @property
-    def rows(self) -> list[dict]:
-        """The training data rows (dataset index = prompt uid)."""
-        return self._t.rows
-
-    @property
-    def step(self) -> int:
-        return self._t.step
-
     @property
     def policy(self):
         """The model rollouts are sampled from (the stale snapshot when off-policy)."""
-        return self._t.behavior_policy()
-
-    @property
-    def generator(self) -> torch.Generator:
-        """The run's seeded CPU generator (checkpointed): for choices made on the CPU."""
-        return self._t.generator
-
-    @property
-    def sampling_generator(self) -> torch.Generator:
-        """The seeded generator for token draws, on the policy's device (the CPU generator on a CPU run)."""
-        return getattr(self._t, "sample_generator", None) or self._t.generator
-
-    def log(self, *args) -> None:
-        self._t.log(*args)
+        return self._policy()
 
     # ------------------------------------------------------------- generation
     def generate(self, rows: list[dict], uids: list[int], *, group_offset: int,
@@ -84,7 +80,7 @@ class RolloutContext:
         Group ids are ``group_offset + i``; prompt uids are ``uids``.
         """
         cfg = self.cfg
-        engine = getattr(self._t, "engine", None)
+        engine = self.engine
         if engine is not None and model is None:  # vLLM: sampled by the engine, pi_old from the trainer
             from ..generation.vllm_engine import engine_rollout
             return engine_rollout(engine, self, rows, uids, group_offset=group_offset,
@@ -133,12 +129,12 @@ class RolloutContext:
     # ---------------------------------------------------------------- rewards
     def score(self, batch: RolloutBatch) -> torch.Tensor:
         """Score ``batch`` with the reward functions (sets ``batch.rewards``); return scalar rewards [R]."""
-        self.reward_errors += self._t.score(batch)
-        return self._t.scalar_rewards(batch)
+        self.reward_errors += self.scorer.score(batch)
+        return self.scorer.scalar(batch, step=self.step)
 
     def scalar(self, batch: RolloutBatch) -> torch.Tensor:
         """Combined scalar reward [R] of an already scored batch (weights, then reward transforms)."""
-        return self._t.scalar_rewards(batch)
+        return self.scorer.scalar(batch, step=self.step)
 
     # ---------------------------------------------------------- teacher force
     @torch.no_grad()

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from ..algorithms import group_zscore
+from ..algorithms import group_zscore, mask_truncated
 from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import BATCH_STAGES
@@ -50,7 +50,7 @@ def score_new_rows(ctx, batch: RolloutBatch) -> RolloutBatch:
     """
     scalar = ctx.score(batch)
     if ctx.cfg.mask_truncated_completions:
-        batch.completion_mask = batch.completion_mask * (~batch.truncated)[:, None]
+        batch.completion_mask = mask_truncated(batch.completion_mask, batch.truncated)
     return set_group_advantages(ctx, batch, scalar)
 
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, zero_variance_groups,
-                          combine_rewards, group_stats)
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, mask_truncated,
+                          zero_variance_groups, zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
@@ -32,7 +32,7 @@ from ..data import columns_of, load_jsonl, model_texts
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs
-from ..rewards import RewardFn, RewardScorer, check_signature, parse_reward_spec
+from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
 from ..rollouts.strategies import ROLLOUT_STRATEGIES
@@ -93,7 +93,6 @@ class Trainer:
             for r, w in zip(rewards, cfg.reward_weights):
                 r.weight = float(w)
         self.rewards = rewards
-        self.scorer = RewardScorer(rewards, log=self.log)
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
@@ -142,12 +141,15 @@ class Trainer:
         self.components[f"rollout/{self.strategy.name}"] = self.strategy
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
-        self.ctx = RolloutContext(self)
+        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log), self.reward_transforms)
         self.engine = None
         if cfg.generation_engine == "vllm":
             from ..generation.vllm_engine import VLLMEngine, engine_model_path
             self.engine = VLLMEngine(engine_model_path(cfg), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
                                      max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed)
+        self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
+                                  generator=self.generator, sampling_generator=self.sample_generator,
+                                  engine=self.engine, log=self.log)
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
@@ -265,15 +267,15 @@ class Trainer:
             need = cfg.prompts_per_step - n_kept
             batch = self.rollout(need)
             if batch.rewards is None:
-                errors += self.score(batch)
+                errors += self.scorer.score(batch)
             errors += self.ctx.reward_errors
             self.ctx.reward_errors = 0
             generated += need
             if not cfg.dynamic_sampling:
                 return batch, errors, {}
-            scalar = self.scalar_rewards(batch)
+            scalar = self.scorer.scalar(batch, step=self.step)
             keep = zero_variance_groups(scalar, batch.group_ids)
-            dropped += len(torch.unique(batch.group_ids[~keep]))
+            dropped += zero_variance_groups_count(scalar, batch.group_ids)
             if keep.any():
                 rows = keep.nonzero().squeeze(-1)
                 kept.append(batch.select(rows))
@@ -290,26 +292,10 @@ class Trainer:
             return None, errors, stats
         return RolloutBatch.concat(kept, pad_id=self.tok.pad_token_id), errors, stats
 
-    def score(self, batch) -> int:
-        batch.rewards, errors = self.scorer.score_batch(batch)
-        batch.reward_names = list(self.scorer.names)
-        return errors
-
-    def scalar_rewards(self, batch) -> torch.Tensor:
-        """Weighted sum of the reward functions, then the reward transforms."""
-        scalar = combine_rewards(batch.rewards, self.scorer.weights)
-        for tr in self.reward_transforms:
-            scalar = tr(rewards=scalar, lengths=batch.completion_attention_mask.sum(-1), truncated=batch.truncated,
-                        group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
-                        reward_names=batch.reward_names, batch=batch, step=self.step)
-        return scalar
-
     def compute_advantages(self, batch) -> torch.Tensor:
-        """Scalar reward per row -> advantages ``[R, T]`` (estimator, then weightings)."""
-        scalar = self.scalar_rewards(batch)
-        if self.cfg.mask_truncated_completions:
-            batch.completion_mask = batch.completion_mask * (~batch.truncated)[:, None]
-        inputs = {"rewards": scalar, "group_ids": batch.group_ids, "reward_matrix": batch.rewards,
+        """Advantages ``[R, T]`` of a batch with ``scalar_rewards`` (estimator, then weightings; zero off the
+        loss mask). Reads the batch, changes nothing in it."""
+        inputs = {"rewards": batch.scalar_rewards, "group_ids": batch.group_ids, "reward_matrix": batch.rewards,
                   "reward_weights": self.scorer.weights, "prompt_uids": batch.prompt_uids,
                   "completion_mask": batch.completion_mask, "lengths": batch.completion_mask.sum(-1),
                   "truncated": batch.truncated, "behavior_logprobs": batch.behavior_logprobs,
@@ -319,9 +305,7 @@ class Trainer:
             adv = w(advantages=adv, **inputs)
         if adv.dim() == 1:
             adv = adv[:, None]
-        batch.advantages = adv * batch.completion_mask
-        batch.scalar_rewards = scalar
-        return scalar
+        return adv * batch.completion_mask
 
     def reference_logprobs(self, batch) -> None:
         """Log-probs of the batch under the frozen reference (LoRA: the base model, adapters off)."""
@@ -414,7 +398,7 @@ class Trainer:
     def train_step(self) -> dict:
         t0 = time.perf_counter()
         self.model.eval()
-        self.ctx.new_step()
+        self.ctx.new_step(self.step)
         with self.precision():
             batch, errors, stats = self.collect()
         t1 = time.perf_counter()
@@ -424,7 +408,13 @@ class Trainer:
             self.scheduler.step()
             return {"step": self.step, "skipped": 1, "reward_errors": errors, **stats,
                     "rollout_s": t1 - t0, "train_s": 0.0}
-        scalar = self.compute_advantages(batch)
+        batch.scalar_rewards = self.scorer.scalar(batch, step=self.step)  # weights, then reward transforms
+        if "frac_zero_std_groups" not in stats:  # the generated groups (dynamic sampling counted its rounds)
+            stats["frac_zero_std_groups"] = (zero_variance_groups_count(batch.scalar_rewards, batch.group_ids)
+                                             / len(torch.unique(batch.group_ids)))
+        if self.cfg.mask_truncated_completions:  # truncated rows leave the loss (after the rewards saw them)
+            batch.completion_mask = mask_truncated(batch.completion_mask, batch.truncated)
+        batch.advantages = self.compute_advantages(batch)
         for stage in self.stages:  # pruning, replay, ...: may change the rows trained on
             batch = stage(batch=batch, rewards=batch.scalar_rewards, ctx=self.ctx, step=self.step)
         scalar = batch.scalar_rewards
@@ -446,13 +436,6 @@ class Trainer:
 
     def _metrics(self, batch, scalar, errors, upd, rollout_s, train_s) -> dict:
         lengths = batch.completion_attention_mask.sum(-1).float()
-        _, std, count = group_stats(scalar, batch.group_ids)
-        groups = torch.unique(batch.group_ids)
-        zero = torch.zeros(len(groups))
-        for j, g in enumerate(groups):
-            sel = batch.group_ids == g
-            s = std[sel][0]
-            zero[j] = float(torch.isnan(s) or s < 1e-6)
         m = {"step": self.step,
              "reward_mean": float(torch.nanmean(scalar)) if (~scalar.isnan()).any() else None,
              "reward_std": float(np.nanstd(scalar.numpy(), ddof=1)) if (~scalar.isnan()).sum() > 1 else None}
@@ -460,7 +443,7 @@ class Trainer:
             col = batch.rewards[:, k]
             m[f"rewards/{name}/mean"] = float(torch.nanmean(col)) if (~col.isnan()).any() else None
             m[f"rewards/{name}/unscorable"] = int(col.isnan().sum())
-        m.update({"reward_errors": errors, "frac_zero_std_groups": float(zero.mean()),
+        m.update({"reward_errors": errors,
                   "loss": upd["loss"], "kl": upd["kl"], "entropy": upd["entropy"],
                   "clip_frac_low": upd["clip_frac_low"], "clip_frac_high": upd["clip_frac_high"],
                   "grad_norm": upd["grad_norm"], "skipped": upd["skipped"],
