@@ -115,7 +115,7 @@ class RolloutContext:
         from ..generation.turns import continue_sequences
 
         cfg = self.cfg
-        engine = getattr(self._t, "engine", None) if model is None else None
+        engine = self.engine if model is None else None
         return continue_sequences(model if model is not None else self.policy, self.tokenizer, contexts,
                                   max_new_tokens=cfg.max_completion_length if max_new_tokens is None
                                   else max_new_tokens,
