@@ -69,6 +69,7 @@ def main() -> int:
     want = json.load(open(path))
     bad = 0
     for name, rows in got.items():
+        before = bad
         ref = want.get(name)
         if ref is None:
             print(f"{name}: new recipe (no golden)")
@@ -83,7 +84,7 @@ def main() -> int:
             diff = {k: (r0.get(k), r1.get(k)) for k in set(r0) | set(r1) if not same(r0.get(k), r1.get(k))}
             if diff:
                 print(f"{name} step {step}: {diff}")
-                bad += 1
+                bad = before + 1
     print(f"{len(got) - bad}/{len(got)} recipes identical")
     return 1 if bad else 0
 

@@ -8,7 +8,18 @@ are config keys of the runs that select them.
 """
 from __future__ import annotations
 
-from . import algorithms, prompts, rewards, rollouts, stages, tasks  # noqa: F401  (register the built-ins)
+import importlib
+import pkgutil
+
+from . import algorithms, prompts, rewards, rollouts, stages, tasks
 from .registry import ALL_REGISTRIES
 
-__all__ = ["ALL_REGISTRIES"]
+COMPONENT_PACKAGES = (algorithms, prompts, rewards, rollouts, stages, tasks)
+
+# A new component is one new file: every module of the component packages is imported (and so registers
+# what it defines) without an edit to the package's __init__.
+for _pkg in COMPONENT_PACKAGES:
+    for _mod in pkgutil.iter_modules(_pkg.__path__):
+        importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
+
+__all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES"]

@@ -134,7 +134,7 @@ class Config:
                             "measured bf16 matmul is >= 1.5x faster than float32 (native BF16/AMX), else float32",
                     ["auto", "float32", "bfloat16", "float16"])
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
-                                     "projections (same forward; rollout/fast_decode.py)")
+                                     "projections (same forward; generation/fast_decode.py)")
     # evaluation, logging, checkpoints
     eval_before: bool = _f(True, "measure held-out accuracy before training")
     eval_after: bool = _f(True, "measure held-out accuracy after training")

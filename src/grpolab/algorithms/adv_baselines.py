@@ -1,4 +1,4 @@
-"""Variant catalogue I (group A): baselines, normalisations, difficulty and multi-reward weightings.
+"""Advantage baselines, normalisations, difficulty and multi-reward weightings.
 
 Advantage estimators (``ADVANTAGES``) map rewards to per-row advantages;
 weightings (``WEIGHTINGS``) rescale advantages that an estimator produced. All
@@ -112,7 +112,8 @@ def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_ep
 
 
 @ADVANTAGES.register("group_mean_batch_std")
-def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
+def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *,
+                         advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Lite-PPO advantage: group mean, **batch** std (Liu et al., 2025, arXiv:2508.08221).
 
     ``A_i = (r_i - mean_g(r)) / (std_batch(r) + epsilon)``
@@ -126,8 +127,12 @@ def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *, adva
 
 
 @ADVANTAGES.register("gpg")
-def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = param('valid', "GPG: batch correction alpha = B / #valid rows ('valid', paper: rows outside zero-variance groups), B / #non-zero rewards ('nonzero', verl) or 1 ('none')", ['valid', 'nonzero', 'none']),
-        gpg_std_normalize: bool = param(False, "GPG: F_norm = group std (True) or 1 (False, the paper's best)"), advantage_epsilon: float = 1e-4) -> torch.Tensor:
+def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *,
+        gpg_alpha: str = param('valid', "GPG: batch correction alpha = B / #valid rows ('valid', paper: rows outside "
+                               "zero-variance groups), B / #non-zero rewards ('nonzero', verl) or 1 ('none')",
+                               ['valid', 'nonzero', 'none']),
+        gpg_std_normalize: bool = param(False, "GPG: F_norm = group std (True) or 1 (False, the paper's best)"),
+        advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GPG corrected group advantage (Chu et al., 2025, arXiv:2504.02546; seed 000-18).
 
     ``A_i = alpha * (r_i - mean_g(r)) / F_norm``
@@ -168,7 +173,9 @@ def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *, gpg_alpha: str = para
 
 @ADVANTAGES.register("group_mad")
 def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.Tensor | None = None,
-              dgpo_valid_token_rescale: bool = param(False, "DGPO: multiply advantages by all tokens / tokens of non-zero-variance groups (authors' code)"), advantage_epsilon: float = 1e-4) -> torch.Tensor:
+              dgpo_valid_token_rescale: bool = param(False, 'DGPO: multiply advantages by all tokens / tokens of '
+                                                     "non-zero-variance groups (authors' code)"),
+              advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """DGPO difficulty-balanced group advantage, DGAE (MathForge, Dai et al., 2026, arXiv:2601.20614; seed 000-05).
 
     ``A_i = n (r_i - mean_g(r)) / (sum_{j in g} |r_j - mean_g(r)| + epsilon)``
@@ -202,7 +209,8 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
 
 @ADVANTAGES.register("group_mean_balanced_drop")
 def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, step: int = 0, *,
-                             red_seed: int = param(0, 'RED-Drop: seed of the choice of dropped negatives (combined with the step)')) -> torch.Tensor:
+                             red_seed: int = param(0, 'RED-Drop: seed of the choice of dropped negatives (combined '
+                                                   'with the step)')) -> torch.Tensor:
     """RED-Drop: shape the data by dropping surplus negatives (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
 
     Off-policy group-relative REINFORCE ("Group-Relative REINFORCE Is
@@ -263,8 +271,10 @@ def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Te
 
 
 @ADVANTAGES.register("mo_grpo")
-def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-            reward_weights: torch.Tensor, *, mo_grpo_use_weights: bool = param(False, 'MO-GRPO: weight the normalised rewards by reward_weights (the paper sums them unweighted)'),
+def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_weights: torch.Tensor,
+            *,
+            mo_grpo_use_weights: bool = param(False, 'MO-GRPO: weight the normalised rewards by reward_weights (the '
+                                              'paper sums them unweighted)'),
             advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """MO-GRPO variance-normalised reward combination (Ichihara et al., 2025, arXiv:2509.22047; seed 000-16).
 
@@ -313,8 +323,11 @@ def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
 
 @WEIGHTINGS.register("dgpo_question_weight")
 def dgpo_question_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
-                         reward_matrix: torch.Tensor | None = None, *, dgpo_temperature: float = param(2.0, 'DGPO question weights: softmax temperature T over -accuracy'),
-                         dgpo_accuracy_reward: int = param(0, 'DGPO question weights: reward column used as accuracy (-1 = combined reward)')) -> torch.Tensor:
+                         reward_matrix: torch.Tensor | None = None, *,
+                         dgpo_temperature: float = param(2.0, 'DGPO question weights: softmax temperature T over '
+                                                         '-accuracy'),
+                         dgpo_accuracy_reward: int = param(0, 'DGPO question weights: reward column used as accuracy '
+                                                           '(-1 = combined reward)')) -> torch.Tensor:
     """DGPO difficulty-aware question-level weighting, DQW (MathForge, arXiv:2601.20614; seed 000-05).
 
     Over the ``M`` groups (questions) whose combined reward is not constant:
@@ -352,9 +365,13 @@ def lead_logistic(x: torch.Tensor, low: float, high: float, midpoint: float, ste
 
 @WEIGHTINGS.register("lead_difficulty_weight")
 def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, *,
-                           lead_weight_min: float = param(0.4, 'GRPO-LEAD: lower asymptote A of the logistic weight'), lead_weight_max: float = param(1.5, 'GRPO-LEAD: upper asymptote B of the logistic weight'),
-                           lead_midpoint: float = param(0.75, 'GRPO-LEAD: correct-ratio midpoint rho_0 of the logistic weight'), lead_steepness: float = param(10.0, 'GRPO-LEAD: steepness k of the logistic weight'),
-                           lead_correct_threshold: float = param(0.0, 'GRPO-LEAD: a reward above this counts as correct')) -> torch.Tensor:
+                           lead_weight_min: float = param(0.4, 'GRPO-LEAD: lower asymptote A of the logistic weight'),
+                           lead_weight_max: float = param(1.5, 'GRPO-LEAD: upper asymptote B of the logistic weight'),
+                           lead_midpoint: float = param(0.75, 'GRPO-LEAD: correct-ratio midpoint rho_0 of the '
+                                                        'logistic weight'),
+                           lead_steepness: float = param(10.0, 'GRPO-LEAD: steepness k of the logistic weight'),
+                           lead_correct_threshold: float = param(0.0, 'GRPO-LEAD: a reward above this counts as '
+                                                                 'correct')) -> torch.Tensor:
     """GRPO-LEAD difficulty-aware advantage reweighting (Zhang & Zuo, 2025, arXiv:2504.09696; seed 000-03).
 
     ``rho_q`` = share of the group's scored rows with reward ``> lead_correct_threshold``;
@@ -417,8 +434,12 @@ class HistoryAwareDifficultyWeight:
     -1``) or one reward column, assumed to lie in [0, 1].
     """
 
-    def __init__(self, *, hadw_eta: float = param(1.0, 'HA-DW: anchor step size eta; eta_t = eta * sigma_t (clipped to [0, 1])'), hadw_lambda_scale: float = param(1.0, 'HA-DW: scale lambda of the weight lambda * exp(D * M)'), hadw_window: int = param(8, 'HA-DW: number of recent batch accuracies whose std is sigma_t'),
-                 hadw_init_anchor: float = param(0.5, 'HA-DW: difficulty anchor C_0 before the first batch'), hadw_accuracy_reward: int = param(-1, 'HA-DW: reward column used as accuracy (-1 = combined reward)')):
+    def __init__(self, *,
+                 hadw_eta: float = param(1.0, 'HA-DW: anchor step size eta; eta_t = eta * sigma_t (clipped to [0, 1])'),
+                 hadw_lambda_scale: float = param(1.0, 'HA-DW: scale lambda of the weight lambda * exp(D * M)'),
+                 hadw_window: int = param(8, 'HA-DW: number of recent batch accuracies whose std is sigma_t'),
+                 hadw_init_anchor: float = param(0.5, 'HA-DW: difficulty anchor C_0 before the first batch'),
+                 hadw_accuracy_reward: int = param(-1, 'HA-DW: reward column used as accuracy (-1 = combined reward)')):
         self.eta = float(hadw_eta)
         self.lambda_scale = float(hadw_lambda_scale)
         self.window = int(hadw_window)
@@ -466,9 +487,14 @@ class HistoryAwareDifficultyWeight:
 
 
 @WEIGHTINGS.register("dgrpo_difficulty_weight")
-def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
-                            batch=None, *, dgrpo_task_column: str = param('task', "DGRPO: data column naming each row's task (missing = one task)"), dgrpo_task_power: float = param(1.0, 'DGRPO: exponent a of the task weight (d_task / mean d_task)^a'),
-                            dgrpo_sample_power: float = param(1.0, 'DGRPO: exponent b of the prompt weight (d_q / mean d_q)^b'), dgrpo_floor: float = param(0.05, 'DGRPO: lower bound on a difficulty 1 - mean reward')) -> torch.Tensor:
+def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, batch=None, *,
+                            dgrpo_task_column: str = param('task', "DGRPO: data column naming each row's task "
+                                                           '(missing = one task)'),
+                            dgrpo_task_power: float = param(1.0, 'DGRPO: exponent a of the task weight (d_task / '
+                                                            'mean d_task)^a'),
+                            dgrpo_sample_power: float = param(1.0, 'DGRPO: exponent b of the prompt weight (d_q / '
+                                                              'mean d_q)^b'),
+                            dgrpo_floor: float = param(0.05, 'DGRPO: lower bound on a difficulty 1 - mean reward')) -> torch.Tensor:
     """VITAL's DGRPO difficulty-aware multi-task weighting (Zhang et al., 2025, arXiv:2508.04416; seed 000-02).
 
     DGRPO scales the learning signal by a task-level and a sample-level
@@ -518,7 +544,8 @@ def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, gro
 
 
 @WEIGHTINGS.register("advantage_exp_weight")
-def advantage_exp_weight(advantages: torch.Tensor, *, red_temperature: float = param(1.0, 'RED-Weight: temperature tau of the weight exp(A / tau)')) -> torch.Tensor:
+def advantage_exp_weight(advantages: torch.Tensor, *,
+                         red_temperature: float = param(1.0, 'RED-Weight: temperature tau of the weight exp(A / tau)')) -> torch.Tensor:
     """RED-Weight advantage weighting (Yao et al., 2025, arXiv:2509.24203; seed 000-39).
 
     ``A'_i = A_i exp(A_i / tau)``   (unnormalised, ``weight: advantage`` in the authors' Trinity-RFT code)

@@ -1,4 +1,4 @@
-"""Variant catalogue I (group B): uncertainty, entropy, token-level, stateful and span-decoupled advantages.
+"""Advantage shaping: uncertainty, entropy, token-level, stateful and span-decoupled advantages.
 
 Advantage estimators (``advantage: name``) and weightings (``advantage_weightings:
 [name]``) of the GRPO variants that scale advantages by an uncertainty or entropy
@@ -140,8 +140,13 @@ def semantic_entropy(keys: list, group_ids: torch.Tensor) -> tuple[torch.Tensor,
 
 
 @WEIGHTINGS.register("seed_semantic_entropy")
-def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, batch, *, seed_alpha: float = param(0.5, 'SEED-GRPO: sensitivity alpha; A * f(alpha * SE / SE_max)'),
-                          seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear) or exp(-x) (exponential)', ['linear', 'exponential']), seed_equivalence: str = param('last_number', "SEED-GRPO: answer key that clusters completions: 'last_number', 'final_line', 'exact' or 'module:function' (text -> key)")) -> torch.Tensor:
+def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, batch, *,
+                          seed_alpha: float = param(0.5, 'SEED-GRPO: sensitivity alpha; A * f(alpha * SE / SE_max)'),
+                          seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear) or exp(-x) '
+                                                    '(exponential)', ['linear', 'exponential']),
+                          seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
+                                                        "completions: 'last_number', 'final_line', 'exact' or "
+                                                        "'module:function' (text -> key)")) -> torch.Tensor:
     """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
 
     ``A'_i = A_i * f(alpha * SE(q) / SE_max(q))`` with ``f(x) = 1 - x`` (linear)
@@ -199,7 +204,9 @@ def sgrpo_weight(n: torch.Tensor, k: torch.Tensor, p: float, eps: float = 1e-8) 
 
 @ADVANTAGES.register("sgrpo_noise_aware")
 def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
-                      sgrpo_noise_p: float = param(0.1, 'S-GRPO: symmetric reward-flip probability p in [0, 0.5)'), sgrpo_success_threshold: float = param(0.0, 'S-GRPO: a reward above this counts as a success (k)')) -> torch.Tensor:
+                      sgrpo_noise_p: float = param(0.1, 'S-GRPO: symmetric reward-flip probability p in [0, 0.5)'),
+                      sgrpo_success_threshold: float = param(0.0, 'S-GRPO: a reward above this counts as a success '
+                                                             '(k)')) -> torch.Tensor:
     """S-GRPO noise-aware advantage (Shen et al., 2025, seed 000-32; github.com/shenpeijun0212/S-GRPO).
 
     ``A_i = w*(n, k, p) * (r_i - mean_g r) / (std_g r + epsilon)`` where ``n`` is
@@ -227,7 +234,10 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
 
 @WEIGHTINGS.register("edge_entropy_driven")
 def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                        completion_mask: torch.Tensor, *, edge_normalize: str = param('group', "EDGE-GRPO: divide each row's entropy by the mean over its 'group' (paper) or the whole 'batch' (authors' code)", ['group', 'batch']),
+                        completion_mask: torch.Tensor, *,
+                        edge_normalize: str = param('group', "EDGE-GRPO: divide each row's entropy by the mean over "
+                                                    "its 'group' (paper) or the whole 'batch' (authors' code)",
+                                                    ['group', 'batch']),
                         edge_min_entropy: float = param(1e-06, 'EDGE-GRPO: floor on the per-row entropy estimate')) -> torch.Tensor:
     """EDGE-GRPO entropy-driven advantage (Zhang et al., 2025, arXiv:2507.21848, seed 000-25).
 
@@ -293,8 +303,13 @@ class SPOValueTracker:
     update the tracker.
     """
 
-    def __init__(self, *, spo_rho_min: float = param(0.875, 'SPO: lower clip of the forgetting factor rho'), spo_rho_max: float = param(0.96, 'SPO: upper clip of the forgetting factor rho'), spo_kl_half: float = param(0.06, 'SPO: policy drift D_half at which rho = 1/2 before clipping'),
-                 spo_prior_value: float = param(0.5, 'SPO: value estimate of a prompt never seen before'), spo_normalize: str = param('batch', 'SPO: z-score advantages over the whole batch, or not', ['batch', 'none'])):
+    def __init__(self, *,
+                 spo_rho_min: float = param(0.875, 'SPO: lower clip of the forgetting factor rho'),
+                 spo_rho_max: float = param(0.96, 'SPO: upper clip of the forgetting factor rho'),
+                 spo_kl_half: float = param(0.06, 'SPO: policy drift D_half at which rho = 1/2 before clipping'),
+                 spo_prior_value: float = param(0.5, 'SPO: value estimate of a prompt never seen before'),
+                 spo_normalize: str = param('batch', 'SPO: z-score advantages over the whole batch, or not',
+                                            ['batch', 'none'])):
         if not 0.0 < spo_rho_min <= spo_rho_max < 1.0:
             raise ValueError(f"spo_rho_min/spo_rho_max: need 0 < rho_min <= rho_max < 1, "
                              f"got {spo_rho_min}, {spo_rho_max}")
@@ -372,8 +387,9 @@ def shared_prefix_counts(completion_ids: torch.Tensor, completion_mask: torch.Te
 
 
 @WEIGHTINGS.register("lambda_prefix_weight")
-def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch,
-                         *, lambda_grpo_power: float = param(1.0, "lambda-GRPO: token weight k^-lambda, k = group completions sharing the token's prefix (0 = GRPO)")) -> torch.Tensor:
+def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
+                         lambda_grpo_power: float = param(1.0, 'lambda-GRPO: token weight k^-lambda, k = group '
+                                                          "completions sharing the token's prefix (0 = GRPO)")) -> torch.Tensor:
     """λ-GRPO shared-prefix weighting ("GRPO is secretly a PRM", 2025, seed 004-03).
 
     ``A'_it = A_i * k_it^(-lambda)``, ``k_it`` = number of completions in i's group
@@ -398,7 +414,9 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
 
 @WEIGHTINGS.register("tw_token_weight")
 def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                    completion_mask: torch.Tensor, *, tw_alpha: float = param(1.7, "TW-GRPO: maximum token weight; weights min-max map the group divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses 1.7)")) -> torch.Tensor:
+                    completion_mask: torch.Tensor, *,
+                    tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
+                                            "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses 1.7)")) -> torch.Tensor:
     """TW-GRPO token weights from intra-group divergence (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
 
     Source: the authors' code, https://github.com/longmalongma/TW-GRPO,
@@ -471,8 +489,11 @@ def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, alpha_pos: float, 
 
 @ADVANTAGES.register("tempsamp_soft_advantage")
 def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
-                            tempsamp_tau: float = param(0.5, 'TempSamp-R1: reward pivot of the asymmetric transform'), tempsamp_alpha_pos: float = param(1.0, 'TempSamp-R1: log-compression strength above the pivot'),
-                            tempsamp_alpha_neg: float = param(1.0, 'TempSamp-R1: exp-expansion strength below the pivot')) -> torch.Tensor:
+                            tempsamp_tau: float = param(0.5, 'TempSamp-R1: reward pivot of the asymmetric transform'),
+                            tempsamp_alpha_pos: float = param(1.0, 'TempSamp-R1: log-compression strength above the '
+                                                              'pivot'),
+                            tempsamp_alpha_neg: float = param(1.0, 'TempSamp-R1: exp-expansion strength below the '
+                                                              'pivot')) -> torch.Tensor:
     """TempSamp-R1 non-linear soft advantage (Li et al., 2025, arXiv:2509.18056, seed 000-112).
 
     ``A_i = zscore_g(phi(r)_i)`` with the asymmetric transform ``phi``
@@ -536,15 +557,23 @@ class AAPOMomentum:
     Unscorable rows get A = 0 and do not enter the EMA.
     """
 
-    def __init__(self, *, aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback baseline when no reference-reward column; 1 = frozen at first visit)")):
+    def __init__(self, *,
+                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback "
+                                              'baseline when no reference-reward column; 1 = frozen at first visit)')):
         if not 0.0 <= aapo_momentum <= 1.0:
             raise ValueError(f"aapo_momentum: must be in [0, 1], got {aapo_momentum}")
         self.mu = aapo_momentum
         self.ema: dict[int, float] = {}
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, batch=None, *,
-                 advantage_epsilon: float = 1e-4, aapo_eta: float = param(1.0, 'AAPO: weight of the clipped margin term clip(r - r_ref)'), aapo_clip_low: float = param(0.2, 'AAPO: margin r - r_ref is clipped below at -clip_low (authors: 0.2)'),
-                 aapo_clip_high: float = param(0.28, 'AAPO: margin r - r_ref is clipped above at clip_high (authors: 0.28)'), aapo_ref_column: str = param('ref_reward', "AAPO: batch column with the reference model's reward per row (missing = per-prompt EMA fallback)")) -> torch.Tensor:
+                 advantage_epsilon: float = 1e-4,
+                 aapo_eta: float = param(1.0, 'AAPO: weight of the clipped margin term clip(r - r_ref)'),
+                 aapo_clip_low: float = param(0.2, 'AAPO: margin r - r_ref is clipped below at -clip_low (authors: '
+                                              '0.2)'),
+                 aapo_clip_high: float = param(0.28, 'AAPO: margin r - r_ref is clipped above at clip_high (authors: '
+                                               '0.28)'),
+                 aapo_ref_column: str = param('ref_reward', "AAPO: batch column with the reference model's reward "
+                                              'per row (missing = per-prompt EMA fallback)')) -> torch.Tensor:
         if aapo_clip_low < 0 or aapo_clip_high < 0:
             raise ValueError(f"aapo_clip_low/high: must be >= 0, got {aapo_clip_low}, {aapo_clip_high}")
         adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon).double()
@@ -578,8 +607,11 @@ class AAPOMomentum:
 
 @ADVANTAGES.register("awpo_gated")
 def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, advantage_epsilon: float = 1e-4,
-               awpo_outcome_reward: str = param('0', 'AWPO: outcome reward column (name or index)'), awpo_reasoning_reward: str = param('-1', 'AWPO: reasoning reward column (name or index)'), awpo_lambda: float = param(0.5, 'AWPO: weight of the gated reasoning advantage'),
-               awpo_var_cap: float = param(0.25, 'AWPO: outcome variance at which the gate closes (0.25 = Bernoulli max)')) -> torch.Tensor:
+               awpo_outcome_reward: str = param('0', 'AWPO: outcome reward column (name or index)'),
+               awpo_reasoning_reward: str = param('-1', 'AWPO: reasoning reward column (name or index)'),
+               awpo_lambda: float = param(0.5, 'AWPO: weight of the gated reasoning advantage'),
+               awpo_var_cap: float = param(0.25, 'AWPO: outcome variance at which the gate closes (0.25 = Bernoulli '
+                                           'max)')) -> torch.Tensor:
     """AWPO variance-gated, difficulty-weighted reasoning advantage (Lin et al., 2025, arXiv:2512.19126, seed 000-118).
 
     With outcome reward ``o`` and reasoning reward ``z`` (two columns of the
@@ -623,7 +655,8 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
 
 
 @ADVANTAGES.register("dagrpo_distinct_pairs")
-def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
+def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
+                          advantage_epsilon: float = 1e-4,
                           dagrpo_delta: float = param(0.1, 'DaGRPO: pairs with |r_i - r_j| < delta are masked')) -> torch.Tensor:
     """DaGRPO distinctiveness masking of low-contrast pairs (Xie et al., 2025, arXiv:2512.06337, seed 000-17).
 
@@ -673,8 +706,12 @@ def span_ids_of(batch, completion_mask: torch.Tensor, span_mark: str) -> torch.T
 
 
 @WEIGHTINGS.register("span_scale")
-def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *, span_mark: str = SPAN_MARK,
-               span_scales: list = param([1.0], 'coefficient per span id (list index = span id; missing ids = 1.0)'), span_normalize: str = param('none', "'per_span_tokens': scale span s by N/N_s so that token_mean averages each span separately (DeGRPO)", ['none', 'per_span_tokens'])) -> torch.Tensor:
+def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
+               span_mark: str = SPAN_MARK,
+               span_scales: list = param([1.0], 'coefficient per span id (list index = span id; missing ids = 1.0)'),
+               span_normalize: str = param('none', "'per_span_tokens': scale span s by N/N_s so that token_mean "
+                                           'averages each span separately (DeGRPO)',
+                                           ['none', 'per_span_tokens'])) -> torch.Tensor:
     """Per-span advantage scaling and normalisation (DeGRPO / Thinkless, Fang et al., 2025,
     arXiv:2505.13379, seed 004-12).
 
@@ -714,7 +751,9 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
 @ADVANTAGES.register("span_decoupled_advantage")
 def span_decoupled_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
                              completion_mask: torch.Tensor, batch, *, advantage_epsilon: float = 1e-4,
-                             span_mark: str = SPAN_MARK, span_reward_columns: list = param([''], "DTPO: reward column (name or index) per span id; '' = combined reward")) -> torch.Tensor:
+                             span_mark: str = SPAN_MARK,
+                             span_reward_columns: list = param([''], 'DTPO: reward column (name or index) per span '
+                                                               "id; '' = combined reward")) -> torch.Tensor:
     """Separate advantages per token span (DTPO in AdaptVision, 2025, seed 004-05).
 
     ``A_it = zscore_g(R_s)_i`` for token t in span ``s = span_id[i, t]``, where

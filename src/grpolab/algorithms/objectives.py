@@ -1,4 +1,4 @@
-"""Variant catalogue I (group C): policy objectives beyond the clipped ratio, and regularisers.
+"""Policy objectives beyond the clipped ratio, and regularisers.
 
 Policy objectives follow the ``POLICY_LOSSES`` signature of ``losses.py``;
 regularisers the ``REGULARIZERS`` signature of ``regularizers.py``. Every
@@ -198,8 +198,9 @@ def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
 
 
 @POLICY_LOSSES.register("soft_gate", check=_positive("sapo_tau_pos", "sapo_tau_neg"))
-def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              *, sapo_tau_pos: float = param(1.0, 'SAPO gate temperature for A > 0 (soft_gate)'), sapo_tau_neg: float = param(1.05, 'SAPO gate temperature for A < 0 (soft_gate)')):
+def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              sapo_tau_pos: float = param(1.0, 'SAPO gate temperature for A > 0 (soft_gate)'),
+              sapo_tau_neg: float = param(1.05, 'SAPO gate temperature for A < 0 (soft_gate)')):
     """SAPO soft temperature gate (Soft Adaptive Policy Optimization, Gao et al., Qwen team, 2025, arXiv:2511.20347; seed 000-114).
 
     ``f(r) = (4 / tau) * sigmoid(tau (r - 1))``, ``tau = tau_pos if A > 0 else tau_neg``
@@ -219,8 +220,10 @@ def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          *, cispo_epsilon_low: float | None = param(None, 'CISPO: IS weight clipped below at 1 - eps_low (None = no lower clip)'), cispo_epsilon_high: float = param(4.0, 'CISPO: IS weight clipped above at 1 + eps_high')):
+def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+          cispo_epsilon_low: float | None = param(None, 'CISPO: IS weight clipped below at 1 - eps_low (None = no '
+                                                  'lower clip)'),
+          cispo_epsilon_high: float = param(4.0, 'CISPO: IS weight clipped above at 1 + eps_high')):
     """CISPO clipped importance-sampling weight (MiniMax-M1, arXiv:2506.13585).
 
     ``w_t = sg(clip(r_t, 1 - eps_low, 1 + eps_high))``,  ``loss_t = -w_t A_t log pi_theta(o_t)``
@@ -239,8 +242,9 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
 
 
 @POLICY_LOSSES.register("simple_po", check=_positive("simple_po_epsilon"))
-def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              *, simple_po_epsilon: float = param(0.2, 'Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 penalty')):
+def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+              simple_po_epsilon: float = param(0.2, 'Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 '
+                                               'penalty')):
     """Simple Policy Optimization ratio penalty (Xie et al., 2024, arXiv:2401.16025; seed 000-53).
 
     ``loss_t = -(r_t A_t - |A_t| / (2 eps) * (r_t - 1)^2)``
@@ -305,7 +309,9 @@ def _pair_rows(pair_loss: torch.Tensor, same: torch.Tensor) -> torch.Tensor:
 
 @POLICY_LOSSES.register("rebel", check=_both(_whole_groups, _positive("rebel_eta")))
 def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          group_ids: torch.Tensor, *, rebel_eta: float = param(1.0, 'REBEL: log-ratio differences are divided by eta before regressing on reward gaps')):
+          group_ids: torch.Tensor, *,
+          rebel_eta: float = param(1.0, 'REBEL: log-ratio differences are divided by eta before regressing on reward '
+                                   'gaps')):
     """REBEL relative-reward regression (Gao et al., 2024, arXiv:2404.16767; seed 000-117).
 
     For each pair (i, j) of rows in a group, with ``l_i = sum_t log(pi_theta(o_it) / pi_old(o_it))``:
@@ -340,7 +346,8 @@ def _anchor(anchor: str, old_logprobs, ref_logprobs, name: str):
 
 @POLICY_LOSSES.register("gvpo", check=_anchored("gvpo_anchor"))
 def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, gvpo_beta: float = param(0.1, 'GVPO: KL strength beta in the implicit reward beta * log(pi / pi_anchor)'),
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *,
+         gvpo_beta: float = param(0.1, 'GVPO: KL strength beta in the implicit reward beta * log(pi / pi_anchor)'),
          gvpo_anchor: str = param('behavior', 'GVPO: anchor policy of the implicit reward', ['behavior', 'reference'])):
     """GVPO group-variance objective (Zhang et al., 2025, arXiv:2504.19599; seed 000-51).
 
@@ -369,8 +376,12 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
 
 @POLICY_LOSSES.register("disco", check=_both(_whole_groups, _positive("disco_tau")))
 def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-          group_ids: torch.Tensor, *, disco_score: str = param('log_l', 'DisCO scoring function', ['log_l', 'l_ratio']), disco_tau: float = param(10.0, 'DisCO: log-sum-exp temperature over negatives (10 for log_l, 1 for l_ratio)'),
-          disco_delta: float = param(0.0001, 'DisCO: KL(pi_old || pi_theta) budget delta'), disco_beta: float = param(1000.0, 'DisCO: squared-hinge penalty weight on KL above delta'), disco_balanced: bool = param(False, 'DisCO-b: plain mean over negatives instead of log-sum-exp')):
+          group_ids: torch.Tensor, *,
+          disco_score: str = param('log_l', 'DisCO scoring function', ['log_l', 'l_ratio']),
+          disco_tau: float = param(10.0, 'DisCO: log-sum-exp temperature over negatives (10 for log_l, 1 for l_ratio)'),
+          disco_delta: float = param(0.0001, 'DisCO: KL(pi_old || pi_theta) budget delta'),
+          disco_beta: float = param(1000.0, 'DisCO: squared-hinge penalty weight on KL above delta'),
+          disco_balanced: bool = param(False, 'DisCO-b: plain mean over negatives instead of log-sum-exp')):
     """DisCO discriminative constrained objective (Li et al., 2025, arXiv:2505.12366; seed 000-33).
 
     Score of a completion (non-clipping surrogates):
@@ -419,7 +430,8 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
 
 @POLICY_LOSSES.register("copg", check=_anchored("copg_anchor"))
 def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *, copg_beta: float = param(0.1, 'CoPG: KL strength beta in the regularised reward r - beta log(pi / pi_anchor)'),
+         group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *,
+         copg_beta: float = param(0.1, 'CoPG: KL strength beta in the regularised reward r - beta log(pi / pi_anchor)'),
          copg_anchor: str = param('behavior', 'CoPG: anchor policy of the KL term', ['behavior', 'reference'])):
     """Contrastive Policy Gradient (Flet-Berliac et al., 2024, arXiv:2406.19185; seed 000-93).
 
@@ -498,10 +510,14 @@ def _conflicts(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, neg: to
 
 
 @POLICY_LOSSES.register("gtpo_conflict", check=_whole_groups)
-def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                  mask: torch.Tensor, group_ids: torch.Tensor, entropy: torch.Tensor, batch=None, *,
-                  epsilon: float = 0.2, epsilon_high: float | None = None, gtpo_conflict_weight: float = param(2.0, 'GTPO: weight of conflict tokens in positive completions'),
-                  gtpo_entropy_threshold: float = param(0.7, 'GTPO: completions with mean entropy above this get advantage 0'), gtpo_entropy_coef: float = param(0.1, 'GTPO: advantage -= coef * mean completion entropy (kept completions)')):
+def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                  group_ids: torch.Tensor, entropy: torch.Tensor, batch=None, *, epsilon: float = 0.2,
+                  epsilon_high: float | None = None,
+                  gtpo_conflict_weight: float = param(2.0, 'GTPO: weight of conflict tokens in positive completions'),
+                  gtpo_entropy_threshold: float = param(0.7, 'GTPO: completions with mean entropy above this get '
+                                                        'advantage 0'),
+                  gtpo_entropy_coef: float = param(0.1, 'GTPO: advantage -= coef * mean completion entropy (kept '
+                                                   'completions)')):
     """GTPO conflict-token protection and entropy filtering (Simoni et al., 2025, arXiv:2508.03772; seed 000-29).
 
     Conflict tokens: token ``o_it`` at position t such that the same token id
@@ -558,7 +574,8 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
 # --------------------------------------------------------------------- regularisers
 
 @REGULARIZERS.register("entropy_bonus")
-def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = param(0.01, 'entropy_bonus: coefficient of -H (maximise entropy)')):
+def entropy_bonus(entropy_grad: torch.Tensor, *,
+                  entropy_bonus_coef: float = param(0.01, 'entropy_bonus: coefficient of -H (maximise entropy)')):
     """Entropy bonus: ``term_t = -coef * H_t`` with ``H_t`` the policy entropy at token t (with gradient).
 
     Maximises entropy (TRL ``entropy_coef``, verl ``entropy_coeff``); the
@@ -568,8 +585,11 @@ def entropy_bonus(entropy_grad: torch.Tensor, *, entropy_bonus_coef: float = par
 
 
 @REGULARIZERS.register("llds")
-def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         batch=None, *, llds_coef: float = param(0.1, 'LLDS: weight of the likelihood-preserving penalty'), llds_gate: str = param('response', 'LLDS: unit whose likelihood drop activates the penalty', ['response', 'action'])):
+def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, batch=None,
+         *,
+         llds_coef: float = param(0.1, 'LLDS: weight of the likelihood-preserving penalty'),
+         llds_gate: str = param('response', 'LLDS: unit whose likelihood drop activates the penalty',
+                                ['response', 'action'])):
     """LLDS likelihood-preserving regulariser (Deng et al., 2025, arXiv:2512.04220; seed 000-13).
 
     Preserving set: completions with ``A_i >= 0``. For each unit u (the whole
@@ -608,7 +628,9 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
 
 @REGULARIZERS.register("dcpo", check=_positive("dcpo_temperature"))
 def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         entropy: torch.Tensor, *, dcpo_coef: float = param(0.1, 'DCPO: coefficient of the target-distribution REINFORCE regulariser'), dcpo_temperature: float = param(1.5, 'DCPO: temperature T > 1 of the target distribution pi_old^(1/T)'),
+         entropy: torch.Tensor, *,
+         dcpo_coef: float = param(0.1, 'DCPO: coefficient of the target-distribution REINFORCE regulariser'),
+         dcpo_temperature: float = param(1.5, 'DCPO: temperature T > 1 of the target distribution pi_old^(1/T)'),
          dcpo_entropy_target: float = param(0.25, 'DCPO: regulariser active while mean token entropy < this (H_0)')):
     """DCPO distribution-level entropy regulariser (Li et al., 2026, arXiv:2601.12730; seed 000-35).
 
@@ -658,8 +680,12 @@ def grpo_d_beta(step: float, steps: int, beta_min: float, beta_max: float, explo
 
 @REGULARIZERS.register("dynamic_kl", check=_check_dynamic_kl)
 def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: int, *, beta: float, steps: int,
-               kl_estimator: str = "k3", grpo_d_beta_min: float = param(0.0, 'GRPO-D (dynamic_kl): minimum KL weight, reached after the exploration steps'), grpo_d_beta_max: float = param(0.02, 'GRPO-D (dynamic_kl): maximum KL weight, reached at the last step'),
-               grpo_d_explore_frac: float = param(0.3, 'GRPO-D (dynamic_kl): exploration steps w as a fraction of steps (w/t)')):
+               kl_estimator: str = "k3",
+               grpo_d_beta_min: float = param(0.0, 'GRPO-D (dynamic_kl): minimum KL weight, reached after the '
+                                              'exploration steps'),
+               grpo_d_beta_max: float = param(0.02, 'GRPO-D (dynamic_kl): maximum KL weight, reached at the last step'),
+               grpo_d_explore_frac: float = param(0.3, 'GRPO-D (dynamic_kl): exploration steps w as a fraction of '
+                                                  'steps (w/t)')):
     """GRPO-D dynamic KL weight (OThink-MR1, Liu et al., 2025, arXiv:2503.16081 §3.2 Eq. 3; seed 000-69).
 
     Schedule (:func:`grpo_d_beta`, ``t`` = the config's ``steps``, ``w = 0.3 t``):
@@ -700,7 +726,10 @@ class RatioVariance:
     running moment.
     """
 
-    def __init__(self, *, r2vpo_delta: float = param(0.02, "R2VPO: budget on the ratio's second central moment E[(r-1)^2]"), r2vpo_dual_lr: float = param(1.0, 'R2VPO: step size of the Lagrange multiplier update'), r2vpo_lambda_init: float = param(1.0, 'R2VPO: initial Lagrange multiplier')):
+    def __init__(self, *,
+                 r2vpo_delta: float = param(0.02, "R2VPO: budget on the ratio's second central moment E[(r-1)^2]"),
+                 r2vpo_dual_lr: float = param(1.0, 'R2VPO: step size of the Lagrange multiplier update'),
+                 r2vpo_lambda_init: float = param(1.0, 'R2VPO: initial Lagrange multiplier')):
         self.delta, self.dual_lr = r2vpo_delta, r2vpo_dual_lr
         self.lam = float(r2vpo_lambda_init)
         self.step: int | None = None

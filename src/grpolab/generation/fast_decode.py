@@ -1,6 +1,6 @@
 """A lean decode step for Llama-family models with a preallocated (static) KV cache.
 
-The sampler (``rollout/sampling.py``) pre-fills each prompt once through the
+The sampler (``generation/sampling.py``) pre-fills each prompt once through the
 Hugging Face model and then decodes one token per row per step. For a small
 model on a CPU most of a decode step through the Hugging Face modules is not
 matrix products but per-layer overhead: the cache's ``torch.cat`` of every

@@ -13,7 +13,7 @@ The training forward scales logits by ``cfg.temperature``, so for a row sampled
 at another temperature the importance ratio ``pi_theta(.; T_train) /
 pi_old(.; T_row)`` is not 1 even before the first update: it is the
 importance weight that corrects for sampling from the tempered policy (and is
-clipped like any off-policy ratio). See ``sampling/budgets.py`` (ERPO).
+clipped like any off-policy ratio). See ``prompts/budgets.py`` (ERPO).
 """
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     Rows of the output are grouped prompt-major: prompt ``i``'s rows follow
     prompt ``i-1``'s (rows ``i*G .. i*G+G-1`` when the count is one int).
     ``static_cache`` decodes Llama / Qwen2 models with the preallocated KV
-    cache and fused projections of ``rollout/fast_decode.py`` (the same
+    cache and fused projections of ``generation/fast_decode.py`` (the same
     forward; other models always use the Hugging Face forward).
 
     ``eos_ids`` are all the token ids that end a row (EOS and any stop token

@@ -1,4 +1,4 @@
-"""Adaptive prompt samplers (variant catalogue II): difficulty- and variance-aware prompt selection.
+"""Adaptive prompt samplers: difficulty- and variance-aware prompt selection.
 
 Every sampler here follows the interface of ``grpolab.prompts`` (``next``,
 ``feedback``, ``state_dict`` / ``load_state_dict``) and draws all randomness
@@ -98,9 +98,14 @@ class VADESampler:
     under checkpoint/restore and leaves the global RNG untouched.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, vade_prior_alpha: float = param(1.0, "VADE: Beta prior alpha0 of every prompt's success probability"),
-                 vade_prior_beta: float = param(1.0, "VADE: Beta prior beta0 of every prompt's success probability"), vade_step_decay: float = param(0.99, 'VADE: slow decay, every step a <- a0 + rho (a - a0) for all prompts'),
-                 vade_visit_decay: float = param(0.5, "VADE: fast decay of a revisited prompt's old evidence before the new"), vade_success_threshold: float = param(1.0, 'VADE: a completion succeeds when its reward >= this')):
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 vade_prior_alpha: float = param(1.0, "VADE: Beta prior alpha0 of every prompt's success probability"),
+                 vade_prior_beta: float = param(1.0, "VADE: Beta prior beta0 of every prompt's success probability"),
+                 vade_step_decay: float = param(0.99, 'VADE: slow decay, every step a <- a0 + rho (a - a0) for all '
+                                                'prompts'),
+                 vade_visit_decay: float = param(0.5, "VADE: fast decay of a revisited prompt's old evidence before "
+                                                 'the new'),
+                 vade_success_threshold: float = param(1.0, 'VADE: a completion succeeds when its reward >= this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if vade_prior_alpha <= 0 or vade_prior_beta <= 0:
@@ -214,9 +219,13 @@ class VASSampler:
     TDS and mix 0.5 are our choices.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, vas_ovs_weight: float = param(1.0, 'VAS: weight of the outcome variance p(1-p) in the VPS'),
-                 vas_tds_weight: float = param(1.0, 'VAS: weight of the trajectory diversity score in the VPS'), vas_mix: float = param(0.5, 'VAS: fraction of each batch drawn by VPS (the rest uniformly)'), vas_update_interval: int = param(1, 'VAS: steps between refreshes of the VPS sampling weights'),
-                 vas_init_score: float = param(0.25, 'VAS: VPS of prompts never rolled out'), vas_min_score: float = param(0.001, 'VAS: floor added to every VPS weight'),
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 vas_ovs_weight: float = param(1.0, 'VAS: weight of the outcome variance p(1-p) in the VPS'),
+                 vas_tds_weight: float = param(1.0, 'VAS: weight of the trajectory diversity score in the VPS'),
+                 vas_mix: float = param(0.5, 'VAS: fraction of each batch drawn by VPS (the rest uniformly)'),
+                 vas_update_interval: int = param(1, 'VAS: steps between refreshes of the VPS sampling weights'),
+                 vas_init_score: float = param(0.25, 'VAS: VPS of prompts never rolled out'),
+                 vas_min_score: float = param(0.001, 'VAS: floor added to every VPS weight'),
                  vas_success_threshold: float = param(1.0, 'VAS: a completion succeeds when its reward >= this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
@@ -305,8 +314,10 @@ class SRPOHistorySampler:
     data schedule, not a sampler: it is not part of this component.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, srpo_success_threshold: float = param(1.0, 'SRPO: a completion is correct when its reward >= this'),
-                 srpo_drop_permanently: bool = param(False, 'SRPO: never resample a prompt once all its rollouts were correct')):
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 srpo_success_threshold: float = param(1.0, 'SRPO: a completion is correct when its reward >= this'),
+                 srpo_drop_permanently: bool = param(False, 'SRPO: never resample a prompt once all its rollouts '
+                                                     'were correct')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         self.num_rows = num_rows
@@ -395,9 +406,16 @@ class PromptGDROSampler:
     the window/EMA/eta/gamma defaults, and no hysteresis on bin changes.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, gdro_bin_edges: list | None = param([0.25, 0.5, 0.75], 'Prompt-GDRO: ascending pass@k bin edges in (0, 1)'),
-                 gdro_window: int = param(4, "Prompt-GDRO: pass@k is the mean of a prompt's last N any-success flags"), gdro_init_pass: float = param(0.5, 'Prompt-GDRO: pass@k estimate of prompts never rolled out'), gdro_ema: float = param(0.9, 'Prompt-GDRO: EMA factor of the per-bin error rate (bias-corrected)'),
-                 gdro_eta: float = param(1.0, 'Prompt-GDRO: multiplicative-weights step size'), gdro_gamma: float = param(0.1, 'Prompt-GDRO: uniform exploration mixed into the bin distribution'), gdro_success_threshold: float = param(1.0, 'Prompt-GDRO: a completion succeeds when its reward >= this')):
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 gdro_bin_edges: list | None = param([0.25, 0.5, 0.75], 'Prompt-GDRO: ascending pass@k bin edges in '
+                                                     '(0, 1)'),
+                 gdro_window: int = param(4, "Prompt-GDRO: pass@k is the mean of a prompt's last N any-success flags"),
+                 gdro_init_pass: float = param(0.5, 'Prompt-GDRO: pass@k estimate of prompts never rolled out'),
+                 gdro_ema: float = param(0.9, 'Prompt-GDRO: EMA factor of the per-bin error rate (bias-corrected)'),
+                 gdro_eta: float = param(1.0, 'Prompt-GDRO: multiplicative-weights step size'),
+                 gdro_gamma: float = param(0.1, 'Prompt-GDRO: uniform exploration mixed into the bin distribution'),
+                 gdro_success_threshold: float = param(1.0, 'Prompt-GDRO: a completion succeeds when its reward >= '
+                                                       'this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         edges = [0.25, 0.5, 0.75] if gdro_bin_edges is None else [float(e) for e in gdro_bin_edges]

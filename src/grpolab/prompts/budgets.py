@@ -14,7 +14,7 @@ randomness comes from the sampler's own ``torch.Generator``, whose state is part
 of ``state_dict``: a resumed sampler makes exactly the choices of an
 uninterrupted one.
 
-Success rule (all samplers here, as in ``sampling/adaptive.py``): a completion
+Success rule (all samplers here, as in ``prompts/adaptive.py``): a completion
 succeeds when its combined scalar reward is ``>= <prefix>_success_threshold``;
 NaN rewards are ignored (:func:`~grpolab.prompts.adaptive.prompt_outcomes`).
 
@@ -155,9 +155,14 @@ class KnapsackSampler(_EpochOrderSampler):
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8,
-                 knapsack_min_generations: int = param(2, 'Knapsack RL: fewest completions a prompt gets'), knapsack_max_generations: int = param(16, 'Knapsack RL: most completions a prompt gets'),
-                 knapsack_prior_success: float = param(0.5, 'Knapsack RL: success-rate estimate of a prompt never rolled out'), knapsack_smoothing: float = param(1.0, "Knapsack RL: pseudo-count pulling the last visit's success rate towards knapsack_prior_success (0 = raw rate)"),
-                 knapsack_success_threshold: float = param(1.0, 'Knapsack RL: a completion succeeds when its reward >= this')):
+                 knapsack_min_generations: int = param(2, 'Knapsack RL: fewest completions a prompt gets'),
+                 knapsack_max_generations: int = param(16, 'Knapsack RL: most completions a prompt gets'),
+                 knapsack_prior_success: float = param(0.5, 'Knapsack RL: success-rate estimate of a prompt never '
+                                                       'rolled out'),
+                 knapsack_smoothing: float = param(1.0, "Knapsack RL: pseudo-count pulling the last visit's success "
+                                                   'rate towards knapsack_prior_success (0 = raw rate)'),
+                 knapsack_success_threshold: float = param(1.0, 'Knapsack RL: a completion succeeds when its reward '
+                                                           '>= this')):
         super().__init__(num_rows, seed)
         if not 1 <= knapsack_min_generations <= knapsack_max_generations:
             raise ValueError("need 1 <= knapsack_min_generations <= knapsack_max_generations")
@@ -213,7 +218,9 @@ class AR3POSampler(_EpochOrderSampler):
     steps as a cap is ours (it saves the second stage on easy prompts).
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES,
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 ar3po_stage_size: int = AR3PO_STAGE_SIZE,
+                 ar3po_max_stages: int = AR3PO_MAX_STAGES,
                  ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
         super().__init__(num_rows, seed)
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
@@ -306,9 +313,17 @@ class GainRLSampler:
     (no model) every score is 0 and the order is the data order.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, max_prompt_length: int = 512, gain_rl_sigma: float = param(0.1, 'GAIN-RL: std of the Gaussian over sorted positions, as a fraction of the data set'),
-                 gain_rl_max_shift: float = param(0.1, 'GAIN-RL: largest advance of the Gaussian centre per update, as a fraction of the data set'), gain_rl_update_steps: int = param(1, 'GAIN-RL: steps between advances of the Gaussian centre'), gain_rl_refresh_steps: int = param(0, 'GAIN-RL: recompute angle concentration with the current policy every N steps (0 = once, at the start)'),
-                 gain_rl_batch_size: int = param(32, 'GAIN-RL: prompts per forward when computing angle concentration'), gain_rl_success_threshold: float = param(1.0, 'GAIN-RL: a completion is correct when its reward >= this')):
+    def __init__(self, num_rows: int, seed: int = 0, *, max_prompt_length: int = 512,
+                 gain_rl_sigma: float = param(0.1, 'GAIN-RL: std of the Gaussian over sorted positions, as a '
+                                              'fraction of the data set'),
+                 gain_rl_max_shift: float = param(0.1, 'GAIN-RL: largest advance of the Gaussian centre per update, '
+                                                  'as a fraction of the data set'),
+                 gain_rl_update_steps: int = param(1, 'GAIN-RL: steps between advances of the Gaussian centre'),
+                 gain_rl_refresh_steps: int = param(0, 'GAIN-RL: recompute angle concentration with the current '
+                                                    'policy every N steps (0 = once, at the start)'),
+                 gain_rl_batch_size: int = param(32, 'GAIN-RL: prompts per forward when computing angle concentration'),
+                 gain_rl_success_threshold: float = param(1.0, 'GAIN-RL: a completion is correct when its reward >= '
+                                                          'this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if gain_rl_sigma <= 0 or gain_rl_max_shift < 0 or gain_rl_update_steps < 1 or gain_rl_refresh_steps < 0:
@@ -422,9 +437,17 @@ class AutoGroupSampler:
     sampler.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, auto_group_num_groups: int = param(2, 'auto_group: number of automatic prompt groups'), auto_group_eta: float = param(1.0, 'auto_group: exponentiated-gradient step size of the group weights'),
-                 auto_group_gamma: float = param(0.1, 'auto_group: share of uniform exploration over groups'), auto_group_ema: float = param(0.5, "auto_group: EMA factor of each prompt's success-rate estimate"), auto_group_prior_success: float = param(0.5, 'auto_group: success-rate estimate of a prompt never rolled out'),
-                 auto_group_regroup_steps: int = param(1, 'auto_group: steps between re-partitions of the prompts'), auto_group_success_threshold: float = param(1.0, 'auto_group: a completion succeeds when its reward >= this')):
+    def __init__(self, num_rows: int, seed: int = 0, *,
+                 auto_group_num_groups: int = param(2, 'auto_group: number of automatic prompt groups'),
+                 auto_group_eta: float = param(1.0, 'auto_group: exponentiated-gradient step size of the group '
+                                               'weights'),
+                 auto_group_gamma: float = param(0.1, 'auto_group: share of uniform exploration over groups'),
+                 auto_group_ema: float = param(0.5, "auto_group: EMA factor of each prompt's success-rate estimate"),
+                 auto_group_prior_success: float = param(0.5, 'auto_group: success-rate estimate of a prompt never '
+                                                         'rolled out'),
+                 auto_group_regroup_steps: int = param(1, 'auto_group: steps between re-partitions of the prompts'),
+                 auto_group_success_threshold: float = param(1.0, 'auto_group: a completion succeeds when its reward '
+                                                             '>= this')):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if not 1 <= auto_group_num_groups <= num_rows:
@@ -512,7 +535,7 @@ class ERPOSampler(_EpochOrderSampler):
     ``T = min(erpo_max_temperature, temperature + erpo_temperature_step * level)``.
 
     The behaviour log-probs of a row are recorded at its own sampling
-    temperature (``rollout/sampling.py``), while the training forward uses
+    temperature (``generation/sampling.py``), while the training forward uses
     ``cfg.temperature``. The importance ratio ``pi_theta(y; T_train) /
     pi_old(y; T_row)`` then corrects for sampling from the hotter policy (it
     is not 1 at the first pass; the clip bounds it, like any off-policy
@@ -524,7 +547,8 @@ class ERPOSampler(_EpochOrderSampler):
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, temperature: float = 0.7,
-                 erpo_temperature_step: float = param(0.1, 'ERPO: temperature added per residual (all-correct) visit'), erpo_max_temperature: float = param(1.2, 'ERPO: highest per-prompt sampling temperature'),
+                 erpo_temperature_step: float = param(0.1, 'ERPO: temperature added per residual (all-correct) visit'),
+                 erpo_max_temperature: float = param(1.2, 'ERPO: highest per-prompt sampling temperature'),
                  erpo_success_threshold: float = param(1.0, 'ERPO: a completion is correct when its reward >= this')):
         super().__init__(num_rows, seed)
         if erpo_temperature_step < 0 or erpo_max_temperature < temperature:
@@ -619,10 +643,17 @@ class RolloutGDROSampler(_EpochOrderSampler):
     ``self.shadow_price``.
     """
 
-    def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8, rgdro_bin_edges: list | None = param([0.25, 0.5, 0.75], 'Rollout-GDRO: ascending pass@k bin edges in (0, 1)'),
-                 rgdro_window: int = param(4, "Rollout-GDRO: pass@k is the mean of a prompt's last N any-success flags"), rgdro_ema: float = param(0.9, "Rollout-GDRO: EMA factor of each bin's error rate (bias-corrected)"), rgdro_min_generations: int = param(2, 'Rollout-GDRO: fewest completions a prompt gets'),
-                 rgdro_max_generations: int = param(16, 'Rollout-GDRO: most completions a prompt gets'), rgdro_min_variance: float = param(0.01, "Rollout-GDRO: floor of a bin's variance proxy e(1-e)"),
-                 rgdro_success_threshold: float = param(1.0, 'Rollout-GDRO: a completion succeeds when its reward >= this')):
+    def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8,
+                 rgdro_bin_edges: list | None = param([0.25, 0.5, 0.75], 'Rollout-GDRO: ascending pass@k bin edges '
+                                                      'in (0, 1)'),
+                 rgdro_window: int = param(4, "Rollout-GDRO: pass@k is the mean of a prompt's last N any-success "
+                                           'flags'),
+                 rgdro_ema: float = param(0.9, "Rollout-GDRO: EMA factor of each bin's error rate (bias-corrected)"),
+                 rgdro_min_generations: int = param(2, 'Rollout-GDRO: fewest completions a prompt gets'),
+                 rgdro_max_generations: int = param(16, 'Rollout-GDRO: most completions a prompt gets'),
+                 rgdro_min_variance: float = param(0.01, "Rollout-GDRO: floor of a bin's variance proxy e(1-e)"),
+                 rgdro_success_threshold: float = param(1.0, 'Rollout-GDRO: a completion succeeds when its reward >= '
+                                                        'this')):
         super().__init__(num_rows, seed)
         if not 1 <= rgdro_min_generations <= rgdro_max_generations:
             raise ValueError("need 1 <= rgdro_min_generations <= rgdro_max_generations")

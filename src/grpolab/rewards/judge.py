@@ -63,9 +63,14 @@ def _self_texts(cfg) -> list[str]:
 class JudgeReward:
     """A causal LM judge as a TRL-contract reward function (see the module docstring)."""
 
-    def __init__(self, path: str, *, judge_question: str = param('Is the answer above correct? Answer yes or no.', 'judge: the yes/no question asked after the prompt and completion'),
-                 judge_yes: str = param('yes', 'judge: the word whose first token means yes'), judge_no: str = param('no', 'judge: the word whose first token means no'), judge_batch_size: int = param(8, 'judge: texts per forward pass'),
-                 judge_max_length: int = param(1024, 'judge: texts are cut to their last this many tokens'), cfg=None, name: str = "judge"):
+    def __init__(self, path: str, *,
+                 judge_question: str = param('Is the answer above correct? Answer yes or no.', 'judge: the yes/no '
+                                             'question asked after the prompt and completion'),
+                 judge_yes: str = param('yes', 'judge: the word whose first token means yes'),
+                 judge_no: str = param('no', 'judge: the word whose first token means no'),
+                 judge_batch_size: int = param(8, 'judge: texts per forward pass'),
+                 judge_max_length: int = param(1024, 'judge: texts are cut to their last this many tokens'),
+                 cfg=None, name: str = "judge"):
         if path == "self" and cfg is None:
             raise ValueError("--reward judge:self needs the run's config (the policy to copy); "
                              "grpolab train passes it")

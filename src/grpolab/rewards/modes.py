@@ -27,8 +27,11 @@ def control_mode(text: str, short_token: str = "<short>", think_token: str = "<t
 
 @REWARD_TRANSFORMS.register("thinkless_mode_reward")
 def thinkless_mode_reward(rewards: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
-                          thinkless_gamma: float = param(0.1, 'Thinkless reward: a correct <think> answer earns 1 - gamma, a correct <short> one 1, a wrong one -1'), thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
-                          thinkless_think_token: str = THINKLESS_THINK_TOKEN, shaping_correct_reward: str = CORRECT_REWARD,
+                          thinkless_gamma: float = param(0.1, 'Thinkless reward: a correct <think> answer earns 1 - '
+                                                         'gamma, a correct <short> one 1, a wrong one -1'),
+                          thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
+                          thinkless_think_token: str = THINKLESS_THINK_TOKEN,
+                          shaping_correct_reward: str = CORRECT_REWARD,
                           shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """Thinkless reward (Fang, Ma and Wang, 2025, arXiv:2505.13379; seed 004-12)::
 

@@ -101,9 +101,12 @@ class PM4GRPOReward:
     """The conformance reward as a TRL-contract reward function (spec ``pm4grpo[=weight]``)."""
 
     def __init__(self, *,
-                 pm4grpo_teacher_column: str = param('solution', "PM4GRPO: data column holding the teacher's reasoning trace"),
-                 pm4grpo_measure: str = param('f1', 'PM4GRPO: conformance score: f1 (paper: harmonic mean of fitness and precision), fitness or precision', ['f1', 'fitness', 'precision']),
-                 pm4grpo_abstract_numbers: bool = param(False, "PM4GRPO: compare steps with every number replaced by '#' (procedure, not values)")):
+                 pm4grpo_teacher_column: str = param('solution', "PM4GRPO: data column holding the teacher's "
+                                                     'reasoning trace'),
+                 pm4grpo_measure: str = param('f1', 'PM4GRPO: conformance score: f1 (paper: harmonic mean of fitness '
+                                              'and precision), fitness or precision', ['f1', 'fitness', 'precision']),
+                 pm4grpo_abstract_numbers: bool = param(False, 'PM4GRPO: compare steps with every number replaced by '
+                                                        "'#' (procedure, not values)")):
         if pm4grpo_measure not in ("f1", "fitness", "precision"):
             raise ValueError(f"pm4grpo_measure: expected f1, fitness or precision, got '{pm4grpo_measure}'")
         self.column = pm4grpo_teacher_column

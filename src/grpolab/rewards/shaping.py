@@ -1,9 +1,9 @@
-"""Reward transforms from the seeds (variant catalogue II): noise, length, partial credit, rarity, IDK.
+"""Reward transforms from the seeds: noise, length, partial credit, rarity, IDK.
 
 Every transform maps the combined scalar reward ``rewards [R]`` to a shaped
 reward ``[R]``; unscorable rows (NaN) stay NaN. Inputs are resolved by name
 (see :mod:`grpolab.rewards.transforms`); keyword-only parameters are config
-keys (``src/grpolab/params/rewards.py``).
+keys (declared in each transform's signature with ``param()``).
 
 "Correct" means: the reward column named ``shaping_correct_reward`` (default
 ``accuracy``, the built-in tasks' accuracy reward) is ``>= shaping_correct_threshold``.
@@ -72,7 +72,8 @@ def _row_seed(seed: int, step: int, uid: int, k: int) -> int:
 
 @REWARD_TRANSFORMS.register("redit")
 def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: int = 0,
-          redit_distribution: str = param('gaussian', 'ReDit: noise distribution', ['gaussian', 'uniform']), redit_scale: float = param(0.05, 'ReDit: noise std (gaussian) or half-width (uniform)')) -> torch.Tensor:
+          redit_distribution: str = param('gaussian', 'ReDit: noise distribution', ['gaussian', 'uniform']),
+          redit_scale: float = param(0.05, 'ReDit: noise std (gaussian) or half-width (uniform)')) -> torch.Tensor:
     """ReDit reward dithering (Wei et al., 2025, arXiv:2506.18631; seed 004-06).
 
     ``r~_i = r_i + eps_i`` with zero-mean noise: ``eps ~ N(0, scale^2)``
@@ -108,8 +109,10 @@ def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: 
 @REWARD_TRANSFORMS.register("lead_length_reward")
 def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
                        reward_matrix: torch.Tensor, reward_names: list[str], *,
-                       lead_len_alpha: float = param(0.05, 'GRPO-LEAD: length penalty strength alpha in exp(-alpha z)'), lead_len_wrong_penalty: float = param(1.0, 'GRPO-LEAD: reward of a wrong answer is -this'),
-                       lead_len_epsilon: float = param(1e-06, 'GRPO-LEAD: epsilon in z = (L - mu) / (sigma + eps)'), shaping_correct_reward: str = CORRECT_REWARD,
+                       lead_len_alpha: float = param(0.05, 'GRPO-LEAD: length penalty strength alpha in exp(-alpha z)'),
+                       lead_len_wrong_penalty: float = param(1.0, 'GRPO-LEAD: reward of a wrong answer is -this'),
+                       lead_len_epsilon: float = param(1e-06, 'GRPO-LEAD: epsilon in z = (L - mu) / (sigma + eps)'),
+                       shaping_correct_reward: str = CORRECT_REWARD,
                        shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """GRPO-LEAD length-dependent accuracy and explicit penalty (Zhang & Zuo, 2025, arXiv:2504.09696; 000-03).
 
@@ -152,8 +155,11 @@ def fuzzy_score(pred: float | None, target: float, floor: float = 1.0) -> float:
 
 
 @REWARD_TRANSFORMS.register("fuzzy_numeric")
-def fuzzy_numeric(rewards: torch.Tensor, batch, *, fuzzy_weight: float = param(1.0, 'FGRPR: weight of the fuzzy closeness reward'),
-                  fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first group (last match) is the predicted number'), fuzzy_floor: float = param(1.0, 'FGRPR: relative error is |y_hat - y| / max(|y|, floor)'),
+def fuzzy_numeric(rewards: torch.Tensor, batch, *,
+                  fuzzy_weight: float = param(1.0, 'FGRPR: weight of the fuzzy closeness reward'),
+                  fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first '
+                                             'group (last match) is the predicted number'),
+                  fuzzy_floor: float = param(1.0, 'FGRPR: relative error is |y_hat - y| / max(|y|, floor)'),
                   fuzzy_answer_column: str = param('answer', 'FGRPR: data column with the reference number')) -> torch.Tensor:
     """FGRPR fuzzy numeric reward (Wang et al., 2025, CrowdVLM-R1, arXiv:2504.03724; seed 000-66).
 
@@ -186,8 +192,11 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *, fuzzy_weight: float = param(1
 @REWARD_TRANSFORMS.register("lc_length_compress")
 def lc_length_compress(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
                        reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
-                       lc_length_weight: float = param(1.0, 'LC-R1: weight of the group-relative length reward'), lc_compress_weight: float = param(1.0, 'LC-R1: weight of the compress reward'),
-                       lc_answer_column: str = param('answer', 'LC-R1: data column with the reference answer'), lc_missing_penalty: float = param(1.0, 'LC-R1: compress reward is -this when the answer never appears'),
+                       lc_length_weight: float = param(1.0, 'LC-R1: weight of the group-relative length reward'),
+                       lc_compress_weight: float = param(1.0, 'LC-R1: weight of the compress reward'),
+                       lc_answer_column: str = param('answer', 'LC-R1: data column with the reference answer'),
+                       lc_missing_penalty: float = param(1.0, 'LC-R1: compress reward is -this when the answer never '
+                                                         'appears'),
                        shaping_correct_reward: str = CORRECT_REWARD,
                        shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """LC-R1 Length and Compress rewards (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
@@ -227,7 +236,8 @@ def lc_length_compress(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
 
 @REWARD_TRANSFORMS.register("unlikeliness")
 def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
-                 unlikely_beta: float = param(0.25, 'Unlikeliness: beta_rank, the reward cut of the most likely sample')) -> torch.Tensor:
+                 unlikely_beta: float = param(0.25, 'Unlikeliness: beta_rank, the reward cut of the most likely '
+                                              'sample')) -> torch.Tensor:
     """Unlikeliness reward (He et al., 2025, "Rewarding the Unlikely", arXiv:2506.02355; seed 000-62).
 
     Within each group, rank the rows by the mean token log-probability of the
@@ -253,10 +263,13 @@ def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
 # ---------------------------------------------------------------- GCPO-geometry length reward (000-56)
 
 @REWARD_TRANSFORMS.register("gcpo_length")
-def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: torch.Tensor,
-                reward_names: list[str], *, gcpo_len_weight: float = param(0.5, 'GCPO-geometry: weight of the length reward'), gcpo_len_sign: float = param(1.0, 'GCPO-geometry: +1 rewards longer completions, -1 shorter'),
-                gcpo_len_target: int = param(64, 'GCPO-geometry: token length at which the length reward saturates'), gcpo_len_correct_only: bool = param(True, 'GCPO-geometry: give the length reward to correct rows only'),
-                shaping_correct_reward: str = CORRECT_REWARD, shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], *,
+                gcpo_len_weight: float = param(0.5, 'GCPO-geometry: weight of the length reward'),
+                gcpo_len_sign: float = param(1.0, 'GCPO-geometry: +1 rewards longer completions, -1 shorter'),
+                gcpo_len_target: int = param(64, 'GCPO-geometry: token length at which the length reward saturates'),
+                gcpo_len_correct_only: bool = param(True, 'GCPO-geometry: give the length reward to correct rows only'),
+                shaping_correct_reward: str = CORRECT_REWARD,
+                shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """GCPO length reward (Wang et al., 2025, GeometryZero, arXiv:2506.07160; seed 000-56).
 
     GeometryZero adds a length reward that *promotes longer* reasoning chains::
@@ -284,10 +297,14 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
 # ---------------------------------------------------------------- BAPO IDK boundary reward (000-109)
 
 @REWARD_TRANSFORMS.register("bapo_idk")
-def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-             reward_names: list[str], batch, step: int, *, bapo_idk_reward: float = param(0.5, 'BAPO: reward of an IDK answer in a group with no correct answer'),
-             bapo_idk_pattern: str = param("I DON'?T KNOW", 'BAPO: regex (case-insensitive) marking an IDK answer'), bapo_exploration_steps: int = param(0, 'BAPO: steps of the exploration stage (modulator active)'),
-             bapo_max_idk_ratio: float = param(0.3, 'BAPO: in exploration, IDK reward is off when the batch IDK ratio exceeds this'), shaping_correct_reward: str = CORRECT_REWARD,
+def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
+             batch, step: int, *,
+             bapo_idk_reward: float = param(0.5, 'BAPO: reward of an IDK answer in a group with no correct answer'),
+             bapo_idk_pattern: str = param("I DON'?T KNOW", 'BAPO: regex (case-insensitive) marking an IDK answer'),
+             bapo_exploration_steps: int = param(0, 'BAPO: steps of the exploration stage (modulator active)'),
+             bapo_max_idk_ratio: float = param(0.3, 'BAPO: in exploration, IDK reward is off when the batch IDK '
+                                               'ratio exceeds this'),
+             shaping_correct_reward: str = CORRECT_REWARD,
              shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """BAPO group-based boundary-aware IDK reward (Liu et al., 2026, arXiv:2601.11037; seed 000-109).
 
@@ -319,7 +336,11 @@ def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torc
 
 @REWARD_TRANSFORMS.register("irpo_bradley_terry")
 def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-                       reward_names: list[str], *, irpo_reward_column: str = param('rm', 'IRPO: reward column with the pointwise reward-model scores'), irpo_weight: float = param(1.0, 'IRPO: weight of the Bradley-Terry win probability added to the reward'),
+                       reward_names: list[str], *,
+                       irpo_reward_column: str = param('rm', 'IRPO: reward column with the pointwise reward-model '
+                                                       'scores'),
+                       irpo_weight: float = param(1.0, 'IRPO: weight of the Bradley-Terry win probability added to '
+                                                  'the reward'),
                        irpo_scale: float = param(1.0, 'IRPO: k in P(i beats j) = sigmoid(k (s_i - s_j))')) -> torch.Tensor:
     """IRPO pointwise Bradley-Terry scoring (Song et al., 2026, arXiv:2601.00677; seed 000-21).
 
@@ -376,10 +397,16 @@ def entity_match_rate(text: str, entities) -> float:
 
 
 @REWARD_TRANSFORMS.register("egrpo_entity")
-def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-                 reward_names: list[str], batch, *, egrpo_alpha: float = param(0.3, 'E-GRPO: wrong rows earn alpha * normalised entity match rate'),
-                 egrpo_entity_column: str = param('entities', 'E-GRPO: data column with the gold entities (list of strings)'), egrpo_normalize: str = param('group_max', "E-GRPO: normalise the match rate by the group's maximum, or not", ['group_max', 'none']),
-                 shaping_correct_reward: str = CORRECT_REWARD, shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
+                 batch, *,
+                 egrpo_alpha: float = param(0.3, 'E-GRPO: wrong rows earn alpha * normalised entity match rate'),
+                 egrpo_entity_column: str = param('entities', 'E-GRPO: data column with the gold entities (list of '
+                                                  'strings)'),
+                 egrpo_normalize: str = param('group_max', "E-GRPO: normalise the match rate by the group's maximum, "
+                                              'or not',
+                                              ['group_max', 'none']),
+                 shaping_correct_reward: str = CORRECT_REWARD,
+                 shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """E-GRPO entity-aware partial reward (Zhao et al., 2025, arXiv:2510.24694; seed 000-54).
 
     With ``gamma_i`` the entity match rate of completion i (fraction of the
@@ -429,9 +456,16 @@ def _final_answer(text: str, pattern: re.Pattern) -> str | None:
 
 @REWARD_TRANSFORMS.register("paraphrase_consistency")
 def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, batch, *,
-                           paraphrase_weight: float = param(0.5, 'paraphrase consistency: weight of the consistency reward'), paraphrase_mode: str = param('agreement', 'paraphrase consistency: agreement with the other paraphrases (PS-GRPO) or 1 - normalised answer entropy over the set (000-30)', ['agreement', 'entropy']),
-                           paraphrase_group_column: str = param('paraphrase_group', "paraphrase consistency: data column naming each row's paraphrase set"),
-                           paraphrase_answer_pattern: str = param('Answer:\\s*([^\\n]+)', 'paraphrase consistency: regex whose first group (last match) is the final answer when there is no \\boxed{}')) -> torch.Tensor:
+                           paraphrase_weight: float = param(0.5, 'paraphrase consistency: weight of the consistency '
+                                                            'reward'),
+                           paraphrase_mode: str = param('agreement', 'paraphrase consistency: agreement with the '
+                                                        'other paraphrases (PS-GRPO) or 1 - normalised answer '
+                                                        'entropy over the set (000-30)', ['agreement', 'entropy']),
+                           paraphrase_group_column: str = param('paraphrase_group', 'paraphrase consistency: data '
+                                                                "column naming each row's paraphrase set"),
+                           paraphrase_answer_pattern: str = param('Answer:\\s*([^\\n]+)', 'paraphrase consistency: '
+                                                                  'regex whose first group (last match) is the final '
+                                                                  'answer when there is no \\boxed{}')) -> torch.Tensor:
     """Paraphrase-set consistency reward (PS-GRPO / Con-RAG, Hamman et al., 2025, arXiv:2510.04392,
     seed 000-77; information-consistency GRPO, seed 000-30).
 

@@ -42,7 +42,8 @@ class AR3PORollout:
     rather than trusted (rewards are deterministic for verifiable tasks).
     """
 
-    def __init__(self, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES, ar3po_reuse: bool = param(True, 'AR3PO: add a stored earlier correct response to an all-wrong group'),
+    def __init__(self, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES,
+                 ar3po_reuse: bool = param(True, 'AR3PO: add a stored earlier correct response to an all-wrong group'),
                  ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
             raise ValueError("need ar3po_stage_size >= 1 and ar3po_max_stages >= 1")

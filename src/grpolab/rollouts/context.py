@@ -2,7 +2,7 @@
 
 The trainer builds one :class:`RolloutContext` from its parts (config, tokenizer,
 data rows, policy, scorer, generators, engine) and hands it to every rollout
-strategy (``rollout/strategies.py``) and batch stage (``stages/``). Through it a
+strategy (``rollouts/strategies.py``) and batch stage (``stages/``). Through it a
 component can generate completions (optionally with other prompts, another
 number of completions per prompt or another temperature), score a batch with
 the configured reward functions, compute the scalar reward, and teacher-force

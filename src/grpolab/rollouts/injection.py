@@ -198,7 +198,11 @@ def _check_fraction(cfg, fraction_key: str) -> None:
 # ------------------------------------------------------------------- GCPO (000-15)
 def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                    injection_reference_template: str = REFERENCE_TEMPLATE,
-                   gcpo_success_threshold: float = param(1.0, 'gcpo_reference: a rollout succeeds when its scalar reward >= this; a group with no success gets the reference answer'), gcpo_train_reference: bool = param(True, 'gcpo_reference: the injected reference tokens enter the loss')):
+                   gcpo_success_threshold: float = param(1.0, 'gcpo_reference: a rollout succeeds when its scalar '
+                                                         'reward >= this; a group with no success gets the reference '
+                                                         'answer'),
+                   gcpo_train_reference: bool = param(True, 'gcpo_reference: the injected reference tokens enter the '
+                                                      'loss')):
     """GCPO reference-answer injection (Wu et al., 2025, "GCPO: Group Contrastive Policy
     Optimization", github.com/AchoWu/GCPO; seed 000-15).
 
@@ -234,7 +238,11 @@ ROLLOUT_STRATEGIES.register("gcpo_reference")(gcpo_reference)
 # ------------------------------------------------------- DaGRPO anchors (000-17)
 def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                    injection_reference_template: str = REFERENCE_TEMPLATE,
-                   dagrpo_success_threshold: float = param(1.0, 'dagrpo_anchors: a rollout is a positive when its scalar reward >= this; groups with no positive get anchors'), dagrpo_num_anchors: int = param(1, 'dagrpo_anchors: reference (anchor) completions added to each group without a positive'),
+                   dagrpo_success_threshold: float = param(1.0, 'dagrpo_anchors: a rollout is a positive when its '
+                                                           'scalar reward >= this; groups with no positive get '
+                                                           'anchors'),
+                   dagrpo_num_anchors: int = param(1, 'dagrpo_anchors: reference (anchor) completions added to each '
+                                                   'group without a positive'),
                    dagrpo_train_anchors: bool = param(True, 'dagrpo_anchors: the anchor tokens enter the loss')):
     """DaGRPO Off-policy Data Augmentation (Xie et al., 2025, arXiv:2512.06337; seed 000-17).
 
@@ -314,8 +322,15 @@ class G2RPOAdaptiveGuidance:
     history are checkpointed (``state_dict``).
     """
 
-    def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE, g2rpo_a_guided_rows: int = param(1, 'g2rpo_a: rows of each group whose completion starts with the first l reference tokens (the rest are plain rollouts)'), g2rpo_a_initial_length: int = param(8, 'g2rpo_a: initial guidance length l (reference tokens revealed)'),
-                 g2rpo_a_max_length: int = param(64, 'g2rpo_a: upper bound on the guidance length l'), g2rpo_a_window: int = param(2, 'g2rpo_a: steps of reward history the current step is compared with'), g2rpo_a_reward: str = param('', "g2rpo_a: reward function whose batch mean drives the adaptation ('' = the combined scalar reward)"),
+    def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE,
+                 g2rpo_a_guided_rows: int = param(1, 'g2rpo_a: rows of each group whose completion starts with the '
+                                                  'first l reference tokens (the rest are plain rollouts)'),
+                 g2rpo_a_initial_length: int = param(8, 'g2rpo_a: initial guidance length l (reference tokens '
+                                                     'revealed)'),
+                 g2rpo_a_max_length: int = param(64, 'g2rpo_a: upper bound on the guidance length l'),
+                 g2rpo_a_window: int = param(2, 'g2rpo_a: steps of reward history the current step is compared with'),
+                 g2rpo_a_reward: str = param('', 'g2rpo_a: reward function whose batch mean drives the adaptation '
+                                             "('' = the combined scalar reward)"),
                  g2rpo_a_train_guidance: bool = param(True, 'g2rpo_a: the injected guidance tokens enter the loss')):
         self.guided_rows = g2rpo_a_guided_rows
         self.length = g2rpo_a_initial_length
@@ -415,7 +430,10 @@ def _kept_tokens(tok, ids: list[int], kept_text: str) -> int:
 
 def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
              injection_reference_template: str = REFERENCE_TEMPLATE,
-             editgrpo_success_threshold: float = param(1.0, 'editgrpo: rollouts with scalar reward below this are failed and may be edited'), editgrpo_edit_fraction: float = param(0.5, "editgrpo: fraction of each group's failed rollouts that are edited (rounded up)"),
+             editgrpo_success_threshold: float = param(1.0, 'editgrpo: rollouts with scalar reward below this are '
+                                                       'failed and may be edited'),
+             editgrpo_edit_fraction: float = param(0.5, "editgrpo: fraction of each group's failed rollouts that are "
+                                                   'edited (rounded up)'),
              editgrpo_train_edits: bool = param(True, 'editgrpo: the injected corrected sentences enter the loss')):
     """EditGRPO post-rollout sentence-level edits (Zhang et al., 2025, arXiv:2509.22812,
     github.com/taokz/EditGRPO; seed 004-11).
@@ -517,9 +535,17 @@ class ThinkTuning:
     is cut to half the completion budget so feedback and continuation fit.
     """
 
-    def __init__(self, *, thinktuning_teacher: str = param('self', "thinktuning: 'self' (the current behaviour policy), 'frozen' (a copy of the policy taken at first use) or a local model folder"), thinktuning_success_threshold: float = param(1.0, 'thinktuning: rollouts with scalar reward below this get teacher feedback'),
-                 thinktuning_fraction: float = param(0.5, "thinktuning: fraction of each group's failed rollouts that are guided (rounded up)"), thinktuning_feedback_tokens: int = param(16, 'thinktuning: maximum tokens of teacher feedback'),
-                 thinktuning_use_reference: bool = param(True, 'thinktuning: show the reference answer to the teacher'), injection_reference_template: str = REFERENCE_TEMPLATE):
+    def __init__(self, *,
+                 thinktuning_teacher: str = param('self', "thinktuning: 'self' (the current behaviour policy), "
+                                                  "'frozen' (a copy of the policy taken at first use) or a local "
+                                                  'model folder'),
+                 thinktuning_success_threshold: float = param(1.0, 'thinktuning: rollouts with scalar reward below '
+                                                              'this get teacher feedback'),
+                 thinktuning_fraction: float = param(0.5, "thinktuning: fraction of each group's failed rollouts "
+                                                     'that are guided (rounded up)'),
+                 thinktuning_feedback_tokens: int = param(16, 'thinktuning: maximum tokens of teacher feedback'),
+                 thinktuning_use_reference: bool = param(True, 'thinktuning: show the reference answer to the teacher'),
+                 injection_reference_template: str = REFERENCE_TEMPLATE):
         self.teacher_spec = thinktuning_teacher
         self.threshold = thinktuning_success_threshold
         self.fraction = thinktuning_fraction
@@ -599,8 +625,13 @@ EDGE_ANSWER = "\nWait! Something is wrong here. After verification, the correct 
 
 def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                     injection_reference_template: str = REFERENCE_TEMPLATE,
-                    edge_gec_success_threshold: float = param(1.0, 'edge_correction: rollouts with scalar reward below this are corrected'), edge_gec_only_all_failed: bool = param(False, "edge_correction: correct failed rollouts only in groups where every rollout failed (the authors' code corrects every failed one)"),
-                    edge_gec_train_injected: bool = param(True, 'edge_correction: the injected reflection/answer tokens enter the loss')):
+                    edge_gec_success_threshold: float = param(1.0, 'edge_correction: rollouts with scalar reward '
+                                                              'below this are corrected'),
+                    edge_gec_only_all_failed: bool = param(False, 'edge_correction: correct failed rollouts only in '
+                                                           "groups where every rollout failed (the authors' code "
+                                                           'corrects every failed one)'),
+                    edge_gec_train_injected: bool = param(True, 'edge_correction: the injected reflection/answer '
+                                                          'tokens enter the loss')):
     """EDGE-GRPO Guided Error Correction (Zhang, Wen, Wu and Huang, 2025, arXiv:2507.21848,
     github.com/ZhangXJ199/EDGE-GRPO; seed 000-25).
 

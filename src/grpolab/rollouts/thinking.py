@@ -48,8 +48,12 @@ def _check_motif(cfg) -> None:
 
 
 @ROLLOUT_STRATEGIES.register("motif", check=_check_motif)
-def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *, motif_rounds: int = param(3, 'MOTIF: thinking rounds per answer (the last one gives the final answer)'),
-          motif_rollouts: int = param(4, 'MOTIF: continuations of rounds 2..R sampled per first-round completion; its reward is their mean final-round reward'), motif_progress_chars: int = param(200, "MOTIF: a round's progress handed to the next round is cut to its last this many characters")):
+def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+          motif_rounds: int = param(3, 'MOTIF: thinking rounds per answer (the last one gives the final answer)'),
+          motif_rollouts: int = param(4, 'MOTIF: continuations of rounds 2..R sampled per first-round completion; '
+                                      'its reward is their mean final-round reward'),
+          motif_progress_chars: int = param(200, "MOTIF: a round's progress handed to the next round is cut to its "
+                                            'last this many characters')):
     """MOTIF: Modular Thinking via Reinforcement Fine-tuning (Mitra and Ulukus, 2025, arXiv:2507.02851; 004-04).
 
     The model reasons over ``R = motif_rounds`` rounds; round ``r+1`` sees the

@@ -132,7 +132,14 @@ class CPPOPrune:
     to ``A_i`` for sequence-level advantages).
     """
 
-    def __init__(self, *, cppo_pruning_rate: float = param(0.5, 'CPPO: pruning rate P; keep floor(n (1 - P)) (>= 1) completions with the largest |advantage| per group (or per batch, cppo_scope)'), cppo_scope: str = param('group', "CPPO: prune within each group (paper) or over the whole batch (authors' verl code)", ['group', 'batch']), cppo_refill: bool = param(True, 'CPPO: fill the freed rows with pruned completions of additional prompts (dynamic completion allocation), so the row count is unchanged'),
+    def __init__(self, *,
+                 cppo_pruning_rate: float = param(0.5, 'CPPO: pruning rate P; keep floor(n (1 - P)) (>= 1) '
+                                                  'completions with the largest |advantage| per group (or per batch, '
+                                                  'cppo_scope)'),
+                 cppo_scope: str = param('group', 'CPPO: prune within each group (paper) or over the whole batch '
+                                         "(authors' verl code)", ['group', 'batch']),
+                 cppo_refill: bool = param(True, 'CPPO: fill the freed rows with pruned completions of additional '
+                                           'prompts (dynamic completion allocation), so the row count is unchanged'),
                  seed: int = 0):
         self.rate = float(cppo_pruning_rate)
         self.scope = cppo_scope

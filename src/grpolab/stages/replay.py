@@ -90,11 +90,22 @@ class EFRame:
     sampled with plain generation and always get ``group_zscore`` advantages.
     """
 
-    def __init__(self, *, eframe_explore_n: int = param(8, 'EFRame: extra completions for each hard (all-fail, zero-advantage) prompt'), eframe_explore_temperature: float = param(1.2, 'EFRame: sampling temperature of the exploration rollouts'),
-                 eframe_explore_threshold: float = param(1.0, 'EFRame: keep exploration rows with |advantage| > this'), eframe_fail_reward: float = param(0.0, 'EFRame: a prompt is hard when all its rewards are <= this and its advantages are all zero'),
-                 eframe_filter_threshold: float = param(0.05, 'EFRame: keep original rows with |advantage| > this'), eframe_filter_overlong: bool = param(True, 'EFRame: drop truncated rows with a positive advantage'),
-                 eframe_replay_threshold: float = param(1.0, 'EFRame: rows with |advantage| > this enter the replay buffer'), eframe_replay_size: float = param(2.0, 'EFRame: replay buffer capacity, in batches (x rows of the first batch)'),
-                 eframe_replay_freq: int = param(5, 'EFRame: replay buffered rows every N steps'), seed: int = 0):
+    def __init__(self, *,
+                 eframe_explore_n: int = param(8, 'EFRame: extra completions for each hard (all-fail, '
+                                               'zero-advantage) prompt'),
+                 eframe_explore_temperature: float = param(1.2, 'EFRame: sampling temperature of the exploration '
+                                                           'rollouts'),
+                 eframe_explore_threshold: float = param(1.0, 'EFRame: keep exploration rows with |advantage| > this'),
+                 eframe_fail_reward: float = param(0.0, 'EFRame: a prompt is hard when all its rewards are <= this '
+                                                   'and its advantages are all zero'),
+                 eframe_filter_threshold: float = param(0.05, 'EFRame: keep original rows with |advantage| > this'),
+                 eframe_filter_overlong: bool = param(True, 'EFRame: drop truncated rows with a positive advantage'),
+                 eframe_replay_threshold: float = param(1.0, 'EFRame: rows with |advantage| > this enter the replay '
+                                                        'buffer'),
+                 eframe_replay_size: float = param(2.0, 'EFRame: replay buffer capacity, in batches (x rows of the '
+                                                   'first batch)'),
+                 eframe_replay_freq: int = param(5, 'EFRame: replay buffered rows every N steps'),
+                 seed: int = 0):
         self.explore_n = int(eframe_explore_n)
         self.explore_temperature = float(eframe_explore_temperature)
         self.explore_threshold = float(eframe_explore_threshold)
@@ -244,8 +255,17 @@ class RePOReplay:
     scalar reward is the one computed at the step the sample was drawn.
     """
 
-    def __init__(self, *, repo_buffer_size: int = param(16, 'RePO: per-prompt FIFO replay buffer size (completions)'), repo_num_replay: int = param(8, 'RePO: off-policy completions replayed per prompt (k)'), repo_strategy: str = param('highest_k', 'RePO: replay strategy', ['all', 'random_k', 'highest_k', 'recent_k', 'max_variance_k']),
-                 repo_min_buffer: int = param(1, "RePO: replay only once a prompt's buffer holds this many completions"), repo_adv_norm: str = param('mixed', "RePO: 'mixed' = z-score over on-policy + replayed (union group); 'split' = replayed rows z-scored on their own", ['mixed', 'split']), seed: int = 0):
+    def __init__(self, *,
+                 repo_buffer_size: int = param(16, 'RePO: per-prompt FIFO replay buffer size (completions)'),
+                 repo_num_replay: int = param(8, 'RePO: off-policy completions replayed per prompt (k)'),
+                 repo_strategy: str = param('highest_k', 'RePO: replay strategy',
+                                            ['all', 'random_k', 'highest_k', 'recent_k', 'max_variance_k']),
+                 repo_min_buffer: int = param(1, "RePO: replay only once a prompt's buffer holds this many "
+                                              'completions'),
+                 repo_adv_norm: str = param('mixed', "RePO: 'mixed' = z-score over on-policy + replayed (union "
+                                            "group); 'split' = replayed rows z-scored on their own",
+                                            ['mixed', 'split']),
+                 seed: int = 0):
         self.buffer_size = int(repo_buffer_size)
         self.num_replay = int(repo_num_replay)
         self.strategy = repo_strategy

@@ -65,8 +65,13 @@ class SFPO:
     step (see docs/variants/stages.md).
     """
 
-    def __init__(self, *, sfpo_fast_steps: int = param(3, 'SFPO: fast-trajectory updates K on the same batch before repositioning'), sfpo_alpha: float = param(0.8, 'SFPO: reposition theta_0 + alpha (theta_K - theta_0), in [0, 1]'), sfpo_entropy_window: int = param(10, 'SFPO: steps of on-policy entropy kept for the switch-off test'),
-                 sfpo_entropy_z: float = param(3.0, 'SFPO: switch fast steps off for good when the entropy z-score exceeds this (0 = never)')):
+    def __init__(self, *,
+                 sfpo_fast_steps: int = param(3, 'SFPO: fast-trajectory updates K on the same batch before '
+                                              'repositioning'),
+                 sfpo_alpha: float = param(0.8, 'SFPO: reposition theta_0 + alpha (theta_K - theta_0), in [0, 1]'),
+                 sfpo_entropy_window: int = param(10, 'SFPO: steps of on-policy entropy kept for the switch-off test'),
+                 sfpo_entropy_z: float = param(3.0, 'SFPO: switch fast steps off for good when the entropy z-score '
+                                               'exceeds this (0 = never)')):
         self.K = int(sfpo_fast_steps)
         self.alpha = float(sfpo_alpha)
         self.window = int(sfpo_entropy_window)

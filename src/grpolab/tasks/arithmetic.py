@@ -125,9 +125,15 @@ def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Ta
 
 
 @TASKS.register("arithmetic_multistep")
-def arithmetic_multistep(*, arithmetic_levels: list = param([2, 3, 4], "arithmetic_multistep: operation counts to draw problems from (1 = the default task's a +/- b)"), arithmetic_max_operand: int = param(30, 'arithmetic_multistep: operands are 0..this (factors 2..5)'),  # noqa: B006
-                         arithmetic_n_train: int = param(2000, 'arithmetic_multistep: training problems'), arithmetic_n_eval: int = param(200, 'arithmetic_multistep: held-out problems'),
-                         arithmetic_seed: int = param(1234, 'arithmetic_multistep: seed that fixes the problems and the split')) -> Task:
+def arithmetic_multistep(*,
+                         arithmetic_levels: list = param([2, 3, 4], 'arithmetic_multistep: operation counts to draw '
+                                                         "problems from (1 = the default task's a +/- b)"),
+                         arithmetic_max_operand: int = param(30, 'arithmetic_multistep: operands are 0..this '
+                                                             '(factors 2..5)'),
+                         arithmetic_n_train: int = param(2000, 'arithmetic_multistep: training problems'),
+                         arithmetic_n_eval: int = param(200, 'arithmetic_multistep: held-out problems'),
+                         arithmetic_seed: int = param(1234, 'arithmetic_multistep: seed that fixes the problems and '
+                                                      'the split')) -> Task:
     """``n_train + n_eval`` distinct problems, each of a level drawn uniformly from ``arithmetic_levels``
     (level 1 = the default task's ``a +/- b``), drawn with ``arithmetic_seed``; the first
     ``arithmetic_n_eval`` are held out. Same seed, same rows."""

@@ -85,8 +85,14 @@ def _row(entry: dict, split: str) -> dict:
 
 
 @TASKS.register(GYM_PREFIX, prefix="NAME (reasoning-gym)")
-def gym_task(name: str, *, rg_train_size: int = param(1000, 'rg:NAME: training rows (reasoning-gym dataset of this size, seed rg_seed)'), rg_eval_size: int = param(200, 'rg:NAME: held-out rows (seed rg_seed + rg_train_size; shared questions dropped)'), rg_seed: int = param(1234, 'rg:NAME: dataset seed of the training split'),
-             rg_config: dict | str | None = param(None, 'rg:NAME: extra reasoning-gym dataset options (mapping or JSON object)')) -> Task:
+def gym_task(name: str, *,
+             rg_train_size: int = param(1000, 'rg:NAME: training rows (reasoning-gym dataset of this size, seed '
+                                        'rg_seed)'),
+             rg_eval_size: int = param(200, 'rg:NAME: held-out rows (seed rg_seed + rg_train_size; shared questions '
+                                       'dropped)'),
+             rg_seed: int = param(1234, 'rg:NAME: dataset seed of the training split'),
+             rg_config: dict | str | None = param(None, 'rg:NAME: extra reasoning-gym dataset options (mapping or '
+                                                  'JSON object)')) -> Task:
     """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring)."""
     rg = _import_gym()
     names = gym_names()

@@ -86,8 +86,15 @@ def split_reasoning(completion: str) -> tuple[str, str]:
     return "\n".join(lines[:i]).strip(), "\n".join(lines[i:]).strip()
 
 
-def build_examples(rows: list[dict], *, sft_mode: str = param('plain', 'grpolab sft: target format: plain, ton (thought dropout) or thinkless (control tokens)', ['plain', 'ton', 'thinkless']), seed: int = 0, ton_dropout_prob: float = param(0.5, "TON: probability that an SFT target's reasoning is replaced by the empty thought"),
-                   ton_empty_thought: str = param('<think>\n\n</think>', 'TON: the empty thought that replaces a dropped trace'), thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
+def build_examples(rows: list[dict], *,
+                   sft_mode: str = param('plain', 'grpolab sft: target format: plain, ton (thought dropout) or '
+                                         'thinkless (control tokens)', ['plain', 'ton', 'thinkless']),
+                   seed: int = 0,
+                   ton_dropout_prob: float = param(0.5, "TON: probability that an SFT target's reasoning is replaced "
+                                                   'by the empty thought'),
+                   ton_empty_thought: str = param('<think>\n\n</think>', 'TON: the empty thought that replaces a '
+                                                  'dropped trace'),
+                   thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
                    thinkless_think_token: str = THINKLESS_THINK_TOKEN) -> list[SFTExample]:
     """SFT examples for ``rows`` in the format of ``sft_mode`` (see the module docstring)."""
     if sft_mode not in ("plain", "ton", "thinkless"):
@@ -130,8 +137,13 @@ def encode(tok, example: SFTExample, max_length: int) -> tuple[list[int], list[i
     return ids, labels
 
 
-def sft_train(model, tok, examples: list[SFTExample], *, sft_steps: int = param(50, 'grpolab sft: optimiser steps'), sft_batch_size: int = param(8, 'grpolab sft: examples per step'),
-              sft_learning_rate: float = param(0.0001, 'grpolab sft: AdamW learning rate'), sft_max_length: int = param(512, 'grpolab sft: prompt + target tokens longer than this are cut from the right'), seed: int = 0, log=None) -> list[float]:
+def sft_train(model, tok, examples: list[SFTExample], *,
+              sft_steps: int = param(50, 'grpolab sft: optimiser steps'),
+              sft_batch_size: int = param(8, 'grpolab sft: examples per step'),
+              sft_learning_rate: float = param(0.0001, 'grpolab sft: AdamW learning rate'),
+              sft_max_length: int = param(512, 'grpolab sft: prompt + target tokens longer than this are cut from '
+                                          'the right'),
+              seed: int = 0, log=None) -> list[float]:
     """Supervised training on ``examples``; returns the loss of every step."""
     if not examples:
         raise ValueError("sft: no examples")

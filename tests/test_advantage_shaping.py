@@ -1,4 +1,4 @@
-"""Group B variants: uncertainty, entropy, token-level, stateful and span-decoupled advantages.
+"""Advantage shaping: uncertainty, entropy, token-level, stateful and span-decoupled advantages.
 
 Every expected number is computed by hand in the comments next to it.
 """

@@ -1,4 +1,4 @@
-"""Group C variants: policy objectives, regularisers (hand-computed values and relations)."""
+"""Policy objectives, regularisers (hand-computed values and relations)."""
 import math
 from types import SimpleNamespace
 
@@ -447,6 +447,6 @@ def test_validate_objective_config_errors():
 
 @pytest.mark.parametrize("recipe", ["gspo", "sapo", "cispo", "reg_grpo", "rebel", "gvpo", "disco", "simple_po",
                                     "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "dcpo", "grpo_d"])
-def test_group_c_recipes_validate(recipe):
+def test_objective_recipes_validate(recipe):
     cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})
     assert cfg.policy_loss == recipe_overrides(recipe).get("policy_loss", "clipped_ratio")

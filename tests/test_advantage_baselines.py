@@ -1,4 +1,4 @@
-"""Group A variants: baselines, normalisations, difficulty and multi-reward weightings (hand-computed)."""
+"""Advantage baselines, normalisations, difficulty and multi-reward weightings (hand-computed)."""
 import math
 from types import SimpleNamespace
 

@@ -1,0 +1,207 @@
+"""The architecture's rules, checked on the source: imports point one way (docs/architecture.md), and every
+component parameter is declared once, next to its component."""
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+
+import grpolab
+from grpolab.config import CORE_KEYS, Config
+from grpolab.registry import ALL_REGISTRIES, Param, declared_params
+
+SRC = Path(grpolab.__file__).parent
+
+# From the ground up: a module may import from its own layer or below (docs/architecture.md).
+LAYERS = [
+    {"errors", "registry"},
+    {"batch", "data", "config", "components", "devices", "recipes"},
+    {"algorithms", "model"},
+    {"generation"},
+    {"rewards", "tasks", "prompts", "rollouts", "stages"},
+    {"catalog", "train", "distributed"},
+    {"cli", "bench", "report", "__main__", "__init__"},
+]
+
+
+def layer_of(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for i, names in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"{module}: top-level name '{top}' is in no layer; add it to LAYERS and "
+                         f"docs/architecture.md")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def resolve(target: str) -> str:
+    """The module a dotted name refers to (``grpolab.x.y`` may be a module or a name in package ``x``)."""
+    parts = target.split(".")
+    while parts:
+        base = SRC.parent.joinpath(*parts)
+        if base.with_suffix(".py").exists() or (base / "__init__.py").exists():
+            return ".".join(parts)
+        parts = parts[:-1]
+    raise AssertionError(f"cannot resolve {target}")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Every grpolab-internal import of every module, including imports inside functions."""
+    graph: dict[str, set[str]] = {}
+    for path in SRC.rglob("*.py"):
+        mod = module_name(path)
+        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+        edges = graph.setdefault(mod, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "grpolab":
+                    continue
+                for alias in node.names:
+                    edges.add(resolve(f"{target}.{alias.name}"))
+            elif isinstance(node, ast.Import):
+                edges.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == "grpolab")
+        edges.discard(mod)
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v):] + [v]
+            if not state.get(v):
+                found = visit(v)
+                if found:
+                    return found
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if not state.get(u):
+            found = visit(u)
+            if found:
+                return found
+    return None
+
+
+def test_no_import_cycle_anywhere():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_imports_point_down_the_layers():
+    upward = [f"{a} (layer {layer_of(a) + 1}) imports {b} (layer {layer_of(b) + 1})"
+              for a, targets in import_graph().items() for b in targets if layer_of(b) > layer_of(a)]
+    assert not upward, "upward imports:\n" + "\n".join(sorted(upward))
+
+
+def test_the_checks_can_fail():
+    """The two checks above find a planted cycle and a planted upward import."""
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+    assert layer_of("grpolab.model.hf") < layer_of("grpolab.generation.sampling") < layer_of("grpolab.train.trainer")
+
+
+def test_no_private_helper_imported_across_packages():
+    bad = []
+    for path in SRC.rglob("*.py"):
+        mod = module_name(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level >= 2:
+                bad += [f"{mod}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not bad, bad
+
+
+# ------------------------------------------------------------------ parameters: declared once
+
+
+def all_components():
+    for kind, reg in ALL_REGISTRIES.items():
+        for name, obj in reg.items():
+            yield f"{kind}/{name}", obj
+
+
+def keyword_only(obj):
+    targets = [obj.__dict__.get("__init__"), obj.__dict__.get("__call__")] if inspect.isclass(obj) else [obj]
+    for fn in targets:
+        if fn is None:
+            continue
+        for p in inspect.signature(fn).parameters.values():
+            if p.kind == p.KEYWORD_ONLY:
+                yield p
+
+
+# pipeline inputs a component may take as keyword-only arguments (filled from the stage's inputs, not the config)
+INPUTS = {"lengths", "batch", "step", "reward_matrix", "reward_names", "prompt_uids", "truncated", "group_ids"}
+
+
+def test_every_parameter_is_declared_once():
+    """Each config key has one declaration (one Param object: one default, one help text); none shadows a
+    core key; a keyword-only parameter named like a core key keeps the core default (or has none)."""
+    decl: dict[str, Param] = {}
+    core_defaults = {f.name: (f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default)
+                     for f in dataclasses.fields(Config)}
+    problems = []
+    for owner, obj in all_components():
+        params = declared_params(obj)
+        for key, p in params.items():
+            if key in CORE_KEYS:
+                problems.append(f"{owner}: parameter '{key}' shadows the core key")
+            if key in decl and decl[key] is not p:
+                problems.append(f"{owner}: '{key}' declared again (first by {', '.join(decl[key].owners)})")
+            decl.setdefault(key, p)
+        for p in keyword_only(obj):
+            if p.name in params:
+                continue
+            if p.name in CORE_KEYS:
+                if p.default is not inspect.Parameter.empty and p.default != core_defaults[p.name]:
+                    problems.append(f"{owner}: '{p.name}' defaults to {p.default!r}, the core key to "
+                                    f"{core_defaults[p.name]!r}")
+            elif p.default is not inspect.Parameter.empty and p.name not in INPUTS:
+                problems.append(f"{owner}: keyword-only '{p.name}' has a default but is neither a core key nor "
+                                f"declared with param()")
+    assert not problems, "\n".join(problems)
+    assert len(decl) > 200  # the catalogue's parameters are all found
+
+
+def test_every_declaration_has_help_and_a_valid_default():
+    for owner, obj in all_components():
+        for key, p in declared_params(obj).items():
+            assert p.help and len(p.help) > 10, (owner, key)
+            if p.choices is not None:
+                assert p.default in p.choices, (owner, key, p.default, p.choices)
+
+
+@pytest.mark.parametrize("kind", sorted(ALL_REGISTRIES))
+def test_each_component_resolves_from_its_defaults(kind):
+    """Selecting any component gives a valid config whose keys are the core keys plus its parameters."""
+    reg = ALL_REGISTRIES[kind]
+    if not reg.key or kind in ("reward_spec", "task"):
+        return
+    for name in reg.names():
+        value = [name] if reg.key in ("advantage_weightings", "regularizers", "reward_transforms", "batch_stages") \
+            else name
+        layers = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
+        if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
+            layers["beta"] = 0.1
+        cfg = Config.build(layers)
+        assert set(cfg.params) == set(cfg.component_params()), name
+        assert set(declared_params(reg.get(name))) <= set(cfg.params), name
