@@ -1,6 +1,7 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
+#   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -9,7 +10,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test bench clean
+.PHONY: install install-dev train test docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -34,6 +35,10 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# the generated docs, from the registries and recipes (tests check they are current)
+docs: $(STAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python scripts/regen_docs.py
 
 # grpolab vs TRL GRPOTrainer on the same job, plus scaling and Prefix Grouper tables (about 30 min on
 # 2 cores); writes docs/benchmarks.md. Installs the bench extra (trl) first.

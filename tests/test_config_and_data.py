@@ -119,6 +119,39 @@ def test_config_reference_doc_is_current(capsys):
     assert "learning_rate:" in capsys.readouterr().out
 
 
+def test_components_doc_is_current(capsys):
+    """docs/components.md carries the output of `grpolab components --markdown` (regenerate: make docs)."""
+    from pathlib import Path
+
+    assert main(["components", "--markdown"]) == 0
+    tables = capsys.readouterr().out
+    doc = (Path(__file__).parent.parent / "docs" / "components.md").read_text()
+    assert tables in doc, "regenerate: make docs (scripts/regen_docs.py)"
+    assert "## advantage: advantage estimator" in tables and "`group_zscore`" in tables
+
+
+def test_components_command(capsys):
+    """`grpolab components [KIND] [--json]`: kind, name, file:line, papers, parameters; an unknown kind names the
+    valid ones."""
+    import json
+
+    assert main(["components", "advantage", "--json"]) == 0
+    comps = {c["name"]: c for c in json.loads(capsys.readouterr().out)}
+    assert {c["kind"] for c in comps.values()} == {"advantage"}
+    gpg = comps["gpg"]
+    assert gpg["file"] == "grpolab/algorithms/adv_baselines.py" and gpg["line"] > 0
+    assert "2504.02546" in gpg["arxiv"] and "000-18" in gpg["seeds"]
+    assert any(r["name"] == "gpg" for r in gpg["recipes"])
+    alpha = next(p for p in gpg["params"] if p["key"] == "gpg_alpha")
+    assert alpha["default"] == "valid" and alpha["choices"] == ["valid", "nonzero", "none"] and alpha["help"]
+    assert main(["components"]) == 0
+    text = capsys.readouterr().out
+    assert "[rollout] rollout strategy (--rollout_strategy)" in text and "grpolab/algorithms/adv_baselines.py:" in text
+    assert main(["components", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown component kind 'nope'" in err and "advantage" in err and "rollout" in err
+
+
 def test_readme_recipe_table_is_current(capsys):
     """README.md carries the output of `grpolab recipes --markdown` (every recipe, with its paper)."""
     from pathlib import Path

@@ -4,15 +4,26 @@ Importing this module registers the algorithms, rewards, tasks, prompt samplers,
 rollout strategies and stages (``grpolab/__init__.py`` does it, so any
 ``import grpolab...`` sees a full catalogue). Components registered from user
 code join the same registries and are first-class: their declared parameters
-are config keys of the runs that select them.
+are config keys of the runs that select them, and :func:`describe` lists them.
+
+:func:`describe` is the catalogue as plain data (``grpolab components``,
+docs/components.md): for each component its kind, name, source file and line,
+the papers its docstring cites (arXiv ids, seed ids), the recipes that select
+it, the first line of its docstring and its declared parameters.
 """
 from __future__ import annotations
 
 import importlib
+import inspect
+import json
 import pkgutil
+import re
+from pathlib import Path
+from typing import Any
 
 from . import algorithms, prompts, rewards, rollouts, stages, tasks
-from .registry import ALL_REGISTRIES
+from .errors import UnknownComponentError
+from .registry import ALL_REGISTRIES, declared_params
 
 COMPONENT_PACKAGES = (algorithms, prompts, rewards, rollouts, stages, tasks)
 
@@ -22,4 +33,151 @@ for _pkg in COMPONENT_PACKAGES:
     for _mod in pkgutil.iter_modules(_pkg.__path__):
         importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
 
-__all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES"]
+__all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES", "describe", "components_markdown", "components_text"]
+
+_SRC = Path(__file__).resolve().parent.parent  # src/: built-in files are named relative to it
+_ARXIV = re.compile(r"arXiv:\s*(\d{4}\.\d{4,5})")
+_SEED = re.compile(r"(?<![\w.:/-])(\d{3}-\d{2,3})(?![\w-])")
+
+
+def _source(obj) -> tuple[str | None, int | None]:
+    """``(file, line)`` of a component's definition; built-in files relative to ``src/``."""
+    target = inspect.unwrap(obj) if callable(obj) else obj
+    try:
+        path = Path(inspect.getsourcefile(target) or "").resolve()
+        line = inspect.getsourcelines(target)[1]
+    except (TypeError, OSError):
+        return None, None
+    try:
+        name = path.relative_to(_SRC).as_posix()
+    except ValueError:
+        name = str(path)
+    return name, line
+
+
+def _plain(value: Any) -> Any:
+    """A default as JSON-able data (tuples become lists; other objects their repr)."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def _recipes_by_component() -> dict[tuple[str, str], list[dict]]:
+    """``(config key, registered name) -> recipes`` for every component a recipe names."""
+    from .recipes import all_recipes
+
+    regs = {reg.key: reg for reg in ALL_REGISTRIES.values() if reg.key}
+    out: dict[tuple[str, str], list[dict]] = {}
+    for r in all_recipes():
+        info = {k: r.get(k) for k in ("name", "title", "citation", "seed")}
+        for key, value in {**r["parameters"], **r["components"]}.items():
+            reg = regs.get(key)
+            if reg is None:
+                continue
+            for v in value if isinstance(value, list) else [value]:
+                if not isinstance(v, str):
+                    continue
+                name = reg.split(v.partition("=")[0])[0]
+                lst = out.setdefault((key, name), [])
+                if info not in lst:
+                    lst.append(info)
+    return out
+
+
+def describe(kind: str | None = None) -> list[dict]:
+    """Every registered component (built-in or registered from user code) as plain data.
+
+    ``kind`` is a short kind name (a key of :data:`~grpolab.registry.ALL_REGISTRIES`: ``advantage``,
+    ``rollout``, ...); ``None`` lists all. Each entry: ``kind``, ``registry`` (its long name), ``key`` (the
+    config key that selects it, or None), ``name``, ``file``, ``line``, ``arxiv`` and ``seeds`` (ids cited by
+    its docstring), ``recipes`` (``name``, ``title``, ``citation``, ``seed`` of the recipes that select it),
+    ``summary`` (the docstring's first line, or first paragraph when it wraps) and ``params`` (``key``, ``default``, ``type``, ``help``,
+    ``choices``, ``owners``).
+    """
+    if kind is not None and kind not in ALL_REGISTRIES:
+        raise UnknownComponentError(f"unknown component kind '{kind}'; valid kinds: {', '.join(ALL_REGISTRIES)}")
+    used = _recipes_by_component()
+    out = []
+    for short, reg in ALL_REGISTRIES.items():
+        if kind is not None and short != kind:
+            continue
+        for name, obj in reg.items():
+            doc = inspect.getdoc(obj) or ""
+            file, line = _source(obj)
+            recipes = used.get((reg.key, name), []) if reg.key else []
+            seeds = list(dict.fromkeys(_SEED.findall(doc)))
+            out.append({
+                "kind": short, "registry": reg.kind, "key": reg.key,
+                "name": name + reg._prefixes[name] if name in reg._prefixes else name,
+                "file": file, "line": line,
+                "arxiv": list(dict.fromkeys(_ARXIV.findall(doc))), "seeds": seeds,
+                "recipes": recipes,
+                "summary": " ".join(doc.strip().split("\n\n")[0].split()),
+                "params": [{"key": k, "default": _plain(p.default), "type": p.annotation, "help": p.help,
+                            "choices": _plain(p.choices), "owners": list(p.owners)}
+                           for k, p in sorted(declared_params(obj).items())],
+            })
+    return out
+
+
+# ----------------------------------------------------------------------------- text forms
+def paper_text(c: dict, max_recipes: int = 2) -> str:
+    """The papers of a component in one line: its docstring's ids, then the recipes that select it."""
+    parts = [f"arXiv:{a}" for a in c["arxiv"]] + [f"seed {s}" for s in c["seeds"]]
+    recipes = c["recipes"]
+    if recipes and len(recipes) <= max_recipes:
+        parts += [f"recipe `{r['name']}`: {r['title']} ({r['citation']})" for r in recipes]
+    elif recipes:
+        parts.append(f"{len(recipes)} recipes: " + ", ".join(f"`{r['name']}`" for r in recipes))
+    return "; ".join(parts)
+
+
+def param_text(p: dict) -> str:
+    choices = f" ({' / '.join(map(str, p['choices']))})" if p["choices"] else ""
+    return f"`{p['key']}` = `{p['default']!r}`{choices}: {p['help']}"
+
+
+def _cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def components_markdown(components: list[dict]) -> str:
+    """One section per kind, a table of its components (docs/components.md; ``grpolab components --markdown``)."""
+    lines: list[str] = []
+    for short, reg in ALL_REGISTRIES.items():
+        rows = [c for c in components if c["kind"] == short]
+        if not rows:
+            continue
+        key = f"config key `{reg.key}`" if reg.key else "no config key"
+        lines += [f"## {short}: {reg.kind} ({key}, {len(rows)})", "",
+                  "| name | defined in | paper | what it does | parameters |", "|---|---|---|---|---|"]
+        for c in rows:
+            where = f"`{c['file']}:{c['line']}`" if c["file"] else "—"
+            params = "<br>".join(_cell(param_text(p)) for p in c["params"]) or "—"
+            lines.append(f"| `{_cell(c['name'])}` | {where} | {_cell(paper_text(c)) or '—'} | "
+                         f"{_cell(c['summary']) or '—'} | {params} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def components_text(components: list[dict]) -> str:
+    """The plain-text listing of ``grpolab components``."""
+    lines: list[str] = []
+    last = None
+    for c in components:
+        if c["kind"] != last:
+            last = c["kind"]
+            key = f" (--{c['key']})" if c["key"] else ""
+            lines += ["" if lines else None, f"[{c['kind']}] {c['registry']}{key}"]
+            lines = [x for x in lines if x is not None]
+        where = f"{c['file']}:{c['line']}" if c["file"] else "?"
+        lines.append(f"  {c['name']:<24} {where}")
+        if c["summary"]:
+            lines.append(f"  {'':<24} {c['summary']}")
+        paper = paper_text(c, max_recipes=1).replace("`", "")
+        if paper:
+            lines.append(f"  {'':<24} paper: {paper}")
+        for p in c["params"]:
+            lines.append(f"  {'':<24} --{param_text(p).replace('`', '')}")
+    return "\n".join(lines) + "\n"

@@ -1,4 +1,4 @@
-"""grpolab command line: train, eval, sft, recipes, config."""
+"""grpolab command line: train, eval, sft, recipes, config, components (and bench)."""
 from __future__ import annotations
 
 import argparse
@@ -195,8 +195,46 @@ def cmd_config(args, rest: list[str]) -> int:
     return 0
 
 
+def cmd_components(args, rest: list[str]) -> int:
+    """Every registered component: kind, name, file:line, paper, summary, parameters (:func:`catalog.describe`)."""
+    from .catalog import components_markdown, components_text, describe
+    from .errors import ConfigError
+
+    if rest:
+        raise ConfigError(f"grpolab components: unexpected arguments {' '.join(rest)} "
+                          f"(usage: grpolab components [KIND] [--json] [--markdown])")
+    comps = describe(args.kind)
+    if args.json:
+        print(json.dumps(comps, indent=2))
+    elif args.markdown:
+        print(components_markdown(comps), end="")
+    else:
+        print(components_text(comps), end="")
+    return 0
+
+
+def import_user_modules(modules: list[str]) -> None:
+    """Import modules that register components (``grpolab --import MODULE ...``), from the current directory
+    or PYTHONPATH, before any config is built: their components and parameters are then valid keys."""
+    import importlib
+
+    from .errors import ConfigError
+
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            raise ConfigError(f"--import {name}: cannot import it ({e}); it must be importable from the current "
+                              f"directory or PYTHONPATH") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
+    parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
+                        help="import MODULE first (repeatable): components it registers can then be selected, "
+                             "and their parameters are config keys")
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="train a policy (any config key as --key value)")
     t.add_argument("--config", help="YAML file of config keys")
@@ -225,6 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--recipe", help="show the configuration of this recipe")
     c.add_argument("--config", help="YAML file of config keys")
     c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
+    k = sub.add_parser("components", help="list every registered component: kind, name, file:line, paper, "
+                                          "parameters")
+    k.add_argument("kind", nargs="?", help="only this kind (advantage, policy_loss, rollout, prompt_sampler, ...)")
+    k.add_argument("--json", action="store_true", help="print as JSON")
+    k.add_argument("--markdown", action="store_true", help="print docs/components.md's tables")
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -236,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     from .data import DataError
     from .registry import UnknownComponentError
     try:
+        import_user_modules(args.imports)
         commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
-                    "config": cmd_config}
+                    "config": cmd_config, "components": cmd_components}
         return commands[args.command](args, rest)
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
