@@ -205,3 +205,14 @@ def test_each_component_resolves_from_its_defaults(kind):
         cfg = Config.build(layers)
         assert set(cfg.params) == set(cfg.component_params()), name
         assert set(declared_params(reg.get(name))) <= set(cfg.params), name
+
+
+def test_every_module_of_the_component_packages_is_imported():
+    """A new component is one new file: the catalogue imports every module of the component packages."""
+    import pkgutil
+    import sys
+
+    from grpolab.catalog import COMPONENT_PACKAGES
+    for pkg in COMPONENT_PACKAGES:
+        for mod in pkgutil.iter_modules(pkg.__path__):
+            assert f"{pkg.__name__}.{mod.name}" in sys.modules, f"{pkg.__name__}.{mod.name} is not imported"
