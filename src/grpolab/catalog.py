@@ -153,7 +153,8 @@ def components_markdown(components: list[dict]) -> str:
         lines += [f"## {short}: {reg.kind} ({key}, {len(rows)})", "",
                   "| name | defined in | paper | what it does | parameters |", "|---|---|---|---|---|"]
         for c in rows:
-            where = f"`{c['file']}:{c['line']}`" if c["file"] else "—"
+            # the file only: line numbers (in `grpolab components`) would make every edit stale the generated page
+            where = f"`{c['file']}`" if c["file"] else "—"
             params = "<br>".join(_cell(param_text(p)) for p in c["params"]) or "—"
             lines.append(f"| `{_cell(c['name'])}` | {where} | {_cell(paper_text(c)) or '—'} | "
                          f"{_cell(c['summary']) or '—'} | {params} |")

@@ -10,6 +10,7 @@ run*. ``cfg.NAME`` reads a core key or a selected component's parameter.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import typing
@@ -294,7 +295,6 @@ class Config:
 
     def to_dict(self) -> dict[str, Any]:
         """Core keys, then this run's component parameters (what ``config.yaml`` holds)."""
-        import copy
         core = {k: copy.deepcopy(getattr(self, k)) for k in CORE_KEYS}
         return {**core, **copy.deepcopy(self.params)}
 
