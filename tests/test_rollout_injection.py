@@ -50,7 +50,8 @@ def plant_success(tr, monkeypatch):
     def generate(rows, uids, **kw):
         b = orig(rows, uids, **kw)
         first = int((b.group_ids == b.group_ids.min()).nonzero()[0])
-        good = inj.reference_rows(tr.ctx, [rows[0]], [uids[0]], [int(b.group_ids[first])], train=True)
+        good = inj.reference_rows(tr.ctx, [rows[0]], [uids[0]], [int(b.group_ids[first])], train=True,
+                                  template="Answer: {solution}")
         return inj.replace_rows(b, [first], good, tr.tok.pad_token_id)
 
     monkeypatch.setattr(tr.ctx, "generate", generate)
@@ -90,7 +91,7 @@ def test_reference_rows_eos_and_truncation(tr):
     text = inj.reference_text(rows[0], tr.cfg.injection_reference_template)
     assert text == "Answer: " + rows[0]["solution"]
     ids = inj.text_ids(tr.tok, text)
-    b = inj.reference_rows(tr.ctx, rows, uids, [7], train=True)
+    b = inj.reference_rows(tr.ctx, rows, uids, [7], train=True, template="Answer: {solution}")
     n = len(ids) + 1  # + EOS
     assert b.completion_ids[0, :n].tolist() == ids + [tr.tok.eos_token_id]
     assert not b.truncated[0] and int(b.completion_attention_mask.sum()) == n
@@ -100,7 +101,7 @@ def test_reference_rows_eos_and_truncation(tr):
     assert_behaviour_logprobs_exact(tr, b)
     tr.cfg.max_completion_length = 5
     try:
-        cut = inj.reference_rows(tr.ctx, rows, uids, [0], train=False)
+        cut = inj.reference_rows(tr.ctx, rows, uids, [0], train=False, template="Answer: {solution}")
     finally:
         tr.cfg.max_completion_length = L
     assert cut.completion_ids.shape[1] == 5 and cut.truncated[0]  # cut to the budget, flagged truncated

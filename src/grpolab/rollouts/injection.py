@@ -131,14 +131,15 @@ def compose_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], h
                          is_cap=cfg.vllm_is_cap)
 
 
-def reference_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], *, train: bool) -> RolloutBatch:
-    """Whole injected completions: each row's reference answer + EOS, teacher-forced, nothing sampled.
+def reference_rows(ctx, rows: list[dict], uids: list[int], group_ids: list[int], *, train: bool,
+                   template: str) -> RolloutBatch:
+    """Whole injected completions: each row's reference answer (``template`` formatted with the row) + EOS,
+    teacher-forced, nothing sampled.
 
     Longer than ``max_completion_length``: cut (and flagged truncated), like any completion.
     """
     tok = ctx.tokenizer
     eos = tok.eos_token_id
-    template = ctx.cfg.injection_reference_template
     heads = [[Segment(text_ids(tok, reference_text(r, template)) + [eos], INJECTED, train)] for r in rows]
     return compose_rows(ctx, rows, uids, group_ids, heads, continue_=False)
 
@@ -227,7 +228,7 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
         return batch
     idx = [int((batch.group_ids == g).nonzero()[-1]) for g in groups]
     new = reference_rows(ctx, _column_rows(batch, idx), batch.prompt_uids[idx].tolist(), groups,
-                         train=gcpo_train_reference)
+                         train=gcpo_train_reference, template=injection_reference_template)
     ctx.score(new)
     return replace_rows(batch, idx, new, ctx.tokenizer.pad_token_id)
 
@@ -271,7 +272,7 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     src = [i for i in first for _ in range(dagrpo_num_anchors)]
     gids = [g for g in groups for _ in range(dagrpo_num_anchors)]
     new = reference_rows(ctx, _column_rows(batch, src), batch.prompt_uids[src].tolist(), gids,
-                         train=dagrpo_train_anchors)
+                         train=dagrpo_train_anchors, template=injection_reference_template)
     ctx.score(new)
     return by_group(RolloutBatch.concat([batch, new], pad_id=ctx.tokenizer.pad_token_id))
 
@@ -332,6 +333,7 @@ class G2RPOAdaptiveGuidance:
                  g2rpo_a_reward: str = param('', 'g2rpo_a: reward function whose batch mean drives the adaptation '
                                              "('' = the combined scalar reward)"),
                  g2rpo_a_train_guidance: bool = param(True, 'g2rpo_a: the injected guidance tokens enter the loss')):
+        self.template = injection_reference_template
         self.guided_rows = g2rpo_a_guided_rows
         self.length = g2rpo_a_initial_length
         self.max_length = g2rpo_a_max_length
@@ -368,7 +370,7 @@ class G2RPOAdaptiveGuidance:
         src = [i for i in range(len(rows)) for _ in range(k[i])]
         if src:
             tok = ctx.tokenizer
-            template = ctx.cfg.injection_reference_template
+            template = self.template
             heads = [[Segment(text_ids(tok, reference_text(rows[i], template))[:self.length], INJECTED,
                               self.train_guidance)] for i in src]
             parts.append(compose_rows(ctx, [rows[i] for i in src], [uids[i] for i in src],
@@ -468,7 +470,7 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
         return batch
     tok = ctx.tokenizer
     eos = eos_token_ids(tok, ctx.policy)
-    template = ctx.cfg.injection_reference_template
+    template = injection_reference_template
     data = _column_rows(batch, idx)
     heads = []
     for i, row in zip(idx, data):
@@ -669,7 +671,7 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
         return batch
     tok = ctx.tokenizer
     eos = eos_token_ids(tok, ctx.policy)
-    template = ctx.cfg.injection_reference_template
+    template = injection_reference_template
     train = edge_gec_train_injected
     data = _column_rows(batch, idx)
     draws = torch.rand(len(idx), 2, generator=ctx.generator)
