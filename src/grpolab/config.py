@@ -255,8 +255,9 @@ class Config:
                                           f"{', '.join(choices.names()) or 'none yet'}")
                 elif choices is not None and v not in choices:
                     raise ConfigError(f"{f.name}: '{v}' is not valid; valid values: {', '.join(map(str, choices))}")
+        decl = self.component_params(extra)
         for key, value in self.params.items():
-            p = self.component_params(extra).get(key)
+            p = decl.get(key)
             if p is not None and p.choices is not None and value not in p.choices:
                 raise ConfigError(f"{key}: '{value}' is not valid; valid values: {', '.join(map(str, p.choices))} "
                                   f"({p.help})")
