@@ -45,10 +45,56 @@ def test_rloo_is_g_over_g_minus_one_times_group_mean():
 def test_batch_zscore_reinforce_pp_baseline_hand_computed():
     # r - mean_g = [.75,-.25,-.25,-.25, .5,.5,-.5,-.5]; batch mean 0;
     # Bessel var = (.5625 + 3*.0625 + 4*.25) / 7 = 1.75/7 = .25 -> std .5 -> A = 2 (r - mean_g)
-    assert close(adv("batch_zscore", R2, G2, advantage_epsilon=0.0), [1.5, -.5, -.5, -.5, 1, 1, -1, -1])
+    # (the per-completion variant, batch_zscore_over="completions")
+    assert close(adv("batch_zscore", R2, G2, advantage_epsilon=0.0, batch_zscore_over="completions"),
+                 [1.5, -.5, -.5, -.5, 1, 1, -1, -1])
     # the whitening also removes a non-zero batch mean: one group [1, 0] and one [1, 0, NaN]
-    out = adv("batch_zscore", torch.tensor([1.0, 0, 1, 0, float("nan")]), torch.tensor([0, 0, 1, 1, 1]))
-    assert out[4] == 0 and abs(float(out[:4].mean())) < 1e-6
+    for over in ("tokens", "completions"):
+        out = adv("batch_zscore", torch.tensor([1.0, 0, 1, 0, float("nan")]), torch.tensor([0, 0, 1, 1, 1]),
+                  batch_zscore_over=over)
+        assert out[4] == 0 and abs(float(out[:4].mean())) < 1e-6
+
+
+def _openrlhf_reinforce_baseline(rewards, n, lengths, T):
+    """OpenRLHF experience_maker.py, estimator reinforce_baseline, written out independently in float64:
+    per-group mean baseline, gamma = 1 returns (every valid token carries the sequence value), then the
+    token-level whitening over the batch: masked mean, biased masked variance, var.clamp(min=1e-8).rsqrt()."""
+    r = torch.tensor(rewards, dtype=torch.float64).reshape(-1, n)
+    r = (r - r.mean(-1, keepdim=True)).reshape(-1)
+    mask = torch.tensor([[1.0] * L + [0.0] * (T - L) for L in lengths], dtype=torch.float64)
+    returns = r[:, None] * mask
+    num = mask.sum()
+    mean = (returns * mask).sum() / num
+    var = ((returns - mean).pow(2) * mask).sum() / num
+    adv = (returns - mean) * var.clamp(min=1e-8).rsqrt()
+    return adv, mask
+
+
+def test_batch_zscore_whitens_over_tokens_like_openrlhf():
+    rewards, lengths, T = [1.0, 0, 0, 0, 1, 1, 0, 0], [2, 10, 10, 10, 3, 7, 1, 9], 10
+    expect, mask = _openrlhf_reinforce_baseline(rewards, 4, lengths, T)
+    got = adv("batch_zscore", torch.tensor(rewards), G2, mask.float())
+    assert got.shape == (8,)
+    assert close(got[:, None] * mask, expect * mask)  # OpenRLHF also shifts padding; the trainer zeroes it
+    # hand check of row 0: a = [.75,-.25,-.25,-.25,.5,.5,-.5,-.5], 52 tokens, mu = (1.5-7.5+5-5)/52 = -6/52
+    a = torch.tensor([.75, -.25, -.25, -.25, .5, .5, -.5, -.5], dtype=torch.float64)
+    L = torch.tensor(lengths, dtype=torch.float64)
+    mu = -6 / 52
+    var = float((L * (a - mu) ** 2).sum() / 52)
+    assert close(got[0], (.75 - mu) / math.sqrt(var))
+    # per-completion whitening differs a lot on unequal lengths
+    per_completion = adv("batch_zscore", torch.tensor(rewards), G2, mask.float(), batch_zscore_over="completions")
+    assert abs(float(per_completion[0]) - float(got[0])) > 0.3
+    # equal lengths: the token statistics are the per-completion ones with the biased variance
+    eq = adv("batch_zscore", R2, G2, torch.ones(8, 5))
+    centred = torch.tensor([.75, -.25, -.25, -.25, .5, .5, -.5, -.5])
+    assert close(eq, centred / centred.pow(2).mean().sqrt())
+    # an unscorable row is left out of the statistics and gets 0
+    r = torch.tensor(rewards + [float("nan")])
+    g = torch.cat([G2, torch.tensor([1])])
+    m = torch.cat([mask.float(), torch.ones(1, T)])
+    out = adv("batch_zscore", r, g, m)
+    assert out[8] == 0 and close(out[:8], got)
 
 
 def test_group_mean_batch_std_lite_ppo_hand_computed():

@@ -195,3 +195,96 @@ def test_uniform_sampler_resumes_to_the_same_choices():
     c = SAMPLERS.get("uniform")(num_rows=7, seed=3)
     assert sorted(c.next(7)) == list(range(7)) and sorted(c.next(7)) == list(range(7))  # each epoch a permutation
     assert len(set(first)) == 5
+
+
+# ---------------------------------------------------------------- DAPO dynamic sampling metric
+
+def _all_correct_batch(lengths, T):
+    """One group, every completion correct (reward column 1.0), completion lengths ``lengths``."""
+    from grpolab.batch import RolloutBatch
+
+    R = len(lengths)
+    mask = torch.tensor([[1.0] * L + [0.0] * (T - L) for L in lengths])
+    return RolloutBatch(prompt_ids=torch.ones(R, 3, dtype=torch.long), prompt_mask=torch.ones(R, 3, dtype=torch.long),
+                        completion_ids=torch.full((R, T), 5), completion_mask=mask,
+                        behavior_logprobs=torch.full((R, T), -1.0), group_ids=torch.zeros(R, dtype=torch.long),
+                        prompt_uids=torch.zeros(R, dtype=torch.long), truncated=torch.zeros(R, dtype=torch.bool),
+                        rewards=torch.ones(R, 1), reward_names=["match"], columns={})
+
+
+def test_dynamic_sampling_filters_on_accuracy_not_shaped_reward(tiny_args):
+    from grpolab.algorithms import zero_variance_groups
+    from grpolab.recipes import recipe_overrides
+
+    # the issue's example: lengths [10, 10, 10, 18], max 20, overlong buffer 4 -> shaped [1, 1, 1, 0.5]
+    args = {**tiny_args, **recipe_overrides("dapo"), "max_completion_length": 20, "overlong_buffer": 4}
+    t = _trainer(args)
+    assert t.cfg.dynamic_sampling_metric == "accuracy" and t.dynamic_sampling_column == 0  # repeat's "match"
+    batch = _all_correct_batch([10, 10, 10, 18], 20)
+    assert torch.allclose(t.scorer.scalar(batch), torch.tensor([1.0, 1.0, 1.0, 0.5]))
+    assert not zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).any()  # DAPO drops it
+    t = _trainer({**args, "dynamic_sampling_metric": "reward"})
+    assert zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).all()  # shaped reward keeps it
+    t = _trainer({**args, "dynamic_sampling_metric": "match"})  # a reward function by name
+    assert not zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).any()
+
+
+def test_dynamic_sampling_metric_errors_name_the_fix(tiny_args, tmp_path, monkeypatch):
+    import json
+
+    import pytest
+
+    from grpolab.config import ConfigError
+
+    with pytest.raises(ConfigError, match="not a reward function"):
+        _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_metric": "nope"})
+    with pytest.raises(ConfigError, match="dynamic_sampling_oversample"):
+        _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 0.5})
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"say {i}", "answer": str(i)}) + "\n" for i in range(8)))
+    (tmp_path / "ds_rewards.py").write_text("def exact(completions, answer, **kw):\n"
+                                            "    return [float(str(c).strip() == a) for c, a in zip(completions, answer)]\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    user = {**tiny_args, "data": str(data), "reward": ["ds_rewards:exact"], "dynamic_sampling": True}
+    with pytest.raises(ConfigError, match="dynamic_sampling_metric.*exact.*'reward'"):
+        _trainer(user)
+    assert _trainer({**user, "dynamic_sampling_metric": "exact"}).dynamic_sampling_column == 0
+    assert _trainer({**user, "dynamic_sampling_metric": "reward"}).dynamic_sampling_column is None
+
+
+def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
+    t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 2.0, "steps": 1})
+    calls = []
+    real_score = t.scorer.score
+
+    def score(batch):  # every other group constant
+        errors = real_score(batch)
+        for j, g in enumerate(torch.unique(batch.group_ids)):
+            rows = batch.group_ids == g
+            batch.rewards[rows, 0] = 1.0 if j % 2 else torch.arange(int(rows.sum()), dtype=torch.float32)
+        calls.append(len(torch.unique(batch.group_ids)))
+        return errors
+
+    monkeypatch.setattr(t.scorer, "score", score)
+    batch, _, stats = t.collect()
+    # 8 prompts generated for 4 needed, 4 of them vary: one round, no surplus
+    assert calls == [8] and len(torch.unique(batch.group_ids)) == 4
+    assert stats["dynamic_sampling/generated_groups"] == 8 and stats["dynamic_sampling/dropped_groups"] == 4
+    # factor 3: 12 prompts, 6 vary, the first 4 are kept (verl truncates to the train batch)
+    t.cfg.dynamic_sampling_oversample = 3.0
+    calls.clear()
+    batch, _, stats = t.collect()
+    assert calls == [12] and len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 1
+    ids = torch.unique(batch.group_ids)
+    assert (ids[1:] - ids[:-1]).tolist() == [2, 2, 2]  # the first four varying groups (0, 2, 4, 6 of the round)
+
+
+def test_dapo_recipe_trains_end_to_end(tiny_args):
+    from grpolab.recipes import recipe_overrides
+
+    t = _trainer({**tiny_args, **recipe_overrides("dapo"), "steps": 2})
+    t.train(progress=False)
+    rows = read_metrics(tiny_args["out"])
+    assert len(rows) == 2
+    assert all("dynamic_sampling/rounds" in r or r.get("skipped") for r in rows)

@@ -59,6 +59,13 @@ class Config:
                                        "prompts until prompts_per_step groups are kept")
     dynamic_sampling_max_rounds: int = _f(4, "generation rounds per step before dynamic sampling gives up "
                                              "and trains on the groups it has (with a warning)")
+    dynamic_sampling_metric: str = _f("accuracy", "quantity whose constant groups dynamic sampling drops: "
+                                                  "'accuracy' (the task's accuracy reward column, as DAPO / verl "
+                                                  "filter_groups.metric=acc), 'reward' (the combined reward after "
+                                                  "transforms such as overlong_penalty) or a reward function name")
+    dynamic_sampling_oversample: float = _f(1.0, "dynamic sampling generates ceil(factor x groups still needed) "
+                                                 "prompts per round and keeps the first groups with signal "
+                                                 "(verl gen_batch_size / train_batch_size; 1 = no over-sampling)")
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")

@@ -97,18 +97,54 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
 
 
 @ADVANTAGES.register("batch_zscore")
-def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
+def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor | None = None, *,
+                 batch_zscore_over: str = param('tokens', "REINFORCE++-baseline whitening statistics: over every "
+                                                "valid token of the batch ('tokens', OpenRLHF reinforce_baseline, "
+                                                "the authors' code) or one value per completion ('completions', "
+                                                "Bessel std + advantage_epsilon, grpolab's earlier choice)",
+                                                ['tokens', 'completions']),
+                 advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """REINFORCE++-baseline: group mean baseline, then whitening over the whole batch (arXiv:2501.03262).
 
-    ``a_i = r_i - mean_g(r)``;  ``A_i = (a_i - mean_batch(a)) / (std_batch(a) + epsilon)``
+    ``a_i = r_i - mean_g(r)``, every token ``t`` of completion ``i`` carries
+    ``a_i`` (gamma = 1), then, with ``T = sum_i L_i`` the valid tokens of the
+    batch (``L_i`` = completion ``i``'s token count):
 
-    verl ``reinforce_plus_plus_baseline`` / OpenRLHF ``reinforce_baseline``.
-    Choice: the batch statistics are over completions (one value per row,
-    Bessel std like TRL); verl whitens over tokens, which weights long
-    completions more. Unscorable rows are left out and get 0.
+    ``mu = (1/T) sum_i L_i a_i``;  ``var = (1/T) sum_i L_i (a_i - mu)^2``;
+    ``A_i = (a_i - mu) / sqrt(max(var, 1e-8))``
+
+    Provenance: matches the authors' code, OpenRLHF
+    ``openrlhf/trainer/ppo_utils/experience_maker.py`` (estimator
+    ``reinforce_baseline``: ``rewards - rewards.mean(-1)`` per group, then the
+    "normalize advantages across all experiences" block: token-level masked
+    mean, biased (divide by the token count) masked variance,
+    ``var.clamp(min=1e-8).rsqrt()``). verl ``reinforce_plus_plus_baseline``
+    also whitens over tokens (``masked_whiten``). Long completions therefore
+    weigh more in the batch statistics. ``advantage_epsilon`` is not used
+    here (OpenRLHF's 1e-8 variance floor is).
+
+    ``batch_zscore_over="completions"`` keeps grpolab's earlier variant: one
+    value per completion, ``A_i = (a_i - mean(a)) / (std(a) + epsilon)`` with
+    Bessel std (TRL's ``nanstd``). Without a ``completion_mask`` every
+    completion counts as one token (the two agree up to the std estimator).
+    Unscorable (NaN) rows are left out of every statistic and get 0.
     """
     centred = rewards - group_stats(rewards, group_ids)[0]
-    return _batch_whiten(centred, advantage_epsilon)
+    if batch_zscore_over == "completions":
+        return _batch_whiten(centred, advantage_epsilon)
+    ok = ~torch.isnan(centred)
+    if completion_mask is None:
+        weight = ok.to(centred.dtype)
+    else:
+        weight = completion_mask.to(centred.dtype).sum(-1) * ok
+    total = weight.sum()
+    if total <= 0:
+        return torch.zeros_like(centred)
+    a = torch.nan_to_num(centred, nan=0.0)
+    mean = (a * weight).sum() / total
+    var = ((a - mean).pow(2) * weight).sum() / total
+    out = (a - mean) * var.clamp(min=1e-8).rsqrt()
+    return torch.where(ok, out, torch.zeros_like(out))
 
 
 @ADVANTAGES.register("group_mean_batch_std")

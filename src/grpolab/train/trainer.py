@@ -142,6 +142,7 @@ class Trainer:
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
         self.scorer = BatchScorer(RewardScorer(rewards, log=self.log), self.reward_transforms)
+        self.dynamic_sampling_column = self._dynamic_sampling_column()
         self.engine = None
         if cfg.generation_engine == "vllm":
             from ..generation.vllm_engine import VLLMEngine, engine_model_path
@@ -252,34 +253,71 @@ class Trainer:
         return self.strategy(ctx=self.ctx, rows=[self.rows[i] for i in idx], uids=list(idx), group_offset=offset,
                              budgets=budgets, temperatures=temps, step=self.step)
 
+    def _dynamic_sampling_column(self) -> int | None:
+        """Reward-matrix column dynamic sampling filters on (``dynamic_sampling_metric``); None = the combined
+        scalar reward. Raises ``ConfigError`` naming the fix when the metric cannot be resolved."""
+        cfg = self.cfg
+        if not cfg.dynamic_sampling:
+            return None
+        if cfg.dynamic_sampling_oversample < 1:
+            raise ConfigError(f"dynamic_sampling_oversample: must be >= 1, got {cfg.dynamic_sampling_oversample}")
+        names = list(self.scorer.names)
+        metric = cfg.dynamic_sampling_metric
+        if metric == "reward":
+            return None
+        if metric == "accuracy":
+            if self.accuracy_reward is None:
+                raise ConfigError("dynamic_sampling_metric: 'accuracy' needs an accuracy reward, and this run has "
+                                  "none designated (e.g. --data with --reward functions); set "
+                                  "dynamic_sampling_metric to one of the reward functions "
+                                  f"({', '.join(names)}) or to 'reward' (the combined shaped reward)")
+            metric = self.accuracy_reward
+        if metric not in names:
+            raise ConfigError(f"dynamic_sampling_metric: '{metric}' is not a reward function of this run; valid "
+                              f"values: accuracy, reward, {', '.join(names)}")
+        return names.index(metric)
+
+    def dynamic_sampling_values(self, batch) -> torch.Tensor:
+        """``[R]`` per-row quantity whose constant groups dynamic sampling drops (``dynamic_sampling_metric``)."""
+        if self.dynamic_sampling_column is None:
+            return self.scorer.scalar(batch, step=self.step)
+        return batch.rewards[:, self.dynamic_sampling_column]
+
     def collect(self):
         """Rollout + rewards; with dynamic sampling, refill until the batch is full.
 
         Returns ``(batch, reward-call errors, stats)``. Dynamic sampling (DAPO)
-        drops groups whose rewards do not vary and generates more prompts, up
-        to ``dynamic_sampling_max_rounds`` rounds; if the cap is hit it warns
-        and trains on the groups it kept (the step is skipped if none).
+        drops groups whose ``dynamic_sampling_metric`` (by default the task's
+        accuracy reward, as DAPO and verl ``filter_groups.metric=acc``) does not
+        vary and generates more prompts: each round ``ceil(
+        dynamic_sampling_oversample x groups still needed)`` prompts, the first
+        kept groups beyond the need are discarded (verl truncates the
+        accumulated batch to the train batch size). After
+        ``dynamic_sampling_max_rounds`` rounds it warns and trains on the groups
+        it kept (the step is skipped if none).
         """
         cfg = self.cfg
         kept, errors, generated, dropped = [], 0, 0, 0
         n_kept = 0
         for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
             need = cfg.prompts_per_step - n_kept
-            batch = self.rollout(need)
+            n_prompts = math.ceil(cfg.dynamic_sampling_oversample * need - 1e-9) if cfg.dynamic_sampling else need
+            batch = self.rollout(n_prompts)
             if batch.rewards is None:
                 errors += self.scorer.score(batch)
             errors += self.ctx.reward_errors
             self.ctx.reward_errors = 0
-            generated += need
+            generated += n_prompts
             if not cfg.dynamic_sampling:
                 return batch, errors, {}
-            scalar = self.scorer.scalar(batch, step=self.step)
-            keep = zero_variance_groups(scalar, batch.group_ids)
-            dropped += zero_variance_groups_count(scalar, batch.group_ids)
+            values = self.dynamic_sampling_values(batch)
+            keep = zero_variance_groups(values, batch.group_ids)
+            dropped += zero_variance_groups_count(values, batch.group_ids)
             if keep.any():
-                rows = keep.nonzero().squeeze(-1)
+                groups = torch.unique(batch.group_ids[keep])[:need]  # over-sampled surplus is discarded
+                rows = (keep & torch.isin(batch.group_ids, groups)).nonzero().squeeze(-1)
                 kept.append(batch.select(rows))
-                n_kept += len(torch.unique(batch.group_ids[rows]))
+                n_kept += len(groups)
             if n_kept >= cfg.prompts_per_step:
                 break
         else:
