@@ -220,7 +220,8 @@ def test_rebel_values_and_on_policy_gradient():
 def test_gvpo_values():
     old = torch.zeros(2, 1)
     logp = T([[0.2], [0.0]])
-    loss, _ = L("gvpo")(logp, old, T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), gvpo_beta=0.5)
+    loss, _ = L("gvpo")(logp, old, T([1.0, -1.0]), torch.ones(2, 1), T([0, 0]), gvpo_beta=0.5,
+                              gvpo_groups_per_micro_batch=1)
     # implicit = 0.5 * [0.2, 0] -> centred [0.05, -0.05]; c = [0.05 - 1, -0.05 + 1] = [-0.95, 0.95]
     # row loss n c^2 / (2 (n-1)) = 2 * 0.9025 / 2 = 0.9025
     assert torch.allclose(loss, T([[0.9025], [0.9025]]))
@@ -234,12 +235,67 @@ def test_gvpo_gradient_is_weighted_logprob_form():
     mask = T([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0]]).float()
     adv = T([1.0, -0.25, -0.75])  # zero-sum (group_mean)
     beta = 0.3
-    loss, _ = L("gvpo")(logp, old, adv, mask, T([0, 0, 0]), gvpo_beta=beta)
+    loss, _ = L("gvpo")(logp, old, adv, mask, T([0, 0, 0]), gvpo_beta=beta, gvpo_groups_per_micro_batch=1)
     seq_mean(loss, mask).backward()
     ell = ((logp.detach() - old) * mask).sum(-1)
     w = (adv - adv.mean()) - beta * (ell - ell.mean())
     expected = -(beta / 2) * w[:, None] * mask
     assert torch.allclose(logp.grad, expected, atol=1e-6)
+
+
+def _gvpo_authors_step_loss(logp, old, adv, mask, uid, n, beta, micro_rows):
+    """github.com/jszkc/GVPO: compute_policy_loss_gvpo (GVPO/gvpo_core_algos.py) per micro-batch of
+    ``micro_rows`` rows, times 1 / gradient_accumulation (GVPO/gvpo_dp_actor.py), summed (one GPU)."""
+    rows = logp.shape[0]
+    accum = rows // micro_rows
+    rtheta_all = (((logp * mask).sum(-1) - (old * mask).sum(-1)) * beta).detach()
+    means = {int(u): rtheta_all[uid == u].mean() for u in torch.unique(uid)}
+    total = 0
+    for s in range(0, rows, micro_rows):
+        sl = slice(s, s + micro_rows)
+        lp, o, a, m, u = logp[sl], old[sl], adv[sl], mask[sl], uid[sl]
+        rtheta = ((lp * m).sum(-1) - (o * m).sum(-1)) * beta
+        r_minus_avg = (a * m).sum(-1) / m.sum(-1)
+        pg_loss = 0
+        for i in range(len(rtheta)):
+            pg_loss = pg_loss + 0.5 * ((rtheta[i] - means[int(u[i])]) - r_minus_avg[i]) ** 2
+        total = total + (pg_loss / (n - 1)) / accum
+    return total
+
+
+def test_gvpo_gradient_matches_authors_for_any_micro_batch_size():
+    """4 groups of n = 2; the authors' run puts k = 2 groups in a micro-batch (4 rows). grpolab with
+    gvpo_groups_per_micro_batch = 2 gives the same gradient with 1 group or all 4 groups per micro-batch."""
+    torch.manual_seed(5)
+    n, groups, beta = 2, 4, 0.3
+    rows = n * groups
+    old = torch.randn(rows, 3)
+    base = old + 0.2 * torch.randn(rows, 3)
+    mask = T([[1, 1, 1], [1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 1]]).float()
+    uid = torch.arange(groups).repeat_interleave(n)
+    r = torch.randn(rows)
+    adv = (r - r.view(groups, n).mean(-1).repeat_interleave(n))[:, None] * mask  # group_mean advantage per token
+
+    ref = base.clone().requires_grad_()
+    _gvpo_authors_step_loss(ref, old, adv, mask, uid, n, beta, micro_rows=4).backward()
+
+    grads = []
+    for micro in (n, rows):
+        logp = base.clone().requires_grad_()
+        totals = StepTotals.from_masks([mask], constant=1)
+        for s in range(0, rows, micro):
+            sl = slice(s, s + micro)
+            loss, _ = L("gvpo")(logp[sl], old[sl], adv[sl], mask[sl], uid[sl], gvpo_beta=beta,
+                                gvpo_groups_per_micro_batch=2)
+            AGGREGATIONS.get("seq_mean_token_mean")(loss, mask[sl], totals).backward()
+        grads.append(logp.grad)
+    assert torch.allclose(grads[0], grads[1], atol=1e-6)
+    assert torch.allclose(grads[0], ref.grad, atol=1e-6)
+    # the default (4 = the authors' 16 rows / n 4) is 2x this
+    logp = base.clone().requires_grad_()
+    loss, _ = L("gvpo")(logp, old, adv, mask, uid, gvpo_beta=beta)
+    AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, StepTotals.from_masks([mask], constant=1)).backward()
+    assert torch.allclose(logp.grad, 2 * ref.grad, atol=1e-6)
 
 
 def test_gvpo_reference_anchor_needs_ref():

@@ -72,23 +72,56 @@ def test_redit_resumed_trainer_component_matches():
 
 # ---------------------------------------------------------------- GRPO-LEAD (000-03)
 
+def _lead_authors(rewards, lengths, index, alpha=0.05, epsilon=1e-6, threshold=4000):
+    """RewardManager.get_reweight_rewards of github.com/aeroplanepaper/GRPO-LEAD (verl/verl/trainer/main_ppo.py),
+    re-written from the authors' code: rewards 1 (correct) / -1 (wrong); three shortest over all rows of the
+    group gate the term (skip when their mean <= 4000); Bessel std, std = 1 with one correct row."""
+    rewards = list(rewards)
+    for q in set(index):
+        rows = [i for i, qi in enumerate(index) if qi == q]
+        mins = sorted(lengths[i] for i in rows)[:3] + [math.inf] * 3
+        if sum(mins[:3]) / 3 <= threshold:
+            continue
+        good = [i for i in rows if rewards[i] > 0]
+        if not good:
+            continue
+        avg = sum(lengths[i] for i in good) / len(good)
+        std = 1.0
+        if len(good) > 1:
+            std = math.sqrt(sum((lengths[i] - avg) ** 2 for i in good) / (len(good) - 1))
+        for i in good:
+            rewards[i] = rewards[i] * math.exp(-alpha * (lengths[i] - avg) / (std + epsilon))
+    return rewards
+
+
 def test_lead_length_reward_hand_computed():
-    # group 0: correct rows 0,1 with lengths 10, 20 -> mu 15, sigma (population) 5, z = -1, +1
-    # alpha 0.5: exp(0.5) = 1.648721, exp(-0.5) = 0.606531 ; wrong row 2 -> -1 ; row 3 NaN accuracy -> unchanged
-    # group 1: one correct row (z = 0 -> exp(0) = 1) and one wrong
-    acc = [1, 1, 0, NAN, 1, 0]
-    fmt = [0.5, 0.0, 0.5, 0.0, 0.0, 0.0]  # already weighted into `rewards`
-    m = matrix(acc, fmt)
-    rewards = torch.tensor([1.5, 1.0, 0.5, NAN, 1.0, 0.0])
-    out = tr("lead_length_reward", rewards=rewards, lengths=torch.tensor([10, 20, 30, 5, 7, 9]),
-             group_ids=torch.tensor([0, 0, 0, 0, 1, 1]), reward_matrix=m, reward_names=NAMES,
-             lead_len_alpha=0.5, lead_len_epsilon=0.0)
-    assert close(out, [0.5 + math.exp(0.5), math.exp(-0.5), 0.5 - 1.0, NAN, 1.0, -1.0])
-    # shorter correct answers earn more; alpha 0 leaves correct rows at 1 (only the penalty acts)
+    # the issue's example: correct lengths [4100, 4200, 6000] -> authors' [1.032, 1.027, 0.944]
+    lengths = [4100, 4200, 6000,            # group 0: long, all correct -> shaped
+               4100, 4200, 6000, 100,       # group 1: same correct rows + a short wrong one -> gate closed
+               300, 400, 500,               # group 2: short group -> unchanged
+               5000, 4500, 4800,            # group 3: one correct row -> z = 0 (std 1) -> unchanged; wrong -> -1
+               4500, 4600]                  # group 4: two rows -> min3 = inf in the code -> gate open
+    acc = [1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1]
+    index = [0] * 3 + [1] * 4 + [2] * 3 + [3] * 3 + [4] * 2
+    authors = _lead_authors([1.0 if a else -1.0 for a in acc], lengths, index)
+    assert [round(v, 3) for v in authors[:3]] == [1.032, 1.027, 0.944]
+    assert authors[3:10] == [1.0, 1.0, 1.0, -1.0, 1.0, 1.0, 1.0] and authors[10:13] == [1.0, -1.0, -1.0]
+    assert authors[13] > 1.0 > authors[14]
+    m = matrix(acc, [0.0] * len(acc))
+    out = tr("lead_length_reward", rewards=torch.tensor(acc, dtype=torch.float32),
+             lengths=torch.tensor(lengths), group_ids=torch.tensor(index), reward_matrix=m, reward_names=NAMES)
+    assert close(out, authors)
+    # other terms (format) are kept additively; NaN accuracy rows are left unchanged; a lower threshold opens the gate
+    m = matrix([1, 1, 0, NAN], [0.5, 0.0, 0.5, 0.0])
+    out = tr("lead_length_reward", rewards=torch.tensor([1.5, 1.0, 0.5, NAN]), lengths=torch.tensor([10, 20, 30, 5]),
+             group_ids=torch.tensor([0, 0, 0, 0]), reward_matrix=m, reward_names=NAMES,
+             lead_len_alpha=0.5, lead_len_threshold=0.0)
+    ref = _lead_authors([1.0, 1.0], [10, 20], [0, 0], alpha=0.5, threshold=0.0)
+    assert close(out, [0.5 + ref[0], ref[1], 0.5 - 1.0, NAN])
     assert out[0] - 0.5 > out[1]
-    flat = tr("lead_length_reward", rewards=rewards, lengths=torch.tensor([10, 20, 30, 5, 7, 9]),
-              group_ids=torch.tensor([0, 0, 0, 0, 1, 1]), reward_matrix=m, reward_names=NAMES, lead_len_alpha=0.0)
-    assert close(flat, [1.5, 1.0, -0.5, NAN, 1.0, -1.0])
+    gated = tr("lead_length_reward", rewards=torch.tensor([1.5, 1.0, 0.5, NAN]), lengths=torch.tensor([10, 20, 30, 5]),
+               group_ids=torch.tensor([0, 0, 0, 0]), reward_matrix=m, reward_names=NAMES, lead_len_alpha=0.5)
+    assert close(gated, [1.5, 1.0, -0.5, NAN])
 
 
 def test_correct_column_must_exist():

@@ -348,14 +348,33 @@ def _anchor(anchor: str, old_logprobs, ref_logprobs, name: str):
 def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
          group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None, *,
          gvpo_beta: float = param(0.1, 'GVPO: KL strength beta in the implicit reward beta * log(pi / pi_anchor)'),
-         gvpo_anchor: str = param('behavior', 'GVPO: anchor policy of the implicit reward', ['behavior', 'reference'])):
+         gvpo_anchor: str = param('behavior', 'GVPO: anchor policy of the implicit reward', ['behavior', 'reference']),
+         gvpo_groups_per_micro_batch: int = param(4, "GVPO: the authors' step loss is the sum of the group losses of "
+                                                  "a micro-batch averaged over micro-batches, i.e. this many times "
+                                                  "the mean group loss (their 16 rows per GPU micro-batch / n = 4); "
+                                                  "fixed here, so independent of grpolab's micro_batch_size")):
     """GVPO group-variance objective (Zhang et al., 2025, arXiv:2504.19599; seed 000-51).
 
     ``R_theta(o_i) = beta * sum_t log(pi_theta(o_it) / pi_anchor(o_it))``
     ``c_i = (R_theta(o_i) - mean_g R_theta) - (r_i - mean_g r)``
-    group loss ``(1 / (2 (n - 1))) sum_i c_i^2``  (row loss ``n c_i^2 / (2 (n - 1))``)
+    group loss ``L_g = (1 / (2 (n - 1))) sum_i c_i^2``
+    step loss ``k * mean_g L_g``, ``k = gvpo_groups_per_micro_batch``
+    (row loss ``k n c_i^2 / (2 (n - 1))``, averaged over the step's rows by
+    ``loss_aggregation: seq_mean_token_mean``, the recipe's)
 
-    Its gradient is ``-(beta / (n - 1)) sum_i w_i grad log pi(o_i)`` with
+    Scale, from the authors' code (github.com/jszkc/GVPO,
+    ``GVPO/gvpo_core_algos.py`` ``compute_policy_loss_gvpo`` and
+    ``GVPO/gvpo_dp_actor.py`` ``update_policy``): each micro-batch's loss is
+    the *sum* of ``L_g`` over its groups, multiplied by
+    ``1 / gradient_accumulation`` and averaged over ranks (FSDP), i.e.
+    ``sum_g L_g / (number of micro-batches)`` = ``(B_micro / n) mean_g L_g``
+    with ``B_micro`` the rows per GPU micro-batch: 16 / 4 = 4 in
+    ``GVPO/run_qwen2-7b_math_gvpo.sh``. grpolab fixes that factor as ``k``
+    (default 4) instead of tying it to its own ``micro_batch_size``, so the
+    gradient equals the authors' for every micro-batch size (their run's
+    configuration); ``k = 1`` gives the mean group loss.
+
+    Its gradient is ``-(k beta / (n - 1)) mean_g sum_i w_i grad log pi(o_i)`` with
     ``w_i = (r_i - mean r) - beta (l_i - mean l)``: the authors' weighted form.
     ``r_i - mean_g r`` is taken as the group-centred row advantage (exactly
     the reward gap with ``group_mean``, the recipe's estimator). ``gvpo_anchor``: ``behavior`` (default; the sampling policy,
@@ -371,7 +390,7 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     adv = _row_mean(per_token(advantages, logprobs), mask)
     c = _group_center(implicit, group_ids) - _group_center(adv, group_ids)
     n = same.sum(-1).to(c.dtype) + 1
-    return per_token(n * c ** 2 / (2 * (n - 1)), logprobs), {}
+    return per_token(gvpo_groups_per_micro_batch * n * c ** 2 / (2 * (n - 1)), logprobs), {}
 
 
 @POLICY_LOSSES.register("disco", check=_both(_whole_groups, _positive("disco_tau")))

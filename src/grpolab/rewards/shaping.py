@@ -112,6 +112,9 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
                        lead_len_alpha: float = param(0.05, 'GRPO-LEAD: length penalty strength alpha in exp(-alpha z)'),
                        lead_len_wrong_penalty: float = param(1.0, 'GRPO-LEAD: reward of a wrong answer is -this'),
                        lead_len_epsilon: float = param(1e-06, 'GRPO-LEAD: epsilon in z = (L - mu) / (sigma + eps)'),
+                       lead_len_threshold: float = param(4000.0, "GRPO-LEAD: the length term applies only to groups "
+                                                         "whose three shortest completions average more than this "
+                                                         "many tokens (the authors' 4000)"),
                        shaping_correct_reward: str = CORRECT_REWARD,
                        shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
     """GRPO-LEAD length-dependent accuracy and explicit penalty (Zhang & Zuo, 2025, arXiv:2504.09696; 000-03).
@@ -122,12 +125,24 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
         R_acc(o_i) = exp(-alpha z_i)   if o_i is correct
                    = -1                if o_i is wrong   (explicit penalty, ``lead_len_wrong_penalty``)
 
+    Matches the authors' code (github.com/aeroplanepaper/GRPO-LEAD,
+    ``verl/verl/trainer/main_ppo.py``, ``RewardManager.get_reweight_rewards``):
+
+    * ``sigma`` is the sample (Bessel, ``n - 1``) std of the correct lengths;
+      with a single correct row the code uses ``sigma = 1``, so ``z = 0`` and
+      the row is unchanged (equal lengths also give ``z = 0``);
+    * gate: the length term is applied only when the mean of the group's
+      three shortest completions (over *all* rows of the group, correct or
+      not, as the code tracks ``min1..min3`` before testing correctness)
+      exceeds ``lead_len_threshold`` (strict ``>``; the code skips the group
+      when it is ``<= 4000``). A group of fewer than three rows has
+      ``min3 = inf`` in the code, so it always passes the gate;
+    * the wrong-answer penalty is applied to every group, gated or not.
+
     As a transform of the combined reward this is added as
     ``r + (exp(-alpha z) - 1)`` for correct rows and ``r - penalty`` for wrong
-    ones: with the task's 0/1 accuracy reward at weight 1 that is exactly
-    replacing the accuracy term by ``R_acc`` and keeping the other terms
-    (format). ``sigma`` is the population std (``numpy.std``, as in the
-    published reimplementations); equal lengths (one correct answer included) give z = 0.
+    ones: with the task's 0/1 accuracy reward at weight 1 that is exactly the
+    code's ``1 * exp(-alpha z)`` / ``-1`` and keeps the other terms (format).
     NaN rows (and rows whose accuracy is unscorable) are left unchanged.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
@@ -136,9 +151,12 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
     y = lengths.to(torch.float64)
     for idx in _groups(group_ids):
         c = idx[correct[idx]]
-        if len(c):
-            mu, sigma = y[c].mean(), y[c].std(unbiased=False)
-            z = (y[c] - mu) / (sigma + lead_len_epsilon) if sigma > 0 else torch.zeros_like(y[c])
+        shortest = torch.sort(y[idx]).values[:3]
+        gated_on = len(idx) < 3 or float(shortest.mean()) > lead_len_threshold
+        if len(c) and gated_on:
+            mu = y[c].mean()
+            sigma = y[c].std(unbiased=True) if len(c) > 1 else torch.ones((), dtype=torch.float64)
+            z = (y[c] - mu) / (sigma + lead_len_epsilon)
             out[c] = rewards[c] + (torch.exp(-lead_len_alpha * z) - 1).to(rewards.dtype)
         w = idx[~correct[idx] & ~torch.isnan(acc[idx])]
         out[w] = rewards[w] - lead_len_wrong_penalty
