@@ -28,13 +28,17 @@ from .config import Config
 from .errors import ConfigError
 
 
-def config_kwargs(fn: Callable, cfg: Config, skip: set[str] = frozenset()) -> dict[str, Any]:
+def config_kwargs(fn: Callable, cfg: Config, skip: set[str] = frozenset(),
+                  keyword_only: bool = False) -> dict[str, Any]:
     """Parameters of ``fn`` named like a config key (core key or component parameter), with the config's value.
 
+    ``keyword_only``: only keyword-only parameters (a task's positional ``seed`` never reads the training seed).
     A keyword-only parameter without a default that the config does not have is an error."""
     out = {}
     for p in inspect.signature(fn).parameters.values():
         if p.name in skip or p.name == "self" or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+            continue
+        if keyword_only and p.kind != p.KEYWORD_ONLY:
             continue
         if p.name in cfg.params or p.name in type(cfg).field_names():
             out[p.name] = getattr(cfg, p.name)

@@ -1,10 +1,10 @@
 """A task: train and held-out rows plus reward functions; ``get_task`` builds a registered one."""
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..components import config_kwargs
 from ..registry import TASKS
 
 
@@ -20,14 +20,8 @@ class Task:
 
 
 def task_config_kwargs(factory: Callable, cfg) -> dict:
-    """Keyword-only parameters of a task function that ``cfg`` has an attribute for."""
-    out = {}
-    if cfg is None:
-        return out
-    for p in inspect.signature(factory).parameters.values():
-        if p.kind == p.KEYWORD_ONLY and hasattr(cfg, p.name):
-            out[p.name] = getattr(cfg, p.name)
-    return out
+    """Keyword-only parameters of a task function that ``cfg`` has a value for (none without a config)."""
+    return {} if cfg is None else config_kwargs(factory, cfg, keyword_only=True)
 
 
 def get_task(name: str, cfg=None, **kwargs) -> Task:
