@@ -289,19 +289,23 @@ class Trainer:
         Returns ``(batch, reward-call errors, stats)``. Dynamic sampling (DAPO)
         drops groups whose ``dynamic_sampling_metric`` (by default the task's
         accuracy reward, as DAPO and verl ``filter_groups.metric=acc``) does not
-        vary and generates more prompts: each round ``ceil(
-        dynamic_sampling_oversample x groups still needed)`` prompts, the first
-        kept groups beyond the need are discarded (verl truncates the
-        accumulated batch to the train batch size). After
-        ``dynamic_sampling_max_rounds`` rounds it warns and trains on the groups
-        it kept (the step is skipped if none).
+        vary and generates more prompts: each round generates a whole generation
+        batch of ``ceil(dynamic_sampling_oversample x prompts_per_step)`` prompts
+        (verl ``data.gen_batch_size``; the DAPO authors' script uses 3 x
+        ``train_batch_size``) and keeps its groups with signal; kept groups
+        beyond ``prompts_per_step`` are discarded (verl truncates the accumulated
+        batch to the train batch size). After ``dynamic_sampling_max_rounds``
+        rounds (verl ``max_num_gen_batches``) verl stops the run with an error;
+        grpolab warns and trains on the groups it kept (the step is skipped if
+        none).
         """
         cfg = self.cfg
         kept, errors, generated, dropped = [], 0, 0, 0
         n_kept = 0
         for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
             need = cfg.prompts_per_step - n_kept
-            n_prompts = math.ceil(cfg.dynamic_sampling_oversample * need - 1e-9) if cfg.dynamic_sampling else need
+            n_prompts = (math.ceil(cfg.dynamic_sampling_oversample * cfg.prompts_per_step - 1e-9)
+                         if cfg.dynamic_sampling else need)
             batch = self.rollout(n_prompts)
             if batch.rewards is None:
                 errors += self.scorer.score(batch)
