@@ -523,43 +523,63 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, a
 # --------------------------------------------------------------------- AAPO
 
 
+AAPO_REF_COLUMN = param('ref_reward', "AAPO: batch column with the reward of each row's reference-model "
+                        "completion (written by rollout_strategy aapo_reference)")
+
+
 @ADVANTAGES.register("aapo_momentum")
 class AAPOMomentum:
     """AAPO advantage momentum / margin (Xiong et al., 2025, arXiv:2505.14264, seed 000-48).
 
-    Source: the authors' code, https://github.com/JianxXiong/AAPO,
-    ``open-rs/trainer/AAPOTrainer.py`` (same in ``open-r1/``). For every policy
-    completion ``o_i`` the trainer also samples one completion ``o^ref_i`` of
-    the same prompt from the frozen reference model and scores it, then::
+    ``A_i = (r_i - mean_g r) / (std_g r + 1e-4) + eta * clip(r_i - r^ref_i, -clip_low, clip_high)``
 
-        A_i = (r_i - mean_g r) / (std_g r + 1e-4) + clip(r_i - r^ref_i, -0.2, 0.28)
+    ``r^ref_i`` is the reward of a completion of the same prompt sampled from
+    the frozen reference model (the initial policy), scored with the same
+    reward functions; ``std_g`` is Bessel-corrected; ``eta = 1`` and the bounds
+    ``0.2 / 0.28`` are the authors'. The policy is trained with the plain
+    cross-entropy loss ``-A_i log pi(o_i)`` averaged over all tokens of the
+    batch (no ratio, no clip: ``policy_loss: policy_gradient`` with
+    ``loss_aggregation: token_mean``). The "momentum" (renamed "advantage
+    margin" in the latest arXiv version) is the reward gap to the reference
+    model: when the group advantage vanishes (all rewards equal) it still says
+    whether the policy beats the reference.
 
-    (paired by index within the group), optimised with the plain cross-entropy
-    loss ``-A_i log pi(o_i)`` averaged over all tokens (no ratio, no clip: use
-    ``policy_loss: policy_gradient`` with ``loss_aggregation: token_mean``).
-    The "momentum" (renamed "advantage margin" in the latest arXiv version) is
-    the reward gap to the reference model: when the group advantage vanishes
-    (all rewards equal) it still says whether the policy beats the reference.
+    ``aapo_baseline`` chooses ``r^ref``:
 
-    Here ``A_i = zscore_g(r)_i + eta * clip(r_i - b_i, -clip_low, clip_high)``:
+    * ``reference`` (default, the authors'): the batch column
+      ``aapo_ref_column`` (default ``ref_reward``), which the rollout strategy
+      ``aapo_reference`` writes (``rollouts/reference.py``). A run without that
+      column stops with an error naming the fix; a None/NaN entry (an
+      unscorable reference completion) gives margin 0.
+    * ``ema`` (grpolab's stand-in, not the paper's): ``r^ref_i = m(x_i)``, an
+      exponential moving average of prompt x's group-mean reward over its
+      previous visits (``m <- mu m + (1 - mu) mean_g r``, ``mu =
+      aapo_momentum``; margin 0 on a first visit; checkpointed). Once it
+      settles the margin of an all-correct or all-wrong group is 0, where
+      AAPO's is not.
 
-    * ``b_i`` = the reference reward of row i from the batch column
-      ``aapo_ref_column`` (default ``ref_reward``) when the rollout provides it
-      (the published form; a missing/None entry gives term 0).
-    * grpolab's plain rollout does not sample from the reference model, so
-      without that column ``b_i`` falls back to ``m(x_i)``, an exponential
-      moving average of prompt x's group-mean reward over its previous visits
-      (``m <- mu m + (1 - mu) mean_g r``; term 0 on a first visit; ``mu = 1``
-      freezes ``m`` at the first visit, the closest stand-in for a fixed
-      reference). This fallback is grpolab's choice, not the paper's.
+    Unscorable rows get A = 0.
 
-    ``eta = 1`` and clip bounds ``0.2 / 0.28`` are the authors' values.
-    Unscorable rows get A = 0 and do not enter the EMA.
+    Provenance: authors' code — https://github.com/JianxXiong/AAPO,
+    open-rs/trainer/AAPOTrainer.py (AAPOrainer._generate_and_score_completions,
+    compute_loss; the same in open-r1/trainer/AAPOTrainer.py); matches: z-score
+    with torch's Bessel std and 1e-4, ``advantage_constrain = rewards -
+    ref_rewards`` paired by index (one reference completion per policy
+    completion: ``ref_model.generate`` on the prompt repeated G times, same
+    generation config), clamp(-0.2, 0.28), loss ``-logp * A`` over
+    ``completion_mask.sum()``. Known differences: the authors' rewards are a
+    NaN-skipping weighted sum where an all-unscorable row scores 0 (here NaN:
+    A = 0 / margin 0); open-rs slices the reference *prompt* tokens
+    (``prompt_ref_completion_ids[:, :prompt_length]``), a bug fixed in open-r1
+    (``[:, prompt_length:]``), which grpolab follows; the authors' vLLM branch
+    (open-rs only, unused: ``use_vllm: false``) samples the "reference"
+    completions from the current policy's vLLM server. The EMA baseline is
+    grpolab's, not the authors'.
     """
 
     def __init__(self, *,
-                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback "
-                                              'baseline when no reference-reward column; 1 = frozen at first visit)')):
+                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (only with "
+                                              'aapo_baseline: ema; 1 = frozen at the first visit)')):
         if not 0.0 <= aapo_momentum <= 1.0:
             raise ValueError(f"aapo_momentum: must be in [0, 1], got {aapo_momentum}")
         self.mu = aapo_momentum
@@ -567,33 +587,45 @@ class AAPOMomentum:
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, batch=None, *,
                  advantage_epsilon: float = 1e-4,
+                 aapo_baseline: str = param('reference', "AAPO: r_ref from the reference model's completions "
+                                            "('reference', the authors'; needs rollout_strategy aapo_reference) or "
+                                            "a per-prompt EMA of past group-mean rewards ('ema', grpolab's "
+                                            'stand-in)', ['reference', 'ema']),
                  aapo_eta: float = param(1.0, 'AAPO: weight of the clipped margin term clip(r - r_ref)'),
                  aapo_clip_low: float = param(0.2, 'AAPO: margin r - r_ref is clipped below at -clip_low (authors: '
                                               '0.2)'),
                  aapo_clip_high: float = param(0.28, 'AAPO: margin r - r_ref is clipped above at clip_high (authors: '
                                                '0.28)'),
-                 aapo_ref_column: str = param('ref_reward', "AAPO: batch column with the reference model's reward "
-                                              'per row (missing = per-prompt EMA fallback)')) -> torch.Tensor:
+                 aapo_ref_column: str = AAPO_REF_COLUMN) -> torch.Tensor:
         if aapo_clip_low < 0 or aapo_clip_high < 0:
             raise ValueError(f"aapo_clip_low/high: must be >= 0, got {aapo_clip_low}, {aapo_clip_high}")
         adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon).double()
-        mean, _, _ = group_stats(rewards.double(), group_ids)
-        uids = prompt_uids.tolist()
-        col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
-        if col is not None:
+        if aapo_baseline == "reference":
+            col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
+            if col is None:
+                raise ValueError(f"aapo_momentum: the batch has no column '{aapo_ref_column}' (the reward of each "
+                                 "row's reference-model completion, AAPO's r_ref); select rollout_strategy: "
+                                 "aapo_reference (the aapo recipe does), or set aapo_baseline: ema for grpolab's "
+                                 "per-prompt EMA stand-in")
             base = torch.tensor([float("nan") if v is None else float(v) for v in col], dtype=torch.float64)
+        elif aapo_baseline == "ema":
+            base = torch.tensor([self.ema.get(u, float("nan")) for u in prompt_uids.tolist()], dtype=torch.float64)
+            self._update_ema(rewards, group_ids, prompt_uids)
         else:
-            base = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
+            raise ValueError(f"aapo_baseline: '{aapo_baseline}' is not valid; valid values: reference, ema")
         margin = torch.nan_to_num(rewards.double() - base, nan=0.0).clamp(-aapo_clip_low, aapo_clip_high)
-        out = adv + aapo_eta * margin
+        return (adv + aapo_eta * margin).to(rewards.dtype)
+
+    def _update_ema(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor) -> None:
+        """One EMA update per prompt per step, with the mean of its groups' mean rewards (unscorable left out)."""
+        mean, _, _ = group_stats(rewards.double(), group_ids)
         updates: dict[int, list[float]] = {}
-        for i, u in enumerate(uids):
+        for i, u in enumerate(prompt_uids.tolist()):
             if not math.isnan(float(mean[i])):
                 updates.setdefault(u, []).append(float(mean[i]))
-        for u, means in updates.items():  # one update per prompt per step (its groups' mean)
+        for u, means in updates.items():
             m_now = sum(means) / len(means)
             self.ema[u] = m_now if u not in self.ema else self.mu * self.ema[u] + (1 - self.mu) * m_now
-        return out.to(rewards.dtype)
 
     def state_dict(self) -> dict:
         return {"ema": {int(k): float(v) for k, v in self.ema.items()}}
