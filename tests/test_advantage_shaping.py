@@ -75,6 +75,51 @@ def test_seed_semantic_entropy_scaling():
     assert out2[4].tolist() == pytest.approx([0.5, 0.5, 0.5])
 
 
+def seed_authors(cluster_logliks, alpha=0.5):
+    """SEED-GRPO's linear factor written from the paper: p(C_k) = sum_{i in C_k} pi(o_i) / sum_j pi(o_j),
+    SE = -(1/K) sum_k log p(C_k), f = 1 - alpha * min(SE / log G, 1)."""
+    mass = [sum(math.exp(x) for x in c) for c in cluster_logliks]
+    G = sum(len(c) for c in cluster_logliks)
+    se = -sum(math.log(m / sum(mass)) for m in mass) / len(mass)
+    return 1 - alpha * min(se / math.log(G), 1.0)
+
+
+def test_seed_cluster_probability_is_the_likelihood_mass():
+    from grpolab.batch import INJECTED
+    fn = WEIGHTINGS.get("seed_semantic_entropy")
+    # group 0: keys 3,3,3,5; sampled-token log-probs (row 1's third token is injected: not pi_old's)
+    #   sums  -1.0, -2.0, -2.0 | -0.3   -> pi = .367879, .135335, .135335 | .740818
+    #   p(C_3) = .638550 / 1.379368 = .462929, p(C_5) = .537071
+    #   SE = -(ln .462929 + ln .537071) / 2 = .695903; / ln 4 = .501988; f = 1 - .5 * .501988 = .749006
+    #   frequency instead: p = 3/4, 1/4 -> SE = .836988 -> f = .698120 (the two differ)
+    # group 1: one answer, unequal likelihoods -> p = 1, SE = 0, f = 1
+    lp = [[-0.5, -0.5, 0.0], [-1.0, -1.0, -5.0], [-1.5, -0.5, 0.0], [-0.1, -0.2, 0.0],
+          [-0.1, 0.0, 0.0], [-3.0, -2.0, 0.0]]
+    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]]
+    batch = make_batch([[1, 2, 3]] * 6, mask=mask, logprobs=lp,
+                       completions=["3", "so 3", "3.0", "5", "7", "it is 7"])
+    batch.token_origin[1, 2] = INJECTED
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    out = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_equivalence="last_number")
+    assert out.tolist() == pytest.approx([0.749006] * 4 + [1.0] * 2, abs=1e-6)
+    assert out[0].item() == pytest.approx(seed_authors([[-1.0, -2.0, -2.0], [-0.3]]), abs=1e-6)
+    freq = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="frequency")
+    assert freq[:4].tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # token_mass: per-token means -.5, -1, -1 | -.15 -> pi = .606531, .367879, .367879 | .860708
+    #   p = 1.342289 / 2.202997 = .609301, .390699; SE = (.495444 + .939817) / 2 = .717631; f = .741169
+    tok = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="token_mass")
+    assert tok[:4].tolist() == pytest.approx([0.741169] * 4, abs=1e-6)
+    assert tok[:4].tolist() == pytest.approx([seed_authors([[-0.5, -1.0, -1.0], [-0.15]])] * 4, abs=1e-6)
+    # equal likelihoods: the mass is the frequency
+    same = make_batch([[1]] * 4, logprobs=[[-0.7]] * 4, completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], same).tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # a cluster with almost no mass: SE = 15.05 > log 4, clipped at SE_max -> f = 1 - alpha (never negative)
+    rare = make_batch([[1]] * 4, logprobs=[[-1.0], [-1.0], [-1.0], [-30.0]], completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], rare, seed_alpha=1.0).tolist() == pytest.approx([0.0] * 4, abs=1e-12)
+    with pytest.raises(ValueError, match="seed_cluster_probability"):
+        fn(torch.ones(4), g[:4], rare, seed_cluster_probability="count")
+
+
 def test_seed_pluggable_equivalence():
     fn = WEIGHTINGS.get("seed_semantic_entropy")
     # os.path:basename as the key: "x/3" and "y/3" are one answer, "z/4" another -> keys 3,3,4,4

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ..batch import SAMPLED
 from ..registry import ANSWER_KEYS
 from .losses import per_token
 from ..data import completion_text
@@ -119,24 +120,44 @@ def resolve_answer_key(spec: str) -> Callable[[str], object]:
     return fn
 
 
-def semantic_entropy(keys: list, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def semantic_entropy(keys: list, group_ids: torch.Tensor,
+                     loglik: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row ``(SE, SE_max)`` of the row's group, clustering rows with equal keys.
 
-    ``p(C_k) = |C_k| / n`` (n = rows of the group), ``SE = -(1/K) sum_k log p(C_k)``
-    over the K clusters (the Monte-Carlo estimator SEED-GRPO uses), ``SE_max = log n``.
+    ``SE = -(1/K) sum_k log p(C_k)`` over the group's K clusters (the Monte-Carlo
+    estimator SEED-GRPO uses), ``SE_max = log n`` (n rows: every row its own
+    cluster, each with probability 1/n). With ``loglik`` ``[R]`` (each row's
+    sequence log-likelihood) ``p(C_k) = sum_{i in C_k} exp(loglik_i) /
+    sum_{j in group} exp(loglik_j)``, the cluster's share of the sampled
+    completions' probability mass; without it ``p(C_k) = |C_k| / n`` (the
+    frequency, which is the mass when every completion is equally likely).
     """
     inv, n_groups = _group_index(group_ids)
     se = torch.zeros(n_groups, dtype=torch.float64)
     se_max = torch.zeros(n_groups, dtype=torch.float64)
+    ll = None if loglik is None else loglik.double()
     for g in range(n_groups):
         rows = (inv == g).nonzero().flatten().tolist()
         n = len(rows)
-        counts: dict = {}
+        members: dict = {}
         for r in rows:
-            counts[keys[r]] = counts.get(keys[r], 0) + 1
-        se[g] = -sum(math.log(c / n) for c in counts.values()) / len(counts)
+            members.setdefault(keys[r], []).append(r)
+        if ll is None:
+            logp = [math.log(len(m) / n) for m in members.values()]
+        else:
+            total = torch.logsumexp(ll[rows], 0)
+            logp = [float(torch.logsumexp(ll[m], 0) - total) for m in members.values()]
+        se[g] = -sum(logp) / len(logp)
         se_max[g] = math.log(n) if n > 1 else 0.0
     return se[inv], se_max[inv]
+
+
+def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
+    """``[R]`` log pi_old(o_i | q) from the batch's behaviour log-probs: the sum over the row's sampled tokens
+    (``token_origin == SAMPLED``, attended to), or their mean with ``length_normalize`` (0 for a row with none)."""
+    sampled = (batch.completion_attention_mask > 0) & (batch.token_origin == SAMPLED)
+    lp = (batch.behavior_logprobs.double() * sampled).sum(-1)
+    return lp / sampled.sum(-1).clamp(min=1) if length_normalize else lp
 
 
 @WEIGHTINGS.register("seed_semantic_entropy")
@@ -146,33 +167,70 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
                                                     '(exponential)', ['linear', 'exponential']),
                           seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
                                                         "completions: 'last_number', 'final_line', 'exact' or "
-                                                        "'module:function' (text -> key)")) -> torch.Tensor:
+                                                        "'module:function' (text -> key)"),
+                          seed_cluster_probability: str = param(
+                              'mass', "SEED-GRPO: p(C_k) = the cluster's share of the sampled completions' "
+                              "probability pi_old(o|q) ('mass', the paper's), the same with per-token "
+                              "(length-normalised) probabilities ('token_mass'), or its frequency |C_k|/G "
+                              "('frequency')", ['mass', 'token_mass', 'frequency'])) -> torch.Tensor:
     """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
 
-    ``A'_i = A_i * f(alpha * SE(q) / SE_max(q))`` with ``f(x) = 1 - x`` (linear)
-    or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)`` over the
-    K answer clusters of the prompt's group and ``SE_max = log G``. A group whose
-    completions all give one answer keeps its advantages; a group where every
-    answer differs is damped most.
+    ``A'_i = A_i * f(alpha * min(SE(q) / SE_max(q), 1))`` with ``f(x) = 1 - x``
+    (linear) or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
+    over the K answer clusters of the prompt's group, ``SE_max = log G``, and
+    the cluster probability from the completions' likelihoods under the
+    behaviour (old) policy::
 
-    Choices: completions are clustered by an *answer key* of the completion
-    text (``batch.columns['completion']``): ``seed_equivalence`` names a
-    registered key (``last_number``: the last number, else the stripped final
-    line; ``final_line``; ``exact``) or ``module:function`` mapping text to a
-    hashable key; equal keys = one cluster. The paper weighs clusters by the
-    old policy's sequence probability; we use the empirical frequency
-    ``|C_k|/G`` (sequence probabilities of different lengths are not
-    comparable, and the MC estimator over G samples is the same in
-    expectation). ``alpha = 0.5`` is our default (``alpha = 1`` with the linear
-    f zeroes fully uncertain groups). The paper's third f ("focal") is not
-    implemented. A group of one row has ``SE_max = 0`` and keeps its advantages.
+        p(C_k | q) = sum_{i in C_k} pi_old(o_i | q) / sum_{j=1..G} pi_old(o_j | q)
+
+    with ``pi_old(o | q) = exp(sum_t log pi_old(o_t | q, o_<t))`` from
+    ``batch.behavior_logprobs`` (sampled tokens only). A group whose
+    completions all give one answer keeps its advantages; a group where every
+    answer differs is damped most. ``seed_cluster_probability``: ``mass``
+    (above), ``token_mass`` (``pi_old`` replaced by the per-token geometric
+    mean ``exp(mean_t log pi_old)``, the length normalisation commonly used
+    for semantic entropy, so that one short completion does not carry all
+    the mass), ``frequency`` (``|C_k| / G``: the mass when every completion
+    is equally likely; it is not the paper's quantity and not an unbiased
+    estimate of it).
+
+    Clusters are equal *answer keys* of the completion text
+    (``batch.columns['completion']``): ``seed_equivalence`` names a registered
+    key (``last_number``: the last number, else the stripped final line;
+    ``final_line``; ``exact``) or ``module:function`` mapping text to a
+    hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
+    linear f zeroes fully uncertain groups). The paper's third f ("focal") is
+    not implemented. A group of one row has ``SE_max = 0`` and keeps its
+    advantages.
+
+    Provenance: paper equations — SEED-GRPO (Chen, Chen, Wang, Yang, 2025,
+    arXiv:2505.12346v1), Sec. 3 (semantic entropy ``SE(q) ~= -(1/K) sum_k log
+    p(C_k|q)`` with ``p(C_k|q) = sum_{o_i in C_k} pi_old(o_i|q)``; ``A'_i = A_i
+    f(alpha SE(q)/SE_max(q))``), read from the stored summaries of the method
+    section (equation numbers not checked: the full text was not available);
+    the authors' repository github.com/Dreamer312/SEED-GRPO holds only the
+    paper and a README ("we will release our code"). Choices: the cluster
+    masses are normalised over the G sampled completions (the paper's
+    unnormalised sum of sequence probabilities makes ``-log p`` grow with
+    length, so even a single-answer group would be damped); ``SE / SE_max`` is
+    clipped at 1 (``SE_max`` is the paper's maximum; with masses a rare
+    cluster can push the estimate above ``log G``), so f stays in ``[1 -
+    alpha, 1]``; answer-key clustering stands in for the paper's semantic
+    equivalence check.
     """
     key = resolve_answer_key(seed_equivalence)
     if "completion" not in batch.columns:
         raise ValueError("seed_semantic_entropy needs batch.columns['completion'] (the completion texts)")
     keys = [key(completion_text(c)) for c in batch.columns["completion"]]
-    se, se_max = semantic_entropy(keys, group_ids)
-    x = seed_alpha * torch.where(se_max > 0, se / se_max.clamp(min=1e-12), torch.zeros_like(se))
+    if seed_cluster_probability == "frequency":
+        loglik = None
+    elif seed_cluster_probability in ("mass", "token_mass"):
+        loglik = sequence_loglik(batch, length_normalize=seed_cluster_probability == "token_mass")
+    else:
+        raise ValueError(f"seed_cluster_probability: '{seed_cluster_probability}' is not valid; valid values: "
+                         "mass, token_mass, frequency")
+    se, se_max = semantic_entropy(keys, group_ids, loglik)
+    x = seed_alpha * torch.where(se_max > 0, (se / se_max.clamp(min=1e-12)).clamp(max=1.0), torch.zeros_like(se))
     if seed_scaling == "linear":
         f = 1.0 - x
     elif seed_scaling == "exponential":
