@@ -203,13 +203,14 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     not implemented. A group of one row has ``SE_max = 0`` and keeps its
     advantages.
 
-    Provenance: paper equations — SEED-GRPO (Chen, Chen, Wang, Yang, 2025,
-    arXiv:2505.12346v1), Sec. 3 (semantic entropy ``SE(q) ~= -(1/K) sum_k log
-    p(C_k|q)`` with ``p(C_k|q) = sum_{o_i in C_k} pi_old(o_i|q)``; ``A'_i = A_i
-    f(alpha SE(q)/SE_max(q))``), read from the stored summaries of the method
-    section (equation numbers not checked: the full text was not available);
-    the authors' repository github.com/Dreamer312/SEED-GRPO holds only the
-    paper and a README ("we will release our code"). Choices: the cluster
+    Provenance: paper equations — SEED-GRPO: Semantic Entropy Enhanced GRPO
+    for Uncertainty-Aware Policy Optimization (arXiv:2505.12346v1), Sec. 3, the
+    semantic entropy ``SE(q) ~= -(1/K) sum_k log p(C_k|q)`` with ``p(C_k|q) =
+    sum_{o_i in C_k} pi_old(o_i|q)`` and ``A'_i = A_i f(alpha SE(q)/SE_max(q))``,
+    read from summaries of the method section (equation numbers not checked,
+    the full text was not available here); the authors' repository
+    github.com/Dreamer312/SEED-GRPO holds only the paper and a README ("we
+    will release our code"), so there is no code to match. Choices: the cluster
     masses are normalised over the G sampled completions (the paper's
     unnormalised sum of sequence probabilities makes ``-log p`` grow with
     length, so even a single-answer group would be damped); ``SE / SE_max`` is
@@ -619,20 +620,20 @@ class AAPOMomentum:
     Unscorable rows get A = 0.
 
     Provenance: authors' code — https://github.com/JianxXiong/AAPO,
-    open-rs/trainer/AAPOTrainer.py (AAPOrainer._generate_and_score_completions,
-    compute_loss; the same in open-r1/trainer/AAPOTrainer.py); matches: z-score
-    with torch's Bessel std and 1e-4, ``advantage_constrain = rewards -
-    ref_rewards`` paired by index (one reference completion per policy
-    completion: ``ref_model.generate`` on the prompt repeated G times, same
-    generation config), clamp(-0.2, 0.28), loss ``-logp * A`` over
-    ``completion_mask.sum()``. Known differences: the authors' rewards are a
-    NaN-skipping weighted sum where an all-unscorable row scores 0 (here NaN:
-    A = 0 / margin 0); open-rs slices the reference *prompt* tokens
-    (``prompt_ref_completion_ids[:, :prompt_length]``), a bug fixed in open-r1
-    (``[:, prompt_length:]``), which grpolab follows; the authors' vLLM branch
-    (open-rs only, unused: ``use_vllm: false``) samples the "reference"
-    completions from the current policy's vLLM server. The EMA baseline is
-    grpolab's, not the authors'.
+    open-r1/trainer/AAPOTrainer.py (AAPOTrainer._generate_and_score_completions
+    and compute_loss, the same formula in open-rs/trainer/AAPOTrainer.py);
+    matches: the z-score with torch's Bessel std and 1e-4, ``advantage_constrain
+    = rewards - ref_rewards`` paired by index (one reference completion per
+    policy completion, ``ref_model.generate`` on the prompt repeated G times
+    with the same generation config), clamp(-0.2, 0.28), the loss ``-logp * A``
+    over ``completion_mask.sum()``. Known differences: the authors' rewards are
+    a NaN-skipping weighted sum where an all-unscorable row scores 0 (here NaN,
+    so A = 0 and margin 0); open-rs slices the reference *prompt* tokens
+    (``prompt_ref_completion_ids[:, :prompt_length]``), a bug that open-r1
+    fixes (``[:, prompt_length:]``) and grpolab follows open-r1; the open-rs
+    vLLM branch (unused, their configs set ``use_vllm: false``) samples the
+    "reference" completions from the current policy's vLLM server. The EMA
+    baseline is grpolab's, not the authors'.
     """
 
     def __init__(self, *,

@@ -40,13 +40,14 @@ def aapo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     Provenance: authors' code — https://github.com/JianxXiong/AAPO,
     open-r1/trainer/AAPOTrainer.py (AAPOTrainer._generate_and_score_completions);
     matches: ``self.ref_model.generate`` (TRL's frozen copy of the initial
-    model) on the same G-times repeated prompts with the policy's generation
-    config, the completions after the prompt, scored by the same reward
-    functions and weights, paired by index (``rows``). Known differences:
-    ``prompt`` is grpolab's cheaper option; open-rs's copy of the trainer
-    slices the prompt tokens instead of the completion (a bug, fixed in
-    open-r1); a vLLM engine, when configured, samples the policy's completions
-    while grpolab's sampler samples the reference's.
+    model, kept because their configs set beta 0.1, a KL their compute_loss
+    never uses) on the same G-times repeated prompts with the policy's
+    generation config, the completion tokens after the prompt, scored by the
+    same reward functions and weights, paired by index (``row``). Known
+    differences: ``prompt`` is grpolab's cheaper option; open-rs's copy of the
+    trainer slices the prompt tokens instead of the completion, a bug that
+    open-r1 fixes; with a vLLM engine configured the engine samples the
+    policy's completions and grpolab's sampler the reference's.
     """
     if aapo_ref_samples not in ("row", "prompt"):
         raise ValueError(f"aapo_ref_samples: '{aapo_ref_samples}' is not valid; valid values: row, prompt")
