@@ -75,6 +75,51 @@ def test_seed_semantic_entropy_scaling():
     assert out2[4].tolist() == pytest.approx([0.5, 0.5, 0.5])
 
 
+def seed_authors(cluster_logliks, alpha=0.5):
+    """SEED-GRPO's linear factor written from the paper: p(C_k) = sum_{i in C_k} pi(o_i) / sum_j pi(o_j),
+    SE = -(1/K) sum_k log p(C_k), f = 1 - alpha * min(SE / log G, 1)."""
+    mass = [sum(math.exp(x) for x in c) for c in cluster_logliks]
+    G = sum(len(c) for c in cluster_logliks)
+    se = -sum(math.log(m / sum(mass)) for m in mass) / len(mass)
+    return 1 - alpha * min(se / math.log(G), 1.0)
+
+
+def test_seed_cluster_probability_is_the_likelihood_mass():
+    from grpolab.batch import INJECTED
+    fn = WEIGHTINGS.get("seed_semantic_entropy")
+    # group 0: keys 3,3,3,5; sampled-token log-probs (row 1's third token is injected: not pi_old's)
+    #   sums  -1.0, -2.0, -2.0 | -0.3   -> pi = .367879, .135335, .135335 | .740818
+    #   p(C_3) = .638550 / 1.379368 = .462929, p(C_5) = .537071
+    #   SE = -(ln .462929 + ln .537071) / 2 = .695903; / ln 4 = .501988; f = 1 - .5 * .501988 = .749006
+    #   frequency instead: p = 3/4, 1/4 -> SE = .836988 -> f = .698120 (the two differ)
+    # group 1: one answer, unequal likelihoods -> p = 1, SE = 0, f = 1
+    lp = [[-0.5, -0.5, 0.0], [-1.0, -1.0, -5.0], [-1.5, -0.5, 0.0], [-0.1, -0.2, 0.0],
+          [-0.1, 0.0, 0.0], [-3.0, -2.0, 0.0]]
+    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]]
+    batch = make_batch([[1, 2, 3]] * 6, mask=mask, logprobs=lp,
+                       completions=["3", "so 3", "3.0", "5", "7", "it is 7"])
+    batch.token_origin[1, 2] = INJECTED
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    out = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_equivalence="last_number")
+    assert out.tolist() == pytest.approx([0.749006] * 4 + [1.0] * 2, abs=1e-6)
+    assert out[0].item() == pytest.approx(seed_authors([[-1.0, -2.0, -2.0], [-0.3]]), abs=1e-6)
+    freq = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="frequency")
+    assert freq[:4].tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # token_mass: per-token means -.5, -1, -1 | -.15 -> pi = .606531, .367879, .367879 | .860708
+    #   p = 1.342289 / 2.202997 = .609301, .390699; SE = (.495444 + .939817) / 2 = .717631; f = .741169
+    tok = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="token_mass")
+    assert tok[:4].tolist() == pytest.approx([0.741169] * 4, abs=1e-6)
+    assert tok[:4].tolist() == pytest.approx([seed_authors([[-0.5, -1.0, -1.0], [-0.15]])] * 4, abs=1e-6)
+    # equal likelihoods: the mass is the frequency
+    same = make_batch([[1]] * 4, logprobs=[[-0.7]] * 4, completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], same).tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # a cluster with almost no mass: SE = 15.05 > log 4, clipped at SE_max -> f = 1 - alpha (never negative)
+    rare = make_batch([[1]] * 4, logprobs=[[-1.0], [-1.0], [-1.0], [-30.0]], completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], rare, seed_alpha=1.0).tolist() == pytest.approx([0.0] * 4, abs=1e-12)
+    with pytest.raises(ValueError, match="seed_cluster_probability"):
+        fn(torch.ones(4), g[:4], rare, seed_cluster_probability="count")
+
+
 def test_seed_pluggable_equivalence():
     fn = WEIGHTINGS.get("seed_semantic_entropy")
     # os.path:basename as the key: "x/3" and "y/3" are one answer, "z/4" another -> keys 3,3,4,4
@@ -264,37 +309,92 @@ def test_tempsamp_soft_advantage():
 
 # ------------------------------------------------------------------------ AAPO (000-48)
 
+def aapo_authors(rewards, ref_rewards, group_size):
+    """AAPO's advantage as the authors' open-r1/trainer/AAPOTrainer.py computes it, re-derived in plain Python:
+    z = (r - mean_g) / (std_g Bessel + 1e-4) on consecutive groups of ``group_size``; A = z + clamp(r - r_ref,
+    -0.2, 0.28) row by row (reference completion i paired with policy completion i)."""
+    out = []
+    for s in range(0, len(rewards), group_size):
+        g = rewards[s:s + group_size]
+        m = sum(g) / len(g)
+        sd = math.sqrt(sum((x - m) ** 2 for x in g) / (len(g) - 1))
+        out += [(x - m) / (sd + 1e-4) for x in g]
+    return [a + min(max(r - q, -0.2), 0.28) for a, r, q in zip(out, rewards, ref_rewards)]
+
+
 def test_aapo_momentum_hand_computed():
-    # authors' code (JianxXiong/AAPO, AAPOTrainer): A = zscore + clip(r - r_ref, -0.2, 0.28)
+    # the issue's example: an all-correct group (second visit) whose reference completions are wrong.
+    # authors: z = 0 (all equal), margin clip(1 - 0, -.2, .28) = +.28 per row; grpolab's old EMA stand-in gave 0
+    g, u = torch.tensor([0, 0, 0, 0]), torch.tensor([3, 3, 3, 3])
+    r = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    batch = make_batch([[1]] * 4)
+    batch.columns["ref_reward"] = [0.0, 0.0, 0.0, 0.0]
+    a = AAPOMomentum()
+    for _ in range(2):  # first and second visit: the reference margin does not depend on history
+        out = a(r, g, u, batch, advantage_epsilon=EPS)
+        assert out.tolist() == pytest.approx([0.28] * 4) == aapo_authors([1.0] * 4, [0.0] * 4, 4)
+    ema = AAPOMomentum(aapo_momentum=0.9)
+    ema(r, g, u, aapo_baseline="ema")
+    assert ema(r, g, u, aapo_baseline="ema").tolist() == [0.0] * 4  # the EMA has settled at 1: margin 0
+    # mixed group, unequal reference rewards (paired by index), both clip bounds active:
+    # r = 1,0,1,0 -> mean .5, Bessel std sqrt(1/3) = .577350; z = +-.5/.577450 = +-.865876
+    # ref = 0, 1, 1, .1 -> margins 1 (-> .28), -1 (-> -.2), 0, -.1
+    r2, ref2 = [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.1]
+    batch.columns["ref_reward"] = ref2
+    out = a(torch.tensor(r2), g, u, batch, advantage_epsilon=EPS)
+    assert out.tolist() == pytest.approx([0.865876 + 0.28, -0.865876 - 0.2, 0.865876, -0.865876 - 0.1], abs=1e-5)
+    assert out.tolist() == pytest.approx(aapo_authors(r2, ref2, 4), abs=1e-6)
+    # all-wrong group against a correct reference: z = 0, margin -1 -> -.2
+    batch.columns["ref_reward"] = [1.0] * 4
+    assert a(torch.zeros(4), g, u, batch).tolist() == pytest.approx([-0.2] * 4)
+
+
+def test_aapo_momentum_needs_the_reference_column():
+    a = AAPOMomentum()
+    g, u, r = torch.tensor([0, 0]), torch.tensor([3, 3]), torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match="ref_reward.*aapo_reference.*aapo_baseline: ema"):
+        a(r, g, u, make_batch([[1], [1]]))
+    with pytest.raises(ValueError, match="ref_reward"):
+        a(r, g, u)  # no batch at all
+    with pytest.raises(ValueError, match="aapo_baseline"):
+        a(r, g, u, make_batch([[1], [1]]), aapo_baseline="nonsense")
+
+
+def test_aapo_ema_baseline_hand_computed():
+    # grpolab's explicit stand-in (aapo_baseline: ema): r_ref = the prompt's EMA of past group means
     a = AAPOMomentum(aapo_momentum=0.9)
     g, u = torch.tensor([0, 0]), torch.tensor([3, 3])
-    # no reference column -> EMA fallback. step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
-    assert a(torch.tensor([1.0, 1.0]), g, u, advantage_epsilon=EPS).tolist() == [0.0, 0.0]
-    # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2 (vanishing group advantage still gets signal)
-    assert a(torch.tensor([0.0, 0.0]), g, u).tolist() == pytest.approx([-0.2, -0.2])
+    # step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
+    assert a(torch.tensor([1.0, 1.0]), g, u, advantage_epsilon=EPS, aapo_baseline="ema").tolist() == [0.0, 0.0]
+    # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2
+    assert a(torch.tensor([0.0, 0.0]), g, u, aapo_baseline="ema").tolist() == pytest.approx([-0.2, -0.2])
     assert a.ema[3] == pytest.approx(0.9)  # .9 * 1 + .1 * 0
     # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; margins 1-.9 = .1 (kept), 0-.9 = -.9 -> -.2
-    out = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS)
+    out = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_baseline="ema")
     assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.2], abs=1e-5)
     assert a.ema[3] == pytest.approx(0.9 * 0.9 + 0.1 * 0.5)  # .86
     # without clipping the unclipped margins come back: -.706997 - (0 - .86)
-    wide = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0)
+    wide = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0,
+             aapo_baseline="ema")
     assert wide.tolist() == pytest.approx([0.706997 + 0.14, -0.706997 - 0.86], abs=1e-5)
 
 
 def test_aapo_reference_reward_column():
-    # published form: r_ref from the reference model's completion of the same row (batch column ref_reward)
+    # r_ref from the reference model's completion of the same row (batch column ref_reward)
     a = AAPOMomentum()
     g, u = torch.tensor([0, 0, 0]), torch.tensor([5, 5, 5])
     batch = make_batch([[1], [1], [1]])
     batch.columns["ref_reward"] = [0.0, 1.0, None]
     r = torch.tensor([1.0, 1.0, 1.0])
-    # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None -> 0
+    # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None (unscorable reference) -> 0
     assert a(r, g, u, batch, advantage_epsilon=EPS).tolist() == pytest.approx([0.28, 0.0, 0.0])
+    assert a.ema == {}  # the reference baseline keeps no EMA
     # eta scales the margin term; rewards 1,0,0 vs ref 0,1,None: z = (2/3, -1/3, -1/3)/(.57735 + 1e-4)
     out = a(torch.tensor([1.0, 0.0, 0.0]), g, u, batch, advantage_epsilon=EPS, aapo_eta=0.5)
     z = 1 / 3 / (0.577350 + 1e-4)
     assert out.tolist() == pytest.approx([2 * z + 0.5 * 0.28, -z + 0.5 * -0.2, -z], abs=1e-5)
+    batch.columns["my_ref"] = [1.0, 1.0, 1.0]
+    assert a(r, g, u, batch, aapo_ref_column="my_ref").tolist() == pytest.approx([0.0, 0.0, 0.0])
     with pytest.raises(ValueError):
         a(r, g, u, batch, aapo_clip_low=-0.1)
 
@@ -308,12 +408,12 @@ def test_aapo_restore_is_exact():
 
     a = AAPOMomentum()
     for _ in range(3):
-        a(*inputs())
+        a(*inputs(), aapo_baseline="ema")
     b = AAPOMomentum()
     b.load_state_dict(a.state_dict())
     for _ in range(3):
         x = inputs()
-        assert torch.equal(a(*x), b(*x))
+        assert torch.equal(a(*x, aapo_baseline="ema"), b(*x, aapo_baseline="ema"))
 
 
 # ------------------------------------------------------------------------ AWPO (000-118)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ..batch import SAMPLED
 from ..registry import ANSWER_KEYS
 from .losses import per_token
 from ..data import completion_text
@@ -119,24 +120,44 @@ def resolve_answer_key(spec: str) -> Callable[[str], object]:
     return fn
 
 
-def semantic_entropy(keys: list, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def semantic_entropy(keys: list, group_ids: torch.Tensor,
+                     loglik: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row ``(SE, SE_max)`` of the row's group, clustering rows with equal keys.
 
-    ``p(C_k) = |C_k| / n`` (n = rows of the group), ``SE = -(1/K) sum_k log p(C_k)``
-    over the K clusters (the Monte-Carlo estimator SEED-GRPO uses), ``SE_max = log n``.
+    ``SE = -(1/K) sum_k log p(C_k)`` over the group's K clusters (the Monte-Carlo
+    estimator SEED-GRPO uses), ``SE_max = log n`` (n rows: every row its own
+    cluster, each with probability 1/n). With ``loglik`` ``[R]`` (each row's
+    sequence log-likelihood) ``p(C_k) = sum_{i in C_k} exp(loglik_i) /
+    sum_{j in group} exp(loglik_j)``, the cluster's share of the sampled
+    completions' probability mass; without it ``p(C_k) = |C_k| / n`` (the
+    frequency, which is the mass when every completion is equally likely).
     """
     inv, n_groups = _group_index(group_ids)
     se = torch.zeros(n_groups, dtype=torch.float64)
     se_max = torch.zeros(n_groups, dtype=torch.float64)
+    ll = None if loglik is None else loglik.double()
     for g in range(n_groups):
         rows = (inv == g).nonzero().flatten().tolist()
         n = len(rows)
-        counts: dict = {}
+        members: dict = {}
         for r in rows:
-            counts[keys[r]] = counts.get(keys[r], 0) + 1
-        se[g] = -sum(math.log(c / n) for c in counts.values()) / len(counts)
+            members.setdefault(keys[r], []).append(r)
+        if ll is None:
+            logp = [math.log(len(m) / n) for m in members.values()]
+        else:
+            total = torch.logsumexp(ll[rows], 0)
+            logp = [float(torch.logsumexp(ll[m], 0) - total) for m in members.values()]
+        se[g] = -sum(logp) / len(logp)
         se_max[g] = math.log(n) if n > 1 else 0.0
     return se[inv], se_max[inv]
+
+
+def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
+    """``[R]`` log pi_old(o_i | q) from the batch's behaviour log-probs: the sum over the row's sampled tokens
+    (``token_origin == SAMPLED``, attended to), or their mean with ``length_normalize`` (0 for a row with none)."""
+    sampled = (batch.completion_attention_mask > 0) & (batch.token_origin == SAMPLED)
+    lp = (batch.behavior_logprobs.double() * sampled).sum(-1)
+    return lp / sampled.sum(-1).clamp(min=1) if length_normalize else lp
 
 
 @WEIGHTINGS.register("seed_semantic_entropy")
@@ -146,33 +167,71 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
                                                     '(exponential)', ['linear', 'exponential']),
                           seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
                                                         "completions: 'last_number', 'final_line', 'exact' or "
-                                                        "'module:function' (text -> key)")) -> torch.Tensor:
+                                                        "'module:function' (text -> key)"),
+                          seed_cluster_probability: str = param(
+                              'mass', "SEED-GRPO: p(C_k) = the cluster's share of the sampled completions' "
+                              "probability pi_old(o|q) ('mass', the paper's), the same with per-token "
+                              "(length-normalised) probabilities ('token_mass'), or its frequency |C_k|/G "
+                              "('frequency')", ['mass', 'token_mass', 'frequency'])) -> torch.Tensor:
     """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
 
-    ``A'_i = A_i * f(alpha * SE(q) / SE_max(q))`` with ``f(x) = 1 - x`` (linear)
-    or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)`` over the
-    K answer clusters of the prompt's group and ``SE_max = log G``. A group whose
-    completions all give one answer keeps its advantages; a group where every
-    answer differs is damped most.
+    ``A'_i = A_i * f(alpha * min(SE(q) / SE_max(q), 1))`` with ``f(x) = 1 - x``
+    (linear) or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
+    over the K answer clusters of the prompt's group, ``SE_max = log G``, and
+    the cluster probability from the completions' likelihoods under the
+    behaviour (old) policy::
 
-    Choices: completions are clustered by an *answer key* of the completion
-    text (``batch.columns['completion']``): ``seed_equivalence`` names a
-    registered key (``last_number``: the last number, else the stripped final
-    line; ``final_line``; ``exact``) or ``module:function`` mapping text to a
-    hashable key; equal keys = one cluster. The paper weighs clusters by the
-    old policy's sequence probability; we use the empirical frequency
-    ``|C_k|/G`` (sequence probabilities of different lengths are not
-    comparable, and the MC estimator over G samples is the same in
-    expectation). ``alpha = 0.5`` is our default (``alpha = 1`` with the linear
-    f zeroes fully uncertain groups). The paper's third f ("focal") is not
-    implemented. A group of one row has ``SE_max = 0`` and keeps its advantages.
+        p(C_k | q) = sum_{i in C_k} pi_old(o_i | q) / sum_{j=1..G} pi_old(o_j | q)
+
+    with ``pi_old(o | q) = exp(sum_t log pi_old(o_t | q, o_<t))`` from
+    ``batch.behavior_logprobs`` (sampled tokens only). A group whose
+    completions all give one answer keeps its advantages; a group where every
+    answer differs is damped most. ``seed_cluster_probability``: ``mass``
+    (above), ``token_mass`` (``pi_old`` replaced by the per-token geometric
+    mean ``exp(mean_t log pi_old)``, the length normalisation commonly used
+    for semantic entropy, so that one short completion does not carry all
+    the mass), ``frequency`` (``|C_k| / G``: the mass when every completion
+    is equally likely; it is not the paper's quantity and not an unbiased
+    estimate of it).
+
+    Clusters are equal *answer keys* of the completion text
+    (``batch.columns['completion']``): ``seed_equivalence`` names a registered
+    key (``last_number``: the last number, else the stripped final line;
+    ``final_line``; ``exact``) or ``module:function`` mapping text to a
+    hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
+    linear f zeroes fully uncertain groups). The paper's third f ("focal") is
+    not implemented. A group of one row has ``SE_max = 0`` and keeps its
+    advantages.
+
+    Provenance: paper equations — SEED-GRPO: Semantic Entropy Enhanced GRPO
+    for Uncertainty-Aware Policy Optimization (arXiv:2505.12346v1), Sec. 3, the
+    semantic entropy ``SE(q) ~= -(1/K) sum_k log p(C_k|q)`` with ``p(C_k|q) =
+    sum_{o_i in C_k} pi_old(o_i|q)`` and ``A'_i = A_i f(alpha SE(q)/SE_max(q))``,
+    read from summaries of the method section (equation numbers not checked,
+    the full text was not available here); the authors' repository
+    github.com/Dreamer312/SEED-GRPO holds only the paper and a README ("we
+    will release our code"), so there is no code to match. Choices: the cluster
+    masses are normalised over the G sampled completions (the paper's
+    unnormalised sum of sequence probabilities makes ``-log p`` grow with
+    length, so even a single-answer group would be damped); ``SE / SE_max`` is
+    clipped at 1 (``SE_max`` is the paper's maximum; with masses a rare
+    cluster can push the estimate above ``log G``), so f stays in ``[1 -
+    alpha, 1]``; answer-key clustering stands in for the paper's semantic
+    equivalence check.
     """
     key = resolve_answer_key(seed_equivalence)
     if "completion" not in batch.columns:
         raise ValueError("seed_semantic_entropy needs batch.columns['completion'] (the completion texts)")
     keys = [key(completion_text(c)) for c in batch.columns["completion"]]
-    se, se_max = semantic_entropy(keys, group_ids)
-    x = seed_alpha * torch.where(se_max > 0, se / se_max.clamp(min=1e-12), torch.zeros_like(se))
+    if seed_cluster_probability == "frequency":
+        loglik = None
+    elif seed_cluster_probability in ("mass", "token_mass"):
+        loglik = sequence_loglik(batch, length_normalize=seed_cluster_probability == "token_mass")
+    else:
+        raise ValueError(f"seed_cluster_probability: '{seed_cluster_probability}' is not valid; valid values: "
+                         "mass, token_mass, frequency")
+    se, se_max = semantic_entropy(keys, group_ids, loglik)
+    x = seed_alpha * torch.where(se_max > 0, (se / se_max.clamp(min=1e-12)).clamp(max=1.0), torch.zeros_like(se))
     if seed_scaling == "linear":
         f = 1.0 - x
     elif seed_scaling == "exponential":
@@ -523,43 +582,63 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, a
 # --------------------------------------------------------------------- AAPO
 
 
+AAPO_REF_COLUMN = param('ref_reward', "AAPO: batch column with the reward of each row's reference-model "
+                        "completion (written by rollout_strategy aapo_reference)")
+
+
 @ADVANTAGES.register("aapo_momentum")
 class AAPOMomentum:
     """AAPO advantage momentum / margin (Xiong et al., 2025, arXiv:2505.14264, seed 000-48).
 
-    Source: the authors' code, https://github.com/JianxXiong/AAPO,
-    ``open-rs/trainer/AAPOTrainer.py`` (same in ``open-r1/``). For every policy
-    completion ``o_i`` the trainer also samples one completion ``o^ref_i`` of
-    the same prompt from the frozen reference model and scores it, then::
+    ``A_i = (r_i - mean_g r) / (std_g r + 1e-4) + eta * clip(r_i - r^ref_i, -clip_low, clip_high)``
 
-        A_i = (r_i - mean_g r) / (std_g r + 1e-4) + clip(r_i - r^ref_i, -0.2, 0.28)
+    ``r^ref_i`` is the reward of a completion of the same prompt sampled from
+    the frozen reference model (the initial policy), scored with the same
+    reward functions; ``std_g`` is Bessel-corrected; ``eta = 1`` and the bounds
+    ``0.2 / 0.28`` are the authors'. The policy is trained with the plain
+    cross-entropy loss ``-A_i log pi(o_i)`` averaged over all tokens of the
+    batch (no ratio, no clip: ``policy_loss: policy_gradient`` with
+    ``loss_aggregation: token_mean``). The "momentum" (renamed "advantage
+    margin" in the latest arXiv version) is the reward gap to the reference
+    model: when the group advantage vanishes (all rewards equal) it still says
+    whether the policy beats the reference.
 
-    (paired by index within the group), optimised with the plain cross-entropy
-    loss ``-A_i log pi(o_i)`` averaged over all tokens (no ratio, no clip: use
-    ``policy_loss: policy_gradient`` with ``loss_aggregation: token_mean``).
-    The "momentum" (renamed "advantage margin" in the latest arXiv version) is
-    the reward gap to the reference model: when the group advantage vanishes
-    (all rewards equal) it still says whether the policy beats the reference.
+    ``aapo_baseline`` chooses ``r^ref``:
 
-    Here ``A_i = zscore_g(r)_i + eta * clip(r_i - b_i, -clip_low, clip_high)``:
+    * ``reference`` (default, the authors'): the batch column
+      ``aapo_ref_column`` (default ``ref_reward``), which the rollout strategy
+      ``aapo_reference`` writes (``rollouts/reference.py``). A run without that
+      column stops with an error naming the fix; a None/NaN entry (an
+      unscorable reference completion) gives margin 0.
+    * ``ema`` (grpolab's stand-in, not the paper's): ``r^ref_i = m(x_i)``, an
+      exponential moving average of prompt x's group-mean reward over its
+      previous visits (``m <- mu m + (1 - mu) mean_g r``, ``mu =
+      aapo_momentum``; margin 0 on a first visit; checkpointed). Once it
+      settles the margin of an all-correct or all-wrong group is 0, where
+      AAPO's is not.
 
-    * ``b_i`` = the reference reward of row i from the batch column
-      ``aapo_ref_column`` (default ``ref_reward``) when the rollout provides it
-      (the published form; a missing/None entry gives term 0).
-    * grpolab's plain rollout does not sample from the reference model, so
-      without that column ``b_i`` falls back to ``m(x_i)``, an exponential
-      moving average of prompt x's group-mean reward over its previous visits
-      (``m <- mu m + (1 - mu) mean_g r``; term 0 on a first visit; ``mu = 1``
-      freezes ``m`` at the first visit, the closest stand-in for a fixed
-      reference). This fallback is grpolab's choice, not the paper's.
+    Unscorable rows get A = 0.
 
-    ``eta = 1`` and clip bounds ``0.2 / 0.28`` are the authors' values.
-    Unscorable rows get A = 0 and do not enter the EMA.
+    Provenance: authors' code — https://github.com/JianxXiong/AAPO,
+    open-r1/trainer/AAPOTrainer.py (AAPOTrainer._generate_and_score_completions
+    and compute_loss, the same formula in open-rs/trainer/AAPOTrainer.py);
+    matches: the z-score with torch's Bessel std and 1e-4, ``advantage_constrain
+    = rewards - ref_rewards`` paired by index (one reference completion per
+    policy completion, ``ref_model.generate`` on the prompt repeated G times
+    with the same generation config), clamp(-0.2, 0.28), the loss ``-logp * A``
+    over ``completion_mask.sum()``. Known differences: the authors' rewards are
+    a NaN-skipping weighted sum where an all-unscorable row scores 0 (here NaN,
+    so A = 0 and margin 0); open-rs slices the reference *prompt* tokens
+    (``prompt_ref_completion_ids[:, :prompt_length]``), a bug that open-r1
+    fixes (``[:, prompt_length:]``) and grpolab follows open-r1; the open-rs
+    vLLM branch (unused, their configs set ``use_vllm: false``) samples the
+    "reference" completions from the current policy's vLLM server. The EMA
+    baseline is grpolab's, not the authors'.
     """
 
     def __init__(self, *,
-                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback "
-                                              'baseline when no reference-reward column; 1 = frozen at first visit)')):
+                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (only with "
+                                              'aapo_baseline: ema; 1 = frozen at the first visit)')):
         if not 0.0 <= aapo_momentum <= 1.0:
             raise ValueError(f"aapo_momentum: must be in [0, 1], got {aapo_momentum}")
         self.mu = aapo_momentum
@@ -567,33 +646,45 @@ class AAPOMomentum:
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, batch=None, *,
                  advantage_epsilon: float = 1e-4,
+                 aapo_baseline: str = param('reference', "AAPO: r_ref from the reference model's completions "
+                                            "('reference', the authors'; needs rollout_strategy aapo_reference) or "
+                                            "a per-prompt EMA of past group-mean rewards ('ema', grpolab's "
+                                            'stand-in)', ['reference', 'ema']),
                  aapo_eta: float = param(1.0, 'AAPO: weight of the clipped margin term clip(r - r_ref)'),
                  aapo_clip_low: float = param(0.2, 'AAPO: margin r - r_ref is clipped below at -clip_low (authors: '
                                               '0.2)'),
                  aapo_clip_high: float = param(0.28, 'AAPO: margin r - r_ref is clipped above at clip_high (authors: '
                                                '0.28)'),
-                 aapo_ref_column: str = param('ref_reward', "AAPO: batch column with the reference model's reward "
-                                              'per row (missing = per-prompt EMA fallback)')) -> torch.Tensor:
+                 aapo_ref_column: str = AAPO_REF_COLUMN) -> torch.Tensor:
         if aapo_clip_low < 0 or aapo_clip_high < 0:
             raise ValueError(f"aapo_clip_low/high: must be >= 0, got {aapo_clip_low}, {aapo_clip_high}")
         adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon).double()
-        mean, _, _ = group_stats(rewards.double(), group_ids)
-        uids = prompt_uids.tolist()
-        col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
-        if col is not None:
+        if aapo_baseline == "reference":
+            col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
+            if col is None:
+                raise ValueError(f"aapo_momentum: the batch has no column '{aapo_ref_column}' (the reward of each "
+                                 "row's reference-model completion, AAPO's r_ref); select rollout_strategy: "
+                                 "aapo_reference (the aapo recipe does), or set aapo_baseline: ema for grpolab's "
+                                 "per-prompt EMA stand-in")
             base = torch.tensor([float("nan") if v is None else float(v) for v in col], dtype=torch.float64)
+        elif aapo_baseline == "ema":
+            base = torch.tensor([self.ema.get(u, float("nan")) for u in prompt_uids.tolist()], dtype=torch.float64)
+            self._update_ema(rewards, group_ids, prompt_uids)
         else:
-            base = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
+            raise ValueError(f"aapo_baseline: '{aapo_baseline}' is not valid; valid values: reference, ema")
         margin = torch.nan_to_num(rewards.double() - base, nan=0.0).clamp(-aapo_clip_low, aapo_clip_high)
-        out = adv + aapo_eta * margin
+        return (adv + aapo_eta * margin).to(rewards.dtype)
+
+    def _update_ema(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor) -> None:
+        """One EMA update per prompt per step, with the mean of its groups' mean rewards (unscorable left out)."""
+        mean, _, _ = group_stats(rewards.double(), group_ids)
         updates: dict[int, list[float]] = {}
-        for i, u in enumerate(uids):
+        for i, u in enumerate(prompt_uids.tolist()):
             if not math.isnan(float(mean[i])):
                 updates.setdefault(u, []).append(float(mean[i]))
-        for u, means in updates.items():  # one update per prompt per step (its groups' mean)
+        for u, means in updates.items():
             m_now = sum(means) / len(means)
             self.ema[u] = m_now if u not in self.ema else self.mu * self.ema[u] + (1 - self.mu) * m_now
-        return out.to(rewards.dtype)
 
     def state_dict(self) -> dict:
         return {"ema": {int(k): float(v) for k, v in self.ema.items()}}

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -101,8 +102,10 @@ class Trainer:
         self.model.to(self.device)
         if self.device.type != "cpu" or self.dtype != torch.float32:
             self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')}")
-        self.ref_model = None
-        if cfg.beta > 0 and not cfg.use_lora:
+        self.ref_model = None  # frozen initial weights: the KL term, or a component's reference samples (AAPO)
+        self.needs_reference = cfg.beta > 0 or any(getattr(obj, "needs_reference_model", False)
+                                                   for _, obj in cfg.selected())
+        if self.needs_reference and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if cfg.use_lora:
             self.model = apply_lora(self.model, cfg.lora_r, cfg.lora_alpha, list(cfg.lora_target_modules))
@@ -150,7 +153,8 @@ class Trainer:
                                      max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed)
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
                                   generator=self.generator, sampling_generator=self.sample_generator,
-                                  engine=self.engine, log=self.log)
+                                  engine=self.engine, log=self.log,
+                                  reference=self.reference_policy if self.needs_reference else None)
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
@@ -349,15 +353,21 @@ class Trainer:
             adv = adv[:, None]
         return adv * batch.completion_mask
 
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The frozen initial policy: the reference copy, or (LoRA) the policy with its adapters off."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
     def reference_logprobs(self, batch) -> None:
         """Log-probs of the batch under the frozen reference (LoRA: the base model, adapters off)."""
         if self.cfg.beta <= 0:
             return
-        if self.ref_model is not None:
-            batch.ref_logprobs = self.ctx.logprobs(batch, model=self.ref_model)
-        else:
-            with self.model.disable_adapter():
-                batch.ref_logprobs = self.ctx.logprobs(batch, model=self.model)
+        with self.reference_policy() as ref:
+            batch.ref_logprobs = self.ctx.logprobs(batch, model=ref)
 
     def update(self, batch) -> dict:
         """``num_iterations`` optimiser passes over the batch, in micro-batches (the LR schedule steps in
