@@ -439,22 +439,22 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, to
     position-chunk by position-chunk, never a stored ``[R, T, V]``).
     ``tw_alpha`` must be >= 1; 1 gives GRPO. Output ``[R, T]``.
 
-    Provenance: authors' code — https://github.com/longmalongma/TW-GRPO,
-    src/open_r1/trainer/grpo_trainer.py (compute_token_importance_kl_logs_uniform,
-    called by compute_loss with ``loss_type tw_grpo``; scripts/tw-grpo.sh: alpha
-    1.70, beta 0); matches: full distributions of the current policy (their
-    ``per_logps``, the training forward, one update per generation batch),
-    uniform padding of ended rows, mean over all G rows, min-max over the
-    group's positions. Known differences: their weights multiply the whole
+    Provenance: authors' code — https://github.com/longmalongma/TW-GRPO, src/open_r1/trainer/grpo_trainer.py
+    (compute_token_importance_kl_logs_uniform); matches the weights of
+    ``loss_type tw_grpo`` (scripts/tw-grpo.sh: alpha 1.70, beta 0): full
+    distributions of the current policy (their ``per_logps`` of the training
+    forward, one update per generation batch), uniform padding of ended rows,
+    mean over all G rows, min-max over the group's positions (their ``T`` is
+    the padded width of a one-prompt device batch: the group's longest
+    completion, as here). Known differences: their weights multiply the whole
     per-token loss (KL included; beta = 0 in their script, where the two
     coincide) and keep the gradient of ``per_logps`` (not detached), so their
     gradient has an extra term ``-(1/N) sum_t (sum_{i alive at t} A_i) grad w_t``,
     zero at positions where all rows of the group are alive (z-scored A sums to
-    0); grpolab's weights are constants (no_grad) computed once per step, so with
-    ``num_iterations > 1`` later passes keep the first pass's weights (their
-    trainer has one pass). Their ``T_g`` is the padded width of a one-prompt
-    device batch, i.e. the group's longest completion, as here. The soft
-    multi-choice reward and Q/A inversion are task-side, not here.
+    0); grpolab's weights are constants (no_grad) computed once per step, so
+    with ``num_iterations > 1`` later passes keep the first pass's weights
+    (their trainer has one pass). The soft multi-choice reward and Q/A
+    inversion are task-side, not here.
     """
     if tw_alpha < 1.0:
         raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
@@ -492,11 +492,11 @@ def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, b
     columns ``lc_compress`` and ``lc_think_end`` written by the ``lc_r1``
     rollout strategy (an error names it when they are missing). Output ``[R, T]``.
 
-    Provenance: authors' code — https://github.com/zxiangx/LC-R1,
-    trl/trainer/grpo_trainer.py (_generate_and_score_completions: ``advantages =
-    torch.where(inf_mask, advantages + self.add_adv * length_compress_ratio, advantages)``
-    with ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows,
-    after the group mean is subtracted); matches.
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches ``advantages = torch.where(inf_mask,
+    advantages + self.add_adv * length_compress_ratio, advantages)`` with
+    ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows, after
+    the group mean is subtracted.
     """
     cols = batch.columns
     missing = [c for c in ("lc_compress", "lc_think_end") if c not in cols]

@@ -252,16 +252,16 @@ def lc_length(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Ten
     mean is then subtracted by the advantage (``advantage: group_mean``; the
     authors run ``scale_rewards=False``: no std). Unscorable (NaN) rows stay NaN.
 
-    Provenance: authors' code — https://github.com/zxiangx/LC-R1,
-    trl/trainer/grpo_trainer.py (_generate_and_score_completions, the
-    ``len_penalty_coef`` block: ``_lengths = 1 - eos_idx / (max over right rows + 1e-4)``
-    for all rows of a group with a right row, added to the summed rewards
-    before the group mean is subtracted); matches, including the 1e-4. Known
-    differences: "correct" is the reward column ``shaping_correct_reward``
-    plus the marker condition instead of their ``format + accuracy == 2``;
-    groups are ``group_ids`` (ragged groups allowed) instead of
-    ``view(-1, num_generations)``; for a truncated row ``L`` is its own token
-    count, where their ``eos_idx`` is the padded width of the local batch.
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches the ``len_penalty_coef`` block
+    (``_lengths = 1 - eos_idx / (max over right rows + 1e-4)`` for all rows of a
+    group with a right row, else 0, added to the summed rewards before the
+    group mean is subtracted), including the 1e-4. Known differences:
+    "correct" is the reward column ``shaping_correct_reward`` plus the marker
+    condition instead of their ``format + accuracy == 2``; groups are
+    ``group_ids`` (ragged groups allowed) instead of ``view(-1, num_generations)``;
+    for a truncated row ``L`` is its own token count, where their ``eos_idx`` is
+    the padded width of the local batch.
     """
     correct = lc_correct(reward_matrix, reward_names, _texts(batch), shaping_correct_reward,
                          shaping_correct_threshold, lc_think_end)

@@ -66,8 +66,9 @@ def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int
 
     Every per-token tensor (ids, masks, log-probs, origins, spans, weights) is
     cut the same way and re-padded on the right; the kept tail (from ``m``)
-    is marked ``INJECTED``: it was sampled after the removed tokens, so its
-    behaviour log-probs must be recomputed in the new context.
+    is marked ``INJECTED`` (and its engine importance weight, if any, set to 1):
+    it was sampled after the removed tokens, so its behaviour log-probs must
+    be recomputed in the new context.
     """
     R, T = batch.completion_ids.shape
     lengths = batch.completion_attention_mask.sum(-1).tolist()
@@ -80,7 +81,8 @@ def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int
     fill = {"completion_ids": pad_id, "token_weights": 1.0}
     out = {}
     for name, v in vars(batch).items():
-        if not (isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape == (R, T)) or name.startswith("prompt"):
+        if (not (isinstance(v, torch.Tensor) and v.dim() == 2 and v.shape == (R, T)) or name.startswith("prompt")
+                or name == "rewards"):
             continue
         new = torch.full((R, T2), fill.get(name, 0), dtype=v.dtype)
         for i, idx in enumerate(keep):
@@ -88,6 +90,8 @@ def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int
         out[name] = new
     for i, (k, m) in cuts.items():
         out["token_origin"][i, k:len(keep[i])] = INJECTED
+        if "token_weights" in out:  # engine importance weights: the tail's behaviour log-probs become the trainer's
+            out["token_weights"][i, k:len(keep[i])] = 1.0
     columns = {k: list(v) for k, v in batch.columns.items()}
     return RolloutBatch(**{**vars(batch), **out, "columns": columns})
 
@@ -123,17 +127,17 @@ def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     ``rollout/lc_answer_not_in_thinking`` (correct rows), ``rollout/lc_compress_mean``
     (over correct rows).
 
-    Provenance: authors' code — https://github.com/zxiangx/LC-R1,
-    trl/trainer/grpo_trainer.py (``get_prefix`` and the ``if self.crop`` block of
-    _generate_and_score_completions: rows with ``rewards == 2`` are cut to
-    ``ids[:lengths] + ids[max_lengths:]``, ``length_compress_ratio = 1 - lengths /
-    (max_lengths + 1e-4)``, -1 when ``lengths == 0``, times the correct flag);
-    matches. Known difference: the authors find ``R'`` with their LC-Extractor
-    model (a fine-tuned Qwen that copies the thinking "up to and including the
-    first sentence that reveals the ground-truth answer"); grpolab cannot
-    download it and uses the rule of :func:`lc_valid_thinking_end` (first
-    stand-alone occurrence of the answer, to the end of its sentence). Their
-    old log-probs are the current policy's on the cropped sequence
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (get_prefix, _generate_and_score_completions); matches the ``if self.crop``
+    block: rows with ``rewards == 2`` are cut to ``ids[:lengths] + ids[max_lengths:]``,
+    ``length_compress_ratio = 1 - lengths / (max_lengths + 1e-4)``, -1 when
+    ``lengths == 0``, times the correct flag, and the cropped rows are the ones
+    trained on. Known difference: the authors find ``R'`` with their
+    LC-Extractor model (a fine-tuned Qwen that copies the thinking "up to and
+    including the first sentence that reveals the ground-truth answer");
+    grpolab cannot download it and uses the rule of :func:`lc_valid_thinking_end`
+    (first stand-alone occurrence of the answer, to the end of its sentence).
+    Their old log-probs are the current policy's on the cropped sequence
     (``num_iterations = 1``); here the cropped tail's are teacher-forced under
     the behaviour policy, the same values on-policy.
     """
