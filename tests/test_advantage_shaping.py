@@ -261,33 +261,129 @@ def test_lambda_prefix_weight():
 
 # --------------------------------------------------------------------- TW-GRPO (000-95)
 
-def test_tw_token_weight():
-    fn = WEIGHTINGS.get("tw_token_weight")
-    # authors' rule (longmalongma/TW-GRPO, compute_token_importance_kl_logs_uniform) on the sampled tokens:
-    # s_t = mean_i k3(m_t - x_it), k3(d) = e^d - d - 1; w_t = 1 + (alpha - 1) * minmax(s_t)
-    # position 0: log-probs -1,-1,-1 -> m = -1, d = 0,0,0 -> s = 0
-    # position 1: -1,-2,-3 -> m = -2, d = -1,0,1 -> k3 = (e^-1 + 1 - 1) = .367879, 0, (e - 2) = .718282
-    #             s = 1.086161/3 = .362054
-    # position 2: only row 0 alive -> undefined -> weight 1 (left out of min/max)
-    # min 0, max .362054: w0 = 1, w1 = 1 + .7 * 1 = 1.7 (alpha 1.7), w2 = 1
-    lp = torch.tensor([[-1.0, -1, -5], [-1, -2, 0], [-1, -3, 0]])
-    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 0]])
-    g = torch.zeros(3, dtype=torch.long)
-    adv = torch.tensor([1.0, 0.0, -1.0])
-    out = fn(adv, g, lp * mask, mask, tw_alpha=1.7)
-    assert out[0].tolist() == pytest.approx([1.0, 1.7, 1.0], abs=1e-6)
-    assert out[2].tolist() == pytest.approx([-1.0, -1.7, 0.0], abs=1e-6)
-    # alpha 3: w1 = 1 + 2 * 1 = 3
-    assert fn(adv, g, lp * mask, mask, tw_alpha=3.0)[0].tolist() == pytest.approx([1.0, 3.0, 1.0], abs=1e-6)
-    # a middle score lands in between: add position with -1,-1.5,-2 -> m = -1.5, d = -.5, 0, .5
-    # k3 = (e^-.5 + .5 - 1) = .106531, 0, (e^.5 - .5 - 1) = .148721 -> s = .255252/3 = .085084
-    # w = 1 + .7 * .085084 / .362054 = 1.164503
-    lp4 = torch.tensor([[-1.0, -1, -1], [-1, -2, -1.5], [-1, -3, -2]])
-    w4 = fn(torch.ones(3), g, lp4, torch.ones(3, 3), tw_alpha=1.7)[0]
-    assert w4.tolist() == pytest.approx([1.0, 1.7, 1.164503], abs=1e-5)
-    assert torch.equal(fn(adv, g, lp * mask, mask, tw_alpha=1.0), adv[:, None] * mask)  # alpha 1 = GRPO
-    with pytest.raises(ValueError):
-        fn(adv, g, lp, mask, tw_alpha=0.5)
+def _k3(d):
+    d = max(-11.0, min(11.0, d))
+    return math.exp(d) - d - 1
+
+
+def _authors_tw_weights(dists, alive, alpha):
+    """The authors' compute_token_importance_kl_logs_uniform (longmalongma/TW-GRPO) for one group, in plain
+    Python: dists[i][t] = row i's next-token distribution at t; a dead position takes the uniform one;
+    m = mean_i log p_i; s_t = mean_i sum_v k3(m_v - log p_i,v); w = 1 + (alpha - 1) minmax(s)."""
+    G, T, V = len(dists), len(dists[0]), len(dists[0][0])
+    logp = [[[math.log(p) for p in dists[i][t]] if alive[i][t] else [-math.log(V)] * V for t in range(T)]
+            for i in range(G)]
+    s = []
+    for t in range(T):
+        m = [sum(logp[i][t][v] for i in range(G)) / G for v in range(V)]
+        s.append(sum(sum(_k3(m[v] - logp[i][t][v]) for v in range(V)) for i in range(G)) / G)
+    lo, hi = min(s), max(s)
+    return [1 + (alpha - 1) * (x - lo) / (hi - lo + 1e-8) for x in s]
+
+
+def _tw(dists, alive, group_ids, alpha=1.7, adv=None):
+    """grpolab's path: per-row divergence from the log-probs, then the tw_token_weight weighting."""
+    from grpolab.model.logprobs import tw_group_divergence
+    lp = torch.tensor(dists, dtype=torch.float64).log()
+    alive = torch.tensor(alive, dtype=torch.bool)
+    g = torch.tensor(group_ids)
+    D = torch.zeros(alive.shape, dtype=torch.float64)
+    for gid in g.unique():
+        rows = (g == gid).nonzero().squeeze(-1)
+        D[rows] = tw_group_divergence(lp[rows], alive[rows])
+    R, T = alive.shape
+    batch = make_batch(torch.ones(R, T, dtype=torch.long), mask=alive.float(), group_ids=g)
+    adv = torch.ones(R, dtype=torch.float64) if adv is None else adv
+    return WEIGHTINGS.get("tw_token_weight")(adv, g, batch, D, tw_alpha=alpha)
+
+
+def test_tw_token_weight_issue_example():
+    # two rows; position 0: the same distribution, different sampled tokens (p .6 and .1);
+    # position 1: different distributions, both sampled a p = .6 token
+    p, q = [0.6, 0.3, 0.1], [0.6, 0.1, 0.3]
+    dists = [[p, p], [p, q]]
+    alive = [[1, 1], [1, 1]]
+    # by hand: s_0 = 0; at t = 1, m = (log .6, (log .3 + log .1)/2, same), d = 0, -/+ .549306 for row 0
+    # (mirrored for row 1): k3 = .126646 + .182745 = .309391 per row -> s_1 = .309391 -> w = [1, 1.7]
+    assert _authors_tw_weights(dists, alive, 1.7) == pytest.approx([1.0, 1.7], abs=1e-6)
+    w = _tw(dists, alive, [0, 0])
+    assert w.flatten().tolist() == pytest.approx([1.0, 1.7, 1.0, 1.7], abs=1e-6)
+    # the sampled-token spread (grpolab's old rule) would have weighted position 0 instead: log .6 vs log .1
+    # differ there and agree at position 1 -> [1.7, 1.0]. The full distributions decide.
+
+
+def test_tw_token_weight_uniform_padding_ragged_groups():
+    u = [1 / 3] * 3
+    a, b, c = [0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]
+    # group 0: row 1 ends after position 0 (authors: uniform there); group 1 (one row longer) ends at t = 2
+    dists = [[a, b, c, a], [a, u, u, u], [b, c, a, u], [a, c, c, u]]
+    alive = [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]]
+    gids = [0, 0, 1, 1]
+    w = _tw(dists, alive, gids, alpha=2.0)
+    exp0 = _authors_tw_weights(dists[:2], alive[:2], 2.0)  # T_0 = 4
+    exp1 = _authors_tw_weights([r[:3] for r in dists[2:]], [r[:3] for r in alive[2:]], 2.0)  # T_1 = 3
+    assert w[0].tolist() == pytest.approx(exp0, abs=1e-6) and w[1].tolist() == pytest.approx(exp0, abs=1e-6)
+    assert w[2, :3].tolist() == pytest.approx(exp1, abs=1e-6) and w[2, 3] == 1.0  # past T_1: weight 1
+    assert min(exp0) == pytest.approx(1.0) and max(exp0) == pytest.approx(2.0)
+    # the ended row takes part (uniform): dropping it would change the weights
+    assert exp0 != pytest.approx(_authors_tw_weights(dists[:1], alive[:1], 2.0), abs=1e-3)
+    # advantages are scaled token by token; alpha 1 is GRPO; alpha < 1 is refused
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.5], dtype=torch.float64)
+    out = _tw(dists, alive, gids, alpha=2.0, adv=adv)
+    assert torch.allclose(out, adv[:, None] * w)
+    assert torch.equal(_tw(dists, alive, gids, alpha=1.0, adv=adv), adv[:, None].expand(4, 4))
+    with pytest.raises(ValueError, match="tw_alpha"):
+        _tw(dists, alive, gids, alpha=0.5)
+
+
+def test_tw_group_divergence_of_the_model_matches_a_full_forward():
+    """group_token_divergence (shared-prefix forward, hidden states, position chunks) equals the authors'
+    formula on the full [G, T, V] log-probs of a plain forward of each row."""
+    from grpolab.model.loading import load_policy
+    from grpolab.model.logprobs import group_token_divergence
+    model, tok = load_policy("tiny", task_texts=["abc 123 +-= Answer:"], seed=0, log=lambda *a: None)
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    V = len(tok)
+    R, T, P = 5, 6, 3
+    comp = torch.randint(4, V, (R, T), generator=gen)
+    lengths = torch.tensor([6, 2, 4, 3, 1])
+    present = torch.arange(T)[None, :] < lengths[:, None]
+    prompts = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [8, 9, 10], [8, 9, 10]])
+    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones(R, P, dtype=torch.long), completion_ids=comp,
+                         completion_mask=present.float(), behavior_logprobs=torch.zeros(R, T),
+                         group_ids=torch.tensor([0, 0, 0, 1, 1]), prompt_uids=torch.tensor([0, 0, 0, 1, 1]),
+                         truncated=torch.zeros(R, dtype=torch.bool), completion_attention_mask=present.long())
+    temp = 0.7
+    with torch.no_grad():
+        got = group_token_divergence(model, batch, temp, rows=1, max_elements=2 * 3 * V)  # 1-row forwards, chunks
+        full = model(input_ids=torch.cat([prompts, comp], 1)).logits[:, P - 1:P - 1 + T].double()
+    logp = torch.log_softmax(full / temp, -1)
+    for rows in ([0, 1, 2], [3, 4]):
+        Tg = int(lengths[rows].max())
+        lp = torch.where(present[rows, :Tg, None], logp[rows, :Tg], torch.tensor(-math.log(V), dtype=torch.float64))
+        d = (lp.mean(0, keepdim=True) - lp).clamp(-11, 11)
+        expect = (torch.exp(d) - d - 1).sum(-1)
+        assert torch.allclose(got[rows, :Tg].double(), expect, atol=1e-4, rtol=1e-4)
+        assert (got[rows, Tg:] == 0).all()
+    assert got[3, 3] == 0 and got[4, 2] > 0  # past T_1: 0; an ended row inside T_1: uniform vs the mean
+
+
+def test_tw_trainer_computes_divergence_only_when_asked(tiny_args, monkeypatch):
+    import grpolab.train.trainer as trainer_mod
+    from grpolab.train.trainer import Trainer
+    calls = []
+    real = trainer_mod.group_token_divergence
+    monkeypatch.setattr(trainer_mod, "group_token_divergence", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for recipe, expected in (("grpo", 0), ("tw_grpo", 2)):
+        calls.clear()
+        args = {**recipe_overrides(recipe), **tiny_args, "steps": 2, "task": "repeat",
+                "out": tiny_args["out"] + recipe}
+        t = Trainer(Config.build(args), log=lambda *a: None)
+        for _ in range(2):
+            m = t.train_step()
+            assert m["skipped"] == 0 and math.isfinite(m["loss"])
+        assert len(calls) == expected
 
 
 # ----------------------------------------------------------------- TempSamp-R1 (000-112)

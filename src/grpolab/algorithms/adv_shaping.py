@@ -472,64 +472,102 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
 
 
 @WEIGHTINGS.register("tw_token_weight")
-def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                    completion_mask: torch.Tensor, *,
-                    tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
-                                            "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses 1.7)")) -> torch.Tensor:
+def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, token_group_divergence: torch.Tensor,
+                    *, tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
+                                               "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses "
+                                               '1.7)')) -> torch.Tensor:
     """TW-GRPO token weights from intra-group divergence (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
 
-    Source: the authors' code, https://github.com/longmalongma/TW-GRPO,
-    ``src/open_r1/trainer/grpo_trainer.py``, ``compute_token_importance_kl_logs_uniform``
-    (``loss_type tw_grpo``; ``scripts/tw-grpo.sh`` uses ``--alpha 1.70``, ``--beta 0``).
-    There, per group g and position t, with ``lp_i`` row i's full-vocabulary
-    log-probs and ``m = mean_i lp_i`` (mean in log space over the group's G rows)::
+    Per group g (its ``G`` rows) and completion position ``t < T_g`` (``T_g`` =
+    the group's longest completion), with ``lp_i,t`` row i's full next-token
+    log-probability vector (a row that has ended before t takes the uniform
+    distribution ``-log V``) and ``m_t = mean_i lp_i,t`` (mean in log space)::
 
-        s_t   = mean_i sum_v k3(m_v - lp_i,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
-        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)     (min-max over positions)
-        w_t   = 1 + (alpha - 1) * n_t                                        (weights in [1, alpha])
+        D_i,t = sum_v k3(m_t,v - lp_i,t,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
+        s_t   = mean_i D_i,t                                            (all G rows)
+        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)  (over t' < T_g)
+        w_t   = 1 + (alpha - 1) * n_t                                     (in [1, alpha])
 
-    and the per-token loss is multiplied by ``w_t`` (same weight for every row
-    of the group). Positions where the group's distributions agree (generic
-    prefixes) get weight 1; the most divergent position gets ``alpha``.
+    and every row's advantage at t is multiplied by ``w_t``. Positions where
+    the group's next-token distributions agree get weight 1 — whatever tokens
+    were sampled there — and the most divergent position gets ``alpha``.
+    ``D`` is the input ``token_group_divergence`` ``[R, T]``, which the trainer
+    computes from the policy's full distributions when a selected component
+    asks for it (:func:`grpolab.model.logprobs.group_token_divergence`: a
+    no-grad forward of the batch at the start of the step, reduced to ``D``
+    position-chunk by position-chunk, never a stored ``[R, T, V]``).
+    ``tw_alpha`` must be >= 1; 1 gives GRPO. Output ``[R, T]``.
 
-    grpolab adaptation (the weighting stage sees only ``behavior_logprobs``,
-    the sampled token's log-prob, not the full distribution): the sum over the
-    vocabulary is reduced to each row's own sampled token, ``x_it``::
-
-        s_t = mean_{i alive at t} k3(m_t - x_it),   m_t = mean_{i alive at t} x_it
-
-    The min-max map to ``[1, alpha]`` is the authors'. Choices: the authors pad
-    dead positions with a uniform distribution and let them take part; here
-    only rows alive at t enter ``s_t``, positions with fewer than two alive rows
-    get weight 1 and are left out of the min/max; a group whose scores are all
-    equal gets weight 1 everywhere. Since grpolab weights the advantage (not
-    the whole per-token loss), the KL term is not weighted; the authors run
-    with ``beta = 0``, where the two coincide. ``alpha = 1`` gives GRPO;
-    ``tw_alpha`` must be >= 1. Output ``[R, T]``. The soft multi-choice reward
-    and Q/A inversion are task-side, not here.
+    Provenance: authors' code — https://github.com/longmalongma/TW-GRPO, src/open_r1/trainer/grpo_trainer.py
+    (compute_token_importance_kl_logs_uniform); matches the weights of
+    ``loss_type tw_grpo`` (scripts/tw-grpo.sh: alpha 1.70, beta 0): full
+    distributions of the current policy (their ``per_logps`` of the training
+    forward, one update per generation batch), uniform padding of ended rows,
+    mean over all G rows, min-max over the group's positions (their ``T`` is
+    the padded width of a one-prompt device batch: the group's longest
+    completion, as here). Known differences: their weights multiply the whole
+    per-token loss (KL included; beta = 0 in their script, where the two
+    coincide) and keep the gradient of ``per_logps`` (not detached), so their
+    gradient has an extra term ``-(1/N) sum_t (sum_{i alive at t} A_i) grad w_t``,
+    zero at positions where all rows of the group are alive (z-scored A sums to
+    0); grpolab's weights are constants (no_grad) computed once per step, so
+    with ``num_iterations > 1`` later passes keep the first pass's weights
+    (their trainer has one pass). The soft multi-choice reward and Q/A
+    inversion are task-side, not here.
     """
     if tw_alpha < 1.0:
         raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
     inv, n_groups = _group_index(group_ids)
-    alive = (completion_mask > 0).double()
-    lp = behavior_logprobs.double() * alive
-    w = torch.ones_like(lp)
+    alive = batch.completion_attention_mask > 0
+    D = token_group_divergence.to(torch.float64)
+    w = torch.ones_like(D)
     for g in range(n_groups):
-        rows = inv == g
-        a, x = alive[rows], lp[rows]
-        n = a.sum(0)
-        mean = x.sum(0) / n.clamp(min=1)
-        d = (mean[None, :] - x).clamp(-11.0, 11.0)
-        score = ((torch.exp(d) - d - 1) * a).sum(0) / n.clamp(min=1)
-        defined = n >= 2
-        if not bool(defined.any()):
+        rows = (inv == g).nonzero().squeeze(-1)
+        Tg = int(alive[rows].sum(-1).max())
+        if Tg == 0:
             continue
-        lo, hi = score[defined].min(), score[defined].max()
-        norm = (score - lo) / (hi - lo + 1e-8)
-        wg = torch.where(defined, 1.0 + (tw_alpha - 1.0) * norm, torch.ones_like(score))
-        w[rows] = wg[None, :].expand(int(rows.sum()), -1)
-    w = (w * alive).to(advantages.dtype)
+        s = D[rows, :Tg].mean(0)
+        norm = (s - s.min()) / (s.max() - s.min() + 1e-8)
+        w[rows, :Tg] = (1.0 + (tw_alpha - 1.0) * norm)[None, :]
+    w = w.to(advantages.dtype)
     return per_token(advantages, w) * w
+
+
+# ----------------------------------------------------------------- LC-R1
+
+
+@WEIGHTINGS.register("lc_compress_bonus")
+def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
+                      lc_compress_weight: float = param(1.0, "LC-R1: weight of the compress reward added to the "
+                                                        "advantage at the end-of-thinking token (the authors' "
+                                                        "add_adv, 1)")) -> torch.Tensor:
+    """LC-R1 compress reward, a token-level advantage term (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+
+    ``A_i,t = A_i + w * c_i * [t = p_i]``: the row's compress reward
+    ``c_i = 1 - |R'|/(|R| + 1e-4)`` (``-1`` when the answer is not in the
+    reasoning; 0 for wrong rows) is added, unnormalised, to the advantage of
+    the one token ``p_i`` where the reasoning ends (the end-of-thinking marker
+    of the cropped sequence), after the group baseline. ``c`` and ``p`` are the
+    columns ``lc_compress`` and ``lc_think_end`` written by the ``lc_r1``
+    rollout strategy (an error names it when they are missing). Output ``[R, T]``.
+
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches ``advantages = torch.where(inf_mask,
+    advantages + self.add_adv * length_compress_ratio, advantages)`` with
+    ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows, after
+    the group mean is subtracted.
+    """
+    cols = batch.columns
+    missing = [c for c in ("lc_compress", "lc_think_end") if c not in cols]
+    if missing:
+        raise ValueError(f"lc_compress_bonus needs the batch columns {missing}, written by rollout_strategy: lc_r1 "
+                         f"(the valid-thinking crop); select it (recipe lc_r1)")
+    adv = per_token(advantages, completion_mask).clone()
+    T = adv.shape[1]
+    for i, (c, p) in enumerate(zip(cols["lc_compress"], cols["lc_think_end"])):
+        if c != 0 and 0 <= p < T:
+            adv[i, p] = adv[i, p] + lc_compress_weight * c
+    return adv
 
 
 # -------------------------------------------------------------- TempSamp-R1

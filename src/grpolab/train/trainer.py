@@ -32,7 +32,7 @@ from ..config import Config, ConfigError
 from ..data import columns_of, load_jsonl, model_texts
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
-from ..model.logprobs import completion_logprobs
+from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
@@ -346,6 +346,10 @@ class Trainer:
                   "completion_mask": batch.completion_mask, "lengths": batch.completion_mask.sum(-1),
                   "truncated": batch.truncated, "behavior_logprobs": batch.behavior_logprobs,
                   "batch": batch, "step": self.step}
+        if any(c.wants("token_group_divergence") for c in [self.advantage] + self.weightings):  # e.g. TW-GRPO
+            with torch.no_grad(), self.precision():
+                inputs["token_group_divergence"] = group_token_divergence(
+                    self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
         adv = self.advantage(**inputs)
         for w in self.weightings:
             adv = w(advantages=adv, **inputs)
