@@ -241,6 +241,64 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     return -weight * adv * logprobs, {"cispo_clip_frac": (weight != ratio).float()}
 
 
+def _check_guide_quantile(cfg) -> None:
+    if not 0.0 <= cfg.guide_gamma_quantile <= 1.0:
+        raise ConfigError(f"guide_gamma_quantile: must be in [0, 1], got {cfg.guide_gamma_quantile}")
+
+
+@POLICY_LOSSES.register("guide_off_policy", check=_check_guide_quantile)
+def guide_off_policy(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     batch=None, *, epsilon: float = 0.2, epsilon_high: float | None = None,
+                     guide_gamma_quantile: float = param(0.9, 'Guide: off-policy (hinted) rows use the shaped ratio '
+                                                         'r / (r + gamma), gamma = this quantile of the row\'s '
+                                                         'token ratios (authors: 0.9)')):
+    """Guide-GRPO objective: clipped ratio on-policy, shaped unclipped ratio on hinted rows
+    (Nath et al. 2025, arXiv:2506.13923; seed 004-16).
+
+    Rows sampled with a hint (the ``guide`` rollout strategy's ``hint_level``
+    column > 0) are off-policy for the hint-free prompt: their ratio
+    ``r_t = pi_theta(o_t | q) / pi_old(o_t | q, h)`` is shaped and not clipped::
+
+        gamma   = quantile_{guide_gamma_quantile}(r over the row's tokens)   (detached, >= 1e-4)
+        loss_t  = -A_t * r_t / (r_t + gamma)                                  hinted rows
+        loss_t  = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)      other rows
+
+    Provenance: authors' code — https://github.com/vaskar-open-source-research/guide_rl,
+    verl/verl/trainer/ppo/core_algos.py (compute_policy_loss, gamma_strategy
+    "percentile") with verl/experiments/math_reasoning/configs/guide_paper_experiments/guide_grpo_qwen.sh
+    (apply_off_policy_shaping=True, gamma_strategy=percentile, gamma_value=0.9,
+    clip_ratio 0.2, importance_weighted_reroll=True: the old log-probs of every
+    row are taken under the prompt it was sampled with). Known difference: the
+    authors take the quantile over the off-policy rows of a micro-batch,
+    padding positions included, with one row per micro-batch in their config;
+    here it is per hinted row over its completion tokens (no padding). Without
+    a ``hint_level`` column (no hinted rows) this is the clipped ratio.
+    """
+    eps_low = epsilon
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    adv = per_token(advantages, logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+    clipped = -torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    levels = None if batch is None else getattr(batch, "columns", {}).get("hint_level")
+    off = torch.zeros(ratio.shape[0], dtype=torch.bool, device=ratio.device)
+    if levels is not None:
+        off = torch.tensor([bool(v) and int(v) > 0 for v in levels], dtype=torch.bool, device=ratio.device)
+    gamma = torch.ones(ratio.shape[0], 1, dtype=ratio.dtype, device=ratio.device)
+    with torch.no_grad():
+        for i in off.nonzero().squeeze(-1).tolist():
+            valid = ratio[i][mask[i] > 0]
+            if valid.numel():
+                gamma[i, 0] = torch.quantile(valid.float(), guide_gamma_quantile).to(ratio.dtype).clamp(min=1e-4)
+    shaped = -adv * ratio / (ratio + gamma)
+    loss = torch.where(off[:, None], shaped, clipped)
+    with torch.no_grad():
+        on = (~off)[:, None].float()
+        low = ((ratio < 1.0 - eps_low) & (adv < 0)).float() * on
+        high = ((ratio > 1.0 + eps_high) & (adv > 0)).float() * on
+    return loss, {"clip_frac_low": low, "clip_frac_high": high, "guide_off_policy_frac": off[:, None].float()
+                  .expand_as(ratio)}
+
+
 @POLICY_LOSSES.register("simple_po", check=_positive("simple_po_epsilon"))
 def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
               simple_po_epsilon: float = param(0.2, 'Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 '

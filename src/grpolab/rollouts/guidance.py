@@ -324,11 +324,29 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     hinted prompt shown to reward functions (what the model saw); the
     ``prompt`` column is then set back to q.
 
-    Choices made: the hinted group *replaces* the failed group (our reading of
-    the paper's Guide-GRPO algorithm; ``guide_keep_failed`` keeps both in one
-    group instead). The ratio is clipped by the configured ``policy_loss`` like
-    any other ratio (the paper's Guide-GRPO keeps the GRPO clipped objective
-    with the changed denominator).
+    The hinted group *replaces* the failed group (authors' default;
+    ``guide_keep_failed`` keeps both in one group instead). The authors' loss
+    treats the hinted rows as off-policy: their ratio is shaped to
+    ``r / (r + gamma)`` (gamma = the 0.9 quantile of the ratios) and not
+    clipped, while plain rows keep the clipped ratio: the ``guide_grpo`` recipe
+    selects that objective (``policy_loss: guide_off_policy``). The authors'
+    accuracy filter (groups with accuracy 0 or 1 dropped, hinted groups too)
+    is ``dynamic_sampling: true`` on the accuracy reward; the recipe leaves it
+    off because on the tiny countdown runs every group would be dropped.
+
+    Provenance: authors' code — https://github.com/vaskar-open-source-research/guide_rl,
+    verl/verl/trainer/ppo/ray_trainer.py (RayPPOTrainer.rollout and
+    _roll_with_prompt_variant: groups with accuracy below reroll_threshold
+    0.001 are regenerated from the hint prompt, the hint-free prompt is put back
+    into input_ids, the old log-probs come from the hinted prompt
+    (importance_weighted_reroll), rows marked off-policy) and
+    verl/verl/trainer/ppo/core_algos.py (compute_policy_loss); settings from
+    verl/experiments/math_reasoning/configs/guide_paper_experiments/guide_grpo_qwen.sh
+    (8 samples, no KL, clip 0.2, accuracy bounds 0.001/0.999 for plain and
+    hinted groups, mixin off). Known differences: the hint text comes from the
+    row's ``hints`` list (the authors' data has one prepared hint prompt per
+    problem); their optional chain-of-thought reroll (reroll_with_cot, off in
+    the paper's script) is not included.
     """
     plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
     failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
