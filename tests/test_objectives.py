@@ -438,21 +438,6 @@ def test_llds_response_and_action_gates():
     assert torch.allclose(term, T([[0.1, 0.0], [0.0, 0.0], [0.0, 0.05]]))
 
 
-def test_dcpo_values():
-    old = T([[math.log(0.5), math.log(0.25)]])
-    logp = old.clone().requires_grad_()
-    mask = torch.ones(1, 2)
-    term, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.1), dcpo_coef=0.1,
-                         dcpo_temperature=2.0, dcpo_entropy_target=0.25)
-    # rho ~ pi_old^(1/2 - 1) = [sqrt 2, 2], normalised to mean 1: [0.828427, 1.171573]
-    # term = -0.1 * rho * A * logp = [0.1*0.828427*0.693147, 0.1*1.171573*1.386294]
-    assert torch.allclose(term, T([[0.0574221, 0.1624147]]), atol=1e-6)
-    term.sum().backward()
-    assert torch.allclose(logp.grad, T([[-0.0828427, -0.1171573]]), atol=1e-6)
-    off, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.3), dcpo_entropy_target=0.25)
-    assert torch.all(off == 0) and float(m["dcpo_active"][0, 0]) == 0.0
-
-
 def test_dynamic_kl_schedule_total_coefficient():
     logp, ref = T([[-1.0]]), T([[-1.5]])
     kw = dict(beta=0.02, steps=10, kl_estimator="k3", grpo_d_beta_min=0.0, grpo_d_beta_max=0.02,
@@ -534,7 +519,7 @@ def test_validate_objective_config_errors():
 
 
 @pytest.mark.parametrize("recipe", ["gspo", "sapo", "cispo", "reg_grpo", "rebel", "gvpo", "disco", "simple_po",
-                                    "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "dcpo", "grpo_d",
+                                    "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "grpo_d",
                                     "guide_grpo"])
 def test_objective_recipes_validate(recipe):
     cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})

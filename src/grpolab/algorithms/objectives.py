@@ -703,43 +703,6 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     return term, {"llds_active_frac": active.float()}
 
 
-@REGULARIZERS.register("dcpo", check=_positive("dcpo_temperature"))
-def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         entropy: torch.Tensor, *,
-         dcpo_coef: float = param(0.1, 'DCPO: coefficient of the target-distribution REINFORCE regulariser'),
-         dcpo_temperature: float = param(1.5, 'DCPO: temperature T > 1 of the target distribution pi_old^(1/T)'),
-         dcpo_entropy_target: float = param(0.25, 'DCPO: regulariser active while mean token entropy < this (H_0)')):
-    """DCPO distribution-level entropy regulariser (Li et al., 2026, arXiv:2601.12730; seed 000-35).
-
-    A REINFORCE term evaluated, through a second importance ratio, under a
-    higher-entropy target distribution ``pi_T ~ pi_old^(1/T)`` (T > 1):
-
-    ``rho_t = pi_T(o_t) / pi_old(o_t) = pi_old(o_t)^(1/T - 1) / Z_t``
-    ``term_t = -coef * sg(rho_t) * A_t * log pi_theta(o_t)``  while the batch entropy < ``H_0``
-
-    Choices (the abstract gives no formula; the authors' README names the two
-    ratios, the small REINFORCE coefficient and the entropy threshold ``H_0``,
-    0.25 best): the per-position normaliser ``Z_t`` needs the full distribution,
-    which the loss stage does not have, so ``rho`` is self-normalised to mean 1
-    over the micro-batch's tokens. The term switches off once the mean token
-    entropy of the micro-batch reaches ``dcpo_entropy_target``.
-    Searched: the authors' repo (github.com/597358816/DCPO) holds only the README
-    (the two ratios, pi_T = higher-temperature old policy, H_0 = 0.25 best),
-    launch scripts (``trainer.entropy_base`` = H_0, ``reinforce_sample_num``) and
-    an unmodified verl ``core_algos.py``; the loss code and the paper's method
-    section were not found, so this remains an approximation.
-    """
-    adv = per_token(advantages, logprobs)
-    with torch.no_grad():
-        log_rho = (1.0 / dcpo_temperature - 1.0) * old_logprobs
-        log_rho = torch.where(mask > 0, log_rho, torch.full_like(log_rho, -torch.inf))
-        rho = torch.exp(log_rho - torch.logsumexp(log_rho.reshape(-1), 0)) * mask.sum()
-        rho = torch.nan_to_num(rho * mask, nan=0.0)
-        on = float((entropy * mask).sum() / mask.sum().clamp(min=1)) < dcpo_entropy_target
-    term = -dcpo_coef * float(on) * rho * adv * logprobs
-    return term, {"dcpo_active": torch.full_like(logprobs, float(on))}
-
-
 def grpo_d_beta(step: float, steps: int, beta_min: float, beta_max: float, explore_frac: float) -> float:
     """GRPO-D KL weight ``beta(s)`` (OThink-MR1, arXiv:2503.16081 Eq. 3).
 
