@@ -191,6 +191,18 @@ def test_guide_off_policy_shaped_ratio_on_hinted_rows():
     assert torch.allclose(plain, ref)
 
 
+def test_simple_po_matches_the_authors_loss_beyond_the_clip():
+    # authors' compute_policy_loss (MyRepositories-hub/Simple-Policy-Optimization, mujoco/trainer.py, algo 'spo'):
+    # -(A r - |A| (r - 1)^2 / (2 eps)); d/dlogp = -(A r - |A| (r - 1) r / eps). At r = 1.5, A = 2, eps = .2:
+    # -(3 - 2 * .5 * 1.5 / .2) = 4.5, where the clipped ratio has no gradient (r > 1 + eps, A > 0)
+    lp = torch.full((1, 1), math.log(1.5), requires_grad=True)
+    L("simple_po")(lp, torch.zeros(1, 1), T([[2.0]]), torch.ones(1, 1), simple_po_epsilon=0.2)[0].sum().backward()
+    assert float(lp.grad) == pytest.approx(4.5, abs=1e-5)
+    lp2 = torch.full((1, 1), math.log(1.5), requires_grad=True)
+    L("clipped_ratio")(lp2, torch.zeros(1, 1), T([[2.0]]), torch.ones(1, 1), epsilon=0.2)[0].sum().backward()
+    assert float(lp2.grad) == 0.0
+
+
 # ---------------------------------------------------------------------------- Reg-GRPO
 
 def test_reg_grpo_values():

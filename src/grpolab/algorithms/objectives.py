@@ -310,11 +310,15 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     A quadratic penalty replaces the clip; its optimum over ``r`` for a fixed
     ``A`` is ``r = 1 + eps * sign(A)``, exactly the clip boundary, and the
     gradient never vanishes. At ``r = 1`` the gradient is the policy gradient.
-    Source check: the ICML 2025 text / authors' repo
-    (github.com/MyRepositories-hub/Simple-Policy-Optimization) were searched; the
-    stored repo version found (v5/spo.py) is an older KL-clip variant, and the
-    stored paper excerpts do not show the objective, so this penalty form is kept
-    as written, not re-verified against the final text.
+
+    Provenance: authors' code — https://github.com/MyRepositories-hub/Simple-Policy-Optimization,
+    mujoco/trainer.py (Trainer.compute_policy_loss, ``algo == 'spo'``:
+    ``-(A * ratios - |A| * (ratios - 1)^2 / (2 eps)).mean()``) with
+    ``--epsilon`` 0.2 in mujoco/main.py; the same form per token here. The
+    authors' code is for continuous-control PPO (GAE advantages, minibatch
+    advantage normalisation); with LLM groups the advantage comes from the
+    recipe's estimator and the mean over tokens/sequences from its
+    aggregation.
     """
     adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
