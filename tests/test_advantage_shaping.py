@@ -214,6 +214,32 @@ def test_lambda_prefix_weight():
     assert torch.equal(fn(adv, g, mask, batch, lambda_grpo_power=0.0), adv[:, None].expand(4, 3) * mask)
 
 
+def test_lambda_grpo_loss_matches_the_authors_trainer():
+    # authors (coli-saar/grpo-prm, lambda_grpo/utils.py InfPRMTree.loss_scales + trainer.py _step, loss_type grpo):
+    # token scale = 1 / (number of group trajectories through its tree node); identical trajectories share one
+    # terminal node; loss = mean_i [ sum_t -min(r A, clip(r) A) * scale_t / #tokens_i ]
+    from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, StepTotals
+    ids = [[5, 6, 7], [5, 6, 7], [5, 6, 8], [4, 4, 4]]  # rows 0 and 1 identical
+    mask = torch.ones(4, 3)
+    g = torch.zeros(4, dtype=torch.long)
+    batch = make_batch(ids, mask=mask, group_ids=g)
+    scales = [[1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1.0], [1.0, 1.0, 1.0]]
+    adv = torch.tensor([1.0, 1.0, -0.5, -1.5])
+    ratio = torch.tensor([[1.1, 0.7, 1.0], [1.0, 1.0, 1.3], [0.9, 1.25, 1.0], [1.0, 0.75, 1.0]])
+    authors = 0.0
+    for i in range(4):
+        per = []
+        for t in range(3):
+            r, a = float(ratio[i, t]), float(adv[i])
+            per.append(-min(r * a, min(max(r, 0.8), 1.2) * a) * scales[i][t])
+        authors += sum(per) / 3
+    authors /= 4
+    w = WEIGHTINGS.get("lambda_prefix_weight")(adv, g, mask, batch, lambda_grpo_power=1.0)
+    loss, _ = POLICY_LOSSES.get("clipped_ratio")(torch.log(ratio), torch.zeros(4, 3), w, mask, epsilon=0.2)
+    ours = AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, StepTotals.from_masks([mask], constant=3))
+    assert float(ours) == pytest.approx(authors, abs=1e-6)
+
+
 # --------------------------------------------------------------------- TW-GRPO (000-95)
 
 def test_tw_token_weight():

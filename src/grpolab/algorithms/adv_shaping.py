@@ -400,9 +400,18 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     completions' advantages, the step's Monte-Carlo process reward); ``lambda = 0``
     is GRPO. Output ``[R, T]``.
 
-    Choices: the seed gives the frequency-normalisation idea; the 1/k token
-    scaling follows the authors' project page, and the exponent ``lambda``
-    (interpolating to GRPO) is our parameterisation.
+    Provenance: authors' code — https://github.com/coli-saar/grpo-prm,
+    lambda_grpo/utils.py (InfPRMTree.loss_scales: a prefix tree over the
+    group's trajectories, every token of a node scaled by 1 / the number of
+    trajectories through it, identical trajectories sharing one leaf) and
+    lambda_grpo/trainer.py (LambdaGRPOTrainer._step: the clipped surrogate
+    times the scale, summed per sequence over its token count, mean over
+    sequences = ``seq_mean_token_mean``; defaults in train_utils.py: group 6,
+    beta 0, loss_type grpo, scaling on). ``lambda = 1`` is the authors'
+    method and ``lambda = 0`` their ``--no_loss_scale``; other exponents are
+    grpolab's interpolation. Known difference: with ``beta > 0`` the authors
+    also scale the KL term per token; here the weight scales the advantage
+    only (the recipe, like the authors' default, has beta 0).
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
