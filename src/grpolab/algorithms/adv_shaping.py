@@ -650,13 +650,15 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
     prompts; where outcomes already separate the completions it is gated off,
     so it cannot conflict with the primary objective.
 
-    Choices: the abstract names "variance-aware gating and difficulty-aware
-    weighting ... based on group-relative statistics"; the linear gate, the
-    ``1 - mean`` difficulty and ``var_cap = 0.25`` (Bernoulli maximum) are our
-    reading. The published equations were NOT found: searched the stored text
-    of arXiv:2512.19126 (html v2/v3: abstract and introduction only), the
-    emergentmind.com AWPO topic page (describes a "hyper-advantage" without
-    its formula) and GitHub code (no authors' repository found). Columns are
+    Provenance: reconstructed from the abstract — the abstract names
+    "variance-aware gating and difficulty-aware weighting ... based on
+    group-relative statistics"; the linear gate, the ``1 - mean`` difficulty
+    and ``var_cap = 0.25`` (Bernoulli maximum) are grpolab's reading. Searched
+    (no authors' code, no equations): the stored text of arXiv:2512.19126
+    (html v2/v3: abstract and introduction only), the emergentmind.com AWPO
+    page (a "hyper-advantage" without its formula), the code index (searches
+    for AWPO / advantage-weighted policy optimization with gating) and the
+    paper pages (no repository link). Columns are
     chosen by reward name
     or index (``awpo_outcome_reward``/``awpo_reasoning_reward``); naming the
     same column twice is allowed (the reasoning term then re-weights the
@@ -694,12 +696,14 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     all lie within ``delta`` of each other gets A = 0 (no conflicting updates
     from homogeneous groups).
 
-    Choices: the pairwise decomposition with a hard threshold ``delta`` on the
-    fine-grained score is our reading of "mask sample pairs with low
-    distinctiveness"; we keep GRPO's ``1/n`` and std normalisation. The
-    published rule was NOT found: searched the stored text of arXiv:2512.06337
-    (html v1: abstract and introduction only), sciencestack/arxivlens summaries
-    and GitHub code (no authors' repository found).
+    Provenance: reconstructed from the abstract — the pairwise decomposition
+    with a hard threshold ``delta`` on the fine-grained score is grpolab's
+    reading of "mask sample pairs with low distinctiveness"; GRPO's ``1/n``
+    and std normalisation are kept. Searched (no authors' code, no
+    equations): the stored text of arXiv:2512.06337 (html v1: abstract and
+    introduction only), sciencestack/arxivlens/newx summaries (no repository
+    link) and the code index (DaGRPO, distinctiveness-aware GRPO: only
+    unrelated "adagrpo" repositories).
     Off-policy anchor augmentation is a rollout feature, not part of this
     component. Unscorable rows get A = 0 and take part in no pair.
     """

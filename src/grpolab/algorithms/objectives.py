@@ -529,9 +529,16 @@ def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     ``L_i = mean_{j != i} l_ij``. Anchor: ``behavior`` (default) or ``reference``.
     The paper (arxiv.org/abs/2406.19185, offline setting) regularises towards
     ``pi_ref``; ``behavior`` is our online default (no reference model), so use
-    ``reference`` + beta > 0 for the paper's anchor. The formula was checked
-    against the paper's abstract and secondary summaries only (the method
-    section was not in the searched store); no authors' code was found.
+    ``reference`` + beta > 0 for the paper's anchor.
+
+    Provenance: reconstructed from the abstract — the pairwise loss above is
+    grpolab's writing of the paper's contrastive objective as described by its
+    abstract and secondary summaries (the method section, and so its equation
+    numbers, were not in the searched store); the all-pairs average within a
+    group, ``r_i - r_j = A_i - A_j`` and the ``behavior`` anchor default are
+    grpolab's choices. Searched: arXiv:2406.19185 pages, the code index
+    (contrastive policy gradient / CoPG implementations: none by the
+    authors), GitHub issues.
     """
     same = _pair_matrix(group_ids, "copg")
     anchor = _anchor(copg_anchor, old_logprobs, ref_logprobs, "copg")
@@ -557,11 +564,16 @@ def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Te
     with the positive and the negative parts of ``sum_j D_ij`` clipped
     separately (``clipped_ratio`` is reused for both). ``D_ij = A_i - A_j``
     (exact reward differences with ``group_mean``; invariant to a per-prompt
-    reward shift, as P3O). Choice: the paper's separate-clipping variant; the
-    KL-in-reward term is the trainer's ``beta``. Not re-verified: the method
-    section of arXiv:2310.00212 and authors' code were not found in the
-    searched store (only abstracts / blog summaries: trajectory-wise ratio,
-    clipping variants, KL control), so the formula is kept as written.
+    reward shift, as P3O).
+
+    Provenance: reconstructed from the abstract — the separate-clipping
+    variant as written above (trajectory-wise ratio, pairwise reward
+    difference) follows the abstract and blog summaries; the all-pairs
+    average, ``D_ij = A_i - A_j`` and the KL-in-reward as the trainer's
+    ``beta`` are grpolab's choices. Searched: arXiv:2310.00212 pages (method
+    section not stored), the code index (pairwise proximal policy
+    optimization: no authors' repository; an unrelated "P3O" for prompt
+    optimization and a policy-on/policy-off P3O).
     """
     same = _pair_matrix(group_ids, "p3o")
     log_rho = _row_sum(logprobs - old_logprobs, mask)

@@ -298,10 +298,16 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
     ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
     into a brevity reward), added to the reward — by default only for correct
     rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
-    answers. The exact published curve was not available in the searched
-    sources; the saturating linear ramp is grpolab's choice. The paper's Group
-    Contrastive Masking of the auxiliary-construction reward is geometry
-    specific and not implemented.
+    answers. The paper's Group Contrastive Masking of the
+    auxiliary-construction reward is geometry specific and not implemented.
+
+    Provenance: reconstructed from the abstract — "a length reward that
+    promotes longer reasoning chains"; the saturating linear ramp, its
+    target length, weight and the correct-only gate are grpolab's choices.
+    The authors' code (github.com/ekonwang/GeometryZero, named in the paper)
+    is not in the searched store (index, snapshot fetch); the stored paper
+    pages (arXiv html v2, themoonlight review) show the auxiliary reward (Eq.
+    3) but not the length reward's formula.
     """
     if gcpo_len_target <= 0:
         raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")

@@ -216,12 +216,19 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     rewards vary and every row gets a non-zero advantage: the failed rows are
     pushed down, the reference up.
 
-    Choices: the reference *replaces* one rollout (the group size stays G, as
-    in the paper's "the reference answer supplies the correct response");
-    it is trained on (``gcpo_train_reference``, the paper's point is to
-    emulate the reference's solution) with ratio pi_theta / pi_behaviour
-    exactly like sampled tokens, since its behaviour log-probs are the
-    teacher-forced ones.
+    Provenance: reconstructed from the abstract — GCPO: When Contrast Fails,
+    Go Gold (Wu and Liu, 2025, arXiv:2510.07790). The reference *replaces*
+    one rollout (the group size stays G: "the reference answer supplies the
+    correct response"); it is trained on (``gcpo_train_reference``: the
+    paper's point is to emulate the reference's solution) with ratio
+    pi_theta / pi_behaviour like sampled tokens, its behaviour log-probs
+    being the teacher-forced ones. A summary page (sciencestack TL;DR) adds
+    that the paper uses a sequence-level importance ratio and no KL; the
+    recipe keeps the token-level clipped ratio because the clip ranges are not
+    known (``policy_loss: sequence_ratio`` gives the sequence form). The
+    authors' code (github.com/AchoWu/GCPO, named in the abstract) is not in
+    the searched store (index, snapshot fetch); the paper's method section
+    was not stored either.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, gcpo_success_threshold)
@@ -261,9 +268,14 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     SFT-like anchor learning into the RL objective).
 
     Combine with the ``dagrpo_distinct_pairs`` advantage for the full method
-    (recipe ``dagrpo_anchors``). Left open by the abstract: how anchors are
-    weighted; we use the plain group advantage with the exact behaviour
-    ratio (no extra weighting).
+    (recipe ``dagrpo_anchors``).
+
+    Provenance: reconstructed from the abstract — the anchor is the data
+    row's reference answer, added (not substituted) to groups with no
+    positive rollout, trained with the plain group advantage and the exact
+    behaviour ratio (no extra weighting); how the paper weights anchors is
+    not known. Searched: arXiv:2512.06337 (stored html v1: abstract and
+    introduction), paper summaries, the code index (no authors' repository).
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, dagrpo_success_threshold)
