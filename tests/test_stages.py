@@ -1,5 +1,6 @@
 """Batch stages and update strategies: CPPO pruning, EFRame, RePO replay, SFPO."""
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -359,16 +360,35 @@ def test_sfpo_alpha_one_equals_k_plus_one_updates(warm):
 
 @pytest.mark.parametrize("warm", [0, 2])
 def test_sfpo_alpha_zero_equals_one_update_from_theta0(warm):
+    # grpolab's option sfpo_reposition_optimizer: the optimiser state is repositioned too
     m1, o1, u1 = linear_setup()
     m2, o2, u2 = linear_setup()
     for _ in range(warm):
         u1(), u2()
-    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.0)(update=u1, batch=None, model=m1, optimizer=o1)
+    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.0, sfpo_reposition_optimizer=True)(update=u1, batch=None, model=m1,
+                                                                             optimizer=o1)
     u2()
     assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
     # the optimiser state was repositioned too: the next updates still agree
     u1(), u2()
     assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+
+
+def test_sfpo_default_keeps_the_fast_trajectorys_optimizer_state():
+    # authors' sfpo_update_actor (Urheen/SFPO): only the trainable weights are repositioned
+    # (slow + step_size * (fast - slow)); Adam's moments and step count stay those after the K fast updates
+    m1, o1, u1 = linear_setup()
+    m2, o2, u2 = linear_setup()
+    theta0 = params_of(m2)
+    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.5)(update=u1, batch=None, model=m1, optimizer=o1)
+    for _ in range(3):  # the reference: 3 fast updates, weights moved half way back by hand, one more update
+        u2()
+    with torch.no_grad():
+        for p, w0 in zip(m2.parameters(), theta0):
+            p.copy_(w0 + 0.5 * (p.detach() - w0))
+    u2()
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(params_of(m1), params_of(m2)))
+    assert o1.state[next(m1.parameters())]["step"] == 4  # 3 fast + 1 slow, no rewind of the step count
 
 
 def test_sfpo_interpolation_hand_computed_sgd():
@@ -389,17 +409,26 @@ def test_sfpo_interpolation_hand_computed_sgd():
 
 
 def test_sfpo_entropy_switch_and_restore():
-    s = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=2.0)
-    for h in (1.0, 1.1, 0.9, 1.0):  # 4th: window [1.0, 1.1, 0.9], mean 1.0 -> z = 0
+    # authors (Urheen/SFPO ray_trainer.py): window = last zscore_w entropies (newest included),
+    # z = (newest - mean) / (np.std + 1e-9) (population std), stop when z >= zscore_threshold
+    def authors_z(hist, w):
+        win = hist[-w:]
+        m = sum(win) / w
+        sd = math.sqrt(sum((x - m) ** 2 for x in win) / w)
+        return (win[-1] - m) / (sd + 1e-9)
+    hist = [1.0, 1.1, 0.9]
+    s = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=1.0)
+    for h in hist:
         s.observe_entropy(h)
-    assert s.active
-    r = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=2.0)
+    assert authors_z(hist, 3) == pytest.approx(-1.224745, abs=1e-5) and s.active  # a drop never switches off
+    r = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=1.0)
     r.load_state_dict(copy.deepcopy(s.state_dict()))
     for x in (s, r):
-        x.observe_entropy(1.05)  # window [1.1, 0.9, 1.0]: mean 1.0, std 0.1 -> z = 0.5
-        assert x.active
-        x.observe_entropy(5.0)  # window [0.9, 1.0, 1.05]: mean 0.983, std 0.076 -> z ~ 52.7 > 2
-        assert not x.active
+        x.observe_entropy(1.05)  # window [1.1, 0.9, 1.05]: z = .3922
+        assert authors_z(hist + [1.05], 3) == pytest.approx(0.392232, abs=1e-5) and x.active
+        x.observe_entropy(1.2)  # window [0.9, 1.05, 1.2]: z = 1.2247 >= 1
+        assert authors_z(hist + [1.05, 1.2], 3) == pytest.approx(1.224745, abs=1e-5) and not x.active
+    # the former two-sided |z| > 3 rule with the window before the newest value would have stayed on here
     calls = []
     m, o, u = linear_setup()
     s(update=lambda b: calls.append(1) or u(), batch=None, model=m, optimizer=o)
