@@ -259,6 +259,32 @@ def test_lambda_prefix_weight():
     assert torch.equal(fn(adv, g, mask, batch, lambda_grpo_power=0.0), adv[:, None].expand(4, 3) * mask)
 
 
+def test_lambda_grpo_loss_matches_the_authors_trainer():
+    # authors (coli-saar/grpo-prm, lambda_grpo/utils.py InfPRMTree.loss_scales + trainer.py _step, loss_type grpo):
+    # token scale = 1 / (number of group trajectories through its tree node); identical trajectories share one
+    # terminal node; loss = mean_i [ sum_t -min(r A, clip(r) A) * scale_t / #tokens_i ]
+    from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, StepTotals
+    ids = [[5, 6, 7], [5, 6, 7], [5, 6, 8], [4, 4, 4]]  # rows 0 and 1 identical
+    mask = torch.ones(4, 3)
+    g = torch.zeros(4, dtype=torch.long)
+    batch = make_batch(ids, mask=mask, group_ids=g)
+    scales = [[1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1.0], [1.0, 1.0, 1.0]]
+    adv = torch.tensor([1.0, 1.0, -0.5, -1.5])
+    ratio = torch.tensor([[1.1, 0.7, 1.0], [1.0, 1.0, 1.3], [0.9, 1.25, 1.0], [1.0, 0.75, 1.0]])
+    authors = 0.0
+    for i in range(4):
+        per = []
+        for t in range(3):
+            r, a = float(ratio[i, t]), float(adv[i])
+            per.append(-min(r * a, min(max(r, 0.8), 1.2) * a) * scales[i][t])
+        authors += sum(per) / 3
+    authors /= 4
+    w = WEIGHTINGS.get("lambda_prefix_weight")(adv, g, mask, batch, lambda_grpo_power=1.0)
+    loss, _ = POLICY_LOSSES.get("clipped_ratio")(torch.log(ratio), torch.zeros(4, 3), w, mask, epsilon=0.2)
+    ours = AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, StepTotals.from_masks([mask], constant=3))
+    assert float(ours) == pytest.approx(authors, abs=1e-6)
+
+
 # --------------------------------------------------------------------- TW-GRPO (000-95)
 
 def _k3(d):
@@ -389,18 +415,26 @@ def test_tw_trainer_computes_divergence_only_when_asked(tiny_args, monkeypatch):
 # ----------------------------------------------------------------- TempSamp-R1 (000-112)
 
 def test_tempsamp_soft_advantage():
-    r = torch.tensor([1.0, 0.5, 0.0])
-    # tau .5, alphas 1: 1 -> .5 + log 1.5 = .905465 ; .5 -> .5 ; 0 -> .5 - (e^.5 - 1) = -.148721
-    phi = asymmetric_soft_reward(r, 0.5, 1.0, 1.0)
-    assert phi.tolist() == pytest.approx([0.905465, 0.5, -0.148721], abs=1e-6)
-    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(3, dtype=torch.long), advantage_epsilon=EPS)
-    # mean .418915; devs .486550, .081085, -.567636; std = sqrt(.565516/2) = .531750
-    assert out.tolist() == pytest.approx([0.486550 / 0.53185, 0.081085 / 0.53185, -0.567636 / 0.53185], abs=1e-4)
-    assert out[1] > 0  # asymmetric: the middle completion is above the shaped mean (GRPO gives it 0)
-    # monotone, slope 1 at the pivot
-    x = torch.tensor([0.5 - 1e-4, 0.5 + 1e-4])
-    assert ((asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[1] - asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[0]) / 2e-4
-            ).item() == pytest.approx(1.0, abs=1e-3)
+    # the public TempSamp-R1 code (transform_rewards): r >= .8 -> .8 + .01 log(r - .8 + 1);
+    # r < .8 -> .8 - (exp(.8 - r) - 1) / (e - 1); then the GRPO z-score (sample std)
+    r = torch.tensor([1.0, 0.8, 0.5, 0.0])
+    e = math.e
+    phi_ref = [0.8 + 0.01 * math.log(1.2), 0.8, 0.8 - (math.exp(0.3) - 1) / (e - 1), 0.8 - (math.exp(0.8) - 1) / (e - 1)]
+    phi = asymmetric_soft_reward(r, 0.8, 0.01, 1.0)
+    assert phi.tolist() == pytest.approx(phi_ref, abs=1e-6)
+    assert phi_ref[0] == pytest.approx(0.801823, abs=1e-6) and phi_ref[3] == pytest.approx(0.086763, abs=1e-6)
+    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(4, dtype=torch.long), advantage_epsilon=EPS)
+    m = sum(phi_ref) / 4
+    sd = math.sqrt(sum((p - m) ** 2 for p in phi_ref) / 3)
+    assert out.tolist() == pytest.approx([(p - m) / (sd + EPS) for p in phi_ref], abs=1e-5)
+    # the old log/exp pair around tau=.5 gave 1.0 and 0.8 clearly different advantages; the plateau nearly ties them
+    assert abs(float(out[0] - out[1])) < 0.01 < float(out[1] - out[2])
+    # continuous at the pivot, monotone
+    x = torch.tensor([0.8 - 1e-6, 0.8, 0.8 + 1e-6])
+    y = asymmetric_soft_reward(x, 0.8, 0.01, 1.0)
+    assert float(y[2] - y[0]) == pytest.approx(0.0, abs=1e-5) and bool((y[1:] >= y[:-1]).all())
+    with pytest.raises(ValueError, match="tempsamp_alpha"):
+        asymmetric_soft_reward(r, 0.8, 0.01, 0.0)
 
 
 # ------------------------------------------------------------------------ AAPO (000-48)

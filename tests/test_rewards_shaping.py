@@ -133,14 +133,23 @@ def test_correct_column_must_exist():
 # ---------------------------------------------------------------- FGRPR (000-66)
 
 def test_fuzzy_numeric_hand_computed():
-    b = batch(["Answer: 10", "so Answer: 8", "Answer: 15", "Answer: 40", "no number", "Answer: 1", "Answer: 2.5"],
-              answer=["10", "10", "10", "10", "10", "0", "2"])
-    # |0|/10 -> 1 ; |8-10|/10 = .2 -> .8 ; .5 -> .5 ; 3.0 -> 0 (clipped) ; unparsed -> 0 ;
-    # target 0: |1-0|/max(0, floor 1) = 1 -> 0 ; |2.5-2|/2 = .25 -> .75
-    out = tr("fuzzy_numeric", rewards=torch.full((7,), 0.5), batch=b, fuzzy_weight=2.0)
-    assert close(out, 0.5 + 2 * torch.tensor([1.0, 0.8, 0.5, 0.0, 0.0, 0.0, 0.75]))
+    # authors' count_reward (yeyimilk/CrowdVLM-R1 grpo_rec.py): gap = |sol - y| / sol; 1.5 - gap if gap < .5 else 0
+    def authors(y, sol):
+        gap = abs(sol - y) / sol
+        return 1.5 - gap if gap < 0.5 else 0.0
+    b = batch(["Answer: 10", "so Answer: 8", "Answer: 15", "Answer: 14", "Answer: 40", "no number", "Answer: 1",
+               "Answer: 2.5"],
+              answer=["10", "10", "10", "10", "10", "10", "0", "2"])
+    expect = [authors(10, 10), authors(8, 10), authors(15, 10), authors(14, 10), authors(40, 10), 0.0,
+              0.0, authors(2.5, 2)]
+    # 1.5 ; 1.3 ; gap .5 is not < .5 -> 0 ; 1.1 ; 0 ; unparsed 0 ; target 0: |1|/max(0, floor 1) = 1 -> 0 ; 1.25
+    assert expect == pytest.approx([1.5, 1.3, 0.0, 1.1, 0.0, 0.0, 0.0, 1.25])
+    out = tr("fuzzy_numeric", rewards=torch.full((8,), 0.5), batch=b, fuzzy_weight=2.0)
+    assert close(out, 0.5 + 2 * torch.tensor(expect))
+    # grpolab's former ramp max(0, 1 - gap) gave .8 and .5 for the 2nd and 3rd rows: the authors' rule differs
+    assert expect[1] != 0.8 and expect[2] != 0.5
     # last 'Answer:' counts
-    assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.0])
+    assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.5])
 
 
 def test_fuzzy_needs_answer_column():

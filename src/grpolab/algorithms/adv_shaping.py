@@ -459,9 +459,18 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     completions' advantages, the step's Monte-Carlo process reward); ``lambda = 0``
     is GRPO. Output ``[R, T]``.
 
-    Choices: the seed gives the frequency-normalisation idea; the 1/k token
-    scaling follows the authors' project page, and the exponent ``lambda``
-    (interpolating to GRPO) is our parameterisation.
+    Provenance: authors' code — https://github.com/coli-saar/grpo-prm,
+    lambda_grpo/utils.py (InfPRMTree.loss_scales: a prefix tree over the
+    group's trajectories, every token of a node scaled by 1 / the number of
+    trajectories through it, identical trajectories sharing one leaf) and
+    lambda_grpo/trainer.py (LambdaGRPOTrainer._step: the clipped surrogate
+    times the scale, summed per sequence over its token count, mean over
+    sequences = ``seq_mean_token_mean``; defaults in train_utils.py: group 6,
+    beta 0, loss_type grpo, scaling on). ``lambda = 1`` is the authors'
+    method and ``lambda = 0`` their ``--no_loss_scale``; other exponents are
+    grpolab's interpolation. Known difference: with ``beta > 0`` the authors
+    also scale the KL term per token; here the weight scales the advantage
+    only (the recipe, like the authors' default, has beta 0).
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
@@ -573,47 +582,62 @@ def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, b
 # -------------------------------------------------------------- TempSamp-R1
 
 
-def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, alpha_pos: float, alpha_neg: float) -> torch.Tensor:
-    """``r >= tau: tau + log(1 + alpha_pos (r - tau)) / alpha_pos`` (compress);
-    ``r < tau: tau - (exp(alpha_neg (tau - r)) - 1) / alpha_neg`` (expand). Slope 1 at tau."""
-    if alpha_pos <= 0 or alpha_neg <= 0:
-        raise ValueError(f"tempsamp_alpha_pos/neg: must be > 0, got {alpha_pos}, {alpha_neg}")
+def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, log_scale: float, alpha: float) -> torch.Tensor:
+    """TempSamp-R1 reward shaping, as ``transform_rewards`` in the public TempSamp-R1 code:
+
+    ``r >= tau: tau + log_scale * log(1 + (r - tau))``            (compress to a near-flat plateau)
+    ``r <  tau: tau - (exp(alpha (tau - r)) - 1) / (exp(alpha) - 1)``  (exponential penalty ramp)
+    """
+    if alpha <= 0:
+        raise ValueError(f"tempsamp_alpha: must be > 0 (the ramp divides by exp(alpha) - 1), got {alpha}")
+    if log_scale < 0:
+        raise ValueError(f"tempsamp_log_scale: must be >= 0, got {log_scale}")
     d = rewards - tau
-    up = tau + torch.log1p(alpha_pos * d.clamp(min=0)) / alpha_pos
-    down = tau - torch.expm1(alpha_neg * (-d).clamp(min=0)) / alpha_neg
+    up = tau + log_scale * torch.log1p(d.clamp(min=0))
+    down = tau - torch.expm1(alpha * (-d).clamp(min=0)) / math.expm1(alpha)
     return torch.where(d >= 0, up, down)
 
 
 @ADVANTAGES.register("tempsamp_soft_advantage")
 def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
-                            tempsamp_tau: float = param(0.5, 'TempSamp-R1: reward pivot of the asymmetric transform'),
-                            tempsamp_alpha_pos: float = param(1.0, 'TempSamp-R1: log-compression strength above the '
-                                                              'pivot'),
-                            tempsamp_alpha_neg: float = param(1.0, 'TempSamp-R1: exp-expansion strength below the '
-                                                              'pivot')) -> torch.Tensor:
+                            tempsamp_tau: float = param(0.8, 'TempSamp-R1: success threshold (pivot) of the reward '
+                                                        'shaping (authors\' code: 0.8 on IoU)'),
+                            tempsamp_log_scale: float = param(0.01, 'TempSamp-R1: coefficient of log(1 + r - tau) '
+                                                              'above the pivot (authors\' code: 0.01)'),
+                            tempsamp_alpha: float = param(1.0, 'TempSamp-R1: steepness of the exponential ramp below '
+                                                          'the pivot (authors\' code: 1.0)')) -> torch.Tensor:
     """TempSamp-R1 non-linear soft advantage (Li et al., 2025, arXiv:2509.18056, seed 000-112).
 
-    ``A_i = zscore_g(phi(r)_i)`` with the asymmetric transform ``phi``
-    (:func:`asymmetric_soft_reward`): rewards above the pivot ``tau`` are
-    log-compressed, so a near-perfect (e.g. injected ground-truth) completion
-    does not dominate the group and squash the others' advantages; rewards
-    below ``tau`` are exp-expanded, so differences among poor completions
-    still count. ``phi`` is monotone with slope 1 at ``tau``.
+    ``A_i = zscore_g(phi(r)_i)`` with the reward shaping ``phi``
+    (:func:`asymmetric_soft_reward`)::
 
-    Choices: the abstract only says "non-linear soft advantage ... asymmetric
-    transformation"; the log/exp pair around a pivot is our reading. The
-    published equation was NOT found: searched the stored text of
-    arXiv:2509.18056 (html v2: abstract and introduction only), the
-    papernotes.org NeurIPS-2025 summary, sciencestack/hyper.ai abstract pages,
-    and GitHub code (HVision-NKU/TempSamp-R1 is not in the searched index; the
-    re-implementation ZhangZikun6666/TempSamp-R1 ``verl/trainer/core_algos.py``
-    uses plain GRPO z-scores with the ground-truth row in the group and no
-    soft transform). Check against the paper's method section before relying
-    on the exact shape. The off-policy ground-truth
-    injection and hybrid CoT training are rollout/data features, not part of
-    this component.
+        phi(r) = tau + 0.01 * log(1 + (r - tau))                     r >= tau
+        phi(r) = tau - (exp(alpha (tau - r)) - 1) / (exp(alpha) - 1)  r <  tau
+
+    with ``tau = 0.8`` and ``alpha = 1``: rewards at or above the success
+    threshold are squashed onto a near-flat plateau (r = 1 -> 0.8018), so a
+    near-perfect (e.g. injected ground-truth) completion does not dominate the
+    group; below it the penalty ramps exponentially (r = 0 -> 0.0867), so the
+    group advantage sharpens around the threshold. ``phi`` is monotone and
+    continuous at ``tau``.
+
+    Provenance: authors' code — https://github.com/ZhangZikun6666/TempSamp-R1,
+    scripts/timelens/timelens_reward.py (transform_rewards; defaults
+    GTPO_REWARD_SHAPING_THRESHOLD 0.8, GTPO_REWARD_SHAPING_ALPHA 1.0, the 0.01
+    plateau factor hard-coded) and verl/trainer/core_algos.py
+    (compute_grpo_outcome_advantage: sample std, eps 1e-6 where grpolab uses
+    ``advantage_epsilon``). This repository's README credits the paper's
+    authors (Li, Cheng, Jia, Kuang, Jiao, Hou, Cheng) and calls itself "an
+    open-source implementation of TempSamp-R1"; it is not the HVision-NKU
+    repository named in the paper, which is not in the searched store, so it
+    is the closest public code, not certainly the paper's own. Known
+    differences: the code shapes only the IoU term and adds a 0.1-weighted
+    format reward afterwards; here ``phi`` is applied to the task's scalar
+    reward. The code's ground-truth injection (one rollout per group replaced
+    by the ground-truth answer, ``_inject_gt_rollout_in_gen_output``) is a
+    rollout feature that this advantage component does not include.
     """
-    shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_alpha_pos, tempsamp_alpha_neg)
+    shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_log_scale, tempsamp_alpha)
     return group_zscore(shaped, group_ids, advantage_epsilon=advantage_epsilon)
 
 
@@ -755,13 +779,15 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
     prompts; where outcomes already separate the completions it is gated off,
     so it cannot conflict with the primary objective.
 
-    Choices: the abstract names "variance-aware gating and difficulty-aware
-    weighting ... based on group-relative statistics"; the linear gate, the
-    ``1 - mean`` difficulty and ``var_cap = 0.25`` (Bernoulli maximum) are our
-    reading. The published equations were NOT found: searched the stored text
-    of arXiv:2512.19126 (html v2/v3: abstract and introduction only), the
-    emergentmind.com AWPO topic page (describes a "hyper-advantage" without
-    its formula) and GitHub code (no authors' repository found). Columns are
+    Provenance: reconstructed from the abstract — the abstract names
+    "variance-aware gating and difficulty-aware weighting ... based on
+    group-relative statistics"; the linear gate, the ``1 - mean`` difficulty
+    and ``var_cap = 0.25`` (Bernoulli maximum) are grpolab's reading. Searched
+    (no authors' code, no equations): the stored text of arXiv:2512.19126
+    (html v2/v3: abstract and introduction only), the emergentmind.com AWPO
+    page (a "hyper-advantage" without its formula), the code index (searches
+    for AWPO / advantage-weighted policy optimization with gating) and the
+    paper pages (no repository link). Columns are
     chosen by reward name
     or index (``awpo_outcome_reward``/``awpo_reasoning_reward``); naming the
     same column twice is allowed (the reasoning term then re-weights the
@@ -799,12 +825,14 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     all lie within ``delta`` of each other gets A = 0 (no conflicting updates
     from homogeneous groups).
 
-    Choices: the pairwise decomposition with a hard threshold ``delta`` on the
-    fine-grained score is our reading of "mask sample pairs with low
-    distinctiveness"; we keep GRPO's ``1/n`` and std normalisation. The
-    published rule was NOT found: searched the stored text of arXiv:2512.06337
-    (html v1: abstract and introduction only), sciencestack/arxivlens summaries
-    and GitHub code (no authors' repository found).
+    Provenance: reconstructed from the abstract — the pairwise decomposition
+    with a hard threshold ``delta`` on the fine-grained score is grpolab's
+    reading of "mask sample pairs with low distinctiveness"; GRPO's ``1/n``
+    and std normalisation are kept. Searched (no authors' code, no
+    equations): the stored text of arXiv:2512.06337 (html v1: abstract and
+    introduction only), sciencestack/arxivlens/newx summaries (no repository
+    link) and the code index (DaGRPO, distinctiveness-aware GRPO: only
+    unrelated "adagrpo" repositories).
     Off-policy anchor augmentation is a rollout feature, not part of this
     component. Unscorable rows get A = 0 and take part in no pair.
     """

@@ -165,11 +165,14 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
 
 # ---------------------------------------------------------------- FGRPR fuzzy numeric (000-66)
 
-def fuzzy_score(pred: float | None, target: float, floor: float = 1.0) -> float:
-    """``max(0, 1 - |pred - target| / max(|target|, floor))``; 0 when nothing was parsed."""
+def fuzzy_score(pred: float | None, target: float, floor: float = 1.0, top: float = 1.5,
+                max_error: float = 0.5) -> float:
+    """``top - e`` if ``e < max_error`` else 0, ``e = |pred - target| / max(|target|, floor)``; 0 when nothing
+    was parsed (FGRPR authors: ``1.5 - gap`` for ``gap < 0.5``)."""
     if pred is None or not math.isfinite(pred):
         return 0.0
-    return max(0.0, 1.0 - abs(pred - target) / max(abs(target), floor))
+    e = abs(pred - target) / max(abs(target), floor)
+    return top - e if e < max_error else 0.0
 
 
 @REWARD_TRANSFORMS.register("fuzzy_numeric")
@@ -178,21 +181,31 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
                   fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first '
                                              'group (last match) is the predicted number'),
                   fuzzy_floor: float = param(1.0, 'FGRPR: relative error is |y_hat - y| / max(|y|, floor)'),
+                  fuzzy_max_reward: float = param(1.5, 'FGRPR: reward of an exact answer; it falls by the relative '
+                                                  "error (authors: 1.5)"),
+                  fuzzy_max_error: float = param(0.5, 'FGRPR: relative errors at or above this get 0 (authors: 0.5)'),
                   fuzzy_answer_column: str = param('answer', 'FGRPR: data column with the reference number')) -> torch.Tensor:
     """FGRPR fuzzy numeric reward (Wang et al., 2025, CrowdVLM-R1, arXiv:2504.03724; seed 000-66).
 
     Instead of 0/1 exact match, a numeric answer earns credit by closeness::
 
-        R_fuzzy = max(0, 1 - |y_hat - y| / max(|y|, floor))
+        e = |y_hat - y| / max(|y|, floor)
+        R_fuzzy = 1.5 - e   if e < 0.5,   else 0
 
-    (1 for the exact answer, linearly less for relative error, 0 from 100 %
-    relative error on). ``y_hat`` = the number captured by the last match of
+    (1.5 for the exact answer, 1.0 just inside 50 % relative error, 0 from
+    there on). ``y_hat`` = the number captured by the last match of
     ``fuzzy_pattern`` in the completion (none -> 0); ``y`` = the data column
     ``fuzzy_answer_column``. Added as ``r + fuzzy_weight * R_fuzzy``; to
     *replace* the 0/1 accuracy as the paper does, give the accuracy reward
-    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does. The paper's
-    exact fuzzy membership for counts is not in the abstract; the relative-error
-    form (floor 1 so a target of 0 works) is grpolab's choice.
+    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does.
+
+    Provenance: authors' code — https://github.com/yeyimilk/CrowdVLM-R1,
+    VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py (count_reward,
+    registered as the "accuracy" reward: ``abs_gap = abs(sol - answer) / sol``,
+    ``reward = 1.5 - abs_gap`` if ``abs_gap < 0.5`` else 0). Known
+    differences: the authors parse ``<answer>(\\d+)</answer>`` (an integer
+    count) where ``fuzzy_pattern`` is configurable; their target 0 raises a
+    division by zero that gives reward 0, here ``floor`` (1) divides instead.
     """
     answers = _column(batch, fuzzy_answer_column)
     pat = re.compile(fuzzy_pattern)
@@ -201,7 +214,8 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
         found = pat.findall(text)
         target = _to_number(a)
         pred = _to_number(found[-1]) if found else None
-        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor))
+        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor, fuzzy_max_reward,
+                                                             fuzzy_max_error))
     return rewards + fuzzy_weight * torch.tensor(bonus, dtype=rewards.dtype)
 
 
@@ -322,10 +336,16 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
     ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
     into a brevity reward), added to the reward — by default only for correct
     rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
-    answers. The exact published curve was not available in the searched
-    sources; the saturating linear ramp is grpolab's choice. The paper's Group
-    Contrastive Masking of the auxiliary-construction reward is geometry
-    specific and not implemented.
+    answers. The paper's Group Contrastive Masking of the
+    auxiliary-construction reward is geometry specific and not implemented.
+
+    Provenance: reconstructed from the abstract — "a length reward that
+    promotes longer reasoning chains"; the saturating linear ramp, its
+    target length, weight and the correct-only gate are grpolab's choices.
+    The authors' code (github.com/ekonwang/GeometryZero, named in the paper)
+    is not in the searched store (index, snapshot fetch); the stored paper
+    pages (arXiv html v2, themoonlight review) show the auxiliary reward (Eq.
+    3) but not the length reward's formula.
     """
     if gcpo_len_target <= 0:
         raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")
