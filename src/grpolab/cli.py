@@ -40,31 +40,85 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def cmd_train(args, rest: list[str]) -> int:
-    from .config import Config, ConfigError, load_yaml
+# `grpolab train` options listed in --help (any other config key is accepted as --key value too); the help text
+# is the key's own (config.py), so it is written once
+TRAIN_OPTIONS = ["model", "task", "data", "steps", "out", "learning_rate", "num_generations", "prompts_per_step",
+                 "max_completion_length", "max_prompt_length", "temperature", "beta", "advantage", "policy_loss",
+                 "loss_aggregation", "save_steps", "seed", "device", "stall_steps"]
+# what `--resume` may change: how long the run goes on and what it logs, never what it trains
+RESUME_OVERRIDES = ["steps", "save_steps", "save_total_limit", "eval_after", "eval_problems", "eval_batch_size",
+                    "tensorboard", "threads", "device", "stall_steps"]
+
+
+def _options_of(args, cli: dict) -> dict:
+    """``cli`` plus the config keys given as `grpolab train` options (``TRAIN_OPTIONS``)."""
+    out = dict(cli)
+    for key in TRAIN_OPTIONS:
+        value = getattr(args, key, None)
+        if value is not None:
+            out[key] = value
+    if getattr(args, "reward", None):
+        out["reward"] = args.reward
+    return out
+
+
+def _recipe_layers(args, cli: dict) -> tuple[str | None, dict, dict]:
+    """``(recipe, recipe keys, --config keys)``. The recipe is ``--recipe`` if given, else the ``recipe:`` of
+    the --config file: the command line wins over the file, for the recipe as for every key."""
+    from .config import load_yaml
     from .recipes import recipe_overrides
 
-    cli = _kv_pairs(rest, Config.field_names())
-    if args.reward:
-        cli["reward"] = args.reward
+    file_cfg = load_yaml(args.config) if args.config else {}
+    recipe = args.recipe or cli.get("recipe") or file_cfg.get("recipe")
+    if recipe:
+        cli["recipe"] = recipe  # config.yaml names the recipe that was trained
+    return recipe, (recipe_overrides(recipe) if recipe else {}), file_cfg
+
+
+def _resume_config(args, cli: dict):
+    """The saved configuration of the run in ``--resume OUT``, with the overrides a resume allows
+    (``RESUME_OVERRIDES``); anything that would change what the run trains is refused."""
+    from .config import Config, ConfigError, load_yaml
+
+    out = Path(args.resume)
+    saved = out / "config.yaml"
+    if not saved.exists():
+        raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a grpolab run folder?")
+    if args.recipe or args.config:
+        given = " and ".join(f"--{k} {getattr(args, k)}" for k in ("recipe", "config") if getattr(args, k))
+        raise ConfigError(f"--resume {out}: {given} would change what the run trains; a resumed run keeps the "
+                          f"settings saved in {saved}. Start a new run with them (--out NEW), or resume without "
+                          f"them (--steps N extends the run)")
+    base = load_yaml(saved)
+    # lenient: a config.yaml written before components owned their parameters lists every variant's keys
+    before = Config.build(base, sources=[str(saved)], lenient=True)
+    cfg = Config.build(base, cli, sources=[str(saved), "command line"], lenient=True)
+    for key in cli:
+        if key in RESUME_OVERRIDES:
+            continue
+        old, new = before.to_dict().get(key), cfg.to_dict().get(key)
+        if old != new:
+            raise ConfigError(f"--resume {out}: --{key} {cli[key]} would change what the run trains (saved: "
+                              f"{key}: {old}); a resumed run keeps its settings. On --resume only "
+                              f"{', '.join('--' + k for k in RESUME_OVERRIDES)} may change; for other settings "
+                              f"start a new run (--out NEW)")
+    cfg.out = str(out)
+    if cfg.dropped_keys:
+        print(f"[grpolab] {saved}: {len(cfg.dropped_keys)} keys of components this run does not select were "
+              f"ignored ({', '.join(cfg.dropped_keys[:8])}{', ...' if len(cfg.dropped_keys) > 8 else ''})",
+              file=sys.stderr)
+    return cfg
+
+
+def cmd_train(args, rest: list[str]) -> int:
+    from .config import Config, ConfigError
+    from .data import to_json
+
+    cli = _options_of(args, _kv_pairs(rest, Config.field_names()))
     if args.resume:
-        saved = Path(args.resume) / "config.yaml"
-        if not saved.exists():
-            raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a grpolab run folder?")
-        base = load_yaml(saved)
-        # lenient: a config.yaml written before components owned their parameters lists every variant's keys
-        cfg = Config.build(base, cli, sources=[str(saved), "command line"], lenient=True)
-        cfg.out = str(args.resume)
-        if cfg.dropped_keys:
-            print(f"[grpolab] {saved}: {len(cfg.dropped_keys)} keys of components this run does not select were "
-                  f"ignored ({', '.join(cfg.dropped_keys[:8])}{', ...' if len(cfg.dropped_keys) > 8 else ''})",
-                  file=sys.stderr)
+        cfg = _resume_config(args, cli)
     else:
-        file_cfg = load_yaml(args.config) if args.config else {}
-        recipe = cli.get("recipe") or file_cfg.get("recipe") or args.recipe
-        rec = recipe_overrides(recipe) if recipe else {}
-        if args.recipe:
-            cli["recipe"] = args.recipe
+        recipe, rec, file_cfg = _recipe_layers(args, cli)
         cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
         out = Path(cfg.out)
         from .train.checkpoint import latest_checkpoint
@@ -87,18 +141,38 @@ def cmd_train(args, rest: list[str]) -> int:
 
     trainer = Trainer(cfg, resume=bool(args.resume))
     summary = trainer.train(progress=not args.quiet)
-    print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
-                      for k, v in summary.items()}))
+    print(to_json({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
+                   for k, v in summary.items()}))
     return 0
+
+
+def _run_settings(model: str) -> tuple[Path | None, dict]:
+    """``(path, keys)`` of the config.yaml of the run a model folder came from (``OUT/final`` -> ``OUT``)."""
+    from .config import load_yaml
+
+    for folder in (Path(model).parent, Path(model)):
+        saved = folder / "config.yaml"
+        if model not in ("tiny", "smollm2") and saved.is_file():
+            keys = load_yaml(saved)
+            if "max_completion_length" in keys:
+                return saved, keys
+    return None, {}
 
 
 def cmd_eval(args, rest: list[str]) -> int:
     from .config import Config, ConfigError
+    from .data import to_json
     from .model.loading import load_policy
     from .train.evaluate import evaluate
     from .train.trainer import setup_data
 
     cli = _kv_pairs(rest, Config.field_names())
+    saved, run = _run_settings(args.model)
+    for key in ("model", "out", "recipe"):
+        run.pop(key, None)
+    if args.data or args.task:  # another data set than the run's: its task / data / rewards do not apply
+        for key in ("task", "data", "reward"):
+            run.pop(key, None)
     layers = {"model": args.model, **cli}
     if args.data:
         layers["data"] = args.data
@@ -107,17 +181,23 @@ def cmd_eval(args, rest: list[str]) -> int:
         layers["task"] = args.task
     elif args.reward:
         raise ConfigError("--reward needs --data FILE (or use --task NAME)")
-    cfg = Config.build(layers, sources=["command line"])
+    cfg = Config.build(run, layers, sources=[str(saved), "command line"], lenient=True)
+    if saved is not None:
+        what = f"data {cfg.data}" if cfg.data else f"task {cfg.task}"
+        print(f"[grpolab] eval: settings of the run in {saved} ({what}, max_completion_length "
+              f"{cfg.max_completion_length}, max_prompt_length {cfg.max_prompt_length}); --key value overrides them",
+              file=sys.stderr)
     rows, eval_rows, rewards, acc, extra = setup_data(cfg)
-    if args.data:
+    if cfg.data:
         eval_rows = rows[:cfg.eval_problems]
     model, tok = load_policy(cfg.model, task_texts=None if cfg.model != "tiny" else [str(r) for r in rows],
-                             tiny_arch=cfg.tiny_arch, seed=cfg.seed)
+                             tiny_arch=cfg.tiny_arch, seed=cfg.seed,
+                             log=lambda *a: print(*a, file=sys.stderr, flush=True))
     res = evaluate(model, tok, eval_rows, rewards, max_completion_length=cfg.max_completion_length,
                    max_prompt_length=cfg.max_prompt_length, batch_size=cfg.eval_batch_size,
                    accuracy_reward=acc, extra=extra)
     res["model"] = args.model
-    print(json.dumps(res, indent=None if args.compact else 2))
+    print(to_json(res, indent=None if args.compact else 2))
     return 0
 
 
@@ -160,6 +240,8 @@ def cmd_recipes(args, rest: list[str]) -> int:
     from .recipes import all_recipes
 
     recipes = all_recipes()
+    if args.name:
+        return _show_recipe(args)
     if args.markdown:
         print(recipes_markdown(recipes), end="")
         return 0
@@ -178,15 +260,75 @@ def cmd_recipes(args, rest: list[str]) -> int:
     return 0
 
 
-def cmd_config(args, rest: list[str]) -> int:
-    """The resolved configuration of a run (core keys first, then the selected components' parameters)."""
-    from .config import Config, load_yaml, markdown_reference
-    from .recipes import recipe_overrides
+def _show_recipe(args) -> int:
+    """`grpolab recipes NAME`: one recipe, whole."""
+    from .recipes import load_recipe
 
-    file_cfg = load_yaml(args.config) if args.config else {}
+    r = load_recipe(args.name)
+    if args.json:
+        print(json.dumps({k: r.get(k) for k in ("name", "title", "citation", "seed", "description", "components",
+                                                 "parameters")}, indent=2))
+        return 0
+    print(f"{r['name']}: {r['title']}")
+    print(f"  {r['citation']}" + (f" [seed {r['seed']}]" if r.get("seed") else ""))
+    if r.get("description"):
+        print("  " + " ".join(str(r["description"]).split()))
+    for title, part in (("components", r["components"]), ("parameters", r["parameters"])):
+        print(f"  {title}:")
+        for k, v in part.items():
+            print(f"    {k}: {v}")
+    print(f"  train it: grpolab train --recipe {r['name']}   (every key: grpolab config --recipe {r['name']})")
+    return 0
+
+
+def _show_key(cfg, key: str) -> int:
+    """`grpolab config KEY`: the key's value in this configuration, its default, meaning and valid values."""
+    import dataclasses
+
+    from .config import CORE_KEYS, Config, ConfigError, _choices_text
+    from .registry import ALL_REGISTRIES, declared_params
+
+    key = key.lstrip("-").replace("-", "_")
+    if key in CORE_KEYS:
+        f = {f.name: f for f in dataclasses.fields(Config)}[key]
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        print(f"{key}: {getattr(cfg, key)!r}   (default {default!r}; core key)")
+        print(f"  {f.metadata.get('help', '')}{_choices_text(f.metadata.get('choices'))}")
+        return 0
+    decl = cfg.component_params()
+    if key in decl:
+        p = decl[key]
+        print(f"{key}: {cfg.params[key]!r}   (default {p.default!r}; parameter of {', '.join(p.owners)})")
+        print(f"  {p.help}" + (f" (valid: {', '.join(map(str, p.choices))})" if p.choices else ""))
+        return 0
+    owners = {}
+    for reg in ALL_REGISTRIES.values():
+        for _, obj in reg.items():
+            if key in declared_params(obj):
+                owners[key] = declared_params(obj)[key]
+    if owners:
+        p = owners[key]
+        print(f"{key}: not a key of this configuration   (default {p.default!r}; parameter of "
+              f"{', '.join(p.owners)}, which it does not select)")
+        print(f"  {p.help}")
+        print(f"  select its component first (e.g. with its recipe); then --{key} VALUE sets it")
+        return 0
+    import difflib
+    close = difflib.get_close_matches(key, CORE_KEYS + sorted(decl), n=3)
+    raise ConfigError(f"grpolab config: unknown key '{key}'" + (f" (did you mean {', '.join(close)}?)" if close else "")
+                      + "; `grpolab config` lists this run's keys, `grpolab components` every component's")
+
+
+def cmd_config(args, rest: list[str]) -> int:
+    """The resolved configuration of a run (core keys first, then the selected components' parameters), or
+    one key of it (``grpolab config KEY``)."""
+    from .config import Config, markdown_reference
+
     cli = _kv_pairs(rest, Config.field_names())
-    rec = recipe_overrides(args.recipe) if args.recipe else {}
-    cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {args.recipe}", args.config or "", "command line"])
+    recipe, rec, file_cfg = _recipe_layers(args, cli)
+    cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
+    if args.key:
+        return _show_key(cfg, args.key)
     if args.markdown:
         print(markdown_reference(cfg), end="")
     else:
@@ -230,18 +372,63 @@ def import_user_modules(modules: list[str]) -> None:
                               f"directory or PYTHONPATH") from None
 
 
+TRAIN_EPILOG = """\
+Every other config key is an option too (--key value or --key=value):
+  grpolab config                 this run's keys and values (core keys, then its components' parameters)
+  grpolab config KEY             one key: value, default, meaning, valid values
+  grpolab recipes [NAME]         the recipes, or one of them
+
+Precedence (later wins): defaults < --recipe < --config FILE < options. --recipe on the command line
+also wins over a 'recipe:' line in the --config file; OUT/config.yaml records what was trained.
+
+--resume OUT continues that run with the settings saved in OUT/config.yaml. It refuses --recipe,
+--config and any option that would change what the run trains; it accepts --steps (to extend the
+run), --save_steps, --save_total_limit, --eval_after, --eval_problems, --eval_batch_size,
+--tensorboard, --threads, --device, --stall_steps.
+
+examples:
+  grpolab train --recipe dapo --out runs/dapo
+  grpolab train --data my.jsonl --reward my_rewards:correct --reward ./fmt.py:fmt=0.2
+  grpolab train --resume runs/dapo --steps 60
+"""
+
+
+def _train_options(t) -> None:
+    """The `grpolab train` options shown by --help (help text from config.py)."""
+    import dataclasses
+
+    from .config import Config
+
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    t.add_argument("--config", metavar="FILE", help="YAML file of config keys (may name a recipe: NAME)")
+    t.add_argument("--recipe", metavar="NAME", help="named recipe (grpolab recipes; wins over the file's recipe:)")
+    t.add_argument("--resume", metavar="OUT", help="continue the run in OUT from its last checkpoint (see below)")
+    t.add_argument("--reward", action="append", metavar="SPEC",
+                   help="reward function module:function[=weight] or path/to/file.py:function[=weight], "
+                        "repeatable (also rm:PATH, judge:PATH, pm4grpo)")
+    for key in TRAIN_OPTIONS:
+        f = fields[key]
+        choices = f.metadata.get("choices")
+        extra = f" ({' / '.join(map(str, choices))})" if isinstance(choices, list) else ""
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        metavar = {"model": "MODEL", "task": "NAME", "data": "FILE", "out": "DIR", "device": "DEVICE"}.get(
+            key, {int: "N", float: "X"}.get(type(default), "NAME"))
+        t.add_argument(f"--{key}", metavar=metavar,
+                       help=f"{f.metadata.get('help', '')}{extra} [default: {default}]".replace("%", "%%"))
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (repeatable): components it registers can then be selected, "
                              "and their parameters are config keys")
     sub = parser.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="train a policy (any config key as --key value)")
-    t.add_argument("--config", help="YAML file of config keys")
-    t.add_argument("--recipe", help="named recipe (see `grpolab recipes`)")
-    t.add_argument("--resume", metavar="OUT", help="continue the run in OUT from its last checkpoint")
-    t.add_argument("--reward", action="append", help="module:function[=weight], repeatable")
-    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t = sub.add_parser("train", help="train a policy (any config key as --key value)", allow_abbrev=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=TRAIN_EPILOG,
+                       description="Train a policy with GRPO or a variant. Every config key is an option "
+                                   "(--key value); the ones most runs set are listed here.")
+    _train_options(t)
     e = sub.add_parser("eval", help="greedy evaluation; prints JSON")
     e.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder (e.g. OUT/final)")
     e.add_argument("--task", help="built-in task")
@@ -255,11 +442,13 @@ def main(argv: list[str] | None = None) -> int:
     f.add_argument("--data", help="JSONL file of prompt / completion rows")
     f.add_argument("--out", default="runs/sft", help="folder for the trained model (default runs/sft)")
     f.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
-    r = sub.add_parser("recipes", help="list recipes with citations")
+    r = sub.add_parser("recipes", help="list recipes with citations (or show one: grpolab recipes NAME)")
+    r.add_argument("name", nargs="?", help="show this recipe: paper, description, components, parameters")
     r.add_argument("--json", action="store_true", help="print as JSON")
     r.add_argument("--markdown", action="store_true", help="print the recipe table as markdown")
     c = sub.add_parser("config", help="print a run's resolved configuration (YAML): core keys, then the "
                                       "parameters of the components it selects")
+    c.add_argument("key", nargs="?", help="explain this key: its value in this configuration, default, meaning")
     c.add_argument("--recipe", help="show the configuration of this recipe")
     c.add_argument("--config", help="YAML file of config keys")
     c.add_argument("--markdown", action="store_true", help="the key reference as a markdown table")
@@ -275,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
-    from .errors import ConfigError
+    from .errors import ConfigError, RunStalled
     from .data import DataError
     from .registry import UnknownComponentError
     try:
@@ -286,6 +475,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
+    except RunStalled as e:  # the run stopped itself: nothing could be learned (stall_steps)
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 1
     except ValueError as e:  # reward spec / signature problems found before training
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2

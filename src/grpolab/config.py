@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,6 +152,9 @@ class Config:
     eval_batch_size: int = _f(100, "rows per generation batch during evaluation")
     save_steps: int = _f(10, "checkpoint every N steps (and always at the end)")
     save_total_limit: int = _f(2, "keep this many most recent checkpoints")
+    stall_steps: int = _f(10, "stop the run with an error (after a checkpoint) when for this many consecutive "
+                              "steps every group had zero reward spread (all advantages 0) or every reward call "
+                              "failed; a warning at half of it (0 = never)")
     tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard")
     seed: int = _f(0, "random seed")
 
@@ -275,12 +279,16 @@ class Config:
         for name in positive:
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.num_generations < 2 and self.advantage in ("group_zscore", "group_mean"):
-            raise ConfigError(f"num_generations: group advantages need at least 2 completions per prompt, "
-                              f"got {self.num_generations}")
-        for name in ("epsilon", "beta", "learning_rate", "temperature", "max_grad_norm", "weight_decay"):
+        self._check_finite()
+        for name in ("epsilon", "beta", "learning_rate", "temperature", "max_grad_norm", "weight_decay",
+                     "top_k", "threads", "stall_steps", "warmup_steps", "micro_batch_tokens"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if self.temperature == 0:
+            raise ConfigError("temperature: 0 samples greedily, so every completion of a prompt is the same text "
+                              "with the same reward (all advantages 0), and the training log-probs divide the "
+                              "logits by it; use a sampling temperature > 0 (e.g. 0.7 to 1.0)")
+        self._check_group_size(extra)
         if self.epsilon_high is not None and self.epsilon_high < 0:
             raise ConfigError(f"epsilon_high: must be >= 0, got {self.epsilon_high}")
         if self.kl_gradient is not None and self.kl_gradient not in KL_ESTIMATORS:
@@ -293,14 +301,62 @@ class Config:
             raise ConfigError("reward: --data needs at least one --reward module:function")
         self._check_components(extra)
 
-    def _check_components(self, extra: tuple = ()) -> None:
-        """Let each chosen component reject settings it cannot work with (its registered ``check``)."""
+    def _check_finite(self) -> None:
+        """NaN / inf make no sense for any numeric setting (a weight of nan turns every reward into nan)."""
+        values = {**{k: getattr(self, k) for k in CORE_KEYS}, **self.params}
+        for key, value in values.items():
+            for v in (value if isinstance(value, (list, tuple)) else [value]):
+                if isinstance(v, float) and not math.isfinite(v):
+                    raise ConfigError(f"{key}: must be a finite number, got {value!r}; give a real number")
+                if key == "reward_weights" and v is not None and not isinstance(v, (int, float)):
+                    try:
+                        ok = math.isfinite(float(v))
+                    except (TypeError, ValueError):
+                        raise ConfigError(f"reward_weights: {v!r} is not a number; give one number per reward "
+                                          f"function") from None
+                    if not ok:
+                        raise ConfigError(f"reward_weights: must be finite numbers, got {value!r}")
+
+    def _selected_in(self, extra: tuple = ()):
+        """``(registry, name)`` of every selected component that sits in a registry."""
+        by_kind = {r.kind: r for r in ALL_REGISTRIES.values()}
         for kind_name, _ in self.selected(extra):
             kind, _, name = kind_name.partition("/")
-            reg = next((r for r in ALL_REGISTRIES.values() if r.kind == kind), None)
-            check = reg.check(name) if reg is not None else None
+            if kind in by_kind:
+                yield by_kind[kind], name
+
+    def _check_group_size(self, extra: tuple = ()) -> None:
+        """An advantage that compares the completions of one prompt needs num_generations >= its
+        ``min_group_size`` (declared at registration); a sampler that chooses each prompt's number of
+        completions (``budgets``) decides group sizes itself."""
+        sampler = SAMPLERS.get(self.prompt_sampler) if self.prompt_sampler in SAMPLERS else None
+        if sampler is not None and hasattr(sampler, "budgets"):
+            return
+        for reg, name in self._selected_in(extra):
+            need = reg.min_group_size(name)
+            if self.num_generations < need:
+                raise ConfigError(
+                    f"num_generations: {reg.kind} '{name}' compares the completions of one prompt with each other "
+                    f"and needs at least {need} per prompt, got {self.num_generations} (every advantage would be "
+                    f"0 and nothing is learned); set num_generations >= {need}, or choose an estimator that works "
+                    f"with one completion (advantage spo_single_stream)")
+
+    def _check_components(self, extra: tuple = ()) -> None:
+        """Let each chosen component reject settings it cannot work with (its registered ``check``)."""
+        for reg, name in self._selected_in(extra):
+            check = reg.check(name)
             if check is not None:
                 check(self)
+
+    def required_columns(self) -> dict[str, list[str]]:
+        """``{"kind 'name'": [columns]}``: the data columns the selected components declared they read from
+        every training row (``register(..., columns=...)``)."""
+        out = {}
+        for reg, name in self._selected_in():
+            cols = reg.columns(name, self)
+            if cols:
+                out[f"{reg.kind} '{name}'"] = cols
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         """Core keys, then this run's component parameters (what ``config.yaml`` holds)."""

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -10,13 +11,48 @@ class DataError(ValueError):
     """A malformed data file; the message names the file and line."""
 
 
+class JsonlRows(list):
+    """The rows of a JSONL file; ``where(i)`` names row ``i`` by its file and line (for error messages)."""
+
+    def __init__(self, rows=(), path: Path | None = None, lines: list[int] | None = None):
+        super().__init__(rows)
+        self.path = path
+        self.lines = lines or []
+
+    def where(self, i: int) -> str:
+        return f"{self.path}:{self.lines[i]}" if self.path is not None and i < len(self.lines) else f"row {i + 1}"
+
+
+def where(rows: list, i: int) -> str:
+    """``FILE:LINE`` of row ``i`` of rows read by :func:`load_jsonl`, else ``row N`` (1-based)."""
+    return rows.where(i) if isinstance(rows, JsonlRows) else f"row {i + 1}"
+
+
+def json_safe(obj):
+    """``obj`` with every non-finite float (NaN, inf) replaced by None: JSON has no NaN, and most tools reject
+    the ``NaN`` token Python's json module writes by default."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    return obj
+
+
+def to_json(obj, **kwargs) -> str:
+    """``json.dumps`` for every file and stdout JSON grpolab writes: non-finite floats become ``null``."""
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
 def load_jsonl(path: str | Path) -> list[dict]:
     """Rows of a JSONL file. Each needs a ``prompt``: a string or a list of
-    ``{"role", "content"}`` messages. Any other keys are data columns."""
+    ``{"role", "content"}`` messages with string contents. Any other keys are data columns.
+    Returns a :class:`JsonlRows` (a list that knows each row's line)."""
     p = Path(path)
     if not p.exists():
         raise DataError(f"--data: file {p} does not exist")
-    rows = []
+    rows, lines = [], []
     with p.open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
@@ -36,10 +72,20 @@ def load_jsonl(path: str | Path) -> list[dict]:
             if not ok:
                 raise DataError(f"{p}:{lineno}: 'prompt' must be a string or a list of "
                                 f"{{\"role\": ..., \"content\": ...}} messages")
+            if isinstance(prompt, list):
+                for j, m in enumerate(prompt):
+                    if not isinstance(m["content"], str):
+                        raise DataError(f"{p}:{lineno}: message {j + 1} of 'prompt' has a 'content' of type "
+                                        f"{type(m['content']).__name__} ({str(m['content'])[:40]!r}); a message's "
+                                        f"content must be a string (write it in quotes)")
+                    if not isinstance(m["role"], str):
+                        raise DataError(f"{p}:{lineno}: message {j + 1} of 'prompt' has a 'role' that is not a "
+                                        f"string; use \"system\", \"user\" or \"assistant\"")
             rows.append(row)
+            lines.append(lineno)
     if not rows:
         raise DataError(f"--data: {p} has no rows")
-    return rows
+    return JsonlRows(rows, p, lines)
 
 
 def columns_of(rows: list[dict]) -> set[str]:

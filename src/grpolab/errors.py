@@ -11,3 +11,7 @@ class UnknownComponentError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])
+
+
+class RunStalled(RuntimeError):
+    """A run stopped because nothing could be learned (``stall_steps``); the message says why and what to change."""

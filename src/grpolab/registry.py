@@ -105,6 +105,13 @@ class Registry(Generic[T]):
     ``register(name, check=fn)`` may attach a config check ``fn(cfg)`` that
     raises :class:`~grpolab.errors.ConfigError` for settings the component
     cannot work with (e.g. a pairwise objective with odd group sizes).
+
+    Two declarations are checked before a run starts: ``min_group_size=2``
+    (the component compares the completions of one prompt with each other,
+    so ``num_generations`` below it leaves every advantage at 0) and
+    ``columns=("hints",)`` (data columns every training row must have; or a
+    function ``cfg -> column names`` when they depend on the component's
+    parameters).
     """
 
     def __init__(self, kind: str, key: str | None = None):
@@ -113,10 +120,14 @@ class Registry(Generic[T]):
         self._items: dict[str, T] = {}
         self._checks: dict[str, Callable] = {}
         self._prefixes: dict[str, str] = {}  # "rg:" -> how the rest of the name is read, for messages
+        self._min_group: dict[str, int] = {}
+        self._columns: dict[str, tuple | Callable] = {}
 
-    def register(self, name: str, *, check: Callable | None = None, prefix: str | None = None) -> Callable[[T], T]:
+    def register(self, name: str, *, check: Callable | None = None, prefix: str | None = None,
+                 min_group_size: int = 1, columns: tuple | Callable | None = None) -> Callable[[T], T]:
         """Register under ``name``; with ``prefix="WHAT"``, ``name`` is a prefix (``"rg:"``) and every
-        ``name + WHAT`` resolves to this component, which receives ``WHAT`` as its first argument."""
+        ``name + WHAT`` resolves to this component, which receives ``WHAT`` as its first argument.
+        ``min_group_size`` / ``columns``: what the component needs (see the class docstring)."""
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
@@ -126,6 +137,10 @@ class Registry(Generic[T]):
             _collect(obj, f"{self.kind}/{name}")
             if check is not None:
                 self._checks[name] = check
+            if min_group_size > 1:
+                self._min_group[name] = int(min_group_size)
+            if columns:
+                self._columns[name] = columns
             return obj
 
         return deco
@@ -150,6 +165,15 @@ class Registry(Generic[T]):
     def check(self, name: str) -> Callable | None:
         """The config check registered with ``name`` (``None`` if it has none)."""
         return self._checks.get(name)
+
+    def min_group_size(self, name: str) -> int:
+        """Completions per prompt the component needs to produce a non-zero advantage (1 if it declared none)."""
+        return self._min_group.get(self.split(name)[0], 1)
+
+    def columns(self, name: str, cfg=None) -> list[str]:
+        """Data columns every training row must have for the component (declared with ``columns=``)."""
+        cols = self._columns.get(self.split(name)[0], ())
+        return list(cols(cfg) if callable(cols) else cols)
 
     def params(self, name: str) -> dict[str, Param]:
         return declared_params(self.get(name))

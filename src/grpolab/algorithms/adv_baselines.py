@@ -79,7 +79,7 @@ def _per_reward_zscore(reward_matrix: torch.Tensor, group_ids: torch.Tensor, eps
 # --------------------------------------------------------------------------- baselines
 
 
-@ADVANTAGES.register("leave_one_out")
+@ADVANTAGES.register("leave_one_out", min_group_size=2)
 def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """RLOO leave-one-out baseline (Ahmadian et al., 2024, arXiv:2402.14740).
 
@@ -96,7 +96,7 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
     return torch.nan_to_num(adv, nan=0.0)
 
 
-@ADVANTAGES.register("batch_zscore")
+@ADVANTAGES.register("batch_zscore", min_group_size=2)
 def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor | None = None, *,
                  batch_zscore_over: str = param('tokens', "REINFORCE++-baseline whitening statistics: over every "
                                                 "valid token of the batch ('tokens', OpenRLHF reinforce_baseline, "
@@ -147,7 +147,7 @@ def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask
     return torch.where(ok, out, torch.zeros_like(out))
 
 
-@ADVANTAGES.register("group_mean_batch_std")
+@ADVANTAGES.register("group_mean_batch_std", min_group_size=2)
 def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *,
                          advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Lite-PPO advantage: group mean, **batch** std (Liu et al., 2025, arXiv:2508.08221).
@@ -162,7 +162,7 @@ def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     return torch.nan_to_num(group_mean(rewards, group_ids) / (std + advantage_epsilon), nan=0.0)
 
 
-@ADVANTAGES.register("gpg")
+@ADVANTAGES.register("gpg", min_group_size=2)
 def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *,
         gpg_alpha: str = param('valid', "GPG: batch correction alpha = B / #valid rows ('valid', paper: rows outside "
                                "zero-variance groups), B / #non-zero rewards ('nonzero', verl) or 1 ('none')",
@@ -207,7 +207,7 @@ def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     return adv * alpha
 
 
-@ADVANTAGES.register("group_mad")
+@ADVANTAGES.register("group_mad", min_group_size=2)
 def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.Tensor | None = None,
               dgpo_valid_token_rescale: bool = param(False, 'DGPO: multiply advantages by all tokens / tokens of '
                                                      "non-zero-variance groups (authors' code)"),
@@ -243,7 +243,7 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
     return adv
 
 
-@ADVANTAGES.register("group_mean_balanced_drop")
+@ADVANTAGES.register("group_mean_balanced_drop", min_group_size=2)
 def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, step: int = 0, *,
                              red_seed: int = param(0, 'RED-Drop: seed of the choice of dropped negatives (combined '
                                                    'with the step)')) -> torch.Tensor:
@@ -286,7 +286,7 @@ def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, ste
 # --------------------------------------------------------------------------- multi-reward
 
 
-@ADVANTAGES.register("gdpo")
+@ADVANTAGES.register("gdpo", min_group_size=2)
 def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
          reward_weights: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GDPO group reward-decoupled normalisation (seed 000-24; TRL ``normalize_then_sum``, verl ``gdpo``).
@@ -306,7 +306,7 @@ def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Te
     return _batch_whiten(decoupled, advantage_epsilon)
 
 
-@ADVANTAGES.register("mo_grpo")
+@ADVANTAGES.register("mo_grpo", min_group_size=2)
 def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_weights: torch.Tensor,
             *,
             mo_grpo_use_weights: bool = param(False, 'MO-GRPO: weight the normalised rewards by reward_weights (the '
@@ -330,7 +330,7 @@ def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch
     return group_zscore(combined, group_ids, advantage_epsilon=advantage_epsilon)
 
 
-@ADVANTAGES.register("multi_label_zscore")
+@ADVANTAGES.register("multi_label_zscore", min_group_size=2)
 def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
                        reward_weights: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Multi-label reward combined into one scalar, then GRPO (Li et al., 2025, arXiv:2503.21819; seed 000-52).

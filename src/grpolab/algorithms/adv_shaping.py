@@ -261,7 +261,7 @@ def sgrpo_weight(n: torch.Tensor, k: torch.Tensor, p: float, eps: float = 1e-8) 
     return torch.where(n > 0, w, torch.zeros_like(w))
 
 
-@ADVANTAGES.register("sgrpo_noise_aware")
+@ADVANTAGES.register("sgrpo_noise_aware", min_group_size=2)
 def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
                       sgrpo_noise_p: float = param(0.1, 'S-GRPO: symmetric reward-flip probability p in [0, 0.5)'),
                       sgrpo_success_threshold: float = param(0.0, 'S-GRPO: a reward above this counts as a success '
@@ -598,7 +598,7 @@ def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, log_scale: float, 
     return torch.where(d >= 0, up, down)
 
 
-@ADVANTAGES.register("tempsamp_soft_advantage")
+@ADVANTAGES.register("tempsamp_soft_advantage", min_group_size=2)
 def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
                             tempsamp_tau: float = param(0.8, 'TempSamp-R1: success threshold (pivot) of the reward '
                                                         'shaping (authors\' code: 0.8 on IoU)'),
@@ -758,7 +758,7 @@ class AAPOMomentum:
 # --------------------------------------------------------------------- AWPO
 
 
-@ADVANTAGES.register("awpo_gated")
+@ADVANTAGES.register("awpo_gated", min_group_size=2)
 def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, advantage_epsilon: float = 1e-4,
                awpo_outcome_reward: str = param('0', 'AWPO: outcome reward column (name or index)'),
                awpo_reasoning_reward: str = param('-1', 'AWPO: reasoning reward column (name or index)'),
@@ -809,7 +809,7 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
 # ------------------------------------------------------------------- DaGRPO
 
 
-@ADVANTAGES.register("dagrpo_distinct_pairs")
+@ADVANTAGES.register("dagrpo_distinct_pairs", min_group_size=2)
 def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
                           advantage_epsilon: float = 1e-4,
                           dagrpo_delta: float = param(0.1, 'DaGRPO: pairs with |r_i - r_j| < delta are masked')) -> torch.Tensor:
@@ -905,7 +905,7 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
     return per_token(advantages, coef) * coef
 
 
-@ADVANTAGES.register("span_decoupled_advantage")
+@ADVANTAGES.register("span_decoupled_advantage", min_group_size=2)
 def span_decoupled_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
                              completion_mask: torch.Tensor, batch, *, advantage_epsilon: float = 1e-4,
                              span_mark: str = SPAN_MARK,

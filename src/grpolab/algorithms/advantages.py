@@ -49,7 +49,7 @@ def group_stats(values: torch.Tensor, group_ids: torch.Tensor):
     return mean[inv].to(values.dtype), std[inv].to(values.dtype), count[inv].to(values.dtype)
 
 
-@ADVANTAGES.register("group_zscore")
+@ADVANTAGES.register("group_zscore", min_group_size=2)
 def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """GRPO group-normalised advantage (DeepSeekMath, seed 000-41).
 
@@ -65,7 +65,7 @@ def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_ep
     return torch.nan_to_num(adv, nan=0.0)
 
 
-@ADVANTAGES.register("group_mean")
+@ADVANTAGES.register("group_mean", min_group_size=2)
 def group_mean(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """Mean-only group baseline (Dr. GRPO, seed 000-107): ``A_i = r_i - mean_g(r)``.
 

@@ -8,12 +8,14 @@ entries become NaN and are left out of group statistics.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import math
 import os
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -58,17 +60,61 @@ def parse_reward_spec(spec: str, cfg=None) -> RewardFn:
         w = float(weight) if weight else 1.0
     except ValueError:
         raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"--reward '{spec}': cannot import module '{module_name}' ({e}); "
-                         f"it must be importable from the current directory or PYTHONPATH") from None
+    if not math.isfinite(w):
+        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a finite number; give a real number")
+    module = import_reward_module(module_name, spec)
     fn = getattr(module, func_name, None)
     if not callable(fn):
         raise ValueError(f"--reward '{spec}': module '{module_name}' has no function '{func_name}'")
     return RewardFn(func_name, fn, w)
+
+
+def import_reward_module(module_name: str, spec: str):
+    """The module of a ``--reward`` spec: a module name importable from the current directory or PYTHONPATH
+    (``my_rewards``, ``pkg.rewards``), or a path to a Python file (``./my_rewards``, ``dir/my_rewards.py``).
+    Any failure is one line naming the cause."""
+    is_path = "/" in module_name or "\\" in module_name or module_name.endswith(".py") or module_name.startswith(".")
+    try:
+        if is_path:
+            path = Path(module_name)
+            if path.suffix != ".py":
+                path = path.with_name(path.name + ".py")
+            if not path.is_file():
+                shown = module_name if module_name.endswith(".py") else module_name + ".py"
+                raise ValueError(f"--reward '{spec}': no Python file {shown}; give module:function with a module "
+                                 f"importable from the current directory (my_rewards:correct) or the path of a .py "
+                                 f"file (./my_rewards.py:correct)")
+            name = f"grpolab_user_reward_{path.stem}"
+            loader_spec = importlib.util.spec_from_file_location(name, path.resolve())
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            loader_spec.loader.exec_module(module)
+            return module
+        if os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        return importlib.import_module(module_name)
+    except ValueError as e:
+        if str(e).startswith("--reward"):
+            raise
+        raise ValueError(_import_failure(spec, module_name, e)) from None
+    except ModuleNotFoundError as e:
+        if e.name and module_name.split(".")[0] == e.name.split(".")[0]:
+            raise ValueError(f"--reward '{spec}': cannot import module '{module_name}' ({e}); it must be importable "
+                             f"from the current directory or PYTHONPATH, or give a file path "
+                             f"(./{module_name.replace('.', '/')}.py:function)") from None
+        raise ValueError(_import_failure(spec, module_name, e)) from None
+    except Exception as e:  # the user's module raised while importing
+        raise ValueError(_import_failure(spec, module_name, e)) from None
+
+
+def _import_failure(spec: str, module_name: str, e: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
+    at = f" ({frames[-1].filename}, line {frames[-1].lineno})" if frames else ""
+    if isinstance(e, SyntaxError) and e.filename:
+        at = f" ({e.filename}, line {e.lineno})"
+    return (f"--reward '{spec}': importing module '{module_name}' failed: {type(e).__name__}: "
+            f"{getattr(e, 'msg', None) if isinstance(e, SyntaxError) else e}{at}; fix the module "
+            f"(python -c 'import {Path(module_name).stem}' shows the full traceback)")
 
 
 def check_signature(reward: RewardFn, columns: set[str], source: str = "the data") -> None:
@@ -88,12 +134,12 @@ def check_signature(reward: RewardFn, columns: set[str], source: str = "the data
 class RewardScorer:
     """Runs every reward function over a batch of completions."""
 
-    def __init__(self, rewards: list[RewardFn], log=print):
+    def __init__(self, rewards: list[RewardFn], log=None):
         names = [r.name for r in rewards]
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.rewards = rewards
         self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
-        self.log = log
+        self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))  # never stdout (eval prints JSON)
 
     def score_batch(self, batch) -> tuple[torch.Tensor, int]:
         """Score a RolloutBatch: its prompts, completions, completion token ids and data columns."""
@@ -108,25 +154,43 @@ class RewardScorer:
         matrix = torch.full((R, len(self.rewards)), float("nan"))
         for k, (name, r) in enumerate(zip(self.names, self.rewards)):
             try:
-                values = r.fn(prompts=prompts, completions=completions, completion_ids=completion_ids,
-                              **columns)
-                values = list(values)
-                if len(values) != R:
-                    raise ValueError(f"returned {len(values)} values for {R} completions")
+                values = r.fn(prompts=list(prompts), completions=list(completions),
+                              completion_ids=list(completion_ids), **{c: list(v) for c, v in columns.items()})
             except Exception as e:  # a failing reward must not kill the run
                 errors += 1
                 self.log(f"[grpolab] reward function '{name}' raised {type(e).__name__}: {e}; its "
                          f"{R} rows are unscorable this step\n{traceback.format_exc(limit=2)}")
                 continue
+            raw = values
+            try:
+                values = list(raw)
+            except TypeError:
+                values = None
+            if values is None or len(values) != R:
+                errors += 1
+                got = f"{len(values)} values" if values is not None else f"a {type(raw).__name__}"
+                self.log(f"[grpolab] reward function '{name}' returned {got} for {R} completions; it must return a "
+                         f"list with one float (or None) per completion, in order; its {R} rows are unscorable "
+                         f"this step")
+                continue
+            bad = None
             for i, v in enumerate(values):
                 if v is None:
                     continue
                 try:
                     f = float(v)
+                except OverflowError:
+                    bad = bad or (f"returned an int too large for a float ({str(v)[:12]}... with {len(str(v))} "
+                                  f"digits) for completion {i + 1}; return a float (scale or clip the value)")
+                    continue
                 except (TypeError, ValueError):
+                    bad = bad or (f"returned {str(v)[:30]!r} ({type(v).__name__}) for completion {i + 1}; return a "
+                                  f"float or None")
                     continue
                 if math.isfinite(f):
                     matrix[i, k] = f
+            if bad is not None:
+                self.log(f"[grpolab] reward function '{name}' {bad}; such rows are unscorable")
         return matrix, errors
 
 

@@ -168,7 +168,7 @@ def _check_scaf_grpo(cfg) -> None:
                           f"{cfg.num_generations}")
 
 
-@ROLLOUT_STRATEGIES.register("scaf_grpo", check=_check_scaf_grpo)
+@ROLLOUT_STRATEGIES.register("scaf_grpo", check=_check_scaf_grpo, columns=("hints",))
 class ScafGRPO:
     """Scaf-GRPO: tiered in-prompt hints for stagnating prompts (Zhang et al. 2025, arXiv:2510.19807;
     seed 000-61 = 004-02).
@@ -295,7 +295,7 @@ class ScafGRPO:
 
 
 # --------------------------------------------------------------------- Guide
-@ROLLOUT_STRATEGIES.register("guide")
+@ROLLOUT_STRATEGIES.register("guide", columns=("hints",))
 def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
           guide_success_threshold: float = param(1.0, 'Guide: a completion succeeds when its reward >= this; groups '
                                                  'with no success are resampled with a hint'),
@@ -391,7 +391,7 @@ def _check_ghpo(cfg) -> None:
         raise ConfigError(f"ghpo_fractions must be ascending fractions in (0, 1), got {cfg.ghpo_fractions}")
 
 
-@ROLLOUT_STRATEGIES.register("ghpo", check=_check_ghpo)
+@ROLLOUT_STRATEGIES.register("ghpo", check=_check_ghpo, columns=("solution",))
 class GHPO:
     """GHPO: difficulty-aware adaptive prompt refinement with partial reference solutions
     (Liu et al. 2025, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement

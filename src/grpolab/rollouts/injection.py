@@ -39,6 +39,7 @@ import copy
 import difflib
 import math
 import re
+import string
 from pathlib import Path
 
 import torch
@@ -64,6 +65,16 @@ def reference_text(row: dict, template: str) -> str:
         raise ConfigError(f"injection_reference_template '{template}' needs column {e} which the data row does "
                           f"not have (columns: {', '.join(sorted(row))}); set injection_reference_template "
                           f"to a template over the data's columns") from None
+
+
+def template_columns(cfg) -> list[str]:
+    """The data columns ``injection_reference_template`` reads (checked on every row before training)."""
+    names = [f for _, f, _, _ in string.Formatter().parse(cfg.injection_reference_template) if f]
+    return sorted({re.split(r"[.\[]", f)[0] for f in names})
+
+
+def _thinktuning_columns(cfg) -> list[str]:
+    return template_columns(cfg) if cfg.thinktuning_use_reference else []
 
 
 def text_ids(tokenizer, text: str) -> list[int]:
@@ -241,7 +252,7 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     return replace_rows(batch, idx, new, ctx.tokenizer.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("gcpo_reference")(gcpo_reference)
+ROLLOUT_STRATEGIES.register("gcpo_reference", columns=template_columns)(gcpo_reference)
 
 
 # ------------------------------------------------------- DaGRPO anchors (000-17)
@@ -295,7 +306,7 @@ def _dagrpo_check(cfg) -> None:
         raise ConfigError(f"dagrpo_num_anchors: must be >= 0, got {cfg.dagrpo_num_anchors}")
 
 
-ROLLOUT_STRATEGIES.register("dagrpo_anchors", check=_dagrpo_check)(dagrpo_anchors)
+ROLLOUT_STRATEGIES.register("dagrpo_anchors", check=_dagrpo_check, columns=template_columns)(dagrpo_anchors)
 
 
 # -------------------------------------------------------------- G2RPO-A (004-07)
@@ -308,7 +319,7 @@ def _check_g2rpo_a(cfg) -> None:
             raise ConfigError(f"{k}: must be >= 1, got {getattr(cfg, k)}")
 
 
-@ROLLOUT_STRATEGIES.register("g2rpo_a", check=_check_g2rpo_a)
+@ROLLOUT_STRATEGIES.register("g2rpo_a", check=_check_g2rpo_a, columns=template_columns)
 class G2RPOAdaptiveGuidance:
     """G²RPO-A adaptive prefix guidance (Guo, Deng, Cheng and Tang, 2025, arXiv:2508.13023,
     github.com/T-Lab-CUHKSZ/G2RPO-A; seed 004-07).
@@ -590,7 +601,7 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     return replace_rows(batch, targets, new, tok.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo)(editgrpo)
+ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo, columns=template_columns)(editgrpo)
 
 
 # ----------------------------------------------------------- ThinkTuning (004-13)
@@ -608,7 +619,7 @@ def _check_thinktuning(cfg) -> None:
                           f"with config.json")
 
 
-@ROLLOUT_STRATEGIES.register("thinktuning", check=_check_thinktuning)
+@ROLLOUT_STRATEGIES.register("thinktuning", check=_check_thinktuning, columns=_thinktuning_columns)
 class ThinkTuning:
     """ThinkTuning teacher-guided rollouts (RRV et al., 2025, arXiv:2508.07616,
     github.com/3rdAT/ThinkTuning; seed 004-13).
@@ -796,4 +807,4 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     return replace_rows(batch, idx, new, tok.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("edge_correction")(edge_correction)
+ROLLOUT_STRATEGIES.register("edge_correction", columns=template_columns)(edge_correction)

@@ -2,14 +2,9 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
-
-def _clean(v):
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
+from ..data import json_safe, to_json
 
 
 class MetricsLog:
@@ -32,9 +27,9 @@ class MetricsLog:
         self.path.write_text("".join(l + "\n" for l in keep))
 
     def write(self, metrics: dict) -> None:
-        metrics = {k: _clean(v) for k, v in metrics.items()}
+        metrics = json_safe(metrics)
         with self.path.open("a") as fh:
-            fh.write(json.dumps(metrics) + "\n")
+            fh.write(to_json(metrics) + "\n")
         if self.writer is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None and k != "step":

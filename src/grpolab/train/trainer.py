@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-import json
 import math
 import random
 import resource
@@ -29,7 +28,7 @@ from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
-from ..data import columns_of, load_jsonl, model_texts
+from ..data import columns_of, load_jsonl, model_texts, to_json
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
@@ -41,6 +40,7 @@ from ..prompts import SAMPLERS
 from ..stages import BATCH_STAGES, UPDATE_STRATEGIES
 from ..tasks import get_task
 from . import checkpoint as ckpt
+from . import checks
 from .evaluate import evaluate
 from .metrics import MetricsLog, plot_rewards
 
@@ -80,6 +80,7 @@ class Trainer:
         self.cfg = cfg
         self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
         self.out = Path(cfg.out)
+        checks.check_out(self.out)
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -93,12 +94,15 @@ class Trainer:
                                   f"reward functions ({', '.join(r.name for r in rewards)})")
             for r, w in zip(rewards, cfg.reward_weights):
                 r.weight = float(w)
+        checks.check_reward_weights(rewards)
+        checks.check_columns(cfg, self.rows)
         self.rewards = rewards
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.model, self.tok = load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
                                            tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+        checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows)
         self.model.to(self.device)
         if self.device.type != "cpu" or self.dtype != torch.float32:
             self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')}")
@@ -181,6 +185,7 @@ class Trainer:
         self._engine_stale = resume  # the engine loaded the initial weights from disk
         cfg.save(self.out / "config.yaml")
         self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step)
+        self.stall = checks.StallGuard(cfg.stall_steps, log=self.log)
 
     # ----------------------------------------------------------------- helpers
     def _lr_lambda(self, step: int) -> float:
@@ -540,8 +545,14 @@ class Trainer:
                 bar.set_postfix(reward=f"{reward if reward is not None else float('nan'):.3f}",
                                 step_s=f"{m['rollout_s'] + m['train_s']:.1f}",
                                 len=f"{m.get('completion_len_mean') or 0:.0f}")
-                if self.step % cfg.save_steps == 0 or self.step == cfg.steps:
+                saved = self.step % cfg.save_steps == 0 or self.step == cfg.steps
+                if saved:
                     self.save()
+                stalled = self.stall.update(m)
+                if stalled is not None:  # nothing can be learned: stop now, with a checkpoint of this step
+                    if not saved:
+                        self.save()
+                    raise checks.RunStalled(stalled)
         finally:
             bar.close()
             self.metrics.close()
@@ -559,7 +570,7 @@ class Trainer:
             self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
         summary["skipped_steps"] = self.skipped_steps
-        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        (self.out / "summary.json").write_text(to_json(summary, indent=2))
         return summary
 
     def _eval(self, when: str) -> dict:
@@ -568,5 +579,5 @@ class Trainer:
         res = self.evaluate(progress=bar.update)
         bar.close()
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "samples"}
-        self.log(f"[grpolab] eval {when}: {json.dumps(shown)}")
+        self.log(f"[grpolab] eval {when}: {to_json(shown)}")
         return res
