@@ -217,7 +217,8 @@ def _run_trl(a) -> dict:
 def worker(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     res = _run_trl(a) if a.lib == "trl" else _run_grpolab(a)
-    print("BENCH_RESULT " + json.dumps(res), flush=True)
+    from .data import to_json
+    print("BENCH_RESULT " + to_json(res), flush=True)
     return 0
 
 

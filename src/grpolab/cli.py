@@ -220,7 +220,8 @@ def cmd_sft(args, rest: list[str]) -> int:
     if (out / "config.json").exists() and not args.overwrite:
         raise ConfigError(f"--out {out} already holds a model; choose another --out or pass --overwrite")
     summary = run_sft(cfg, out, data=args.data, log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    print(json.dumps(summary))
+    from .data import to_json
+    print(to_json(summary))
     return 0
 
 

@@ -302,12 +302,14 @@ class Config:
         self._check_components(extra)
 
     def _check_finite(self) -> None:
-        """NaN / inf make no sense for any numeric setting (a weight of nan turns every reward into nan)."""
+        """NaN makes no sense for any numeric setting (a weight of nan turns every reward into nan), nor does
+        inf, except for a clip range (``epsilon: .inf`` = no clipping)."""
         values = {**{k: getattr(self, k) for k in CORE_KEYS}, **self.params}
         for key, value in values.items():
             for v in (value if isinstance(value, (list, tuple)) else [value]):
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise ConfigError(f"{key}: must be a finite number, got {value!r}; give a real number")
+                if isinstance(v, float) and (math.isnan(v) or (math.isinf(v) and key not in _INF_MEANS_OFF)):
+                    what = "a number (not nan)" if key in _INF_MEANS_OFF else "a finite number"
+                    raise ConfigError(f"{key}: must be {what}, got {value!r}; give a real number")
                 if key == "reward_weights" and v is not None and not isinstance(v, (int, float)):
                     try:
                         ok = math.isfinite(float(v))
@@ -367,6 +369,7 @@ class Config:
         Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
 
 
+_INF_MEANS_OFF = {"epsilon", "epsilon_high"}  # clip ranges: .inf turns clipping off (r2vpo)
 CORE_KEYS: list[str] = [f.name for f in dataclasses.fields(Config) if not f.metadata.get("internal")]
 _CORE_FIELDS = {f.name: f for f in dataclasses.fields(Config)}
 _TYPES = {"bool": bool, "int": int, "float": float, "str": str, "list": list, "tuple": list, "dict": dict}

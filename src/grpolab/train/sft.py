@@ -39,13 +39,13 @@ result is saved with the tokenizer to ``--out`` and loads with ``--model OUT``.
 """
 from __future__ import annotations
 
-import json
 import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from ..data import to_json
 from ..registry import declared_params, param
 from ..rewards.modes import THINKLESS_SHORT_TOKEN, THINKLESS_THINK_TOKEN
 
@@ -219,5 +219,5 @@ def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
     summary = {"examples": len(examples), "mode": cfg.sft_mode, "steps": cfg.sft_steps,
                "first_loss": losses[0], "last_loss": losses[-1], "added_tokens": added,
                "dropped_thoughts": sum(e.dropped for e in examples), "out": str(out)}
-    (out / "sft_summary.json").write_text(json.dumps({**summary, "losses": losses}, indent=1))
+    (out / "sft_summary.json").write_text(to_json({**summary, "losses": losses}, indent=1))
     return summary
