@@ -94,6 +94,9 @@ def _resume_config(args, cli: dict):
     before = Config.build(base, sources=[str(saved)], lenient=True)
     cfg = Config.build(base, cli, sources=[str(saved), "command line"], lenient=True)
     for key in cli:
+        if key in cfg.dropped_keys:
+            raise ConfigError(f"--resume {out}: --{key} is not a key of this run (core keys and the parameters of "
+                              f"the components it selects: grpolab config --config {saved})")
         if key in RESUME_OVERRIDES:
             continue
         old, new = before.to_dict().get(key), cfg.to_dict().get(key)
