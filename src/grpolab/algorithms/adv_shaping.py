@@ -75,7 +75,11 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 @ANSWER_KEYS.register("final_line")
 def final_line_key(text: str) -> str:
-    """The last non-empty line, stripped ('' for an empty completion)."""
+    """The last non-empty line, stripped ('' for an empty completion).
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
@@ -83,7 +87,11 @@ def final_line_key(text: str) -> str:
 @ANSWER_KEYS.register("last_number")
 def last_number_key(text: str) -> str:
     """The last number in the text (``3``, ``3.0`` and ``3.00`` are one answer; ``a/b`` kept as
-    written); the stripped final line when the text has no number."""
+    written); the stripped final line when the text has no number.
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     found = _NUMBER.findall(text)
     if not found:
         return final_line_key(text)
@@ -96,7 +104,11 @@ def last_number_key(text: str) -> str:
 
 @ANSWER_KEYS.register("exact")
 def exact_key(text: str) -> str:
-    """The whole completion, stripped."""
+    """The whole completion, stripped.
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     return text.strip()
 
 
@@ -166,6 +178,10 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     expectation). ``alpha = 0.5`` is our default (``alpha = 1`` with the linear
     f zeroes fully uncertain groups). The paper's third f ("focal") is not
     implemented. A group of one row has ``SE_max = 0`` and keeps its advantages.
+
+    Provenance: reconstructed from the abstract — clusters by an answer key of the completion text, cluster
+    probability by empirical frequency (the paper weighs by sequence probability), alpha = 0.5; being revised by
+    a parallel change.
     """
     key = resolve_answer_key(seed_equivalence)
     if "completion" not in batch.columns:
@@ -219,6 +235,9 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
     multiplies the GRPO z-score (it recovers GRPO's std); binary rewards are
     assumed, counting ``reward > 0`` as a success as they do. ``p = 0.1`` is our
     default (the authors' flag defaults to 0 = off).
+
+    Provenance: authors' code — https://github.com/shenpeijun0212/S-GRPO, train/train_S-GRPO.py (group_weight,
+    compute_monte_carlo_advantages); p = 0.1 is grpolab's default (the authors' flag defaults to 0).
     """
     adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon)
     scored = ~torch.isnan(rewards)
@@ -255,6 +274,10 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
     code, which averages over the gathered micro-batch). ``P_i`` is floored at
     ``edge_min_entropy``. Guided Error Correction (a rollout-side mechanism that
     injects text) is not part of this component.
+
+    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
+    (entropy-driven advantage); known difference: the response entropy is estimated from the behaviour log-probs
+    of the sampled tokens, the authors compute exact token entropies at loss time.
     """
     P = _masked_row_mean(-behavior_logprobs.double(), completion_mask).clamp(min=edge_min_entropy)
     if edge_normalize == "group":
@@ -301,6 +324,10 @@ class SPOValueTracker:
     (4) The tracker's prioritised prompt sampling is a sampler feature and is
     not part of this component. Unscorable (NaN) rows get A = 0 and do not
     update the tracker.
+
+    Provenance: reconstructed from the abstract — the Beta tracker and batch z-score follow the paper's
+    description; the drift D from the change of the prompt's mean NLL, the prior count N0 and the [0, 1] reward
+    assumption are grpolab's choices.
     """
 
     def __init__(self, *,
@@ -403,6 +430,9 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     Choices: the seed gives the frequency-normalisation idea; the 1/k token
     scaling follows the authors' project page, and the exponent ``lambda``
     (interpolating to GRPO) is our parameterisation.
+
+    Provenance: reconstructed from the abstract — the 1/k token scaling of the authors' project page,
+    generalised to k^(-lambda) by grpolab (lambda = 0 is GRPO).
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
@@ -448,6 +478,10 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_
     with ``beta = 0``, where the two coincide. ``alpha = 1`` gives GRPO;
     ``tw_alpha`` must be >= 1. Output ``[R, T]``. The soft multi-choice reward
     and Q/A inversion are task-side, not here.
+
+    Provenance: authors' code — https://github.com/longmalongma/TW-GRPO, src/open_r1/trainer/grpo_trainer.py
+    (compute_token_importance_kl_logs_uniform); known difference: grpolab scores a position from the sampled
+    tokens' log-probs, not the full distributions (being fixed by a parallel change).
     """
     if tw_alpha < 1.0:
         raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
@@ -515,6 +549,9 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, a
     on the exact shape. The off-policy ground-truth
     injection and hybrid CoT training are rollout/data features, not part of
     this component.
+
+    Provenance: reconstructed from the abstract — a log/exp pair around a pivot tau as the asymmetric soft
+    transform, then group_zscore; the published equation and the authors' code were not found.
     """
     shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_alpha_pos, tempsamp_alpha_neg)
     return group_zscore(shaped, group_ids, advantage_epsilon=advantage_epsilon)
@@ -555,6 +592,10 @@ class AAPOMomentum:
 
     ``eta = 1`` and clip bounds ``0.2 / 0.28`` are the authors' values.
     Unscorable rows get A = 0 and do not enter the EMA.
+
+    Provenance: authors' code — https://github.com/JianxXiong/AAPO, open-rs/trainer/AAPOTrainer.py; the margin
+    term matches when the rollout supplies the reference reward column, without it grpolab's per-prompt EMA
+    stands in (grpolab's choice, being replaced by a reference rollout on branch fid-aapo).
     """
 
     def __init__(self, *,
@@ -639,6 +680,10 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
     outcome advantage). ``var`` is the Bessel-corrected group variance from
     :func:`group_stats`. The paper's tailored clipping is a loss feature, not
     part of this component.
+
+    Provenance: reconstructed from the abstract — the linear variance gate clip(1 - var/var_cap), the 1 - mean
+    difficulty factor and var_cap = 0.25 are grpolab's reading of "variance-aware gating and difficulty-aware
+    weighting"; the published equations and code were not found.
     """
     names = _reward_names(batch, reward_matrix)
     o = reward_column(reward_matrix, names, awpo_outcome_reward)
@@ -678,6 +723,9 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     and GitHub code (no authors' repository found).
     Off-policy anchor augmentation is a rollout feature, not part of this
     component. Unscorable rows get A = 0 and take part in no pair.
+
+    Provenance: reconstructed from the abstract — the pairwise decomposition of the centred reward with a hard
+    threshold delta, GRPO's 1/n and std normalisation; the published rule and code were not found.
     """
     _, std, count = group_stats(rewards, group_ids)
     scored = ~torch.isnan(rewards)
@@ -730,6 +778,10 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
     Spans: ``span_mark: first_token`` marks the first completion token as span
     1 (the Thinkless ``<short>``/``<think>`` control token) and the rest as
     span 2; ``batch`` uses ``batch.span_ids`` as written by the rollout.
+
+    Provenance: authors' code — https://github.com/VainF/Thinkless, verl/verl/trainer/ppo/core_algos.py
+    (compute_policy_loss with thinkless_alpha: alpha * mean(control-token loss) + mean(response loss)); equal to
+    the decoupled loss for clipped_ratio under token_mean.
     """
     ids = span_ids_of(batch, completion_mask, span_mark)
     scales = [float(c) for c in span_scales]
@@ -768,6 +820,9 @@ def span_decoupled_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, rew
     ``span_mark: first_token``. Unmarked tokens (id 0) use column 0 of the
     list. Choices: the generic text-LLM mechanism; the crop tool and visual
     tokens of the paper are domain-specific and not part of this component.
+
+    Provenance: reconstructed from the abstract — per-span reward columns, each group-normalised, for the
+    generic text-LLM case; the paper's crop tool and visual tokens are not included.
     """
     ids = span_ids_of(batch, completion_mask, span_mark)
     names = _reward_names(batch, reward_matrix)

@@ -96,6 +96,10 @@ class VADESampler:
     while ``k <= num_rows``). The Beta draw uses torch's Beta sampler under a
     forked global RNG seeded from the sampler's own generator, so it is exact
     under checkpoint/restore and leaves the global RNG untouched.
+
+    Provenance: reconstructed from the abstract — Beta posteriors with Thompson-sampled information gain p(1 -
+    p) and a two-scale exponential forgetting of the pseudo-counts; the decay form and the hard top-k are
+    grpolab's.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -217,6 +221,10 @@ class VASSampler:
     trainer passes ``completion_ids`` to ``feedback``. Without them TDS is 0
     and VPS reduces to the outcome variance. Default weights 1 / 1 on OVS /
     TDS and mix 0.5 are our choices.
+
+    Provenance: paper equations — MMR1 (Leng et al., 2025, arXiv:2509.21268), the Variance Promotion Score VPS =
+    w1 OVS + w2 TDS with OVS = p (1 - p) and the VPS-proportional / uniform mix refreshed every T_update steps
+    (equation numbers not recorded); TDS from token bigrams and the weights are grpolab's.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -312,6 +320,10 @@ class SRPOHistorySampler:
 
     The paper's two-stage cross-domain schedule (math first, then code) is a
     data schedule, not a sampler: it is not part of this component.
+
+    Provenance: paper equations — SRPO (Zhang et al., 2025, arXiv:2504.14286), History Resampling as described
+    in the paper's method section (no equation; rule: drop prompts whose rollouts were all correct in the
+    previous epoch); the return in epoch e + 2 and the all-skipped reset are grpolab's choices.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -404,6 +416,10 @@ class PromptGDROSampler:
     Choices (the abstract gives the structure, not the constants): the loss is
     the error rate ``1 - success`` (so persistently hard bins are up-weighted),
     the window/EMA/eta/gamma defaults, and no hysteresis on bin changes.
+
+    Provenance: reconstructed from the abstract — the online pass@k bins, EMA-debiased bin error rate,
+    multiplicative weights and EXP3-style mixing follow the abstract's structure; window, EMA, eta, gamma and
+    the loss are grpolab's choices.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,

@@ -88,6 +88,10 @@ def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: 
     transform is evaluated twice in a step (dynamic sampling's filter and the
     advantages). Note that noisy rewards are never tied, so DAPO's dynamic
     sampling drops no group after ReDit. NaN rows stay NaN.
+
+    Provenance: paper equations — ReDit (Wei et al., 2025, arXiv:2506.18631), additive zero-mean Gaussian or
+    uniform dithering of the discrete reward (equation number not recorded); the deterministic per-row seeding
+    is grpolab's.
     """
     if redit_distribution not in ("gaussian", "uniform"):
         raise ValueError(f"redit_distribution: expected gaussian or uniform, got '{redit_distribution}'")
@@ -144,6 +148,10 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
     ones: with the task's 0/1 accuracy reward at weight 1 that is exactly the
     code's ``1 * exp(-alpha z)`` / ``-1`` and keeps the other terms (format).
     NaN rows (and rows whose accuracy is unscorable) are left unchanged.
+
+    Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/main_ppo.py
+    (RewardManager.get_reweight_rewards); Bessel std, the 4000-token gate (lead_len_threshold) and the -1
+    penalty as there.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
@@ -193,6 +201,9 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
     weight 0 (``reward_weights``), as the ``fgrpr`` recipe does. The paper's
     exact fuzzy membership for counts is not in the abstract; the relative-error
     form (floor 1 so a target of 0 works) is grpolab's choice.
+
+    Provenance: reconstructed from the abstract — relative-error closeness max(0, 1 - |y_hat - y| / max(|y|, 1))
+    as the fuzzy reward; the paper's exact membership function for counts is not in the abstract.
     """
     answers = _column(batch, fuzzy_answer_column)
     pat = re.compile(fuzzy_pattern)
@@ -233,6 +244,11 @@ def lc_length_compress(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
     pruned ``</think>`` with ``1 - |R'|/|R|``; a transform cannot prune rollouts,
     so grpolab rewards the equivalent quantity on the unpruned reply (what it
     would keep). Shaped reward: ``r + w_len R_len + w_cmp R_cmp``.
+
+    Provenance: reconstructed from the abstract — a length reward 1 - L / max correct L on correct rows and a
+    sequence-level compress share of the unpruned reply; this departs from the authors' public code (token-level
+    compress bonus at the cropped end of thinking, group-mean-centred length reward), which a parallel change
+    brings in.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     y = lengths.to(torch.float64)
@@ -268,6 +284,10 @@ def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
     keeps its reward; wrong samples (r = 0) are unchanged. Exactly the authors'
     code (``rank_penalty``, ``argsort(argsort(mean logprob)) / G``, all rows of
     the group ranked). NaN rows stay NaN and still take a rank, as there.
+
+    Provenance: authors' code — https://github.com/AndreHe02/rewarding-unlikely-release,
+    verl/trainer/ppo/ray_lean_trainer.py (rank_penalty: scores * (1 - rank * penalty), ranks by
+    argsort(argsort(mean logprob)) / G).
     """
     m = batch.completion_mask
     mean_lp = (batch.behavior_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
@@ -302,6 +322,10 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
     sources; the saturating linear ramp is grpolab's choice. The paper's Group
     Contrastive Masking of the auxiliary-construction reward is geometry
     specific and not implemented.
+
+    Provenance: reconstructed from the abstract — a saturating linear ramp sign * weight * min(L / L_target, 1),
+    on correct rows by default; the published curve was not available and Group Contrastive Masking is not
+    implemented.
     """
     if gcpo_len_target <= 0:
         raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")
@@ -337,6 +361,10 @@ def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torc
     become a shortcut before the model has explored. The paper's plateau-stage
     rule (suspending by rollout diversity) is not specified in the available
     sources and is not implemented: after exploration R_IDK is always on.
+
+    Provenance: paper equations — BAPO (Liu et al., 2026, arXiv:2601.11037), the group-based IDK reward R_IDK =
+    0.5 when no completion is correct and the exploration-stage modulator (equation numbers not recorded); the
+    plateau-stage rule is not specified in the sources read and not implemented.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     pat = re.compile(bapo_idk_pattern, re.IGNORECASE)
@@ -378,6 +406,10 @@ def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
     bonus and are left out of the others' means. Choices: j = i is excluded
     (a self-comparison is always 0.5 and only shrinks the spread); the scale
     ``k`` is grpolab's knob (1 = plain BT on the model's logits).
+
+    Provenance: reconstructed from the abstract — pointwise scores turned into each row's mean Bradley-Terry win
+    probability against the other scored rows of its group (j = i excluded), with a scale k; the paper's exact
+    aggregation was not available.
     """
     if irpo_reward_column not in reward_names:
         raise ValueError(f"irpo_reward_column: no reward column '{irpo_reward_column}' (reward functions: "
@@ -446,6 +478,10 @@ def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: 
     ``alpha = 0.3``, the paper's best value. Entities are matched as whole
     words, case-insensitively, in the whole completion (the paper matches in
     the agent's reasoning; a plain reply has no separate trace).
+
+    Provenance: paper equations — E-GRPO (Zhao et al., 2025, arXiv:2510.24694), the entity-aware reward R = 1 /
+    alpha gamma_hat / 0 (equation number not recorded); the normaliser of gamma_hat (group max) and
+    whole-completion matching are grpolab's reading.
     """
     if egrpo_normalize not in ("group_max", "none"):
         raise ValueError(f"egrpo_normalize: expected group_max or none, got '{egrpo_normalize}'")
@@ -513,6 +549,10 @@ def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, bat
     term needs an information model and is not implemented.
 
     Added as ``r + paraphrase_weight * c_i``; NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — agreement mode: mean final-answer equality with the other
+    paraphrases' outputs (PS-GRPO uses a text-similarity metric on free-form answers and subsamples pairs);
+    entropy mode: 1 - H / log n of the set's final answers (000-30's helpfulness term is not implemented).
     """
     if paraphrase_mode not in ("agreement", "entropy"):
         raise ValueError(f"paraphrase_mode: expected agreement or entropy, got '{paraphrase_mode}'")

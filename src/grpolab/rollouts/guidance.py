@@ -204,6 +204,11 @@ class ScafGRPO:
     authors' stagnation test is "all-wrong group after the warm-up"
     (``scaf_patience = 1``); a larger patience waits for that many consecutive
     failed visits. The number of hinted samples per tier is a parameter.
+
+    Provenance: authors' code — https://github.com/dvlab-research/Scaf-GRPO,
+    hint_mix_grpo/trainer/ray_trainer.py (tiered hints for all-wrong prompts after the warm-up, minimal
+    succeeding tier, replace_hint_prompt=False); scaf_patience > 1 and the escalate schedule are grpolab's
+    options.
     """
 
     def __init__(self, *,
@@ -334,6 +339,9 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     group instead). The ratio is clipped by the configured ``policy_loss`` like
     any other ratio (the paper's Guide-GRPO keeps the GRPO clipped objective
     with the changed denominator).
+
+    Provenance: reconstructed from the abstract — hints for all-wrong prompts and an importance ratio against
+    the hint-free policy as described in the abstract; the choices are stated in this docstring.
     """
     plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
     failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
@@ -406,6 +414,9 @@ class GHPO:
       resets once the plain prompt is solved.
 
     ``hint_level`` is the stage (1-based); ``hint`` the text appended.
+
+    Provenance: reconstructed from the abstract — solution prefixes of fractions 1/4, 1/2, 3/4 appended to the
+    prompts of all-failed groups, within the step by default; the staging details are grpolab's reading.
     """
 
     def __init__(self, *,

@@ -221,6 +221,9 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     emulate the reference's solution) with ratio pi_theta / pi_behaviour
     exactly like sampled tokens, since its behaviour log-probs are the
     teacher-forced ones.
+
+    Provenance: reconstructed from the abstract — the reference answer replaces the last rollout of an
+    all-failed group (group size stays G) and is trained on with the teacher-forced behaviour ratio.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, gcpo_success_threshold)
@@ -263,6 +266,10 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     (recipe ``dagrpo_anchors``). Left open by the abstract: how anchors are
     weighted; we use the plain group advantage with the exact behaviour
     ratio (no extra weighting).
+
+    Provenance: reconstructed from the abstract — the data row's reference answer as the off-policy anchor added
+    to groups without a positive, with the plain group advantage and the exact behaviour ratio; the paper's
+    anchor weighting was not available.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, dagrpo_success_threshold)
@@ -321,6 +328,9 @@ class G2RPOAdaptiveGuidance:
     for T = 2. The new ``l`` applies from the next rollout. The number of
     guided rows is fixed (the authors guide 2 of 12). ``l`` and the
     history are checkpointed (``state_dict``).
+
+    Provenance: authors' code — https://github.com/T-Lab-CUHKSZ/G2RPO-A, src/G2RPO-A/trainer/g2rpoa_trainer.py
+    (_compute_new_guidance_length); a fixed number of guided rows per group, as the authors'.
     """
 
     def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE,
@@ -459,6 +469,10 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     reference as "first wrong sentence", and edit half of the failed rollouts
     (the authors' "half" setting) so groups keep on-policy failures as
     contrast.
+
+    Provenance: reconstructed from the abstract — positional sentence agreement with the reference as the first
+    wrong sentence, replaced by the reference's remaining sentences, half of the failed rollouts edited; the
+    NER-driven sentence operations of the paper are not implemented.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     fail = failed_rows(scalar, editgrpo_success_threshold)
@@ -535,6 +549,10 @@ class ThinkTuning:
     :func:`grpolab.model.loading.load_policy` (its own tokenizer; the feedback
     text is re-tokenized with the student's tokenizer). Choices: the attempt
     is cut to half the completion budget so feedback and continuation fit.
+
+    Provenance: reconstructed from the abstract — teacher feedback injected into failed rollouts (not trained
+    on) followed by a student continuation, the self / frozen teacher choice and half-budget attempts are
+    grpolab's; the authors' code (github.com/3rdAT/ThinkTuning) was not compared line by line.
     """
 
     def __init__(self, *,
@@ -660,6 +678,10 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     original completion; our completions must stay within the budget).
     Combine with the ``edge_entropy_driven`` weighting for the full method
     (recipe ``edge_grpo_correction``).
+
+    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
+    (Guided Error Correction: the reflection / answer / solution edits and their 1/2, 1/4, 1/4 draw); the kept
+    attempt is cut to half the completion budget (the authors add up to 256 tokens).
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     fail = failed_rows(scalar, edge_gec_success_threshold)

@@ -63,6 +63,10 @@ class SFPO:
     Note: the trainer's ``update`` also steps the learning-rate scheduler, so
     with a non-constant schedule the learning rate advances ``K + 1`` times per
     step (see docs/variants/stages.md).
+
+    Provenance: reconstructed from the abstract — fast steps, reposition by alpha and a slow correction follow
+    the abstract; repositioning the optimiser state and the entropy z-score switch-off rule are grpolab's
+    choices.
     """
 
     def __init__(self, *,

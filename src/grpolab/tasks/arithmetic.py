@@ -115,7 +115,11 @@ REWARDS = [("accuracy", accuracy, 1.0), ("format", format_reward, 0.5)]
 @TASKS.register("arithmetic")
 def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Task:
     """Every problem ``a op b`` with ``0 <= a, b <= max_operand``, shuffled by ``seed``;
-    the first ``n_eval`` are held out, the rest (1,722 by default) are for training."""
+    the first ``n_eval`` are held out, the rest (1,722 by default) are for training.
+
+    Provenance: grpolab's own — a built-in toy task (a +/- b, strict 'Answer: N' format) for tests and demos;
+    implements no published method.
+    """
     problems = [(a, op, b) for a in range(max_operand + 1) for b in range(max_operand + 1) for op in "+-"]
     random.Random(seed).shuffle(problems)
     rows = [make_row(*p) for p in problems]
@@ -136,7 +140,11 @@ def arithmetic_multistep(*,
                                                       'the split')) -> Task:
     """``n_train + n_eval`` distinct problems, each of a level drawn uniformly from ``arithmetic_levels``
     (level 1 = the default task's ``a +/- b``), drawn with ``arithmetic_seed``; the first
-    ``arithmetic_n_eval`` are held out. Same seed, same rows."""
+    ``arithmetic_n_eval`` are held out. Same seed, same rows.
+
+    Provenance: grpolab's own — a built-in toy task (multi-operation arithmetic) for tests and demos; implements
+    no published method.
+    """
     levels = sorted({int(x) for x in arithmetic_levels})
     if not levels or levels[0] < 1:
         raise ValueError(f"arithmetic_levels: expected operation counts >= 1, got {arithmetic_levels}")
