@@ -18,6 +18,7 @@ import torch
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
 from .filters import zero_variance_groups
 from .weightings import WEIGHTINGS
+from ..errors import warn_fallback
 from ..registry import param
 
 # --------------------------------------------------------------------------- helpers
@@ -599,6 +600,9 @@ def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, gro
     """
     n = rewards.shape[0]
     col = None if batch is None else getattr(batch, "columns", {}).get(dgrpo_task_column)
+    if col is None and dgrpo_task_power != 0:
+        warn_fallback("dgrpo_difficulty_weight", f"the task column '{dgrpo_task_column}' (dgrpo_task_column)",
+                      "one task for every row (only the prompt factor acts)")
     names = [str(v) for v in col] if col is not None else ["" for _ in range(n)]
     task_index = {name: i for i, name in enumerate(dict.fromkeys(names))}
     task_ids = torch.tensor([task_index[v] for v in names], dtype=torch.long)

@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ..errors import warn_fallback
 from ..registry import ANSWER_KEYS
 from .losses import per_token
 from ..data import completion_text
@@ -624,6 +625,8 @@ class AAPOMomentum:
         if col is not None:
             base = torch.tensor([float("nan") if v is None else float(v) for v in col], dtype=torch.float64)
         else:
+            warn_fallback("aapo_momentum", f"the reference-model reward column '{aapo_ref_column}'",
+                          "a per-prompt EMA of past group means as r_ref")
             base = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
         margin = torch.nan_to_num(rewards.double() - base, nan=0.0).clamp(-aapo_clip_low, aapo_clip_high)
         out = adv + aapo_eta * margin
@@ -745,7 +748,11 @@ def span_ids_of(batch, completion_mask: torch.Tensor, span_mark: str) -> torch.T
     """Span id per token ``[R, T]`` (0 = none) from ``batch.span_ids`` or ``first_token`` marking."""
     alive = completion_mask > 0
     if span_mark == "batch":
-        return batch.span_ids.long() * alive
+        ids = batch.span_ids.long() * alive
+        if not bool((ids > 0).any()):
+            warn_fallback("span_mark: batch", "span ids (the rollout marked no token span)",
+                          "one span for every token (span 0)")
+        return ids
     if span_mark == "first_token":
         ids = torch.full(completion_mask.shape, 2, dtype=torch.long)
         ids[:, 0] = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, warn_fallback
 from .kl import kl_penalty
 from .losses import POLICY_LOSSES, per_token
 from .regularizers import REGULARIZERS
@@ -203,6 +203,9 @@ def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     code (github.com/yaochenzhu/Rank-GRPO) was not compared line by line.
     """
     segments = batch.span_ids if batch is not None else torch.zeros_like(mask, dtype=torch.long)
+    if not bool((segments[:, :mask.shape[1]] * mask > 0).any()):
+        warn_fallback("rank_ratio", "rank-item spans (batch.span_ids: the rollout marked no item)",
+                      "one unit per completion, i.e. GSPO's sequence ratio")
     log_w, unit_size, units = _segment_mean(logprobs - old_logprobs, mask, segments)
     loss, metrics = POLICY_LOSSES.get("clipped_ratio")(log_w, torch.zeros_like(log_w), advantages, mask,
                                                        epsilon=epsilon, epsilon_high=epsilon_high)
