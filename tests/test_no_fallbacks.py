@@ -39,13 +39,45 @@ def _params():
         yield pytest.param(name, marks=marks, id=name)
 
 
+def _inputs(recipe: str, tmp_path) -> dict:
+    """What a recipe's method needs beyond its task, built here (never a silent skip)."""
+    if recipe == "irpo":  # IRPO scores completions with a pointwise reward model: a tiny local one
+        from test_reward_models import _save_tiny_rm
+        _save_tiny_rm(tmp_path / "rm")
+        return {"reward": [f"rm:{tmp_path / 'rm'}"]}
+    return {}
+
+
 @pytest.mark.parametrize("recipe", list(_params()))
-def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe):
+def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
     rec = recipe_overrides(recipe)
-    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, "save_steps": 100}
+    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, "save_steps": 100, **_inputs(recipe, tmp_path)}
     if "task" in rec:  # a recipe built around its own task (countdown, paraphrased arithmetic, ...) keeps it
         args["task"] = rec["task"]
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         warnings.simplefilter("default", OptionalDependencyWarning)  # visible, not an error
         Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
+
+
+def test_paraphrase_sets_sampler_and_lone_wording_is_reported():
+    """The paraphrase_sets sampler draws whole sets; a set seen with one wording is a reported stand-in."""
+    import torch
+
+    from grpolab.batch import RolloutBatch  # noqa: F401  (the transform reads batch.columns only)
+    from grpolab.prompts.paraphrase import ParaphraseSetSampler
+    from grpolab.registry import REWARD_TRANSFORMS
+
+    rows = [{"paraphrase_group": g} for g in "aabbcc"]
+    s = ParaphraseSetSampler(6, seed=0, rows=rows)
+    idx = s.next(4)
+    assert len(idx) == 4 and sorted(rows[i]["paraphrase_group"] for i in idx)[::2] == \
+        sorted({rows[i]["paraphrase_group"] for i in idx})  # two whole sets
+    with pytest.raises(ValueError, match="paraphrase_group"):
+        ParaphraseSetSampler(2, rows=[{"x": 1}, {"x": 2}])
+
+    class B:
+        columns = {"completion": ["Answer: 3", "Answer: 3"], "paraphrase_group": ["q", "q"]}
+    fn = REWARD_TRANSFORMS.get("paraphrase_consistency")
+    with pytest.warns(FallbackWarning, match="other paraphrases"):  # both rows are one wording (one prompt uid)
+        fn(torch.zeros(2), prompt_uids=torch.tensor([7, 7]), batch=B())

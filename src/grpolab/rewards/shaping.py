@@ -19,6 +19,7 @@ from fractions import Fraction
 import torch
 
 from ..data import completion_text
+from ..errors import warn_fallback
 from ..registry import REWARD_TRANSFORMS
 from ..registry import param
 
@@ -566,6 +567,11 @@ def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, bat
     for i, key in enumerate(sets):
         members.setdefault(str(key), []).append(i)
     c = torch.zeros(len(rewards), dtype=torch.float64)
+    lone = [k for k, rows in members.items() if len({uids[i] for i in rows}) < 2]
+    if lone:
+        warn_fallback("paraphrase_consistency", f"other paraphrases of {len(lone)} set(s) in the batch "
+                      f"(e.g. '{lone[0]}')", "0 (agreement) or the agreement of one wording's own completions "
+                      "(entropy); draw whole sets with prompt_sampler: paraphrase_sets")
     for rows in members.values():
         if paraphrase_mode == "agreement":
             for i in rows:
