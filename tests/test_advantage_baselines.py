@@ -258,8 +258,11 @@ def test_dgrpo_difficulty_weight_hand_computed():
     # prompt difficulty: qa groups .25, .5 (mean .375) -> [2/3, 4/3]; tg groups .75, .75 -> [1, 1]
     w = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, batch)
     assert close(w, [4 / 9] * 4 + [8 / 9] * 4 + [4 / 3] * 8)
-    # without the task column: one task, only the prompt factor (mean d_q = (.25+.5+.75+.75)/4 = .5625)
-    w1 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, SimpleNamespace(columns={}))
+    # without the task column: one task, only the prompt factor (mean d_q = (.25+.5+.75+.75)/4 = .5625), and the
+    # stand-in is reported
+    from grpolab.errors import FallbackWarning
+    with pytest.warns(FallbackWarning, match="task column 'task'"):
+        w1 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, SimpleNamespace(columns={}))
     assert close(w1, [.25 / .5625] * 4 + [.5 / .5625] * 4 + [.75 / .5625] * 8)
     # a = b = 0 is GRPO
     w0 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, batch, dgrpo_task_power=0.0,

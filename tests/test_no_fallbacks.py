@@ -57,7 +57,10 @@ def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         warnings.simplefilter("default", OptionalDependencyWarning)  # visible, not an error
-        Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
+        trainer = Trainer(Config.build(args), log=lambda *a: None)
+        m = trainer.train_step()  # one step: rollout, rewards, advantages, stages, loss, update, sampler feedback
+        trainer.metrics.close()
+    assert m["loss"] is not None
 
 
 def test_paraphrase_sets_sampler_and_lone_wording_is_reported():

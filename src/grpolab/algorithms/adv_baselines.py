@@ -566,7 +566,7 @@ class HistoryAwareDifficultyWeight:
 @WEIGHTINGS.register("dgrpo_difficulty_weight")
 def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, batch=None, *,
                             dgrpo_task_column: str = param('task', "DGRPO: data column naming each row's task "
-                                                           '(missing = one task)'),
+                                                           '(missing: one task, reported as a FallbackWarning)'),
                             dgrpo_task_power: float = param(1.0, 'DGRPO: exponent a of the task weight (d_task / '
                                                             'mean d_task)^a'),
                             dgrpo_sample_power: float = param(1.0, 'DGRPO: exponent b of the prompt weight (d_q / '
@@ -638,8 +638,10 @@ def advantage_exp_weight(advantages: torch.Tensor, *,
     down-weighted, which the paper justifies as moving the effective data
     distribution towards better responses. ``tau = 1`` in their configs.
 
-    Provenance: reconstructed from the abstract — A exp(A / tau) (RED-Weight, unnormalised, tau = 1) as restated
-    from the paper and the authors' Trinity-RFT option weight: advantage (file not located in this pass).
+    Provenance: authors' code — https://github.com/agentscope-ai/Trinity-RFT,
+    trinity/algorithm/policy_loss_fn/rec_policy_loss.py (RECPolicyLossFn, weight "advantage":
+    A exp(A / temp), then -A' log pi with clip_mode "none"); temp = 1 as there (recipe red_weight pairs it
+    with policy_gradient).
     """
     if red_temperature <= 0 or not math.isfinite(red_temperature):
         raise ValueError(f"red_temperature: must be a positive number, got {red_temperature}")

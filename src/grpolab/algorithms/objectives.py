@@ -460,9 +460,10 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     Defaults are the paper's: tau 10 (log_l), delta 1e-4, beta 1e3.
 
     Provenance: authors' code — https://github.com/Optimization-AI/DisCO, verl/verl/trainer/ppo/core_algos.py
-    (compute_policy_loss_disco*: the squared-hinge KL constraint beta max(0, KL - delta)^2 over the
-    micro-batch); scores and the DisCO / DisCO-b objectives as in the paper, defaults tau 10, delta 1e-4, beta
-    1e3.
+    (compute_policy_loss_disco_logL / _Lratio and the discob_ variants); scores (mean token log-prob, or mean
+    ratio), positives / negatives per question and the tau log-mean-exp over negatives as there; known
+    difference: the trust region uses the code's kl_type 'kl' (mean log pi_old - log pi_theta), its default is
+    'low_var_kl'; defaults tau 10, delta 1e-4, beta 1e3 as in the paper.
     """
     if disco_score == "log_l":
         score = _row_mean(logprobs, mask)

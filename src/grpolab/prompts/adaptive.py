@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from ..errors import warn_fallback
 from ..registry import SAMPLERS
 from ..registry import param
 
@@ -271,6 +272,9 @@ class VASSampler:
 
     def feedback(self, prompt_uids, rewards, completion_ids=None, lengths=None, **outcomes) -> None:
         uids = torch.as_tensor(prompt_uids).reshape(-1)
+        if self.w_tds != 0 and (completion_ids is None or lengths is None):
+            warn_fallback("vas", "completion_ids / lengths in feedback (the trajectory diversity score's input)",
+                          "TDS = 0 (the VPS reduces to the outcome variance)")
         for uid, (s, n) in prompt_outcomes(uids, rewards, self.threshold).items():
             if n == 0:
                 continue

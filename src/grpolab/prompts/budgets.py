@@ -29,7 +29,7 @@ import math
 import torch
 
 from ..batch import INJECTED, RolloutBatch
-from ..errors import ConfigError
+from ..errors import ConfigError, warn_fallback
 from ..generation.plain import pack_completions, tokenize_prompts
 from ..generation.sampling import per_prompt
 from ..model.hf import model_device
@@ -374,6 +374,9 @@ class GainRLSampler:
     def next(self, k: int) -> list[int]:
         if self.refresh_steps and self.ctx is not None and self.steps - self.scored_at >= self.refresh_steps:
             self.refresh()
+        if self.ctx is None:
+            warn_fallback("gain_rl", "the model's angle-concentration scores (attach(ctx) was not called)",
+                          "score 0 for every prompt (the data order)")
         p = self.probabilities()
         out: list[int] = []
         while len(out) < k:
