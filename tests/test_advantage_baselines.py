@@ -403,3 +403,14 @@ def test_hadw_anchor_survives_trainer_checkpoint(tiny_args):
     assert state["updates"] == 2
     resumed = Trainer(Config.build(args), resume=True, log=lambda *a: None)
     assert resumed.step == 2 and resumed.components["advantage/hadw"].fn.state_dict() == state
+
+
+def test_hadw_accuracy_outside_unit_range_is_an_error():
+    """The anchor is a solve rate: an accuracy above 1 (e.g. accuracy + 0.5 format as the combined reward) stops
+    with an error naming hadw_accuracy_reward, instead of a quietly wrong anchor."""
+    g = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="hadw_accuracy_reward"):
+        _hadw()(torch.ones(4), torch.tensor([1.5, 0.0, 1.0, 0.5]), g)
+    m = torch.tensor([[1.0, 0.5], [0.0, 0.0], [1.0, 0.5], [0.0, 0.5]])
+    out = _hadw(hadw_accuracy_reward=0)(torch.ones(4), m.sum(-1), g, reward_matrix=m)  # the accuracy column
+    assert torch.isfinite(out).all()

@@ -550,6 +550,12 @@ class HistoryAwareDifficultyWeight:
     def __call__(self, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
                  reward_matrix: torch.Tensor | None = None) -> torch.Tensor:
         accuracy = _accuracy(rewards, reward_matrix, self.accuracy_reward)
+        ok = accuracy[~torch.isnan(accuracy)]
+        if ok.numel() and (float(ok.min()) < 0.0 or float(ok.max()) > 1.0):
+            which = "the combined reward" if self.accuracy_reward < 0 else f"reward column {self.accuracy_reward}"
+            raise ValueError(f"hadw: the accuracy ({which}) must lie in [0, 1] (the anchor is a solve rate), got "
+                             f"values in [{float(ok.min()):g}, {float(ok.max()):g}]; set hadw_accuracy_reward to "
+                             f"the task's accuracy column (0 on arithmetic / countdown)")
         out = advantages * self.weights(advantages, accuracy, group_ids)
         self.update(accuracy)
         return out
