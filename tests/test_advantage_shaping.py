@@ -75,6 +75,51 @@ def test_seed_semantic_entropy_scaling():
     assert out2[4].tolist() == pytest.approx([0.5, 0.5, 0.5])
 
 
+def seed_authors(cluster_logliks, alpha=0.5):
+    """SEED-GRPO's linear factor written from the paper: p(C_k) = sum_{i in C_k} pi(o_i) / sum_j pi(o_j),
+    SE = -(1/K) sum_k log p(C_k), f = 1 - alpha * min(SE / log G, 1)."""
+    mass = [sum(math.exp(x) for x in c) for c in cluster_logliks]
+    G = sum(len(c) for c in cluster_logliks)
+    se = -sum(math.log(m / sum(mass)) for m in mass) / len(mass)
+    return 1 - alpha * min(se / math.log(G), 1.0)
+
+
+def test_seed_cluster_probability_is_the_likelihood_mass():
+    from grpolab.batch import INJECTED
+    fn = WEIGHTINGS.get("seed_semantic_entropy")
+    # group 0: keys 3,3,3,5; sampled-token log-probs (row 1's third token is injected: not pi_old's)
+    #   sums  -1.0, -2.0, -2.0 | -0.3   -> pi = .367879, .135335, .135335 | .740818
+    #   p(C_3) = .638550 / 1.379368 = .462929, p(C_5) = .537071
+    #   SE = -(ln .462929 + ln .537071) / 2 = .695903; / ln 4 = .501988; f = 1 - .5 * .501988 = .749006
+    #   frequency instead: p = 3/4, 1/4 -> SE = .836988 -> f = .698120 (the two differ)
+    # group 1: one answer, unequal likelihoods -> p = 1, SE = 0, f = 1
+    lp = [[-0.5, -0.5, 0.0], [-1.0, -1.0, -5.0], [-1.5, -0.5, 0.0], [-0.1, -0.2, 0.0],
+          [-0.1, 0.0, 0.0], [-3.0, -2.0, 0.0]]
+    mask = [[1, 1, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 0, 0], [1, 1, 0]]
+    batch = make_batch([[1, 2, 3]] * 6, mask=mask, logprobs=lp,
+                       completions=["3", "so 3", "3.0", "5", "7", "it is 7"])
+    batch.token_origin[1, 2] = INJECTED
+    g = torch.tensor([0, 0, 0, 0, 1, 1])
+    out = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_equivalence="last_number")
+    assert out.tolist() == pytest.approx([0.749006] * 4 + [1.0] * 2, abs=1e-6)
+    assert out[0].item() == pytest.approx(seed_authors([[-1.0, -2.0, -2.0], [-0.3]]), abs=1e-6)
+    freq = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="frequency")
+    assert freq[:4].tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # token_mass: per-token means -.5, -1, -1 | -.15 -> pi = .606531, .367879, .367879 | .860708
+    #   p = 1.342289 / 2.202997 = .609301, .390699; SE = (.495444 + .939817) / 2 = .717631; f = .741169
+    tok = fn(torch.ones(6), g, batch, seed_alpha=0.5, seed_cluster_probability="token_mass")
+    assert tok[:4].tolist() == pytest.approx([0.741169] * 4, abs=1e-6)
+    assert tok[:4].tolist() == pytest.approx([seed_authors([[-0.5, -1.0, -1.0], [-0.15]])] * 4, abs=1e-6)
+    # equal likelihoods: the mass is the frequency
+    same = make_batch([[1]] * 4, logprobs=[[-0.7]] * 4, completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], same).tolist() == pytest.approx([0.698120] * 4, abs=1e-6)
+    # a cluster with almost no mass: SE = 15.05 > log 4, clipped at SE_max -> f = 1 - alpha (never negative)
+    rare = make_batch([[1]] * 4, logprobs=[[-1.0], [-1.0], [-1.0], [-30.0]], completions=["3", "3", "3", "5"])
+    assert fn(torch.ones(4), g[:4], rare, seed_alpha=1.0).tolist() == pytest.approx([0.0] * 4, abs=1e-12)
+    with pytest.raises(ValueError, match="seed_cluster_probability"):
+        fn(torch.ones(4), g[:4], rare, seed_cluster_probability="count")
+
+
 def test_seed_pluggable_equivalence():
     fn = WEIGHTINGS.get("seed_semantic_entropy")
     # os.path:basename as the key: "x/3" and "y/3" are one answer, "z/4" another -> keys 3,3,4,4
@@ -214,87 +259,272 @@ def test_lambda_prefix_weight():
     assert torch.equal(fn(adv, g, mask, batch, lambda_grpo_power=0.0), adv[:, None].expand(4, 3) * mask)
 
 
+def test_lambda_grpo_loss_matches_the_authors_trainer():
+    # authors (coli-saar/grpo-prm, lambda_grpo/utils.py InfPRMTree.loss_scales + trainer.py _step, loss_type grpo):
+    # token scale = 1 / (number of group trajectories through its tree node); identical trajectories share one
+    # terminal node; loss = mean_i [ sum_t -min(r A, clip(r) A) * scale_t / #tokens_i ]
+    from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, StepTotals
+    ids = [[5, 6, 7], [5, 6, 7], [5, 6, 8], [4, 4, 4]]  # rows 0 and 1 identical
+    mask = torch.ones(4, 3)
+    g = torch.zeros(4, dtype=torch.long)
+    batch = make_batch(ids, mask=mask, group_ids=g)
+    scales = [[1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1 / 2], [1 / 3, 1 / 3, 1.0], [1.0, 1.0, 1.0]]
+    adv = torch.tensor([1.0, 1.0, -0.5, -1.5])
+    ratio = torch.tensor([[1.1, 0.7, 1.0], [1.0, 1.0, 1.3], [0.9, 1.25, 1.0], [1.0, 0.75, 1.0]])
+    authors = 0.0
+    for i in range(4):
+        per = []
+        for t in range(3):
+            r, a = float(ratio[i, t]), float(adv[i])
+            per.append(-min(r * a, min(max(r, 0.8), 1.2) * a) * scales[i][t])
+        authors += sum(per) / 3
+    authors /= 4
+    w = WEIGHTINGS.get("lambda_prefix_weight")(adv, g, mask, batch, lambda_grpo_power=1.0)
+    loss, _ = POLICY_LOSSES.get("clipped_ratio")(torch.log(ratio), torch.zeros(4, 3), w, mask, epsilon=0.2)
+    ours = AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, StepTotals.from_masks([mask], constant=3))
+    assert float(ours) == pytest.approx(authors, abs=1e-6)
+
+
 # --------------------------------------------------------------------- TW-GRPO (000-95)
 
-def test_tw_token_weight():
-    fn = WEIGHTINGS.get("tw_token_weight")
-    # authors' rule (longmalongma/TW-GRPO, compute_token_importance_kl_logs_uniform) on the sampled tokens:
-    # s_t = mean_i k3(m_t - x_it), k3(d) = e^d - d - 1; w_t = 1 + (alpha - 1) * minmax(s_t)
-    # position 0: log-probs -1,-1,-1 -> m = -1, d = 0,0,0 -> s = 0
-    # position 1: -1,-2,-3 -> m = -2, d = -1,0,1 -> k3 = (e^-1 + 1 - 1) = .367879, 0, (e - 2) = .718282
-    #             s = 1.086161/3 = .362054
-    # position 2: only row 0 alive -> undefined -> weight 1 (left out of min/max)
-    # min 0, max .362054: w0 = 1, w1 = 1 + .7 * 1 = 1.7 (alpha 1.7), w2 = 1
-    lp = torch.tensor([[-1.0, -1, -5], [-1, -2, 0], [-1, -3, 0]])
-    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 0]])
-    g = torch.zeros(3, dtype=torch.long)
-    adv = torch.tensor([1.0, 0.0, -1.0])
-    out = fn(adv, g, lp * mask, mask, tw_alpha=1.7)
-    assert out[0].tolist() == pytest.approx([1.0, 1.7, 1.0], abs=1e-6)
-    assert out[2].tolist() == pytest.approx([-1.0, -1.7, 0.0], abs=1e-6)
-    # alpha 3: w1 = 1 + 2 * 1 = 3
-    assert fn(adv, g, lp * mask, mask, tw_alpha=3.0)[0].tolist() == pytest.approx([1.0, 3.0, 1.0], abs=1e-6)
-    # a middle score lands in between: add position with -1,-1.5,-2 -> m = -1.5, d = -.5, 0, .5
-    # k3 = (e^-.5 + .5 - 1) = .106531, 0, (e^.5 - .5 - 1) = .148721 -> s = .255252/3 = .085084
-    # w = 1 + .7 * .085084 / .362054 = 1.164503
-    lp4 = torch.tensor([[-1.0, -1, -1], [-1, -2, -1.5], [-1, -3, -2]])
-    w4 = fn(torch.ones(3), g, lp4, torch.ones(3, 3), tw_alpha=1.7)[0]
-    assert w4.tolist() == pytest.approx([1.0, 1.7, 1.164503], abs=1e-5)
-    assert torch.equal(fn(adv, g, lp * mask, mask, tw_alpha=1.0), adv[:, None] * mask)  # alpha 1 = GRPO
-    with pytest.raises(ValueError):
-        fn(adv, g, lp, mask, tw_alpha=0.5)
+def _k3(d):
+    d = max(-11.0, min(11.0, d))
+    return math.exp(d) - d - 1
+
+
+def _authors_tw_weights(dists, alive, alpha):
+    """The authors' compute_token_importance_kl_logs_uniform (longmalongma/TW-GRPO) for one group, in plain
+    Python: dists[i][t] = row i's next-token distribution at t; a dead position takes the uniform one;
+    m = mean_i log p_i; s_t = mean_i sum_v k3(m_v - log p_i,v); w = 1 + (alpha - 1) minmax(s)."""
+    G, T, V = len(dists), len(dists[0]), len(dists[0][0])
+    logp = [[[math.log(p) for p in dists[i][t]] if alive[i][t] else [-math.log(V)] * V for t in range(T)]
+            for i in range(G)]
+    s = []
+    for t in range(T):
+        m = [sum(logp[i][t][v] for i in range(G)) / G for v in range(V)]
+        s.append(sum(sum(_k3(m[v] - logp[i][t][v]) for v in range(V)) for i in range(G)) / G)
+    lo, hi = min(s), max(s)
+    return [1 + (alpha - 1) * (x - lo) / (hi - lo + 1e-8) for x in s]
+
+
+def _tw(dists, alive, group_ids, alpha=1.7, adv=None):
+    """grpolab's path: per-row divergence from the log-probs, then the tw_token_weight weighting."""
+    from grpolab.model.logprobs import tw_group_divergence
+    lp = torch.tensor(dists, dtype=torch.float64).log()
+    alive = torch.tensor(alive, dtype=torch.bool)
+    g = torch.tensor(group_ids)
+    D = torch.zeros(alive.shape, dtype=torch.float64)
+    for gid in g.unique():
+        rows = (g == gid).nonzero().squeeze(-1)
+        D[rows] = tw_group_divergence(lp[rows], alive[rows])
+    R, T = alive.shape
+    batch = make_batch(torch.ones(R, T, dtype=torch.long), mask=alive.float(), group_ids=g)
+    adv = torch.ones(R, dtype=torch.float64) if adv is None else adv
+    return WEIGHTINGS.get("tw_token_weight")(adv, g, batch, D, tw_alpha=alpha)
+
+
+def test_tw_token_weight_issue_example():
+    # two rows; position 0: the same distribution, different sampled tokens (p .6 and .1);
+    # position 1: different distributions, both sampled a p = .6 token
+    p, q = [0.6, 0.3, 0.1], [0.6, 0.1, 0.3]
+    dists = [[p, p], [p, q]]
+    alive = [[1, 1], [1, 1]]
+    # by hand: s_0 = 0; at t = 1, m = (log .6, (log .3 + log .1)/2, same), d = 0, -/+ .549306 for row 0
+    # (mirrored for row 1): k3 = .126646 + .182745 = .309391 per row -> s_1 = .309391 -> w = [1, 1.7]
+    assert _authors_tw_weights(dists, alive, 1.7) == pytest.approx([1.0, 1.7], abs=1e-6)
+    w = _tw(dists, alive, [0, 0])
+    assert w.flatten().tolist() == pytest.approx([1.0, 1.7, 1.0, 1.7], abs=1e-6)
+    # the sampled-token spread (grpolab's old rule) would have weighted position 0 instead: log .6 vs log .1
+    # differ there and agree at position 1 -> [1.7, 1.0]. The full distributions decide.
+
+
+def test_tw_token_weight_uniform_padding_ragged_groups():
+    u = [1 / 3] * 3
+    a, b, c = [0.7, 0.2, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]
+    # group 0: row 1 ends after position 0 (authors: uniform there); group 1 (one row longer) ends at t = 2
+    dists = [[a, b, c, a], [a, u, u, u], [b, c, a, u], [a, c, c, u]]
+    alive = [[1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0], [1, 1, 0, 0]]
+    gids = [0, 0, 1, 1]
+    w = _tw(dists, alive, gids, alpha=2.0)
+    exp0 = _authors_tw_weights(dists[:2], alive[:2], 2.0)  # T_0 = 4
+    exp1 = _authors_tw_weights([r[:3] for r in dists[2:]], [r[:3] for r in alive[2:]], 2.0)  # T_1 = 3
+    assert w[0].tolist() == pytest.approx(exp0, abs=1e-6) and w[1].tolist() == pytest.approx(exp0, abs=1e-6)
+    assert w[2, :3].tolist() == pytest.approx(exp1, abs=1e-6) and w[2, 3] == 1.0  # past T_1: weight 1
+    assert min(exp0) == pytest.approx(1.0) and max(exp0) == pytest.approx(2.0)
+    # the ended row takes part (uniform): dropping it would change the weights
+    assert exp0 != pytest.approx(_authors_tw_weights(dists[:1], alive[:1], 2.0), abs=1e-3)
+    # advantages are scaled token by token; alpha 1 is GRPO; alpha < 1 is refused
+    adv = torch.tensor([1.0, -1.0, 2.0, 0.5], dtype=torch.float64)
+    out = _tw(dists, alive, gids, alpha=2.0, adv=adv)
+    assert torch.allclose(out, adv[:, None] * w)
+    assert torch.equal(_tw(dists, alive, gids, alpha=1.0, adv=adv), adv[:, None].expand(4, 4))
+    with pytest.raises(ValueError, match="tw_alpha"):
+        _tw(dists, alive, gids, alpha=0.5)
+
+
+def test_tw_group_divergence_of_the_model_matches_a_full_forward():
+    """group_token_divergence (shared-prefix forward, hidden states, position chunks) equals the authors'
+    formula on the full [G, T, V] log-probs of a plain forward of each row."""
+    from grpolab.model.loading import load_policy
+    from grpolab.model.logprobs import group_token_divergence
+    model, tok = load_policy("tiny", task_texts=["abc 123 +-= Answer:"], seed=0, log=lambda *a: None)
+    model.eval()
+    gen = torch.Generator().manual_seed(0)
+    V = len(tok)
+    R, T, P = 5, 6, 3
+    comp = torch.randint(4, V, (R, T), generator=gen)
+    lengths = torch.tensor([6, 2, 4, 3, 1])
+    present = torch.arange(T)[None, :] < lengths[:, None]
+    prompts = torch.tensor([[5, 6, 7], [5, 6, 7], [5, 6, 7], [8, 9, 10], [8, 9, 10]])
+    batch = RolloutBatch(prompt_ids=prompts, prompt_mask=torch.ones(R, P, dtype=torch.long), completion_ids=comp,
+                         completion_mask=present.float(), behavior_logprobs=torch.zeros(R, T),
+                         group_ids=torch.tensor([0, 0, 0, 1, 1]), prompt_uids=torch.tensor([0, 0, 0, 1, 1]),
+                         truncated=torch.zeros(R, dtype=torch.bool), completion_attention_mask=present.long())
+    temp = 0.7
+    with torch.no_grad():
+        got = group_token_divergence(model, batch, temp, rows=1, max_elements=2 * 3 * V)  # 1-row forwards, chunks
+        full = model(input_ids=torch.cat([prompts, comp], 1)).logits[:, P - 1:P - 1 + T].double()
+    logp = torch.log_softmax(full / temp, -1)
+    for rows in ([0, 1, 2], [3, 4]):
+        Tg = int(lengths[rows].max())
+        lp = torch.where(present[rows, :Tg, None], logp[rows, :Tg], torch.tensor(-math.log(V), dtype=torch.float64))
+        d = (lp.mean(0, keepdim=True) - lp).clamp(-11, 11)
+        expect = (torch.exp(d) - d - 1).sum(-1)
+        assert torch.allclose(got[rows, :Tg].double(), expect, atol=1e-4, rtol=1e-4)
+        assert (got[rows, Tg:] == 0).all()
+    assert got[3, 3] == 0 and got[4, 2] > 0  # past T_1: 0; an ended row inside T_1: uniform vs the mean
+
+
+def test_tw_trainer_computes_divergence_only_when_asked(tiny_args, monkeypatch):
+    import grpolab.train.trainer as trainer_mod
+    from grpolab.train.trainer import Trainer
+    calls = []
+    real = trainer_mod.group_token_divergence
+    monkeypatch.setattr(trainer_mod, "group_token_divergence", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for recipe, expected in (("grpo", 0), ("tw_grpo", 2)):
+        calls.clear()
+        args = {**recipe_overrides(recipe), **tiny_args, "steps": 2, "task": "repeat",
+                "out": tiny_args["out"] + recipe}
+        t = Trainer(Config.build(args), log=lambda *a: None)
+        for _ in range(2):
+            m = t.train_step()
+            assert m["skipped"] == 0 and math.isfinite(m["loss"])
+        assert len(calls) == expected
 
 
 # ----------------------------------------------------------------- TempSamp-R1 (000-112)
 
 def test_tempsamp_soft_advantage():
-    r = torch.tensor([1.0, 0.5, 0.0])
-    # tau .5, alphas 1: 1 -> .5 + log 1.5 = .905465 ; .5 -> .5 ; 0 -> .5 - (e^.5 - 1) = -.148721
-    phi = asymmetric_soft_reward(r, 0.5, 1.0, 1.0)
-    assert phi.tolist() == pytest.approx([0.905465, 0.5, -0.148721], abs=1e-6)
-    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(3, dtype=torch.long), advantage_epsilon=EPS)
-    # mean .418915; devs .486550, .081085, -.567636; std = sqrt(.565516/2) = .531750
-    assert out.tolist() == pytest.approx([0.486550 / 0.53185, 0.081085 / 0.53185, -0.567636 / 0.53185], abs=1e-4)
-    assert out[1] > 0  # asymmetric: the middle completion is above the shaped mean (GRPO gives it 0)
-    # monotone, slope 1 at the pivot
-    x = torch.tensor([0.5 - 1e-4, 0.5 + 1e-4])
-    assert ((asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[1] - asymmetric_soft_reward(x, 0.5, 1.0, 1.0)[0]) / 2e-4
-            ).item() == pytest.approx(1.0, abs=1e-3)
+    # the public TempSamp-R1 code (transform_rewards): r >= .8 -> .8 + .01 log(r - .8 + 1);
+    # r < .8 -> .8 - (exp(.8 - r) - 1) / (e - 1); then the GRPO z-score (sample std)
+    r = torch.tensor([1.0, 0.8, 0.5, 0.0])
+    e = math.e
+    phi_ref = [0.8 + 0.01 * math.log(1.2), 0.8, 0.8 - (math.exp(0.3) - 1) / (e - 1), 0.8 - (math.exp(0.8) - 1) / (e - 1)]
+    phi = asymmetric_soft_reward(r, 0.8, 0.01, 1.0)
+    assert phi.tolist() == pytest.approx(phi_ref, abs=1e-6)
+    assert phi_ref[0] == pytest.approx(0.801823, abs=1e-6) and phi_ref[3] == pytest.approx(0.086763, abs=1e-6)
+    out = ADVANTAGES.get("tempsamp_soft_advantage")(r, torch.zeros(4, dtype=torch.long), advantage_epsilon=EPS)
+    m = sum(phi_ref) / 4
+    sd = math.sqrt(sum((p - m) ** 2 for p in phi_ref) / 3)
+    assert out.tolist() == pytest.approx([(p - m) / (sd + EPS) for p in phi_ref], abs=1e-5)
+    # the old log/exp pair around tau=.5 gave 1.0 and 0.8 clearly different advantages; the plateau nearly ties them
+    assert abs(float(out[0] - out[1])) < 0.01 < float(out[1] - out[2])
+    # continuous at the pivot, monotone
+    x = torch.tensor([0.8 - 1e-6, 0.8, 0.8 + 1e-6])
+    y = asymmetric_soft_reward(x, 0.8, 0.01, 1.0)
+    assert float(y[2] - y[0]) == pytest.approx(0.0, abs=1e-5) and bool((y[1:] >= y[:-1]).all())
+    with pytest.raises(ValueError, match="tempsamp_alpha"):
+        asymmetric_soft_reward(r, 0.8, 0.01, 0.0)
 
 
 # ------------------------------------------------------------------------ AAPO (000-48)
 
+def aapo_authors(rewards, ref_rewards, group_size):
+    """AAPO's advantage as the authors' open-r1/trainer/AAPOTrainer.py computes it, re-derived in plain Python:
+    z = (r - mean_g) / (std_g Bessel + 1e-4) on consecutive groups of ``group_size``; A = z + clamp(r - r_ref,
+    -0.2, 0.28) row by row (reference completion i paired with policy completion i)."""
+    out = []
+    for s in range(0, len(rewards), group_size):
+        g = rewards[s:s + group_size]
+        m = sum(g) / len(g)
+        sd = math.sqrt(sum((x - m) ** 2 for x in g) / (len(g) - 1))
+        out += [(x - m) / (sd + 1e-4) for x in g]
+    return [a + min(max(r - q, -0.2), 0.28) for a, r, q in zip(out, rewards, ref_rewards)]
+
+
 def test_aapo_momentum_hand_computed():
-    # authors' code (JianxXiong/AAPO, AAPOTrainer): A = zscore + clip(r - r_ref, -0.2, 0.28)
+    # the issue's example: an all-correct group (second visit) whose reference completions are wrong.
+    # authors: z = 0 (all equal), margin clip(1 - 0, -.2, .28) = +.28 per row; grpolab's old EMA stand-in gave 0
+    g, u = torch.tensor([0, 0, 0, 0]), torch.tensor([3, 3, 3, 3])
+    r = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    batch = make_batch([[1]] * 4)
+    batch.columns["ref_reward"] = [0.0, 0.0, 0.0, 0.0]
+    a = AAPOMomentum()
+    for _ in range(2):  # first and second visit: the reference margin does not depend on history
+        out = a(r, g, u, batch, advantage_epsilon=EPS)
+        assert out.tolist() == pytest.approx([0.28] * 4) == aapo_authors([1.0] * 4, [0.0] * 4, 4)
+    ema = AAPOMomentum(aapo_momentum=0.9)
+    ema(r, g, u, aapo_baseline="ema")
+    assert ema(r, g, u, aapo_baseline="ema").tolist() == [0.0] * 4  # the EMA has settled at 1: margin 0
+    # mixed group, unequal reference rewards (paired by index), both clip bounds active:
+    # r = 1,0,1,0 -> mean .5, Bessel std sqrt(1/3) = .577350; z = +-.5/.577450 = +-.865876
+    # ref = 0, 1, 1, .1 -> margins 1 (-> .28), -1 (-> -.2), 0, -.1
+    r2, ref2 = [1.0, 0.0, 1.0, 0.0], [0.0, 1.0, 1.0, 0.1]
+    batch.columns["ref_reward"] = ref2
+    out = a(torch.tensor(r2), g, u, batch, advantage_epsilon=EPS)
+    assert out.tolist() == pytest.approx([0.865876 + 0.28, -0.865876 - 0.2, 0.865876, -0.865876 - 0.1], abs=1e-5)
+    assert out.tolist() == pytest.approx(aapo_authors(r2, ref2, 4), abs=1e-6)
+    # all-wrong group against a correct reference: z = 0, margin -1 -> -.2
+    batch.columns["ref_reward"] = [1.0] * 4
+    assert a(torch.zeros(4), g, u, batch).tolist() == pytest.approx([-0.2] * 4)
+
+
+def test_aapo_momentum_needs_the_reference_column():
+    a = AAPOMomentum()
+    g, u, r = torch.tensor([0, 0]), torch.tensor([3, 3]), torch.tensor([1.0, 0.0])
+    with pytest.raises(ValueError, match="ref_reward.*aapo_reference.*aapo_baseline: ema"):
+        a(r, g, u, make_batch([[1], [1]]))
+    with pytest.raises(ValueError, match="ref_reward"):
+        a(r, g, u)  # no batch at all
+    with pytest.raises(ValueError, match="aapo_baseline"):
+        a(r, g, u, make_batch([[1], [1]]), aapo_baseline="nonsense")
+
+
+def test_aapo_ema_baseline_hand_computed():
+    # grpolab's explicit stand-in (aapo_baseline: ema): r_ref = the prompt's EMA of past group means
     a = AAPOMomentum(aapo_momentum=0.9)
     g, u = torch.tensor([0, 0]), torch.tensor([3, 3])
-    # no reference column -> EMA fallback. step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
-    assert a(torch.tensor([1.0, 1.0]), g, u, advantage_epsilon=EPS).tolist() == [0.0, 0.0]
-    # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2 (vanishing group advantage still gets signal)
-    assert a(torch.tensor([0.0, 0.0]), g, u).tolist() == pytest.approx([-0.2, -0.2])
+    # step 1: rewards 1,1 -> z 0, first visit -> term 0; ema = 1
+    assert a(torch.tensor([1.0, 1.0]), g, u, advantage_epsilon=EPS, aapo_baseline="ema").tolist() == [0.0, 0.0]
+    # step 2: rewards 0,0 -> z 0; margin 0 - 1 = -1, clipped to -.2
+    assert a(torch.tensor([0.0, 0.0]), g, u, aapo_baseline="ema").tolist() == pytest.approx([-0.2, -0.2])
     assert a.ema[3] == pytest.approx(0.9)  # .9 * 1 + .1 * 0
     # step 3: rewards 1,0 -> z = +-.5/(.707107+1e-4) = +-.706997; margins 1-.9 = .1 (kept), 0-.9 = -.9 -> -.2
-    out = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS)
+    out = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_baseline="ema")
     assert out.tolist() == pytest.approx([0.706997 + 0.1, -0.706997 - 0.2], abs=1e-5)
     assert a.ema[3] == pytest.approx(0.9 * 0.9 + 0.1 * 0.5)  # .86
     # without clipping the unclipped margins come back: -.706997 - (0 - .86)
-    wide = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0)
+    wide = a(torch.tensor([1.0, 0.0]), g, u, advantage_epsilon=EPS, aapo_clip_low=10.0, aapo_clip_high=10.0,
+             aapo_baseline="ema")
     assert wide.tolist() == pytest.approx([0.706997 + 0.14, -0.706997 - 0.86], abs=1e-5)
 
 
 def test_aapo_reference_reward_column():
-    # published form: r_ref from the reference model's completion of the same row (batch column ref_reward)
+    # r_ref from the reference model's completion of the same row (batch column ref_reward)
     a = AAPOMomentum()
     g, u = torch.tensor([0, 0, 0]), torch.tensor([5, 5, 5])
     batch = make_batch([[1], [1], [1]])
     batch.columns["ref_reward"] = [0.0, 1.0, None]
     r = torch.tensor([1.0, 1.0, 1.0])
-    # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None -> 0
+    # z = 0 (all equal); margins 1-0 = 1 -> .28, 1-1 = 0, None (unscorable reference) -> 0
     assert a(r, g, u, batch, advantage_epsilon=EPS).tolist() == pytest.approx([0.28, 0.0, 0.0])
+    assert a.ema == {}  # the reference baseline keeps no EMA
     # eta scales the margin term; rewards 1,0,0 vs ref 0,1,None: z = (2/3, -1/3, -1/3)/(.57735 + 1e-4)
     out = a(torch.tensor([1.0, 0.0, 0.0]), g, u, batch, advantage_epsilon=EPS, aapo_eta=0.5)
     z = 1 / 3 / (0.577350 + 1e-4)
     assert out.tolist() == pytest.approx([2 * z + 0.5 * 0.28, -z + 0.5 * -0.2, -z], abs=1e-5)
+    batch.columns["my_ref"] = [1.0, 1.0, 1.0]
+    assert a(r, g, u, batch, aapo_ref_column="my_ref").tolist() == pytest.approx([0.0, 0.0, 0.0])
     with pytest.raises(ValueError):
         a(r, g, u, batch, aapo_clip_low=-0.1)
 
@@ -308,12 +538,12 @@ def test_aapo_restore_is_exact():
 
     a = AAPOMomentum()
     for _ in range(3):
-        a(*inputs())
+        a(*inputs(), aapo_baseline="ema")
     b = AAPOMomentum()
     b.load_state_dict(a.state_dict())
     for _ in range(3):
         x = inputs()
-        assert torch.equal(a(*x), b(*x))
+        assert torch.equal(a(*x, aapo_baseline="ema"), b(*x, aapo_baseline="ema"))
 
 
 # ------------------------------------------------------------------------ AWPO (000-118)

@@ -111,6 +111,28 @@ def test_dr_grpo_equals_dapo_aggregation_at_full_length():
                           AGGREGATIONS.get("token_mean")(loss, mask, totals))
 
 
+def test_dr_grpo_and_dapo_normalisers_differ_on_unequal_lengths():
+    """Dr. GRPO (arXiv:2503.20783) divides by G * L_max, DAPO (arXiv:2503.14476) by the step's token count;
+    GRPO averages each sequence first. Hand-computed on lengths [7, 3, 5, 1] with L_max = 7 and per-row
+    constant losses [1, 2, 3, 4]: masked sum = 7 + 6 + 15 + 4 = 32, tokens = 16."""
+    lengths, values = [7, 3, 5, 1], [1.0, 2.0, 3.0, 4.0]
+    mask = torch.tensor([[1.0] * n + [0.0] * (7 - n) for n in lengths])
+    loss = torch.tensor(values)[:, None].expand(4, 7).clone()
+    totals = StepTotals.from_masks([mask], constant=7)
+    dr = AGGREGATIONS.get("constant")(loss, mask, totals)
+    dapo = AGGREGATIONS.get("token_mean")(loss, mask, totals)
+    grpo = AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, totals)
+    assert dr.item() == pytest.approx(32 / (4 * 7))      # 1.142857...
+    assert dapo.item() == pytest.approx(32 / 16)         # 2.0
+    assert grpo.item() == pytest.approx((1 + 2 + 3 + 4) / 4)  # 2.5
+    # the normalisers are distinguishable: Dr. GRPO's does not depend on the lengths, DAPO's does
+    mask2 = mask.clone()
+    mask2[0, 5:] = 0  # row 0 two tokens shorter
+    t2 = StepTotals.from_masks([mask2], constant=7)
+    assert AGGREGATIONS.get("constant")(loss, mask2, t2).item() == pytest.approx(30 / 28)
+    assert AGGREGATIONS.get("token_mean")(loss, mask2, t2).item() == pytest.approx(30 / 14)
+
+
 @pytest.mark.parametrize("mode", ["seq_mean_token_mean", "token_mean", "constant"])
 def test_aggregation_same_gradient_whole_micro_batched_and_ranks(mode):
     torch.manual_seed(1)

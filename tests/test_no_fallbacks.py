@@ -20,8 +20,6 @@ from grpolab.recipes import recipe_names, recipe_overrides
 from grpolab.train.trainer import Trainer
 
 KNOWN_STANDINS = {
-    "aapo": "AAPO's reference-model reward column is not built by the plain rollout yet (EMA stand-in); "
-            "fixed on branch fid-aapo",
     "dgrpo_vital": "DGRPO's task factor needs multi-task data (a 'task' column); no built-in task mixes task "
                    "types, so every row is one task",
     "rank_grpo": "Rank-GRPO's rank-level ratio needs rank-item spans; no built-in task/rollout marks the items "

@@ -162,6 +162,50 @@ def test_simple_po_values_and_grad_at_one():
     assert torch.allclose(lp.grad, T([[-2.0, 2.0]]))  # policy gradient at r = 1
 
 
+# ------------------------------------------------------------------------- Guide (004-16)
+
+def test_guide_off_policy_shaped_ratio_on_hinted_rows():
+    # authors' compute_policy_loss (guide_rl core_algos.py, gamma_strategy "percentile", gamma_value 0.9):
+    # off-policy rows: gamma = quantile_.9(ratio) (linear interpolation), loss = -A r / (r + gamma), no clip;
+    # on-policy rows: -min(r A, clip(r, .8, 1.2) A)
+    r_on, r_off = [1.5, 0.5, 1.0], [2.0, 1.0, 0.5]
+    logp = torch.log(T([r_on, r_off]))
+    old = torch.zeros(2, 3)
+    adv = T([1.0, -1.0])
+    mask = torch.ones(2, 3)
+    batch = SimpleNamespace(columns={"hint_level": [0, 3]})
+    loss, m = L("guide_off_policy")(logp, old, adv, mask, batch, epsilon=0.2, guide_gamma_quantile=0.9)
+    # row 0 (A=1): -min(r, clip(r)) = [-1.2, -0.5, -1.0]
+    # row 1 (A=-1): sorted ratios .5, 1, 2; quantile .9 at position .9 * 2 = 1.8 -> 1 + .8 * (2 - 1) = 1.8
+    g = 1.8
+    expect_off = [r / (r + g) for r in r_off]
+    assert loss[0].tolist() == pytest.approx([-1.2, -0.5, -1.0], abs=1e-6)
+    assert loss[1].tolist() == pytest.approx(expect_off, abs=1e-6)  # -A * r/(r+g) with A = -1
+    # the clipped ratio would have given row 1: -min(-r, -clip(r)) = max(r, clip(r)) = [2.0, 1.0, 0.8]
+    assert loss[1].tolist() != pytest.approx([2.0, 1.0, 0.8], abs=1e-3)
+    assert m["guide_off_policy_frac"][:, 0].tolist() == [0.0, 1.0]
+    # gradient of the shaped term: d/dlogp [-A r/(r+g)] = -A g r / (r+g)^2 (gamma detached)
+    lp = logp.clone().requires_grad_()
+    L("guide_off_policy")(lp, old, adv, mask, batch, epsilon=0.2, guide_gamma_quantile=0.9)[0].sum().backward()
+    assert lp.grad[1].tolist() == pytest.approx([g * r / (r + g) ** 2 for r in r_off], abs=1e-5)
+    # no hint column: exactly the clipped ratio
+    plain, _ = L("guide_off_policy")(logp, old, adv, mask, None, epsilon=0.2)
+    ref, _ = L("clipped_ratio")(logp, old, adv, mask, epsilon=0.2)
+    assert torch.allclose(plain, ref)
+
+
+def test_simple_po_matches_the_authors_loss_beyond_the_clip():
+    # authors' compute_policy_loss (MyRepositories-hub/Simple-Policy-Optimization, mujoco/trainer.py, algo 'spo'):
+    # -(A r - |A| (r - 1)^2 / (2 eps)); d/dlogp = -(A r - |A| (r - 1) r / eps). At r = 1.5, A = 2, eps = .2:
+    # -(3 - 2 * .5 * 1.5 / .2) = 4.5, where the clipped ratio has no gradient (r > 1 + eps, A > 0)
+    lp = torch.full((1, 1), math.log(1.5), requires_grad=True)
+    L("simple_po")(lp, torch.zeros(1, 1), T([[2.0]]), torch.ones(1, 1), simple_po_epsilon=0.2)[0].sum().backward()
+    assert float(lp.grad) == pytest.approx(4.5, abs=1e-5)
+    lp2 = torch.full((1, 1), math.log(1.5), requires_grad=True)
+    L("clipped_ratio")(lp2, torch.zeros(1, 1), T([[2.0]]), torch.ones(1, 1), epsilon=0.2)[0].sum().backward()
+    assert float(lp2.grad) == 0.0
+
+
 # ---------------------------------------------------------------------------- Reg-GRPO
 
 def test_reg_grpo_values():
@@ -409,21 +453,6 @@ def test_llds_response_and_action_gates():
     assert torch.allclose(term, T([[0.1, 0.0], [0.0, 0.0], [0.0, 0.05]]))
 
 
-def test_dcpo_values():
-    old = T([[math.log(0.5), math.log(0.25)]])
-    logp = old.clone().requires_grad_()
-    mask = torch.ones(1, 2)
-    term, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.1), dcpo_coef=0.1,
-                         dcpo_temperature=2.0, dcpo_entropy_target=0.25)
-    # rho ~ pi_old^(1/2 - 1) = [sqrt 2, 2], normalised to mean 1: [0.828427, 1.171573]
-    # term = -0.1 * rho * A * logp = [0.1*0.828427*0.693147, 0.1*1.171573*1.386294]
-    assert torch.allclose(term, T([[0.0574221, 0.1624147]]), atol=1e-6)
-    term.sum().backward()
-    assert torch.allclose(logp.grad, T([[-0.0828427, -0.1171573]]), atol=1e-6)
-    off, m = RG("dcpo")(logp, old, T([1.0]), mask, torch.full((1, 2), 0.3), dcpo_entropy_target=0.25)
-    assert torch.all(off == 0) and float(m["dcpo_active"][0, 0]) == 0.0
-
-
 def test_dynamic_kl_schedule_total_coefficient():
     logp, ref = T([[-1.0]]), T([[-1.5]])
     kw = dict(beta=0.02, steps=10, kl_estimator="k3", grpo_d_beta_min=0.0, grpo_d_beta_max=0.02,
@@ -505,7 +534,8 @@ def test_validate_objective_config_errors():
 
 
 @pytest.mark.parametrize("recipe", ["gspo", "sapo", "cispo", "reg_grpo", "rebel", "gvpo", "disco", "simple_po",
-                                    "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "dcpo", "grpo_d"])
+                                    "copg", "p3o", "rank_grpo", "gtpo_conflict", "llds", "r2vpo", "grpo_d",
+                                    "guide_grpo"])
 def test_objective_recipes_validate(recipe):
     cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})
     assert cfg.policy_loss == recipe_overrides(recipe).get("policy_loss", "clipped_ratio")

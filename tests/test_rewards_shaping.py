@@ -133,14 +133,23 @@ def test_correct_column_must_exist():
 # ---------------------------------------------------------------- FGRPR (000-66)
 
 def test_fuzzy_numeric_hand_computed():
-    b = batch(["Answer: 10", "so Answer: 8", "Answer: 15", "Answer: 40", "no number", "Answer: 1", "Answer: 2.5"],
-              answer=["10", "10", "10", "10", "10", "0", "2"])
-    # |0|/10 -> 1 ; |8-10|/10 = .2 -> .8 ; .5 -> .5 ; 3.0 -> 0 (clipped) ; unparsed -> 0 ;
-    # target 0: |1-0|/max(0, floor 1) = 1 -> 0 ; |2.5-2|/2 = .25 -> .75
-    out = tr("fuzzy_numeric", rewards=torch.full((7,), 0.5), batch=b, fuzzy_weight=2.0)
-    assert close(out, 0.5 + 2 * torch.tensor([1.0, 0.8, 0.5, 0.0, 0.0, 0.0, 0.75]))
+    # authors' count_reward (yeyimilk/CrowdVLM-R1 grpo_rec.py): gap = |sol - y| / sol; 1.5 - gap if gap < .5 else 0
+    def authors(y, sol):
+        gap = abs(sol - y) / sol
+        return 1.5 - gap if gap < 0.5 else 0.0
+    b = batch(["Answer: 10", "so Answer: 8", "Answer: 15", "Answer: 14", "Answer: 40", "no number", "Answer: 1",
+               "Answer: 2.5"],
+              answer=["10", "10", "10", "10", "10", "10", "0", "2"])
+    expect = [authors(10, 10), authors(8, 10), authors(15, 10), authors(14, 10), authors(40, 10), 0.0,
+              0.0, authors(2.5, 2)]
+    # 1.5 ; 1.3 ; gap .5 is not < .5 -> 0 ; 1.1 ; 0 ; unparsed 0 ; target 0: |1|/max(0, floor 1) = 1 -> 0 ; 1.25
+    assert expect == pytest.approx([1.5, 1.3, 0.0, 1.1, 0.0, 0.0, 0.0, 1.25])
+    out = tr("fuzzy_numeric", rewards=torch.full((8,), 0.5), batch=b, fuzzy_weight=2.0)
+    assert close(out, 0.5 + 2 * torch.tensor(expect))
+    # grpolab's former ramp max(0, 1 - gap) gave .8 and .5 for the 2nd and 3rd rows: the authors' rule differs
+    assert expect[1] != 0.8 and expect[2] != 0.5
     # last 'Answer:' counts
-    assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.0])
+    assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.5])
 
 
 def test_fuzzy_needs_answer_column():
@@ -150,18 +159,69 @@ def test_fuzzy_needs_answer_column():
 
 # ---------------------------------------------------------------- LC-R1 (000-100)
 
-def test_lc_length_compress_hand_computed():
-    texts = ["7. Answer: 7",        # first '7' ends at 1 of 12 chars -> 1/12
-             "Answer: 7",           # ends at 9 of 9 -> 1
-             "17 Answer: 17",       # answer 7 never appears as a whole number -> -1
-             "3 Answer: 3"]         # wrong row; answer 4 absent -> -1
-    b = batch(texts, answer=["7", "7", "7", "4"])
-    acc = [1, 1, 0, 0]
-    out = tr("lc_length_compress", rewards=torch.zeros(4), lengths=torch.tensor([8, 4, 6, 5]),
-             group_ids=torch.tensor([0, 0, 0, 1]), reward_matrix=matrix(acc), reward_names=NAMES, batch=b,
-             lc_length_weight=1.0, lc_compress_weight=0.5)
-    # length: correct rows of group 0: max L = 8 -> 1 - 8/8 = 0, 1 - 4/8 = .5 ; wrong rows 0
-    assert close(out, [0 + 0.5 / 12, 0.5 + 0.5 * 1, 0 - 0.5, 0 - 0.5])
+def _authors_lc_length(L, right, groups):
+    """The authors' len_penalty_coef block (zxiangx/LC-R1, grpo_trainer.py), per group in plain Python:
+    no right row -> 0 for the whole group; else 1 - L / (max L of right rows + 1e-4) for every row."""
+    out = [0.0] * len(L)
+    for g in set(groups):
+        idx = [i for i in range(len(L)) if groups[i] == g]
+        right_L = [L[i] for i in idx if right[i]]
+        for i in idx:
+            out[i] = 1 - L[i] / (max(right_L) + 1e-4) if right_L else 0.0
+    return out
+
+
+def test_lc_length_hand_computed():
+    # L = tokens before EOS: finished rows count their EOS in `lengths`, truncated rows do not have one
+    L = [200, 100, 50, 400,   30, 60,   10, 30,   20, 20, 10, 40,   5, 50]
+    trunc = [0, 0, 0, 0,      0, 0,     0, 0,     0, 0, 0, 1,       0, 0]
+    groups = [0, 0, 0, 0,     1, 1,     2, 2,     3, 3, 3, 3,       4, 4]
+    acc = [1, 1, 0, 0,        0, 0,     1, 0,     1, 1, 1, 0,       1, 1]
+    texts = ["x Answer: 1"] * 12 + ["x Answer 1", "x Answer: 1"]  # row 12 lacks the marker: not correct
+    right = [a == 1 and t.count("Answer:") == 1 for a, t in zip(acc, texts)]
+    lengths = torch.tensor([n + (0 if t else 1) for n, t in zip(L, trunc)])
+    r = torch.tensor([1.5 if a else 0.5 for a in acc], dtype=torch.float64)
+    out = tr("lc_length", rewards=r, lengths=lengths, truncated=torch.tensor(trunc, dtype=torch.bool),
+             group_ids=torch.tensor(groups), reward_matrix=matrix(acc), reward_names=NAMES, batch=batch(texts),
+             lc_length_weight=1.0, lc_think_end="Answer:")
+    expected = [ri + t for ri, t in zip(r.tolist(), _authors_lc_length(L, right, groups))]
+    assert close(out, expected)
+    # the issue's numbers: max correct 200 -> wrong rows of 50 and 400 get +.75 and -1.0 (grpolab used to give 0)
+    assert out[2] - r[2] == pytest.approx(0.75, abs=1e-6) and out[3] - r[3] == pytest.approx(-1.0, abs=1e-6)
+    assert out[0] - r[0] == pytest.approx(0.0, abs=1e-5)  # the longest correct row
+    assert close(out[4:6], r[4:6])  # no correct row: unchanged
+    assert out[6] - r[6] == pytest.approx(1e-5, abs=1e-7)  # single correct row: 1 - 10/10.0001
+    assert out[7] - r[7] == pytest.approx(1 - 30 / 10.0001, abs=1e-9)
+    assert out[8] == out[9] and out[10] - r[10] == pytest.approx(0.5, abs=1e-5)  # ties share the max
+    assert out[11] - r[11] == pytest.approx(1 - 40 / 20.0001, abs=1e-9)  # truncated: all its 40 tokens
+    assert out[12] - r[12] == pytest.approx(0.9, abs=1e-5)  # correct answer without the marker: measured, not max
+    # weight 2 doubles the term; the group mean is then subtracted by group_mean (no std), as the authors
+    out2 = tr("lc_length", rewards=r, lengths=lengths, truncated=torch.tensor(trunc, dtype=torch.bool),
+              group_ids=torch.tensor(groups), reward_matrix=matrix(acc), reward_names=NAMES, batch=batch(texts),
+              lc_length_weight=2.0, lc_think_end="Answer:")
+    assert close(out2 - r, 2 * (out - r))
+    # NaN rows stay NaN, and an empty marker is refused
+    rn = r.clone()
+    rn[1] = NAN
+    out3 = tr("lc_length", rewards=rn, lengths=lengths, truncated=torch.tensor(trunc, dtype=torch.bool),
+              group_ids=torch.tensor(groups), reward_matrix=matrix(acc), reward_names=NAMES, batch=batch(texts),
+              lc_think_end="Answer:")
+    assert math.isnan(out3[1]) and close(out3[2:], out[2:])
+    with pytest.raises(ValueError, match="lc_think_end"):
+        tr("lc_length", rewards=r, lengths=lengths, truncated=torch.tensor(trunc, dtype=torch.bool),
+           group_ids=torch.tensor(groups), reward_matrix=matrix(acc), reward_names=NAMES, batch=batch(texts),
+           lc_think_end="")
+
+
+def test_lc_valid_thinking_end():
+    from grpolab.rollouts.lc_r1 import lc_valid_thinking_end
+    t = "30 + 12 = 42. so yes: 42.\n"
+    assert t[:lc_valid_thinking_end(t, "42")] == "30 + 12 = 42."  # up to and including the first sentence
+    assert lc_valid_thinking_end("so 142 or 42.5 or 4.42\n", "42") is None  # not a stand-alone answer
+    t = "it is 7\nyes 7"
+    assert t[:lc_valid_thinking_end(t, "7")] == "it is 7"  # a newline ends the sentence (not included)
+    assert lc_valid_thinking_end("so 7", "7") == 4
+    assert lc_valid_thinking_end("no answer here", "7") is None and lc_valid_thinking_end("7", "") is None
 
 
 # ---------------------------------------------------------------- Unlikeliness (000-62)
@@ -253,7 +313,7 @@ def test_countdown_rewards_and_splits():
 
 @pytest.mark.parametrize("name,transform", [
     ("redit", "redit"), ("grpo_lead_full", "lead_length_reward"), ("fgrpr", "fuzzy_numeric"),
-    ("lc_r1", "lc_length_compress"), ("rewarding_unlikely", "unlikeliness"), ("gcpo_geometry", "gcpo_length"),
+    ("lc_r1", "lc_length"), ("rewarding_unlikely", "unlikeliness"), ("gcpo_geometry", "gcpo_length"),
     ("bapo_idk", "bapo_idk")])
 def test_recipes_select_their_transform(name, transform):
     rec = recipe_overrides(name)

@@ -149,14 +149,13 @@ def test_hint_tiers_and_solution_prefix_by_hand():
     assert hint_text(HINTS, 2) == "Hints:\n1. H1 abstract\n2. H2 plan"
     with pytest.raises(ValueError):
         hint_text(HINTS, 4)
-    # "(7 - 3) * 5" has 11 characters: floor(11/4)=2, floor(11/2)=5, floor(33/4)=8
-    assert solution_prefix("(7 - 3) * 5", 0.25) == "(7"
-    assert solution_prefix("(7 - 3) * 5", 0.5) == "(7 - "
+    # GHPO authors: solution_hint[:round(len * f)]. "(7 - 3) * 5" has 11 characters:
+    # round(2.75)=3, round(5.5)=6 (half to even), round(8.25)=8
+    assert solution_prefix("(7 - 3) * 5", 0.25) == "(7 "
+    assert solution_prefix("(7 - 3) * 5", 0.5) == "(7 - 3"
     assert solution_prefix("(7 - 3) * 5", 0.75) == "(7 - 3) "
-    # 4 steps: floor(4/4)=1, 2, 3 lines; 2 steps: max(1, floor(0.5))=1 and never both (min(.., n-1))
-    four = "a=1\nb=2\n\nc=3\nd=4"
-    assert [solution_prefix(four, f) for f in (0.25, 0.5, 0.75)] == ["a=1", "a=1\nb=2", "a=1\nb=2\nc=3"]
-    assert solution_prefix("a\nb", 0.25) == "a" and solution_prefix("a\nb", 0.99) == "a"
+    # characters, not lines (newlines count): round(0.5 * 3) = 2; round(0.25 * 10) = round(2.5) = 2 (half to even)
+    assert solution_prefix("a\nb", 0.5) == "a\n" and solution_prefix("abcdefghij", 0.25) == "ab"
 
 
 def test_registered_and_config_checks(tiny_args):
@@ -267,17 +266,17 @@ def test_scaf_restored_state_makes_the_same_choices():
 
 # --------------------------------------------------------------------------- GHPO
 def test_ghpo_reveals_growing_fractions_within_a_step():
-    # uid 9 succeeds once at least "(7 - " (half of the 11-character solution) is revealed
+    # uid 9 succeeds once at least "(7 - " is revealed (stage 2: round(5.5) = 6 characters)
     ctx = FakeCtx(lambda u, t, k: u == 8 or "(7 - " in t)
     b = run(GHPO(), ctx, [row(8), row(9)], [8, 9])
     revealed = [t.split(SOLUTION_HEADER + "\n")[1] for c in hinted_calls(ctx) for _, t in c]
-    assert revealed == ["(7", "(7 - "]  # stage 1 (1/4) failed, stage 2 (1/2) succeeded; no stage 3
+    assert revealed == ["(7 ", "(7 - 3"]  # stage 1 (1/4) failed, stage 2 (1/2) succeeded; no stage 3
     g = groups(b)
     assert [b.columns["hint_level"][r] for r in g[0]] == [0] * 4  # solvable prompt stays on-policy
     assert [b.columns["hint_level"][r] for r in g[1]] == [2] * 4  # the refined group replaces the plain one
     r = g[1][0]
     assert b.prompt_ids[r][b.prompt_mask[r].bool()].tolist() == encode(
-        f"problem 9\n\n{SOLUTION_HEADER}\n(7 - ")  # GHPO trains on the refined prompt
+        f"problem 9\n\n{SOLUTION_HEADER}\n(7 - 3")  # GHPO trains on the refined prompt
 
 
 def test_ghpo_across_visits_and_restore():

@@ -202,23 +202,49 @@ def test_g2rpo_a_rollout_prefix_guidance(tr):
 
 
 # ------------------------------------------------------------------------- EditGRPO
-def test_edit_point_hand_computed():
-    kept, fix = inj.edit_point("First step. Wrong step. Junk", "First step. Right step. Answer: 5")
-    assert (kept, fix) == ("First step.", " Right step. Answer: 5")
-    assert inj.edit_point("Junk", "Answer: 5") == ("", "Answer: 5")
+def test_edit_sentences_follows_the_authors_operation_priority():
+    # authors (taokz/EditGRPO, process_text_with_server_analysis): per operation try replace (a wrong sentence by
+    # its most similar reference sentence, similarity >= tau), else delete a wrong sentence, else add a missing one
+    ref = "Answer: (7 - 3) * 5"
+    att = "Let me think. Answer: 7 - 3 * 5"
+    # "Answer: 7 - 3 * 5" vs the reference: difflib ratio 2 * 17 / (17 + 19) = .944 >= .6 -> replaced
+    assert inj.sentence_similarity("Answer: 7 - 3 * 5", ref) == pytest.approx(2 * 17 / 36)
+    assert inj.edit_sentences(att, ref, 1, 0.6) == "Let me think. Answer: (7 - 3) * 5"
+    # threshold above every similarity: no replacement, the first wrong sentence is deleted
+    assert inj.edit_sentences(att, ref, 1, 0.99) == " Answer: 7 - 3 * 5"
+    # two operations: replace, then delete the remaining wrong sentence
+    assert inj.edit_sentences(att, ref, 2, 0.6) == " Answer: (7 - 3) * 5"
+    # nothing wrong, something missing: add it
+    assert inj.edit_sentences("Step one.", "Step one. Answer: 5", 1, 0.6) == "Step one. Answer: 5"
+    # a text emptied by the deletion gets a missing sentence (the authors' empty-paragraph fallback)
+    assert inj.edit_sentences("zzz", "Answer: 5", 1, 0.6) == "Answer: 5"
+    assert inj.edit_sentences("Answer: 5", "Answer: 5", 1, 0.6) == "Answer: 5"  # nothing to edit
     assert inj.split_sentences("a. b!\nc") == ["a.", " b!\n", "c"]
 
 
-def test_editgrpo_edits_failed_rows(tr):
+def test_editgrpo_edited_copies_replace_other_rollouts(tr):
     rows, uids = short_rows(tr)
-    b = inj.editgrpo(tr.ctx, rows, uids, 0, editgrpo_success_threshold=1.0, editgrpo_edit_fraction=0.5)
+    b = inj.editgrpo(tr.ctx, rows, uids, 0, editgrpo_edit_fraction=0.5, editgrpo_num_ops=1,
+                     editgrpo_similarity_threshold=0.6)
     edited = injected_rows(b)
-    for g in range(3):  # tiny model: every sampled row fails, so ceil(0.5 * 4) = 2 edited per group
-        assert sum(int(b.group_ids[i]) == g for i in edited) == 2
-    for i in edited:
-        n = int(b.completion_attention_mask[i].sum())
-        assert int(b.completion_ids[i, n - 1]) == tr.tok.eos_token_id  # corrected text ends the row
-        assert tr.ctx.scalar(b.select([i]))[0] == 1.5  # the edited completion is correct
+    for g in range(3):
+        members = (b.group_ids == g).nonzero().squeeze(-1).tolist()
+        mine = [i for i in members if i in edited]
+        assert len(mine) <= 2 and len(members) == 4  # G/2 = 2 targets at most; the group keeps G rows
+        plain = [i for i in members if i not in edited]
+        texts = []
+        for i in plain:
+            n = int(b.completion_attention_mask[i].sum())
+            ids = [t for t in b.completion_ids[i, :n].tolist() if t != tr.tok.eos_token_id]
+            texts.append(tr.tok.decode(ids, skip_special_tokens=True))
+        ref = "Answer: " + rows[g]["solution"]
+        candidates = {inj.edit_sentences(t, ref, 1, 0.6) for t in texts}
+        for i in mine:
+            n = int(b.completion_attention_mask[i].sum())
+            assert int(b.completion_ids[i, n - 1]) == tr.tok.eos_token_id
+            got = tr.tok.decode(b.completion_ids[i, :n - 1].tolist(), skip_special_tokens=True)
+            assert got in candidates  # the edited copy of one of the rollouts kept in the group
+    assert edited  # the tiny model's text is all wrong: every edit changes it
     assert_behaviour_logprobs_exact(tr, b)
 
 

@@ -1,5 +1,6 @@
 """Batch stages and update strategies: CPPO pruning, EFRame, RePO replay, SFPO."""
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -359,16 +360,35 @@ def test_sfpo_alpha_one_equals_k_plus_one_updates(warm):
 
 @pytest.mark.parametrize("warm", [0, 2])
 def test_sfpo_alpha_zero_equals_one_update_from_theta0(warm):
+    # grpolab's option sfpo_reposition_optimizer: the optimiser state is repositioned too
     m1, o1, u1 = linear_setup()
     m2, o2, u2 = linear_setup()
     for _ in range(warm):
         u1(), u2()
-    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.0)(update=u1, batch=None, model=m1, optimizer=o1)
+    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.0, sfpo_reposition_optimizer=True)(update=u1, batch=None, model=m1,
+                                                                             optimizer=o1)
     u2()
     assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
     # the optimiser state was repositioned too: the next updates still agree
     u1(), u2()
     assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+
+
+def test_sfpo_default_keeps_the_fast_trajectorys_optimizer_state():
+    # authors' sfpo_update_actor (Urheen/SFPO): only the trainable weights are repositioned
+    # (slow + step_size * (fast - slow)); Adam's moments and step count stay those after the K fast updates
+    m1, o1, u1 = linear_setup()
+    m2, o2, u2 = linear_setup()
+    theta0 = params_of(m2)
+    SFPO(sfpo_fast_steps=3, sfpo_alpha=0.5)(update=u1, batch=None, model=m1, optimizer=o1)
+    for _ in range(3):  # the reference: 3 fast updates, weights moved half way back by hand, one more update
+        u2()
+    with torch.no_grad():
+        for p, w0 in zip(m2.parameters(), theta0):
+            p.copy_(w0 + 0.5 * (p.detach() - w0))
+    u2()
+    assert all(torch.allclose(a, b, atol=1e-7) for a, b in zip(params_of(m1), params_of(m2)))
+    assert o1.state[next(m1.parameters())]["step"] == 4  # 3 fast + 1 slow, no rewind of the step count
 
 
 def test_sfpo_interpolation_hand_computed_sgd():
@@ -389,17 +409,26 @@ def test_sfpo_interpolation_hand_computed_sgd():
 
 
 def test_sfpo_entropy_switch_and_restore():
-    s = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=2.0)
-    for h in (1.0, 1.1, 0.9, 1.0):  # 4th: window [1.0, 1.1, 0.9], mean 1.0 -> z = 0
+    # authors (Urheen/SFPO ray_trainer.py): window = last zscore_w entropies (newest included),
+    # z = (newest - mean) / (np.std + 1e-9) (population std), stop when z >= zscore_threshold
+    def authors_z(hist, w):
+        win = hist[-w:]
+        m = sum(win) / w
+        sd = math.sqrt(sum((x - m) ** 2 for x in win) / w)
+        return (win[-1] - m) / (sd + 1e-9)
+    hist = [1.0, 1.1, 0.9]
+    s = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=1.0)
+    for h in hist:
         s.observe_entropy(h)
-    assert s.active
-    r = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=2.0)
+    assert authors_z(hist, 3) == pytest.approx(-1.224745, abs=1e-5) and s.active  # a drop never switches off
+    r = SFPO(sfpo_entropy_window=3, sfpo_entropy_z=1.0)
     r.load_state_dict(copy.deepcopy(s.state_dict()))
     for x in (s, r):
-        x.observe_entropy(1.05)  # window [1.1, 0.9, 1.0]: mean 1.0, std 0.1 -> z = 0.5
-        assert x.active
-        x.observe_entropy(5.0)  # window [0.9, 1.0, 1.05]: mean 0.983, std 0.076 -> z ~ 52.7 > 2
-        assert not x.active
+        x.observe_entropy(1.05)  # window [1.1, 0.9, 1.05]: z = .3922
+        assert authors_z(hist + [1.05], 3) == pytest.approx(0.392232, abs=1e-5) and x.active
+        x.observe_entropy(1.2)  # window [0.9, 1.05, 1.2]: z = 1.2247 >= 1
+        assert authors_z(hist + [1.05, 1.2], 3) == pytest.approx(1.224745, abs=1e-5) and not x.active
+    # the former two-sided |z| > 3 rule with the window before the newest value would have stayed on here
     calls = []
     m, o, u = linear_setup()
     s(update=lambda b: calls.append(1) or u(), batch=None, model=m, optimizer=o)
@@ -413,9 +442,76 @@ def test_sfpo_trainer_runs_fast_and_slow_updates(tiny_args):
     assert t.components["update/sfpo"].fn.entropies  # the entropy window is filled (and checkpointed)
 
 
+# ----------------------------------------------------------------------------- DCPO (000-35)
+
+def test_dcpo_mix_hand_computed_from_the_authors_loop():
+    from grpolab.stages.dcpo import dcpo_alpha, dcpo_mix
+    # authors (597358816/DCPO ray_trainer.py, alg == "DCPO"): entropy 0 before the first step, entropy_base .5
+    # -> alpha = min(|.5 - 0|, .1) / true_ratio, alpha = alpha / (alpha + 1); true_ratio = share of scores > .05
+    scores = [1.0, 0.0, 0.04, 0.5]  # 2 of 4 above .05
+    a = min(abs(0.5 - 0.0), 0.1) / 0.5
+    alpha = a / (a + 1)  # 0.2 / 1.2
+    assert dcpo_alpha(0.5, 0.5, 0.1) == pytest.approx(alpha) == pytest.approx(1 / 6)
+    assert dcpo_alpha(-0.03, 0.25, 0.1) == pytest.approx((0.03 / 0.25) / (1 + 0.03 / 0.25))  # |delta| below the cap
+    assert dcpo_alpha(0.2, 0.0, 0.1) == 1.0 and dcpo_alpha(0.0, 0.0, 0.1) == 0.0  # the authors' 0/0 -> NaN case
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0], [0.5, 0.5], [0.2, 0.2]])
+    lp_old = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.5], [0.1, 0.2], [0.9, 0.3]]))
+    lp_t = torch.log(torch.tensor([[0.4, 0.3], [0.45, 0.5], [0.15, 0.2], [0.8, 0.35]]))
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [1.0, 0.0]])
+    correct = torch.tensor([s > 0.05 for s in scores])
+    out = dcpo_mix(adv, correct, lp_t, lp_old, mask, alpha)
+    # advantages = (1 - alpha) A + alpha * bool_reward * exp(old_log_probs_t - old_log_probs)
+    expect = [[(1 - alpha) * 1.0 + alpha * 0.4 / 0.5, (1 - alpha) * 1.0 + alpha * 0.3 / 0.25],
+              [(1 - alpha) * -1.0, (1 - alpha) * -1.0],
+              [(1 - alpha) * 0.5, (1 - alpha) * 0.5],
+              [(1 - alpha) * 0.2 + alpha * 0.8 / 0.9, 0.0]]
+    assert out.tolist() == [pytest.approx(r, abs=1e-6) for r in expect]
+
+
+def test_dcpo_stage_uses_temperature_distributions_and_tracks_entropy():
+    from grpolab.model.loading import build_tiny
+    from grpolab.stages.dcpo import DCPO
+    model, tok = build_tiny(["abc 0123456789"], seed=3)
+    b = make_batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 0, 1, 1], adv=[1.0, -1.0, 1.0, -1.0])
+    b.completion_ids = torch.tensor([[7, 8, 9], [9, 9, 7], [8, 7, 7], [10, 11, 8]])
+    ctx = SimpleNamespace(policy=model.eval(), cfg=SimpleNamespace(shared_prefix_forward=False, micro_batch_size=4,
+                                                                   micro_batch_tokens=0))
+    stage = DCPO()
+    before = b.advantages.clone()
+    out = stage(copy.deepcopy(b), b.scalar_rewards, ctx, step=0)
+    # independent: logits of the prompt + completion, log_softmax(logits / T) at the sampled tokens
+    ids = torch.cat([b.prompt_ids, b.completion_ids], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[:, 1:-1].float()  # positions predicting completion tokens
+    def lp(T):
+        return torch.log_softmax(logits / T, -1).gather(-1, b.completion_ids[..., None]).squeeze(-1)
+    a = min(0.5, 0.1) / 0.5  # first step: H = 0 <= .5 -> T = 1.2; 2 of 4 rows correct
+    alpha = a / (a + 1)
+    rho = torch.exp(lp(1.2) - lp(1.0))
+    expect = (1 - alpha) * before + alpha * torch.tensor([1.0, 0.0, 1.0, 0.0])[:, None] * rho
+    assert torch.allclose(out.advantages, expect, atol=1e-5)
+    assert stage.entropy == pytest.approx(float(-lp(1.0).mean()), abs=1e-5)
+    # a high recorded entropy switches to the colder target T = 0.8
+    stage2 = DCPO()
+    stage2.load_state_dict({"entropy": 9.0})
+    out2 = stage2(copy.deepcopy(b), b.scalar_rewards, ctx, step=1)
+    a2 = min(abs(0.5 - 9.0), 0.1) / 0.5
+    alpha2 = a2 / (a2 + 1)
+    expect2 = (1 - alpha2) * before + alpha2 * torch.tensor([1.0, 0.0, 1.0, 0.0])[:, None] * torch.exp(lp(0.8) - lp(1.0))
+    assert torch.allclose(out2.advantages, expect2, atol=1e-5)
+    assert stage2.state_dict() == {"entropy": pytest.approx(stage.entropy)}
+
+
+def test_dcpo_recipe_trains(tiny_args):
+    from grpolab.recipes import recipe_overrides
+    _, seen = run_trainer(tiny_args, {**recipe_overrides("dcpo")}, steps=2)
+    assert len(seen) == 2 and all(torch.isfinite(b.advantages).all() for b in seen)
+
+
 def test_registries_and_recipes_validate():
     assert {"cppo_prune", "eframe", "repo_replay"} <= set(BATCH_STAGES.names())
     assert "sfpo" in UPDATE_STRATEGIES.names()
     from grpolab.recipes import recipe_overrides
-    for name in ("cppo", "eframe", "repo", "sfpo"):
+    assert "dcpo" in BATCH_STAGES.names()
+    for name in ("cppo", "eframe", "repo", "sfpo", "dcpo"):
         Config.build(recipe_overrides(name))

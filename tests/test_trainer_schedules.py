@@ -89,12 +89,13 @@ def test_dynamic_sampling_keeps_only_groups_with_signal(tiny_args, monkeypatch):
 
     monkeypatch.setattr(t.scorer, "score", score)
     batch, errors, stats = t.collect()
-    # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 refills 2: one kept; round 3 refills 1: kept
-    assert calls == [4, 2, 1]
-    assert len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 3
+    # round 1: groups 0,2 vary (kept), 1,3 constant; round 2 is a whole new batch of 4 (verl gen_batch_size):
+    # groups 1,3 vary, the step has its 4
+    assert calls == [4, 4]
+    assert len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 2
     from grpolab.algorithms import zero_variance_groups
     assert bool(zero_variance_groups(batch.rewards[:, 0], batch.group_ids).all())
-    assert stats["dynamic_sampling/dropped_groups"] == 3 and stats["dynamic_sampling/generated_groups"] == 7
+    assert stats["dynamic_sampling/dropped_groups"] == 4 and stats["dynamic_sampling/generated_groups"] == 8
 
 
 def test_dynamic_sampling_cap_skips_step_without_signal(tiny_args, monkeypatch):
@@ -278,6 +279,28 @@ def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
     assert calls == [12] and len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 1
     ids = torch.unique(batch.group_ids)
     assert (ids[1:] - ids[:-1]).tolist() == [2, 2, 2]  # the first four varying groups (0, 2, 4, 6 of the round)
+
+
+def test_dynamic_sampling_every_round_is_a_whole_generation_batch(tiny_args, monkeypatch):
+    """verl (DAPO's code) generates gen_batch_size prompts in every round, not oversample x the groups still
+    needed: with factor 2 and 4 prompts per step, rounds generate 8 and 8 prompts."""
+    t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 2.0, "steps": 1})
+    calls = []
+    real_score = t.scorer.score
+
+    def score(batch):  # one group in three varies
+        errors = real_score(batch)
+        for j, g in enumerate(torch.unique(batch.group_ids)):
+            rows = batch.group_ids == g
+            batch.rewards[rows, 0] = torch.arange(int(rows.sum()), dtype=torch.float32) if j % 3 == 0 else 1.0
+        calls.append(len(torch.unique(batch.group_ids)))
+        return errors
+
+    monkeypatch.setattr(t.scorer, "score", score)
+    batch, _, stats = t.collect()
+    assert calls == [8, 8]  # round 1 keeps 3 (groups 0, 3, 6), round 2 is again a whole batch of 8
+    assert len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 2
+    assert stats["dynamic_sampling/generated_groups"] == 16
 
 
 def test_dapo_recipe_trains_end_to_end(tiny_args):

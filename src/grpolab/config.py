@@ -58,12 +58,13 @@ class Config:
     dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop zero-variance groups and generate more "
                                        "prompts until prompts_per_step groups are kept")
     dynamic_sampling_max_rounds: int = _f(4, "generation rounds per step before dynamic sampling gives up "
-                                             "and trains on the groups it has (with a warning)")
+                                             "and trains on the groups it has (with a warning; verl "
+                                             "max_num_gen_batches, where it is an error)")
     dynamic_sampling_metric: str = _f("accuracy", "quantity whose constant groups dynamic sampling drops: "
                                                   "'accuracy' (the task's accuracy reward column, as DAPO / verl "
                                                   "filter_groups.metric=acc), 'reward' (the combined reward after "
                                                   "transforms such as overlong_penalty) or a reward function name")
-    dynamic_sampling_oversample: float = _f(1.0, "dynamic sampling generates ceil(factor x groups still needed) "
+    dynamic_sampling_oversample: float = _f(1.0, "dynamic sampling generates ceil(factor x prompts_per_step) "
                                                  "prompts per round and keeps the first groups with signal "
                                                  "(verl gen_batch_size / train_batch_size; 1 = no over-sampling)")
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "

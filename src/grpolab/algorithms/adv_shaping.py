@@ -23,6 +23,7 @@ from typing import Callable
 
 import torch
 
+from ..batch import SAMPLED
 from ..errors import warn_fallback
 from ..registry import ANSWER_KEYS
 from .losses import per_token
@@ -132,24 +133,44 @@ def resolve_answer_key(spec: str) -> Callable[[str], object]:
     return fn
 
 
-def semantic_entropy(keys: list, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def semantic_entropy(keys: list, group_ids: torch.Tensor,
+                     loglik: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row ``(SE, SE_max)`` of the row's group, clustering rows with equal keys.
 
-    ``p(C_k) = |C_k| / n`` (n = rows of the group), ``SE = -(1/K) sum_k log p(C_k)``
-    over the K clusters (the Monte-Carlo estimator SEED-GRPO uses), ``SE_max = log n``.
+    ``SE = -(1/K) sum_k log p(C_k)`` over the group's K clusters (the Monte-Carlo
+    estimator SEED-GRPO uses), ``SE_max = log n`` (n rows: every row its own
+    cluster, each with probability 1/n). With ``loglik`` ``[R]`` (each row's
+    sequence log-likelihood) ``p(C_k) = sum_{i in C_k} exp(loglik_i) /
+    sum_{j in group} exp(loglik_j)``, the cluster's share of the sampled
+    completions' probability mass; without it ``p(C_k) = |C_k| / n`` (the
+    frequency, which is the mass when every completion is equally likely).
     """
     inv, n_groups = _group_index(group_ids)
     se = torch.zeros(n_groups, dtype=torch.float64)
     se_max = torch.zeros(n_groups, dtype=torch.float64)
+    ll = None if loglik is None else loglik.double()
     for g in range(n_groups):
         rows = (inv == g).nonzero().flatten().tolist()
         n = len(rows)
-        counts: dict = {}
+        members: dict = {}
         for r in rows:
-            counts[keys[r]] = counts.get(keys[r], 0) + 1
-        se[g] = -sum(math.log(c / n) for c in counts.values()) / len(counts)
+            members.setdefault(keys[r], []).append(r)
+        if ll is None:
+            logp = [math.log(len(m) / n) for m in members.values()]
+        else:
+            total = torch.logsumexp(ll[rows], 0)
+            logp = [float(torch.logsumexp(ll[m], 0) - total) for m in members.values()]
+        se[g] = -sum(logp) / len(logp)
         se_max[g] = math.log(n) if n > 1 else 0.0
     return se[inv], se_max[inv]
+
+
+def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
+    """``[R]`` log pi_old(o_i | q) from the batch's behaviour log-probs: the sum over the row's sampled tokens
+    (``token_origin == SAMPLED``, attended to), or their mean with ``length_normalize`` (0 for a row with none)."""
+    sampled = (batch.completion_attention_mask > 0) & (batch.token_origin == SAMPLED)
+    lp = (batch.behavior_logprobs.double() * sampled).sum(-1)
+    return lp / sampled.sum(-1).clamp(min=1) if length_normalize else lp
 
 
 @WEIGHTINGS.register("seed_semantic_entropy")
@@ -159,37 +180,71 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
                                                     '(exponential)', ['linear', 'exponential']),
                           seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
                                                         "completions: 'last_number', 'final_line', 'exact' or "
-                                                        "'module:function' (text -> key)")) -> torch.Tensor:
+                                                        "'module:function' (text -> key)"),
+                          seed_cluster_probability: str = param(
+                              'mass', "SEED-GRPO: p(C_k) = the cluster's share of the sampled completions' "
+                              "probability pi_old(o|q) ('mass', the paper's), the same with per-token "
+                              "(length-normalised) probabilities ('token_mass'), or its frequency |C_k|/G "
+                              "('frequency')", ['mass', 'token_mass', 'frequency'])) -> torch.Tensor:
     """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
 
-    ``A'_i = A_i * f(alpha * SE(q) / SE_max(q))`` with ``f(x) = 1 - x`` (linear)
-    or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)`` over the
-    K answer clusters of the prompt's group and ``SE_max = log G``. A group whose
+    ``A'_i = A_i * f(alpha * min(SE(q) / SE_max(q), 1))`` with ``f(x) = 1 - x``
+    (linear) or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
+    over the K answer clusters of the prompt's group, ``SE_max = log G``, and
+    the cluster probability from the completions' likelihoods under the
+    behaviour (old) policy::
+
+        p(C_k | q) = sum_{i in C_k} pi_old(o_i | q) / sum_{j=1..G} pi_old(o_j | q)
+
+    with ``pi_old(o | q) = exp(sum_t log pi_old(o_t | q, o_<t))`` from
+    ``batch.behavior_logprobs`` (sampled tokens only). A group whose
     completions all give one answer keeps its advantages; a group where every
-    answer differs is damped most.
+    answer differs is damped most. ``seed_cluster_probability``: ``mass``
+    (above), ``token_mass`` (``pi_old`` replaced by the per-token geometric
+    mean ``exp(mean_t log pi_old)``, the length normalisation commonly used
+    for semantic entropy, so that one short completion does not carry all
+    the mass), ``frequency`` (``|C_k| / G``: the mass when every completion
+    is equally likely; it is not the paper's quantity and not an unbiased
+    estimate of it).
 
-    Choices: completions are clustered by an *answer key* of the completion
-    text (``batch.columns['completion']``): ``seed_equivalence`` names a
-    registered key (``last_number``: the last number, else the stripped final
-    line; ``final_line``; ``exact``) or ``module:function`` mapping text to a
-    hashable key; equal keys = one cluster. The paper weighs clusters by the
-    old policy's sequence probability; we use the empirical frequency
-    ``|C_k|/G`` (sequence probabilities of different lengths are not
-    comparable, and the MC estimator over G samples is the same in
-    expectation). ``alpha = 0.5`` is our default (``alpha = 1`` with the linear
-    f zeroes fully uncertain groups). The paper's third f ("focal") is not
-    implemented. A group of one row has ``SE_max = 0`` and keeps its advantages.
+    Clusters are equal *answer keys* of the completion text
+    (``batch.columns['completion']``): ``seed_equivalence`` names a registered
+    key (``last_number``: the last number, else the stripped final line;
+    ``final_line``; ``exact``) or ``module:function`` mapping text to a
+    hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
+    linear f zeroes fully uncertain groups). The paper's third f ("focal") is
+    not implemented. A group of one row has ``SE_max = 0`` and keeps its
+    advantages.
 
-    Provenance: reconstructed from the abstract — clusters by an answer key of the completion text, cluster
-    probability by empirical frequency (the paper weighs by sequence probability), alpha = 0.5; being revised by
-    a parallel change.
+    Provenance: paper equations — SEED-GRPO: Semantic Entropy Enhanced GRPO
+    for Uncertainty-Aware Policy Optimization (arXiv:2505.12346v1), Sec. 3, the
+    semantic entropy ``SE(q) ~= -(1/K) sum_k log p(C_k|q)`` with ``p(C_k|q) =
+    sum_{o_i in C_k} pi_old(o_i|q)`` and ``A'_i = A_i f(alpha SE(q)/SE_max(q))``,
+    read from summaries of the method section (equation numbers not checked,
+    the full text was not available here); the authors' repository
+    github.com/Dreamer312/SEED-GRPO holds only the paper and a README ("we
+    will release our code"), so there is no code to match. Choices: the cluster
+    masses are normalised over the G sampled completions (the paper's
+    unnormalised sum of sequence probabilities makes ``-log p`` grow with
+    length, so even a single-answer group would be damped); ``SE / SE_max`` is
+    clipped at 1 (``SE_max`` is the paper's maximum; with masses a rare
+    cluster can push the estimate above ``log G``), so f stays in ``[1 -
+    alpha, 1]``; answer-key clustering stands in for the paper's semantic
+    equivalence check.
     """
     key = resolve_answer_key(seed_equivalence)
     if "completion" not in batch.columns:
         raise ValueError("seed_semantic_entropy needs batch.columns['completion'] (the completion texts)")
     keys = [key(completion_text(c)) for c in batch.columns["completion"]]
-    se, se_max = semantic_entropy(keys, group_ids)
-    x = seed_alpha * torch.where(se_max > 0, se / se_max.clamp(min=1e-12), torch.zeros_like(se))
+    if seed_cluster_probability == "frequency":
+        loglik = None
+    elif seed_cluster_probability in ("mass", "token_mass"):
+        loglik = sequence_loglik(batch, length_normalize=seed_cluster_probability == "token_mass")
+    else:
+        raise ValueError(f"seed_cluster_probability: '{seed_cluster_probability}' is not valid; valid values: "
+                         "mass, token_mass, frequency")
+    se, se_max = semantic_entropy(keys, group_ids, loglik)
+    x = seed_alpha * torch.where(se_max > 0, (se / se_max.clamp(min=1e-12)).clamp(max=1.0), torch.zeros_like(se))
     if seed_scaling == "linear":
         f = 1.0 - x
     elif seed_scaling == "exponential":
@@ -428,12 +483,18 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     completions' advantages, the step's Monte-Carlo process reward); ``lambda = 0``
     is GRPO. Output ``[R, T]``.
 
-    Choices: the seed gives the frequency-normalisation idea; the 1/k token
-    scaling follows the authors' project page, and the exponent ``lambda``
-    (interpolating to GRPO) is our parameterisation.
-
-    Provenance: reconstructed from the abstract — the 1/k token scaling of the authors' project page,
-    generalised to k^(-lambda) by grpolab (lambda = 0 is GRPO).
+    Provenance: authors' code — https://github.com/coli-saar/grpo-prm,
+    lambda_grpo/utils.py (InfPRMTree.loss_scales: a prefix tree over the
+    group's trajectories, every token of a node scaled by 1 / the number of
+    trajectories through it, identical trajectories sharing one leaf) and
+    lambda_grpo/trainer.py (LambdaGRPOTrainer._step: the clipped surrogate
+    times the scale, summed per sequence over its token count, mean over
+    sequences = ``seq_mean_token_mean``; defaults in train_utils.py: group 6,
+    beta 0, loss_type grpo, scaling on). ``lambda = 1`` is the authors'
+    method and ``lambda = 0`` their ``--no_loss_scale``; other exponents are
+    grpolab's interpolation. Known difference: with ``beta > 0`` the authors
+    also scale the KL term per token; here the weight scales the advantage
+    only (the recipe, like the authors' default, has beta 0).
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
@@ -444,164 +505,226 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
 
 
 @WEIGHTINGS.register("tw_token_weight")
-def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                    completion_mask: torch.Tensor, *,
-                    tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
-                                            "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses 1.7)")) -> torch.Tensor:
+def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, token_group_divergence: torch.Tensor,
+                    *, tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
+                                               "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses "
+                                               '1.7)')) -> torch.Tensor:
     """TW-GRPO token weights from intra-group divergence (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
 
-    Source: the authors' code, https://github.com/longmalongma/TW-GRPO,
-    ``src/open_r1/trainer/grpo_trainer.py``, ``compute_token_importance_kl_logs_uniform``
-    (``loss_type tw_grpo``; ``scripts/tw-grpo.sh`` uses ``--alpha 1.70``, ``--beta 0``).
-    There, per group g and position t, with ``lp_i`` row i's full-vocabulary
-    log-probs and ``m = mean_i lp_i`` (mean in log space over the group's G rows)::
+    Per group g (its ``G`` rows) and completion position ``t < T_g`` (``T_g`` =
+    the group's longest completion), with ``lp_i,t`` row i's full next-token
+    log-probability vector (a row that has ended before t takes the uniform
+    distribution ``-log V``) and ``m_t = mean_i lp_i,t`` (mean in log space)::
 
-        s_t   = mean_i sum_v k3(m_v - lp_i,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
-        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)     (min-max over positions)
-        w_t   = 1 + (alpha - 1) * n_t                                        (weights in [1, alpha])
+        D_i,t = sum_v k3(m_t,v - lp_i,t,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
+        s_t   = mean_i D_i,t                                            (all G rows)
+        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)  (over t' < T_g)
+        w_t   = 1 + (alpha - 1) * n_t                                     (in [1, alpha])
 
-    and the per-token loss is multiplied by ``w_t`` (same weight for every row
-    of the group). Positions where the group's distributions agree (generic
-    prefixes) get weight 1; the most divergent position gets ``alpha``.
-
-    grpolab adaptation (the weighting stage sees only ``behavior_logprobs``,
-    the sampled token's log-prob, not the full distribution): the sum over the
-    vocabulary is reduced to each row's own sampled token, ``x_it``::
-
-        s_t = mean_{i alive at t} k3(m_t - x_it),   m_t = mean_{i alive at t} x_it
-
-    The min-max map to ``[1, alpha]`` is the authors'. Choices: the authors pad
-    dead positions with a uniform distribution and let them take part; here
-    only rows alive at t enter ``s_t``, positions with fewer than two alive rows
-    get weight 1 and are left out of the min/max; a group whose scores are all
-    equal gets weight 1 everywhere. Since grpolab weights the advantage (not
-    the whole per-token loss), the KL term is not weighted; the authors run
-    with ``beta = 0``, where the two coincide. ``alpha = 1`` gives GRPO;
-    ``tw_alpha`` must be >= 1. Output ``[R, T]``. The soft multi-choice reward
-    and Q/A inversion are task-side, not here.
+    and every row's advantage at t is multiplied by ``w_t``. Positions where
+    the group's next-token distributions agree get weight 1 — whatever tokens
+    were sampled there — and the most divergent position gets ``alpha``.
+    ``D`` is the input ``token_group_divergence`` ``[R, T]``, which the trainer
+    computes from the policy's full distributions when a selected component
+    asks for it (:func:`grpolab.model.logprobs.group_token_divergence`: a
+    no-grad forward of the batch at the start of the step, reduced to ``D``
+    position-chunk by position-chunk, never a stored ``[R, T, V]``).
+    ``tw_alpha`` must be >= 1; 1 gives GRPO. Output ``[R, T]``.
 
     Provenance: authors' code — https://github.com/longmalongma/TW-GRPO, src/open_r1/trainer/grpo_trainer.py
-    (compute_token_importance_kl_logs_uniform); known difference: grpolab scores a position from the sampled
-    tokens' log-probs, not the full distributions (being fixed by a parallel change).
+    (compute_token_importance_kl_logs_uniform); matches the weights of
+    ``loss_type tw_grpo`` (scripts/tw-grpo.sh: alpha 1.70, beta 0): full
+    distributions of the current policy (their ``per_logps`` of the training
+    forward, one update per generation batch), uniform padding of ended rows,
+    mean over all G rows, min-max over the group's positions (their ``T`` is
+    the padded width of a one-prompt device batch: the group's longest
+    completion, as here). Known differences: their weights multiply the whole
+    per-token loss (KL included; beta = 0 in their script, where the two
+    coincide) and keep the gradient of ``per_logps`` (not detached), so their
+    gradient has an extra term ``-(1/N) sum_t (sum_{i alive at t} A_i) grad w_t``,
+    zero at positions where all rows of the group are alive (z-scored A sums to
+    0); grpolab's weights are constants (no_grad) computed once per step, so
+    with ``num_iterations > 1`` later passes keep the first pass's weights
+    (their trainer has one pass). The soft multi-choice reward and Q/A
+    inversion are task-side, not here.
     """
     if tw_alpha < 1.0:
         raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
     inv, n_groups = _group_index(group_ids)
-    alive = (completion_mask > 0).double()
-    lp = behavior_logprobs.double() * alive
-    w = torch.ones_like(lp)
+    alive = batch.completion_attention_mask > 0
+    D = token_group_divergence.to(torch.float64)
+    w = torch.ones_like(D)
     for g in range(n_groups):
-        rows = inv == g
-        a, x = alive[rows], lp[rows]
-        n = a.sum(0)
-        mean = x.sum(0) / n.clamp(min=1)
-        d = (mean[None, :] - x).clamp(-11.0, 11.0)
-        score = ((torch.exp(d) - d - 1) * a).sum(0) / n.clamp(min=1)
-        defined = n >= 2
-        if not bool(defined.any()):
+        rows = (inv == g).nonzero().squeeze(-1)
+        Tg = int(alive[rows].sum(-1).max())
+        if Tg == 0:
             continue
-        lo, hi = score[defined].min(), score[defined].max()
-        norm = (score - lo) / (hi - lo + 1e-8)
-        wg = torch.where(defined, 1.0 + (tw_alpha - 1.0) * norm, torch.ones_like(score))
-        w[rows] = wg[None, :].expand(int(rows.sum()), -1)
-    w = (w * alive).to(advantages.dtype)
+        s = D[rows, :Tg].mean(0)
+        norm = (s - s.min()) / (s.max() - s.min() + 1e-8)
+        w[rows, :Tg] = (1.0 + (tw_alpha - 1.0) * norm)[None, :]
+    w = w.to(advantages.dtype)
     return per_token(advantages, w) * w
+
+
+# ----------------------------------------------------------------- LC-R1
+
+
+@WEIGHTINGS.register("lc_compress_bonus")
+def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
+                      lc_compress_weight: float = param(1.0, "LC-R1: weight of the compress reward added to the "
+                                                        "advantage at the end-of-thinking token (the authors' "
+                                                        "add_adv, 1)")) -> torch.Tensor:
+    """LC-R1 compress reward, a token-level advantage term (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+
+    ``A_i,t = A_i + w * c_i * [t = p_i]``: the row's compress reward
+    ``c_i = 1 - |R'|/(|R| + 1e-4)`` (``-1`` when the answer is not in the
+    reasoning; 0 for wrong rows) is added, unnormalised, to the advantage of
+    the one token ``p_i`` where the reasoning ends (the end-of-thinking marker
+    of the cropped sequence), after the group baseline. ``c`` and ``p`` are the
+    columns ``lc_compress`` and ``lc_think_end`` written by the ``lc_r1``
+    rollout strategy (an error names it when they are missing). Output ``[R, T]``.
+
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches ``advantages = torch.where(inf_mask,
+    advantages + self.add_adv * length_compress_ratio, advantages)`` with
+    ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows, after
+    the group mean is subtracted.
+    """
+    cols = batch.columns
+    missing = [c for c in ("lc_compress", "lc_think_end") if c not in cols]
+    if missing:
+        raise ValueError(f"lc_compress_bonus needs the batch columns {missing}, written by rollout_strategy: lc_r1 "
+                         f"(the valid-thinking crop); select it (recipe lc_r1)")
+    adv = per_token(advantages, completion_mask).clone()
+    T = adv.shape[1]
+    for i, (c, p) in enumerate(zip(cols["lc_compress"], cols["lc_think_end"])):
+        if c != 0 and 0 <= p < T:
+            adv[i, p] = adv[i, p] + lc_compress_weight * c
+    return adv
 
 
 # -------------------------------------------------------------- TempSamp-R1
 
 
-def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, alpha_pos: float, alpha_neg: float) -> torch.Tensor:
-    """``r >= tau: tau + log(1 + alpha_pos (r - tau)) / alpha_pos`` (compress);
-    ``r < tau: tau - (exp(alpha_neg (tau - r)) - 1) / alpha_neg`` (expand). Slope 1 at tau."""
-    if alpha_pos <= 0 or alpha_neg <= 0:
-        raise ValueError(f"tempsamp_alpha_pos/neg: must be > 0, got {alpha_pos}, {alpha_neg}")
+def asymmetric_soft_reward(rewards: torch.Tensor, tau: float, log_scale: float, alpha: float) -> torch.Tensor:
+    """TempSamp-R1 reward shaping, as ``transform_rewards`` in the public TempSamp-R1 code:
+
+    ``r >= tau: tau + log_scale * log(1 + (r - tau))``            (compress to a near-flat plateau)
+    ``r <  tau: tau - (exp(alpha (tau - r)) - 1) / (exp(alpha) - 1)``  (exponential penalty ramp)
+    """
+    if alpha <= 0:
+        raise ValueError(f"tempsamp_alpha: must be > 0 (the ramp divides by exp(alpha) - 1), got {alpha}")
+    if log_scale < 0:
+        raise ValueError(f"tempsamp_log_scale: must be >= 0, got {log_scale}")
     d = rewards - tau
-    up = tau + torch.log1p(alpha_pos * d.clamp(min=0)) / alpha_pos
-    down = tau - torch.expm1(alpha_neg * (-d).clamp(min=0)) / alpha_neg
+    up = tau + log_scale * torch.log1p(d.clamp(min=0))
+    down = tau - torch.expm1(alpha * (-d).clamp(min=0)) / math.expm1(alpha)
     return torch.where(d >= 0, up, down)
 
 
 @ADVANTAGES.register("tempsamp_soft_advantage")
 def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
-                            tempsamp_tau: float = param(0.5, 'TempSamp-R1: reward pivot of the asymmetric transform'),
-                            tempsamp_alpha_pos: float = param(1.0, 'TempSamp-R1: log-compression strength above the '
-                                                              'pivot'),
-                            tempsamp_alpha_neg: float = param(1.0, 'TempSamp-R1: exp-expansion strength below the '
-                                                              'pivot')) -> torch.Tensor:
+                            tempsamp_tau: float = param(0.8, 'TempSamp-R1: success threshold (pivot) of the reward '
+                                                        'shaping (authors\' code: 0.8 on IoU)'),
+                            tempsamp_log_scale: float = param(0.01, 'TempSamp-R1: coefficient of log(1 + r - tau) '
+                                                              'above the pivot (authors\' code: 0.01)'),
+                            tempsamp_alpha: float = param(1.0, 'TempSamp-R1: steepness of the exponential ramp below '
+                                                          'the pivot (authors\' code: 1.0)')) -> torch.Tensor:
     """TempSamp-R1 non-linear soft advantage (Li et al., 2025, arXiv:2509.18056, seed 000-112).
 
-    ``A_i = zscore_g(phi(r)_i)`` with the asymmetric transform ``phi``
-    (:func:`asymmetric_soft_reward`): rewards above the pivot ``tau`` are
-    log-compressed, so a near-perfect (e.g. injected ground-truth) completion
-    does not dominate the group and squash the others' advantages; rewards
-    below ``tau`` are exp-expanded, so differences among poor completions
-    still count. ``phi`` is monotone with slope 1 at ``tau``.
+    ``A_i = zscore_g(phi(r)_i)`` with the reward shaping ``phi``
+    (:func:`asymmetric_soft_reward`)::
 
-    Choices: the abstract only says "non-linear soft advantage ... asymmetric
-    transformation"; the log/exp pair around a pivot is our reading. The
-    published equation was NOT found: searched the stored text of
-    arXiv:2509.18056 (html v2: abstract and introduction only), the
-    papernotes.org NeurIPS-2025 summary, sciencestack/hyper.ai abstract pages,
-    and GitHub code (HVision-NKU/TempSamp-R1 is not in the searched index; the
-    re-implementation ZhangZikun6666/TempSamp-R1 ``verl/trainer/core_algos.py``
-    uses plain GRPO z-scores with the ground-truth row in the group and no
-    soft transform). Check against the paper's method section before relying
-    on the exact shape. The off-policy ground-truth
-    injection and hybrid CoT training are rollout/data features, not part of
-    this component.
+        phi(r) = tau + 0.01 * log(1 + (r - tau))                     r >= tau
+        phi(r) = tau - (exp(alpha (tau - r)) - 1) / (exp(alpha) - 1)  r <  tau
 
-    Provenance: reconstructed from the abstract — a log/exp pair around a pivot tau as the asymmetric soft
-    transform, then group_zscore; the published equation and the authors' code were not found.
+    with ``tau = 0.8`` and ``alpha = 1``: rewards at or above the success
+    threshold are squashed onto a near-flat plateau (r = 1 -> 0.8018), so a
+    near-perfect (e.g. injected ground-truth) completion does not dominate the
+    group; below it the penalty ramps exponentially (r = 0 -> 0.0867), so the
+    group advantage sharpens around the threshold. ``phi`` is monotone and
+    continuous at ``tau``.
+
+    Provenance: authors' code — https://github.com/ZhangZikun6666/TempSamp-R1,
+    scripts/timelens/timelens_reward.py (transform_rewards; defaults
+    GTPO_REWARD_SHAPING_THRESHOLD 0.8, GTPO_REWARD_SHAPING_ALPHA 1.0, the 0.01
+    plateau factor hard-coded) and verl/trainer/core_algos.py
+    (compute_grpo_outcome_advantage: sample std, eps 1e-6 where grpolab uses
+    ``advantage_epsilon``). This repository's README credits the paper's
+    authors (Li, Cheng, Jia, Kuang, Jiao, Hou, Cheng) and calls itself "an
+    open-source implementation of TempSamp-R1"; it is not the HVision-NKU
+    repository named in the paper, which is not in the searched store, so it
+    is the closest public code, not certainly the paper's own. Known
+    differences: the code shapes only the IoU term and adds a 0.1-weighted
+    format reward afterwards; here ``phi`` is applied to the task's scalar
+    reward. The code's ground-truth injection (one rollout per group replaced
+    by the ground-truth answer, ``_inject_gt_rollout_in_gen_output``) is a
+    rollout feature that this advantage component does not include.
     """
-    shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_alpha_pos, tempsamp_alpha_neg)
+    shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_log_scale, tempsamp_alpha)
     return group_zscore(shaped, group_ids, advantage_epsilon=advantage_epsilon)
 
 
 # --------------------------------------------------------------------- AAPO
 
 
+AAPO_REF_COLUMN = param('ref_reward', "AAPO: batch column with the reward of each row's reference-model "
+                        "completion (written by rollout_strategy aapo_reference)")
+
+
 @ADVANTAGES.register("aapo_momentum")
 class AAPOMomentum:
     """AAPO advantage momentum / margin (Xiong et al., 2025, arXiv:2505.14264, seed 000-48).
 
-    Source: the authors' code, https://github.com/JianxXiong/AAPO,
-    ``open-rs/trainer/AAPOTrainer.py`` (same in ``open-r1/``). For every policy
-    completion ``o_i`` the trainer also samples one completion ``o^ref_i`` of
-    the same prompt from the frozen reference model and scores it, then::
+    ``A_i = (r_i - mean_g r) / (std_g r + 1e-4) + eta * clip(r_i - r^ref_i, -clip_low, clip_high)``
 
-        A_i = (r_i - mean_g r) / (std_g r + 1e-4) + clip(r_i - r^ref_i, -0.2, 0.28)
+    ``r^ref_i`` is the reward of a completion of the same prompt sampled from
+    the frozen reference model (the initial policy), scored with the same
+    reward functions; ``std_g`` is Bessel-corrected; ``eta = 1`` and the bounds
+    ``0.2 / 0.28`` are the authors'. The policy is trained with the plain
+    cross-entropy loss ``-A_i log pi(o_i)`` averaged over all tokens of the
+    batch (no ratio, no clip: ``policy_loss: policy_gradient`` with
+    ``loss_aggregation: token_mean``). The "momentum" (renamed "advantage
+    margin" in the latest arXiv version) is the reward gap to the reference
+    model: when the group advantage vanishes (all rewards equal) it still says
+    whether the policy beats the reference.
 
-    (paired by index within the group), optimised with the plain cross-entropy
-    loss ``-A_i log pi(o_i)`` averaged over all tokens (no ratio, no clip: use
-    ``policy_loss: policy_gradient`` with ``loss_aggregation: token_mean``).
-    The "momentum" (renamed "advantage margin" in the latest arXiv version) is
-    the reward gap to the reference model: when the group advantage vanishes
-    (all rewards equal) it still says whether the policy beats the reference.
+    ``aapo_baseline`` chooses ``r^ref``:
 
-    Here ``A_i = zscore_g(r)_i + eta * clip(r_i - b_i, -clip_low, clip_high)``:
+    * ``reference`` (default, the authors'): the batch column
+      ``aapo_ref_column`` (default ``ref_reward``), which the rollout strategy
+      ``aapo_reference`` writes (``rollouts/reference.py``). A run without that
+      column stops with an error naming the fix; a None/NaN entry (an
+      unscorable reference completion) gives margin 0.
+    * ``ema`` (grpolab's stand-in, not the paper's): ``r^ref_i = m(x_i)``, an
+      exponential moving average of prompt x's group-mean reward over its
+      previous visits (``m <- mu m + (1 - mu) mean_g r``, ``mu =
+      aapo_momentum``; margin 0 on a first visit; checkpointed). Once it
+      settles the margin of an all-correct or all-wrong group is 0, where
+      AAPO's is not.
 
-    * ``b_i`` = the reference reward of row i from the batch column
-      ``aapo_ref_column`` (default ``ref_reward``) when the rollout provides it
-      (the published form; a missing/None entry gives term 0).
-    * grpolab's plain rollout does not sample from the reference model, so
-      without that column ``b_i`` falls back to ``m(x_i)``, an exponential
-      moving average of prompt x's group-mean reward over its previous visits
-      (``m <- mu m + (1 - mu) mean_g r``; term 0 on a first visit; ``mu = 1``
-      freezes ``m`` at the first visit, the closest stand-in for a fixed
-      reference). This fallback is grpolab's choice, not the paper's.
+    Unscorable rows get A = 0.
 
-    ``eta = 1`` and clip bounds ``0.2 / 0.28`` are the authors' values.
-    Unscorable rows get A = 0 and do not enter the EMA.
-
-    Provenance: authors' code — https://github.com/JianxXiong/AAPO, open-rs/trainer/AAPOTrainer.py; the margin
-    term matches when the rollout supplies the reference reward column, without it grpolab's per-prompt EMA
-    stands in (grpolab's choice, being replaced by a reference rollout on branch fid-aapo).
+    Provenance: authors' code — https://github.com/JianxXiong/AAPO,
+    open-r1/trainer/AAPOTrainer.py (AAPOTrainer._generate_and_score_completions
+    and compute_loss, the same formula in open-rs/trainer/AAPOTrainer.py);
+    matches: the z-score with torch's Bessel std and 1e-4, ``advantage_constrain
+    = rewards - ref_rewards`` paired by index (one reference completion per
+    policy completion, ``ref_model.generate`` on the prompt repeated G times
+    with the same generation config), clamp(-0.2, 0.28), the loss ``-logp * A``
+    over ``completion_mask.sum()``. Known differences: the authors' rewards are
+    a NaN-skipping weighted sum where an all-unscorable row scores 0 (here NaN,
+    so A = 0 and margin 0); open-rs slices the reference *prompt* tokens
+    (``prompt_ref_completion_ids[:, :prompt_length]``), a bug that open-r1
+    fixes (``[:, prompt_length:]``) and grpolab follows open-r1; the open-rs
+    vLLM branch (unused, their configs set ``use_vllm: false``) samples the
+    "reference" completions from the current policy's vLLM server. The EMA
+    baseline is grpolab's, not the authors'.
     """
 
     def __init__(self, *,
-                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (fallback "
-                                              'baseline when no reference-reward column; 1 = frozen at first visit)')):
+                 aapo_momentum: float = param(0.9, "AAPO: EMA momentum of each prompt's mean reward (only with "
+                                              'aapo_baseline: ema; 1 = frozen at the first visit)')):
         if not 0.0 <= aapo_momentum <= 1.0:
             raise ValueError(f"aapo_momentum: must be in [0, 1], got {aapo_momentum}")
         self.mu = aapo_momentum
@@ -609,35 +732,45 @@ class AAPOMomentum:
 
     def __call__(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor, batch=None, *,
                  advantage_epsilon: float = 1e-4,
+                 aapo_baseline: str = param('reference', "AAPO: r_ref from the reference model's completions "
+                                            "('reference', the authors'; needs rollout_strategy aapo_reference) or "
+                                            "a per-prompt EMA of past group-mean rewards ('ema', grpolab's "
+                                            'stand-in)', ['reference', 'ema']),
                  aapo_eta: float = param(1.0, 'AAPO: weight of the clipped margin term clip(r - r_ref)'),
                  aapo_clip_low: float = param(0.2, 'AAPO: margin r - r_ref is clipped below at -clip_low (authors: '
                                               '0.2)'),
                  aapo_clip_high: float = param(0.28, 'AAPO: margin r - r_ref is clipped above at clip_high (authors: '
                                                '0.28)'),
-                 aapo_ref_column: str = param('ref_reward', "AAPO: batch column with the reference model's reward "
-                                              'per row (missing = per-prompt EMA fallback)')) -> torch.Tensor:
+                 aapo_ref_column: str = AAPO_REF_COLUMN) -> torch.Tensor:
         if aapo_clip_low < 0 or aapo_clip_high < 0:
             raise ValueError(f"aapo_clip_low/high: must be >= 0, got {aapo_clip_low}, {aapo_clip_high}")
         adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon).double()
-        mean, _, _ = group_stats(rewards.double(), group_ids)
-        uids = prompt_uids.tolist()
-        col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
-        if col is not None:
+        if aapo_baseline == "reference":
+            col = None if batch is None else getattr(batch, "columns", {}).get(aapo_ref_column)
+            if col is None:
+                raise ValueError(f"aapo_momentum: the batch has no column '{aapo_ref_column}' (the reward of each "
+                                 "row's reference-model completion, AAPO's r_ref); select rollout_strategy: "
+                                 "aapo_reference (the aapo recipe does), or set aapo_baseline: ema for grpolab's "
+                                 "per-prompt EMA stand-in")
             base = torch.tensor([float("nan") if v is None else float(v) for v in col], dtype=torch.float64)
+        elif aapo_baseline == "ema":
+            base = torch.tensor([self.ema.get(u, float("nan")) for u in prompt_uids.tolist()], dtype=torch.float64)
+            self._update_ema(rewards, group_ids, prompt_uids)
         else:
-            warn_fallback("aapo_momentum", f"the reference-model reward column '{aapo_ref_column}'",
-                          "a per-prompt EMA of past group means as r_ref")
-            base = torch.tensor([self.ema.get(u, float("nan")) for u in uids], dtype=torch.float64)
+            raise ValueError(f"aapo_baseline: '{aapo_baseline}' is not valid; valid values: reference, ema")
         margin = torch.nan_to_num(rewards.double() - base, nan=0.0).clamp(-aapo_clip_low, aapo_clip_high)
-        out = adv + aapo_eta * margin
+        return (adv + aapo_eta * margin).to(rewards.dtype)
+
+    def _update_ema(self, rewards: torch.Tensor, group_ids: torch.Tensor, prompt_uids: torch.Tensor) -> None:
+        """One EMA update per prompt per step, with the mean of its groups' mean rewards (unscorable left out)."""
+        mean, _, _ = group_stats(rewards.double(), group_ids)
         updates: dict[int, list[float]] = {}
-        for i, u in enumerate(uids):
+        for i, u in enumerate(prompt_uids.tolist()):
             if not math.isnan(float(mean[i])):
                 updates.setdefault(u, []).append(float(mean[i]))
-        for u, means in updates.items():  # one update per prompt per step (its groups' mean)
+        for u, means in updates.items():
             m_now = sum(means) / len(means)
             self.ema[u] = m_now if u not in self.ema else self.mu * self.ema[u] + (1 - self.mu) * m_now
-        return out.to(rewards.dtype)
 
     def state_dict(self) -> dict:
         return {"ema": {int(k): float(v) for k, v in self.ema.items()}}
@@ -670,23 +803,21 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
     prompts; where outcomes already separate the completions it is gated off,
     so it cannot conflict with the primary objective.
 
-    Choices: the abstract names "variance-aware gating and difficulty-aware
-    weighting ... based on group-relative statistics"; the linear gate, the
-    ``1 - mean`` difficulty and ``var_cap = 0.25`` (Bernoulli maximum) are our
-    reading. The published equations were NOT found: searched the stored text
-    of arXiv:2512.19126 (html v2/v3: abstract and introduction only), the
-    emergentmind.com AWPO topic page (describes a "hyper-advantage" without
-    its formula) and GitHub code (no authors' repository found). Columns are
+    Provenance: reconstructed from the abstract — the abstract names
+    "variance-aware gating and difficulty-aware weighting ... based on
+    group-relative statistics"; the linear gate, the ``1 - mean`` difficulty
+    and ``var_cap = 0.25`` (Bernoulli maximum) are grpolab's reading. Searched
+    (no authors' code, no equations): the stored text of arXiv:2512.19126
+    (html v2/v3: abstract and introduction only), the emergentmind.com AWPO
+    page (a "hyper-advantage" without its formula), the code index (searches
+    for AWPO / advantage-weighted policy optimization with gating) and the
+    paper pages (no repository link). Columns are
     chosen by reward name
     or index (``awpo_outcome_reward``/``awpo_reasoning_reward``); naming the
     same column twice is allowed (the reasoning term then re-weights the
     outcome advantage). ``var`` is the Bessel-corrected group variance from
     :func:`group_stats`. The paper's tailored clipping is a loss feature, not
     part of this component.
-
-    Provenance: reconstructed from the abstract — the linear variance gate clip(1 - var/var_cap), the 1 - mean
-    difficulty factor and var_cap = 0.25 are grpolab's reading of "variance-aware gating and difficulty-aware
-    weighting"; the published equations and code were not found.
     """
     names = _reward_names(batch, reward_matrix)
     o = reward_column(reward_matrix, names, awpo_outcome_reward)
@@ -718,17 +849,16 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     all lie within ``delta`` of each other gets A = 0 (no conflicting updates
     from homogeneous groups).
 
-    Choices: the pairwise decomposition with a hard threshold ``delta`` on the
-    fine-grained score is our reading of "mask sample pairs with low
-    distinctiveness"; we keep GRPO's ``1/n`` and std normalisation. The
-    published rule was NOT found: searched the stored text of arXiv:2512.06337
-    (html v1: abstract and introduction only), sciencestack/arxivlens summaries
-    and GitHub code (no authors' repository found).
+    Provenance: reconstructed from the abstract — the pairwise decomposition
+    with a hard threshold ``delta`` on the fine-grained score is grpolab's
+    reading of "mask sample pairs with low distinctiveness"; GRPO's ``1/n``
+    and std normalisation are kept. Searched (no authors' code, no
+    equations): the stored text of arXiv:2512.06337 (html v1: abstract and
+    introduction only), sciencestack/arxivlens/newx summaries (no repository
+    link) and the code index (DaGRPO, distinctiveness-aware GRPO: only
+    unrelated "adagrpo" repositories).
     Off-policy anchor augmentation is a rollout feature, not part of this
     component. Unscorable rows get A = 0 and take part in no pair.
-
-    Provenance: reconstructed from the abstract — the pairwise decomposition of the centred reward with a hard
-    threshold delta, GRPO's 1/n and std normalisation; the published rule and code were not found.
     """
     _, std, count = group_stats(rewards, group_ids)
     scored = ~torch.isnan(rewards)

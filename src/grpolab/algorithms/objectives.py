@@ -265,6 +265,64 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     return -weight * adv * logprobs, {"cispo_clip_frac": (weight != ratio).float()}
 
 
+def _check_guide_quantile(cfg) -> None:
+    if not 0.0 <= cfg.guide_gamma_quantile <= 1.0:
+        raise ConfigError(f"guide_gamma_quantile: must be in [0, 1], got {cfg.guide_gamma_quantile}")
+
+
+@POLICY_LOSSES.register("guide_off_policy", check=_check_guide_quantile)
+def guide_off_policy(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+                     batch=None, *, epsilon: float = 0.2, epsilon_high: float | None = None,
+                     guide_gamma_quantile: float = param(0.9, 'Guide: off-policy (hinted) rows use the shaped ratio '
+                                                         'r / (r + gamma), gamma = this quantile of the row\'s '
+                                                         'token ratios (authors: 0.9)')):
+    """Guide-GRPO objective: clipped ratio on-policy, shaped unclipped ratio on hinted rows
+    (Nath et al. 2025, arXiv:2506.13923; seed 004-16).
+
+    Rows sampled with a hint (the ``guide`` rollout strategy's ``hint_level``
+    column > 0) are off-policy for the hint-free prompt: their ratio
+    ``r_t = pi_theta(o_t | q) / pi_old(o_t | q, h)`` is shaped and not clipped::
+
+        gamma   = quantile_{guide_gamma_quantile}(r over the row's tokens)   (detached, >= 1e-4)
+        loss_t  = -A_t * r_t / (r_t + gamma)                                  hinted rows
+        loss_t  = -min(r_t A_t, clip(r_t, 1 - eps_low, 1 + eps_high) A_t)      other rows
+
+    Provenance: authors' code — https://github.com/vaskar-open-source-research/guide_rl,
+    verl/verl/trainer/ppo/core_algos.py (compute_policy_loss, gamma_strategy
+    "percentile") with verl/experiments/math_reasoning/configs/guide_paper_experiments/guide_grpo_qwen.sh
+    (apply_off_policy_shaping=True, gamma_strategy=percentile, gamma_value=0.9,
+    clip_ratio 0.2, importance_weighted_reroll=True: the old log-probs of every
+    row are taken under the prompt it was sampled with). Known difference: the
+    authors take the quantile over the off-policy rows of a micro-batch,
+    padding positions included, with one row per micro-batch in their config;
+    here it is per hinted row over its completion tokens (no padding). Without
+    a ``hint_level`` column (no hinted rows) this is the clipped ratio.
+    """
+    eps_low = epsilon
+    eps_high = epsilon if epsilon_high is None else epsilon_high
+    adv = per_token(advantages, logprobs)
+    ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
+    clipped = -torch.minimum(ratio * adv, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    levels = None if batch is None else getattr(batch, "columns", {}).get("hint_level")
+    off = torch.zeros(ratio.shape[0], dtype=torch.bool, device=ratio.device)
+    if levels is not None:
+        off = torch.tensor([bool(v) and int(v) > 0 for v in levels], dtype=torch.bool, device=ratio.device)
+    gamma = torch.ones(ratio.shape[0], 1, dtype=ratio.dtype, device=ratio.device)
+    with torch.no_grad():
+        for i in off.nonzero().squeeze(-1).tolist():
+            valid = ratio[i][mask[i] > 0]
+            if valid.numel():
+                gamma[i, 0] = torch.quantile(valid.float(), guide_gamma_quantile).to(ratio.dtype).clamp(min=1e-4)
+    shaped = -adv * ratio / (ratio + gamma)
+    loss = torch.where(off[:, None], shaped, clipped)
+    with torch.no_grad():
+        on = (~off)[:, None].float()
+        low = ((ratio < 1.0 - eps_low) & (adv < 0)).float() * on
+        high = ((ratio > 1.0 + eps_high) & (adv > 0)).float() * on
+    return loss, {"clip_frac_low": low, "clip_frac_high": high, "guide_off_policy_frac": off[:, None].float()
+                  .expand_as(ratio)}
+
+
 @POLICY_LOSSES.register("simple_po", check=_positive("simple_po_epsilon"))
 def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
               simple_po_epsilon: float = param(0.2, 'Simple PO: trust-region size eps in the |A|/(2 eps) (r-1)^2 '
@@ -276,15 +334,15 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     A quadratic penalty replaces the clip; its optimum over ``r`` for a fixed
     ``A`` is ``r = 1 + eps * sign(A)``, exactly the clip boundary, and the
     gradient never vanishes. At ``r = 1`` the gradient is the policy gradient.
-    Source check: the ICML 2025 text / authors' repo
-    (github.com/MyRepositories-hub/Simple-Policy-Optimization) were searched; the
-    stored repo version found (v5/spo.py) is an older KL-clip variant, and the
-    stored paper excerpts do not show the objective, so this penalty form is kept
-    as written, not re-verified against the final text.
 
-    Provenance: reconstructed from the abstract — the quadratic ratio penalty r A - |A| / (2 eps) (r - 1)^2 as
-    written from the abstract and summaries; the final paper text and the authors' current code were not
-    re-verified.
+    Provenance: authors' code — https://github.com/MyRepositories-hub/Simple-Policy-Optimization,
+    mujoco/trainer.py (Trainer.compute_policy_loss, ``algo == 'spo'``:
+    ``-(A * ratios - |A| * (ratios - 1)^2 / (2 eps)).mean()``) with
+    ``--epsilon`` 0.2 in mujoco/main.py; the same form per token here. The
+    authors' code is for continuous-control PPO (GAE advantages, minibatch
+    advantage normalisation); with LLM groups the advantage comes from the
+    recipe's estimator and the mean over tokens/sequences from its
+    aggregation.
     """
     adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
@@ -512,13 +570,16 @@ def copg(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     ``L_i = mean_{j != i} l_ij``. Anchor: ``behavior`` (default) or ``reference``.
     The paper (arxiv.org/abs/2406.19185, offline setting) regularises towards
     ``pi_ref``; ``behavior`` is our online default (no reference model), so use
-    ``reference`` + beta > 0 for the paper's anchor. The formula was checked
-    against the paper's abstract and secondary summaries only (the method
-    section was not in the searched store); no authors' code was found.
+    ``reference`` + beta > 0 for the paper's anchor.
 
-    Provenance: reconstructed from the abstract — the pairwise contrastive policy gradient with a squared
-    log-ratio regulariser as read from the abstract and summaries, all pairs of a group, A_i - A_j as the reward
-    difference; behavior anchor is grpolab's online default.
+    Provenance: reconstructed from the abstract — the pairwise loss above is
+    grpolab's writing of the paper's contrastive objective as described by its
+    abstract and secondary summaries (the method section, and so its equation
+    numbers, were not in the searched store); the all-pairs average within a
+    group, ``r_i - r_j = A_i - A_j`` and the ``behavior`` anchor default are
+    grpolab's choices. Searched: arXiv:2406.19185 pages, the code index
+    (contrastive policy gradient / CoPG implementations: none by the
+    authors), GitHub issues.
     """
     same = _pair_matrix(group_ids, "copg")
     anchor = _anchor(copg_anchor, old_logprobs, ref_logprobs, "copg")
@@ -544,14 +605,16 @@ def p3o(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Te
     with the positive and the negative parts of ``sum_j D_ij`` clipped
     separately (``clipped_ratio`` is reused for both). ``D_ij = A_i - A_j``
     (exact reward differences with ``group_mean``; invariant to a per-prompt
-    reward shift, as P3O). Choice: the paper's separate-clipping variant; the
-    KL-in-reward term is the trainer's ``beta``. Not re-verified: the method
-    section of arXiv:2310.00212 and authors' code were not found in the
-    searched store (only abstracts / blog summaries: trajectory-wise ratio,
-    clipping variants, KL control), so the formula is kept as written.
+    reward shift, as P3O).
 
-    Provenance: reconstructed from the abstract — the separate-clipping pairwise PPO with a trajectory-wise
-    ratio and D_ij = A_i - A_j; the method section and authors' code were not found.
+    Provenance: reconstructed from the abstract — the separate-clipping
+    variant as written above (trajectory-wise ratio, pairwise reward
+    difference) follows the abstract and blog summaries; the all-pairs
+    average, ``D_ij = A_i - A_j`` and the KL-in-reward as the trainer's
+    ``beta`` are grpolab's choices. Searched: arXiv:2310.00212 pages (method
+    section not stored), the code index (pairwise proximal policy
+    optimization: no authors' repository; an unrelated "P3O" for prompt
+    optimization and a policy-on/policy-off P3O).
     """
     same = _pair_matrix(group_ids, "p3o")
     log_rho = _row_sum(logprobs - old_logprobs, mask)
@@ -706,47 +769,6 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     active = (adv >= 0)[:, None] & (unit_mean < 0) & (mask > 0)
     term = llds_coef * active.to(logprobs.dtype) * torch.relu(-log_ratio)
     return term, {"llds_active_frac": active.float()}
-
-
-@REGULARIZERS.register("dcpo", check=_positive("dcpo_temperature"))
-def dcpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-         entropy: torch.Tensor, *,
-         dcpo_coef: float = param(0.1, 'DCPO: coefficient of the target-distribution REINFORCE regulariser'),
-         dcpo_temperature: float = param(1.5, 'DCPO: temperature T > 1 of the target distribution pi_old^(1/T)'),
-         dcpo_entropy_target: float = param(0.25, 'DCPO: regulariser active while mean token entropy < this (H_0)')):
-    """DCPO distribution-level entropy regulariser (Li et al., 2026, arXiv:2601.12730; seed 000-35).
-
-    A REINFORCE term evaluated, through a second importance ratio, under a
-    higher-entropy target distribution ``pi_T ~ pi_old^(1/T)`` (T > 1):
-
-    ``rho_t = pi_T(o_t) / pi_old(o_t) = pi_old(o_t)^(1/T - 1) / Z_t``
-    ``term_t = -coef * sg(rho_t) * A_t * log pi_theta(o_t)``  while the batch entropy < ``H_0``
-
-    Choices (the abstract gives no formula; the authors' README names the two
-    ratios, the small REINFORCE coefficient and the entropy threshold ``H_0``,
-    0.25 best): the per-position normaliser ``Z_t`` needs the full distribution,
-    which the loss stage does not have, so ``rho`` is self-normalised to mean 1
-    over the micro-batch's tokens. The term switches off once the mean token
-    entropy of the micro-batch reaches ``dcpo_entropy_target``.
-    Searched: the authors' repo (github.com/597358816/DCPO) holds only the README
-    (the two ratios, pi_T = higher-temperature old policy, H_0 = 0.25 best),
-    launch scripts (``trainer.entropy_base`` = H_0, ``reinforce_sample_num``) and
-    an unmodified verl ``core_algos.py``; the loss code and the paper's method
-    section were not found, so this remains an approximation.
-
-    Provenance: reconstructed from the abstract — a REINFORCE term re-weighted towards pi_old^(1/T),
-    self-normalised over the micro-batch (the full-distribution normaliser is not available), switched off at
-    the entropy target H_0; the loss code and method section were not found.
-    """
-    adv = per_token(advantages, logprobs)
-    with torch.no_grad():
-        log_rho = (1.0 / dcpo_temperature - 1.0) * old_logprobs
-        log_rho = torch.where(mask > 0, log_rho, torch.full_like(log_rho, -torch.inf))
-        rho = torch.exp(log_rho - torch.logsumexp(log_rho.reshape(-1), 0)) * mask.sum()
-        rho = torch.nan_to_num(rho * mask, nan=0.0)
-        on = float((entropy * mask).sum() / mask.sum().clamp(min=1)) < dcpo_entropy_target
-    term = -dcpo_coef * float(on) * rho * adv * logprobs
-    return term, {"dcpo_active": torch.full_like(logprobs, float(on))}
 
 
 def grpo_d_beta(step: float, steps: int, beta_min: float, beta_max: float, explore_frac: float) -> float:

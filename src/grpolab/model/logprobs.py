@@ -1,6 +1,8 @@
 """Per-token log-probs (and entropy) of completion tokens under the policy."""
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..batch import RolloutBatch
@@ -147,6 +149,17 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     gradient tensors fewer per micro-batch (about 1.5 s of a 4-micro-batch
     SmolLM2 update on 2 CPU cores; docs/performance.md).
     """
+    states, head = shared_prefix_states(model, batch)
+    return states if head is None else head(states)
+
+
+def shared_prefix_states(model, batch: RolloutBatch):
+    """``(states, head)``: what :func:`shared_prefix_logits` computes before the LM head.
+
+    For ``PLAIN_HEAD`` models ``states`` is the last hidden state ``[R, T, d]``
+    and ``head`` the LM head (logits = ``head(states)``); for other models
+    ``states`` is the logits ``[R, T, V]`` and ``head`` is None.
+    """
     from transformers import DynamicCache
 
 
@@ -170,7 +183,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
         emb = torch.nn.functional.embedding(ids, embed.weight, padding_idx=embed.padding_idx, sparse=sparse)
         if grouped_supports(model):  # one pass: prompts and completions share every matrix product
             first, hidden = grouped_hidden_states(model, emb, p_mask, p_pos, inverse, comp_attn, pos)
-            return head(torch.cat([first, hidden[:, :T - 1, :]], dim=1))
+            return torch.cat([first, hidden[:, :T - 1, :]], dim=1), head
         n_p = p_ids.numel()
         out = decoder(inputs_embeds=emb[:n_p].view(*p_ids.shape, -1), attention_mask=p_mask, position_ids=p_pos,
                       use_cache=True, **{ckw: cache})
@@ -179,7 +192,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
         cache.batch_select_indices(inverse)
         out = decoder(inputs_embeds=emb[n_p:].view(*batch.completion_ids.shape, -1), attention_mask=attn,
                       position_ids=pos, use_cache=True, **{ckw: cache})
-        return head(torch.cat([first, out.last_hidden_state[:, :T - 1, :]], dim=1))
+        return torch.cat([first, out.last_hidden_state[:, :T - 1, :]], dim=1), head
     out = model(input_ids=p_ids, attention_mask=p_mask, position_ids=p_pos, use_cache=True,
                 logits_to_keep=1, **{ckw: cache})
     first = out.logits[:, -1:, :][inverse]  # predicts completion token 0
@@ -187,7 +200,7 @@ def shared_prefix_logits(model, batch: RolloutBatch) -> torch.Tensor:
     cache.batch_select_indices(inverse)
     out = model(input_ids=batch.completion_ids, attention_mask=attn, position_ids=pos, use_cache=True,
                 logits_to_keep=T, **{ckw: cache})
-    return torch.cat([first, out.logits[:, :-1, :]], dim=1)
+    return torch.cat([first, out.logits[:, :-1, :]], dim=1), None
 
 
 def _plain_head_parts(model):
@@ -199,3 +212,64 @@ def _plain_head_parts(model):
     if type(embed) is not torch.nn.Embedding or embed.max_norm is not None or embed.scale_grad_by_freq:
         return None
     return base.get_decoder(), base.get_output_embeddings(), embed
+
+
+def tw_group_divergence(logprobs: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """TW-GRPO's per-row divergence from the group at each position: ``[G, c]``.
+
+    ``logprobs [G, c, V]``: the G rows' next-token log-probabilities at c
+    positions; ``alive [G, c]``: the row has a token there (otherwise it takes
+    the uniform distribution, ``-log V``). With ``m = mean_i lp_i`` (log space)
+    and ``k3(d) = exp(d) - d - 1``, ``d = clamp(m - lp_i, -11, 11)``, returns
+    ``D_i = sum_v k3(d_v)`` (the authors' compute_token_importance_kl_logs_uniform
+    before its mean over rows; see ``tw_token_weight``).
+    """
+    V = logprobs.shape[-1]
+    lp = torch.where(alive[..., None].bool(), logprobs, torch.full((), -math.log(V), dtype=logprobs.dtype,
+                                                                   device=logprobs.device))
+    d = (lp.mean(0, keepdim=True) - lp).clamp_(-11.0, 11.0)
+    return (torch.exp(d) - d - 1).sum(-1)
+
+
+def group_token_divergence(model, batch: RolloutBatch, temperature: float = 1.0, rows: int = 16,
+                           max_tokens: int = 0, max_elements: int = 1 << 26) -> torch.Tensor:
+    """:func:`tw_group_divergence` of every row and position of ``batch`` under ``model``: ``[R, T]`` (CPU, float32).
+
+    Exact and memory-light: group by group, the group's rows run through the
+    shared-prefix forward (micro-batches of ``rows`` rows / ``max_tokens``
+    tokens) up to the pre-head hidden states ``[G, T_g, d]`` (``T_g`` = the
+    group's longest completion); then, ``c`` positions at a time with
+    ``G * c * V <= max_elements``, the LM head gives the logits, ``log_softmax(logits
+    / temperature)`` in float32 the distributions, and :func:`tw_group_divergence`
+    reduces them to ``[G, c]``. Peak extra memory: the group's hidden states
+    plus a few ``[G, c, V]`` float32 chunks (a model outside ``PLAIN_HEAD``
+    keeps the group's logits ``[G, T_g, V]`` instead of hidden states). Cost:
+    one forward of the batch without gradient, plus one LM-head pass —
+    about a reference-model forward. Positions past ``T_g`` are 0. Run it
+    under ``torch.no_grad()``.
+    """
+    dev = model_device(model)
+    R, T = batch.completion_ids.shape
+    out = torch.zeros(R, T, dtype=torch.float32)
+    alive_all = batch.completion_attention_mask > 0
+    for g in torch.unique(batch.group_ids):
+        idx = (batch.group_ids == g).nonzero().squeeze(-1)
+        sub = batch.select(idx).trim()
+        Tg = int(sub.completion_attention_mask.sum(-1).max()) if len(idx) else 0
+        if Tg == 0:
+            continue
+        parts = [shared_prefix_states(model, mb.to(dev)) for mb in sub.micro_batches(rows, trim=False,
+                                                                                      max_tokens=max_tokens)]
+        head = parts[0][1]
+        states = torch.cat([p[0] for p in parts])[:, :Tg]
+        alive = alive_all[idx, :Tg].to(dev)
+        V = head.weight.shape[0] if head is not None else states.shape[-1]
+        c = max(1, max_elements // (len(idx) * V))
+        for t0 in range(0, Tg, c):
+            x = states[:, t0:t0 + c]
+            logits = _wide(head(x) if head is not None else x)
+            if temperature != 1.0:
+                logits = logits / temperature
+            div = tw_group_divergence(torch.log_softmax(logits, dim=-1), alive[:, t0:t0 + c])
+            out[idx, t0:t0 + div.shape[1]] = div.float().cpu()
+    return out

@@ -93,14 +93,17 @@ class VADESampler:
       this exponential-forgetting form (discounted Thompson sampling on the
       pseudo-counts, preserving the posterior mean) is our choice.
 
-    Choice: the selection is a hard top-k on the sampled ``IG`` (no duplicates
-    while ``k <= num_rows``). The Beta draw uses torch's Beta sampler under a
-    forked global RNG seeded from the sampler's own generator, so it is exact
-    under checkpoint/restore and leaves the global RNG untouched.
+    The Beta draw uses torch's Beta sampler under a forked global RNG seeded
+    from the sampler's own generator, so it is exact under checkpoint/restore
+    and leaves the global RNG untouched.
 
-    Provenance: reconstructed from the abstract — Beta posteriors with Thompson-sampled information gain p(1 -
-    p) and a two-scale exponential forgetting of the pseudo-counts; the decay form and the hard top-k are
-    grpolab's.
+    Provenance: reconstructed from the abstract — the abstract names Beta
+    posteriors, a Thompson sampler maximising information gain and a
+    two-scale prior decay; ``IG = p(1 - p)``, the exponential-forgetting form
+    of the decay, its two rates and the hard top-k selection are grpolab's
+    choices. Searched: the code index and snapshots (the paper points to the
+    project page VADE-RL.github.io; no repository found), the stored paper
+    pages (arXiv html v1, sciencestack: abstract and introduction only).
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -325,9 +328,12 @@ class SRPOHistorySampler:
     The paper's two-stage cross-domain schedule (math first, then code) is a
     data schedule, not a sampler: it is not part of this component.
 
-    Provenance: paper equations — SRPO (Zhang et al., 2025, arXiv:2504.14286), History Resampling as described
-    in the paper's method section (no equation; rule: drop prompts whose rollouts were all correct in the
-    previous epoch); the return in epoch e + 2 and the all-skipped reset are grpolab's choices.
+    Provenance: reconstructed from the abstract — history resampling as
+    described in the paper's text: all-correct prompts of an epoch are skipped
+    in the next; the return after one skipped epoch, the all-unscorable rule
+    and the reset when every prompt would be skipped are grpolab's choices.
+    Searched: the code index and GitHub issues (SRPO / history resampling /
+    Kwaipilot: no authors' code found).
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,

@@ -558,13 +558,15 @@ class ERPOSampler(_EpochOrderSampler):
     pi_old(y; T_row)`` then corrects for sampling from the hotter policy (it
     is not 1 at the first pass; the clip bounds it, like any off-policy
     ratio), so the update still estimates the gradient of the policy at the
-    training temperature. Choices: the linear step and cap and the all-wrong
-    rule are ours (the abstract says "adaptively increases"); whether the
-    paper's code recomputes old log-probs at the training temperature is not
-    known to us.
+    training temperature.
 
-    Provenance: reconstructed from the abstract — a residual-visit counter raising the prompt's temperature
-    linearly to a cap, reset on mixed outcomes; the step, cap and all-wrong rule are grpolab's.
+    Provenance: reconstructed from the abstract — "maintains a history
+    tracker for each prompt and adaptively increases the sampling temperature
+    for residual prompts that previously produced all correct responses"; the
+    linear step, the cap and the all-wrong rule are grpolab's choices, and
+    whether the authors recompute old log-probs at the training temperature is
+    not known. The authors' code (github.com/DawnLIU35/ERPO, named in the
+    arXiv html v1) is not in the searched store (index, snapshot fetch).
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, temperature: float = 0.7,

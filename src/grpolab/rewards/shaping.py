@@ -174,11 +174,14 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
 
 # ---------------------------------------------------------------- FGRPR fuzzy numeric (000-66)
 
-def fuzzy_score(pred: float | None, target: float, floor: float = 1.0) -> float:
-    """``max(0, 1 - |pred - target| / max(|target|, floor))``; 0 when nothing was parsed."""
+def fuzzy_score(pred: float | None, target: float, floor: float = 1.0, top: float = 1.5,
+                max_error: float = 0.5) -> float:
+    """``top - e`` if ``e < max_error`` else 0, ``e = |pred - target| / max(|target|, floor)``; 0 when nothing
+    was parsed (FGRPR authors: ``1.5 - gap`` for ``gap < 0.5``)."""
     if pred is None or not math.isfinite(pred):
         return 0.0
-    return max(0.0, 1.0 - abs(pred - target) / max(abs(target), floor))
+    e = abs(pred - target) / max(abs(target), floor)
+    return top - e if e < max_error else 0.0
 
 
 @REWARD_TRANSFORMS.register("fuzzy_numeric")
@@ -187,24 +190,31 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
                   fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first '
                                              'group (last match) is the predicted number'),
                   fuzzy_floor: float = param(1.0, 'FGRPR: relative error is |y_hat - y| / max(|y|, floor)'),
+                  fuzzy_max_reward: float = param(1.5, 'FGRPR: reward of an exact answer; it falls by the relative '
+                                                  "error (authors: 1.5)"),
+                  fuzzy_max_error: float = param(0.5, 'FGRPR: relative errors at or above this get 0 (authors: 0.5)'),
                   fuzzy_answer_column: str = param('answer', 'FGRPR: data column with the reference number')) -> torch.Tensor:
     """FGRPR fuzzy numeric reward (Wang et al., 2025, CrowdVLM-R1, arXiv:2504.03724; seed 000-66).
 
     Instead of 0/1 exact match, a numeric answer earns credit by closeness::
 
-        R_fuzzy = max(0, 1 - |y_hat - y| / max(|y|, floor))
+        e = |y_hat - y| / max(|y|, floor)
+        R_fuzzy = 1.5 - e   if e < 0.5,   else 0
 
-    (1 for the exact answer, linearly less for relative error, 0 from 100 %
-    relative error on). ``y_hat`` = the number captured by the last match of
+    (1.5 for the exact answer, 1.0 just inside 50 % relative error, 0 from
+    there on). ``y_hat`` = the number captured by the last match of
     ``fuzzy_pattern`` in the completion (none -> 0); ``y`` = the data column
     ``fuzzy_answer_column``. Added as ``r + fuzzy_weight * R_fuzzy``; to
     *replace* the 0/1 accuracy as the paper does, give the accuracy reward
-    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does. The paper's
-    exact fuzzy membership for counts is not in the abstract; the relative-error
-    form (floor 1 so a target of 0 works) is grpolab's choice.
+    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does.
 
-    Provenance: reconstructed from the abstract — relative-error closeness max(0, 1 - |y_hat - y| / max(|y|, 1))
-    as the fuzzy reward; the paper's exact membership function for counts is not in the abstract.
+    Provenance: authors' code — https://github.com/yeyimilk/CrowdVLM-R1,
+    VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py (count_reward,
+    registered as the "accuracy" reward: ``abs_gap = abs(sol - answer) / sol``,
+    ``reward = 1.5 - abs_gap`` if ``abs_gap < 0.5`` else 0). Known
+    differences: the authors parse ``<answer>(\\d+)</answer>`` (an integer
+    count) where ``fuzzy_pattern`` is configurable; their target 0 raises a
+    division by zero that gives reward 0, here ``floor`` (1) divides instead.
     """
     answers = _column(batch, fuzzy_answer_column)
     pat = re.compile(fuzzy_pattern)
@@ -213,58 +223,78 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
         found = pat.findall(text)
         target = _to_number(a)
         pred = _to_number(found[-1]) if found else None
-        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor))
+        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor, fuzzy_max_reward,
+                                                             fuzzy_max_error))
     return rewards + fuzzy_weight * torch.tensor(bonus, dtype=rewards.dtype)
 
 
 # ---------------------------------------------------------------- LC-R1 (000-100)
 
-@REWARD_TRANSFORMS.register("lc_length_compress")
-def lc_length_compress(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
-                       reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
-                       lc_length_weight: float = param(1.0, 'LC-R1: weight of the group-relative length reward'),
-                       lc_compress_weight: float = param(1.0, 'LC-R1: weight of the compress reward'),
-                       lc_answer_column: str = param('answer', 'LC-R1: data column with the reference answer'),
-                       lc_missing_penalty: float = param(1.0, 'LC-R1: compress reward is -this when the answer never '
-                                                         'appears'),
-                       shaping_correct_reward: str = CORRECT_REWARD,
-                       shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
-    """LC-R1 Length and Compress rewards (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+LC_THINK_END = param('</think>', "LC-R1: end-of-thinking marker; the reasoning R is the text before its first "
+                     "occurrence, and a row counts as correct only if it appears exactly once (the authors' "
+                     "'</think>' and format reward)")
+LC_EPS = 1e-4  # the authors' denominators: max correct length + 1e-4, |R| + 1e-4
 
-    *Length reward* (Brevity, group-relative): for correct rows
-    ``R_len,i = 1 - L_i / max_{j correct in group} L_j`` (0 for wrong rows),
-    so the shortest correct answer of the group earns most.
 
-    *Compress reward* (against "invalid thinking" after the answer is found):
-    with ``p_i`` the character position where the reference answer (data column
-    ``lc_answer_column``) *first* appears in the completion, followed by no
-    further digit, ``R_cmp,i = (p_i + len(answer)) / len(text)`` — the share of
-    the reply up to the first derivation of the answer (1 = nothing after it);
-    ``-lc_missing_penalty`` when the answer never appears. LC-R1 itself prunes
-    the rollout at the first answer (with an extractor model) and rewards the
-    pruned ``</think>`` with ``1 - |R'|/|R|``; a transform cannot prune rollouts,
-    so grpolab rewards the equivalent quantity on the unpruned reply (what it
-    would keep). Shaped reward: ``r + w_len R_len + w_cmp R_cmp``.
+def lc_correct(reward_matrix: torch.Tensor, reward_names: list[str], texts: list[str], column: str,
+               threshold: float, marker: str) -> torch.Tensor:
+    """Bool ``[R]``: LC-R1's correct rows, as the authors' ``rewards == 2`` (format and accuracy both 1).
 
-    Provenance: reconstructed from the abstract — a length reward 1 - L / max correct L on correct rows and a
-    sequence-level compress share of the unpruned reply; this departs from the authors' public code (token-level
-    compress bonus at the cropped end of thinking, group-mean-centred length reward), which a parallel change
-    brings in.
+    The reward column ``column`` is ``>= threshold`` (:func:`correct_rows`) and the
+    completion contains the end-of-thinking ``marker`` exactly once (the
+    authors' format reward: ``completion.count('</think>') == 1``).
     """
-    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
-    y = lengths.to(torch.float64)
-    r_len = torch.zeros(len(rewards), dtype=torch.float64)
+    if not marker:
+        raise ValueError("lc_think_end: LC-R1 needs a non-empty end-of-thinking marker (the authors' '</think>'; "
+                         "'Answer:' for the arithmetic task)")
+    ok = correct_rows(reward_matrix, reward_names, column, threshold)
+    once = torch.tensor([t.count(marker) == 1 for t in texts], dtype=torch.bool)
+    return ok & once
+
+
+@REWARD_TRANSFORMS.register("lc_length")
+def lc_length(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, group_ids: torch.Tensor,
+              reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
+              lc_length_weight: float = param(1.0, "LC-R1: weight of the length reward (the authors' "
+                                              "len_penalty_coef, 1.0 in their train.py)"),
+              lc_think_end: str = LC_THINK_END,
+              shaping_correct_reward: str = CORRECT_REWARD,
+              shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """LC-R1 length reward (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+
+    In every group that has at least one correct row (:func:`lc_correct`), *every*
+    row, correct or not, gets::
+
+        r_i + w * (1 - L_i / (max_{j correct in group} L_j + 1e-4))
+
+    with ``L`` the number of completion tokens before the EOS (all tokens of a
+    truncated row) of the sequence that is trained on (after the ``lc_r1``
+    rollout's crop). A wrong row longer than the longest correct one gets a
+    negative term (max correct 200: a wrong row of 50 tokens gets +0.75, one of
+    400 gets -1.0). Groups without a correct row are unchanged. The group
+    mean is then subtracted by the advantage (``advantage: group_mean``; the
+    authors run ``scale_rewards=False``: no std). Unscorable (NaN) rows stay NaN.
+
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches the ``len_penalty_coef`` block
+    (``_lengths = 1 - eos_idx / (max over right rows + 1e-4)`` for all rows of a
+    group with a right row, else 0, added to the summed rewards before the
+    group mean is subtracted), including the 1e-4. Known differences:
+    "correct" is the reward column ``shaping_correct_reward`` plus the marker
+    condition instead of their ``format + accuracy == 2``; groups are
+    ``group_ids`` (ragged groups allowed) instead of ``view(-1, num_generations)``;
+    for a truncated row ``L`` is its own token count, where their ``eos_idx`` is
+    the padded width of the local batch.
+    """
+    correct = lc_correct(reward_matrix, reward_names, _texts(batch), shaping_correct_reward,
+                         shaping_correct_threshold, lc_think_end)
+    y = (lengths.to(torch.float64) - (~truncated.bool()).to(torch.float64)).clamp(min=0)
+    term = torch.zeros(len(rewards), dtype=torch.float64)
     for idx in _groups(group_ids):
         c = idx[correct[idx]]
         if len(c):
-            r_len[c] = 1 - y[c] / y[c].max().clamp_min(1)
-    r_cmp = []
-    for text, a in zip(_texts(batch), _column(batch, lc_answer_column)):
-        a = str(a).strip()
-        m = re.search(r"(?<![\d.])" + re.escape(a) + r"(?![\d])", text) if a else None
-        r_cmp.append(-lc_missing_penalty if m is None else m.end() / max(len(text.rstrip()), 1))
-    r_cmp = torch.tensor(r_cmp, dtype=torch.float64).clamp(max=1.0)
-    return rewards + (lc_length_weight * r_len + lc_compress_weight * r_cmp).to(rewards.dtype)
+            term[idx] = 1 - y[idx] / (y[c].max() + LC_EPS)
+    return rewards + (lc_length_weight * term).to(rewards.dtype)
 
 
 # ---------------------------------------------------------------- Unlikeliness reward (000-62)
@@ -319,14 +349,16 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
     ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
     into a brevity reward), added to the reward — by default only for correct
     rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
-    answers. The exact published curve was not available in the searched
-    sources; the saturating linear ramp is grpolab's choice. The paper's Group
-    Contrastive Masking of the auxiliary-construction reward is geometry
-    specific and not implemented.
+    answers. The paper's Group Contrastive Masking of the
+    auxiliary-construction reward is geometry specific and not implemented.
 
-    Provenance: reconstructed from the abstract — a saturating linear ramp sign * weight * min(L / L_target, 1),
-    on correct rows by default; the published curve was not available and Group Contrastive Masking is not
-    implemented.
+    Provenance: reconstructed from the abstract — "a length reward that
+    promotes longer reasoning chains"; the saturating linear ramp, its
+    target length, weight and the correct-only gate are grpolab's choices.
+    The authors' code (github.com/ekonwang/GeometryZero, named in the paper)
+    is not in the searched store (index, snapshot fetch); the stored paper
+    pages (arXiv html v2, themoonlight review) show the auxiliary reward (Eq.
+    3) but not the length reward's formula.
     """
     if gcpo_len_target <= 0:
         raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")

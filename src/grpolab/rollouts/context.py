@@ -11,6 +11,8 @@ directly, see tests/test_rollout_context.py).
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ..batch import RolloutBatch
@@ -28,11 +30,16 @@ class RolloutContext:
     seeded CPU generator, ``sampling_generator`` the one for token draws on the
     policy's device (defaults to ``generator``). ``engine`` is a generation
     engine (vLLM) or None. ``step`` is the current training step: the trainer
-    sets it at the start of every step (:meth:`new_step`).
+    sets it at the start of every step (:meth:`new_step`). ``reference`` is the
+    frozen initial policy (a model), or a zero-argument callable returning a
+    context manager that yields it (the trainer passes one: its frozen copy,
+    or for LoRA the policy with its adapters off), or None
+    (:meth:`reference_policy`).
     """
 
     def __init__(self, cfg, tokenizer, rows: list[dict], *, policy, scorer, generator: torch.Generator,
-                 sampling_generator: torch.Generator | None = None, engine=None, log=print, step: int = 0):
+                 sampling_generator: torch.Generator | None = None, engine=None, log=print, step: int = 0,
+                 reference=None):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.rows = rows  # the training data rows (dataset index = prompt uid)
@@ -41,6 +48,8 @@ class RolloutContext:
         self.generator = generator  # seeded, checkpointed: for choices made on the CPU
         self.sampling_generator = sampling_generator if sampling_generator is not None else generator
         self.engine = engine
+        self._reference = (reference if reference is None or not isinstance(reference, torch.nn.Module)
+                           else (lambda: contextlib.nullcontext(reference)))
         self.log = log
         self.step = step
         self.reward_errors = 0  # reward-function errors seen through score()
@@ -68,6 +77,22 @@ class RolloutContext:
     def policy(self):
         """The model rollouts are sampled from (the stale snapshot when off-policy)."""
         return self._policy()
+
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """``with ctx.reference_policy() as ref:`` the frozen initial policy (the reference model).
+
+        A component that samples from or scores with it sets the attribute
+        ``needs_reference_model = True`` on itself: the trainer then keeps a
+        frozen copy of the initial weights even when ``beta = 0`` (with LoRA the
+        reference is the policy with its adapters off, valid inside the block).
+        """
+        if self._reference is None:
+            raise RuntimeError("this RolloutContext has no reference model: build it with reference=MODEL (the "
+                               "trainer passes one when beta > 0 or a selected component sets "
+                               "needs_reference_model = True)")
+        with self._reference() as model:
+            yield model
 
     # ------------------------------------------------------------- generation
     def generate(self, rows: list[dict], uids: list[int], *, group_offset: int,

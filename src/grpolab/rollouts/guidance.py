@@ -36,7 +36,8 @@ from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param
 
 HINT_TASKS = "countdown, arithmetic (multi-step)"
-SOLUTION_HEADER = "The beginning of a reference solution, to continue from:"
+# GHPO authors' hint sentence (hkgc-1/GHPO, src/ghpo/ghpo_trainer.py, _generate_and_score_completions)
+SOLUTION_HEADER = "The following text is the beginning part of the answer, which you can refer to for solving the problem:"
 
 
 # ----------------------------------------------------------------- hint text
@@ -59,18 +60,12 @@ def hint_text(hints: list[str], level: int) -> str:
 
 
 def solution_prefix(solution: str, fraction: float) -> str:
-    """The first ``fraction`` of a reference solution (never all of it).
+    """The first ``round(fraction * len(solution))`` characters of a reference solution.
 
-    A solution of several non-empty lines (steps) reveals ``floor(fraction * n)``
-    lines, at least 1 and at most n - 1; a one-line solution reveals
-    ``floor(fraction * len)`` characters, at most len - 1.
+    GHPO authors' rule (``x["solution_hint"][:round(len(x["solution_hint"]) * 0.25)]`` etc.; Python's
+    ``round`` rounds halves to even).
     """
-    lines = [ln for ln in solution.splitlines() if ln.strip()]
-    if len(lines) >= 2:
-        k = min(max(1, math.floor(fraction * len(lines))), len(lines) - 1)
-        return "\n".join(lines[:k])
-    text = solution.strip()
-    return text[:min(math.floor(fraction * len(text)), max(len(text) - 1, 0))]
+    return solution[:round(len(solution) * fraction)]
 
 
 def with_hint(row: dict, text: str) -> dict:
@@ -334,14 +329,29 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     hinted prompt shown to reward functions (what the model saw); the
     ``prompt`` column is then set back to q.
 
-    Choices made: the hinted group *replaces* the failed group (our reading of
-    the paper's Guide-GRPO algorithm; ``guide_keep_failed`` keeps both in one
-    group instead). The ratio is clipped by the configured ``policy_loss`` like
-    any other ratio (the paper's Guide-GRPO keeps the GRPO clipped objective
-    with the changed denominator).
+    The hinted group *replaces* the failed group (authors' default;
+    ``guide_keep_failed`` keeps both in one group instead). The authors' loss
+    treats the hinted rows as off-policy: their ratio is shaped to
+    ``r / (r + gamma)`` (gamma = the 0.9 quantile of the ratios) and not
+    clipped, while plain rows keep the clipped ratio: the ``guide_grpo`` recipe
+    selects that objective (``policy_loss: guide_off_policy``). The authors'
+    accuracy filter (groups with accuracy 0 or 1 dropped, hinted groups too)
+    is ``dynamic_sampling: true`` on the accuracy reward; the recipe leaves it
+    off because on the tiny countdown runs every group would be dropped.
 
-    Provenance: reconstructed from the abstract — hints for all-wrong prompts and an importance ratio against
-    the hint-free policy as described in the abstract; the choices are stated in this docstring.
+    Provenance: authors' code — https://github.com/vaskar-open-source-research/guide_rl,
+    verl/verl/trainer/ppo/ray_trainer.py (RayPPOTrainer.rollout and
+    _roll_with_prompt_variant: groups with accuracy below reroll_threshold
+    0.001 are regenerated from the hint prompt, the hint-free prompt is put back
+    into input_ids, the old log-probs come from the hinted prompt
+    (importance_weighted_reroll), rows marked off-policy) and
+    verl/verl/trainer/ppo/core_algos.py (compute_policy_loss); settings from
+    verl/experiments/math_reasoning/configs/guide_paper_experiments/guide_grpo_qwen.sh
+    (8 samples, no KL, clip 0.2, accuracy bounds 0.001/0.999 for plain and
+    hinted groups, mixin off). Known differences: the hint text comes from the
+    row's ``hints`` list (the authors' data has one prepared hint prompt per
+    problem); their optional chain-of-thought reroll (reroll_with_cot, off in
+    the paper's script) is not included.
     """
     plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
     failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
@@ -394,35 +404,47 @@ class GHPO:
 
     Difficulty detection: the plain group of every prompt is sampled and scored;
     a prompt with no success (reward >= ``ghpo_success_threshold``) is "beyond
-    the model's reach". Its prompt is refined by appending the first
-    ``omega`` of the row's ``solution`` (:func:`solution_prefix`: lines, or
-    characters for a one-line solution) after a short header, and the group is
-    resampled from the refined prompt with the same number of completions; the
-    refined group *replaces* the plain one and trains on the refined prompt
-    (``prompt_ids`` = refined: imitation of the revealed steps plus RL on the
-    rest). Prompts the model can solve stay on-policy and unchanged.
+    the model's reach". Its prompt is refined by appending the authors' hint
+    sentence (:data:`SOLUTION_HEADER`) and the first ``round(omega * len)``
+    characters of the row's ``solution`` (:func:`solution_prefix`), and the
+    group is resampled from the refined prompt with the same number of
+    completions; the refined group *replaces* the plain one and trains on the
+    refined prompt (``prompt_ids`` = refined: imitation of the revealed part
+    plus RL on the rest). Prompts the model can solve stay on-policy and
+    unchanged.
 
-    Multi-stage schedule, ``omega`` in ``ghpo_fractions`` (the paper's linear
-    schedule 1/4, 1/2, 3/4):
+    Multi-stage schedule, ``omega`` in ``ghpo_fractions`` (authors: 0.25, 0.5,
+    0.75):
 
-    * ``within_step`` (default, our reading of the paper's multi-stage
-      guidance): stage 1, and if the refined group still has no success stage 2,
-      ... in the same step; the first group with a success (or the last stage's)
-      is kept;
-    * ``across_visits``: one stage per visit; a prompt's stage moves up after a
-      visit whose refined group also failed, stays after a refined success, and
-      resets once the plain prompt is solved.
+    * ``within_step`` (default, the authors' code): stage 1, and if the refined
+      group still has no success stage 2, ... in the same step; the first group
+      with a success (or the last stage's) is kept;
+    * ``across_visits`` (grpolab's option, not in the authors' code): one stage
+      per visit; a prompt's stage moves up after a visit whose refined group
+      also failed, stays after a refined success, and resets once the plain
+      prompt is solved.
+
+    Provenance: authors' code — https://github.com/hkgc-1/GHPO,
+    src/ghpo/ghpo_trainer.py (GHPOTrainer._generate_and_score_completions):
+    groups whose accuracy rewards are all <= 0 are regenerated with
+    ``hint_prompt + solution_hint[:round(len * 0.25)]`` appended to the user
+    message, then those still all wrong with 0.5, then 0.75, each refined group
+    replacing the previous one and training on the refined prompt; the loss is
+    the TRL GRPO clipped ratio (recipe config_ghpo.yaml: beta 0, 8 generations,
+    scale_rewards true, loss_type bnpo = token mean). Known differences: the
+    authors test the first reward function (accuracy) <= 0, here the scalar
+    reward < ``ghpo_success_threshold`` (on the built-in tasks, accuracy 1 +
+    0.5 format, threshold 1.0 is the same test); the hint sentence follows a
+    blank line (the authors: a newline and a space); the code's padding trick
+    that regenerates the first group of a batch with its plain prompt when no
+    group failed (to keep distributed generation in step) is not reproduced.
 
     ``hint_level`` is the stage (1-based); ``hint`` the text appended.
-
-    Provenance: reconstructed from the abstract — solution prefixes of fractions 1/4, 1/2, 3/4 appended to the
-    prompts of all-failed groups, within the step by default; the staging details are grpolab's reading.
     """
 
     def __init__(self, *,
                  ghpo_fractions: list = param([0.25, 0.5, 0.75], 'GHPO: ascending fractions of the reference '
-                                              'solution revealed at stage 1, 2, ... (lines if it has several, else '
-                                              'characters)'),
+                                              'solution revealed at stage 1, 2, ... (characters, rounded)'),
                  ghpo_schedule: str = param('within_step', "GHPO: 'within_step' refines a failed prompt stage by "
                                             "stage in the same step until a completion succeeds; 'across_visits' "
                                             'moves one stage per failed visit and resets when the prompt is solved',

@@ -36,6 +36,7 @@ add or change are scored too. "Failed" always means: combined scalar reward
 from __future__ import annotations
 
 import copy
+import difflib
 import math
 import re
 from pathlib import Path
@@ -215,15 +216,19 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     rewards vary and every row gets a non-zero advantage: the failed rows are
     pushed down, the reference up.
 
-    Choices: the reference *replaces* one rollout (the group size stays G, as
-    in the paper's "the reference answer supplies the correct response");
-    it is trained on (``gcpo_train_reference``, the paper's point is to
-    emulate the reference's solution) with ratio pi_theta / pi_behaviour
-    exactly like sampled tokens, since its behaviour log-probs are the
-    teacher-forced ones.
-
-    Provenance: reconstructed from the abstract — the reference answer replaces the last rollout of an
-    all-failed group (group size stays G) and is trained on with the teacher-forced behaviour ratio.
+    Provenance: reconstructed from the abstract — GCPO: When Contrast Fails,
+    Go Gold (Wu and Liu, 2025, arXiv:2510.07790). The reference *replaces*
+    one rollout (the group size stays G: "the reference answer supplies the
+    correct response"); it is trained on (``gcpo_train_reference``: the
+    paper's point is to emulate the reference's solution) with ratio
+    pi_theta / pi_behaviour like sampled tokens, its behaviour log-probs
+    being the teacher-forced ones. A summary page (sciencestack TL;DR) adds
+    that the paper uses a sequence-level importance ratio and no KL; the
+    recipe keeps the token-level clipped ratio because the clip ranges are not
+    known (``policy_loss: sequence_ratio`` gives the sequence form). The
+    authors' code (github.com/AchoWu/GCPO, named in the abstract) is not in
+    the searched store (index, snapshot fetch); the paper's method section
+    was not stored either.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, gcpo_success_threshold)
@@ -263,13 +268,14 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     SFT-like anchor learning into the RL objective).
 
     Combine with the ``dagrpo_distinct_pairs`` advantage for the full method
-    (recipe ``dagrpo_anchors``). Left open by the abstract: how anchors are
-    weighted; we use the plain group advantage with the exact behaviour
-    ratio (no extra weighting).
+    (recipe ``dagrpo_anchors``).
 
-    Provenance: reconstructed from the abstract — the data row's reference answer as the off-policy anchor added
-    to groups without a positive, with the plain group advantage and the exact behaviour ratio; the paper's
-    anchor weighting was not available.
+    Provenance: reconstructed from the abstract — the anchor is the data
+    row's reference answer, added (not substituted) to groups with no
+    positive rollout, trained with the plain group advantage and the exact
+    behaviour ratio (no extra weighting); how the paper weights anchors is
+    not known. Searched: arXiv:2512.06337 (stored html v1: abstract and
+    introduction), paper summaries, the code index (no authors' repository).
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     groups = all_failed_groups(scalar, batch.group_ids, dagrpo_success_threshold)
@@ -415,92 +421,176 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in _SENTENCE.findall(text) if s]
 
 
-def edit_point(attempt: str, reference: str) -> tuple[str, str]:
-    """(kept attempt text, corrected remainder) for a sentence-level edit.
+def _norm(sentence: str) -> list[str]:
+    return sentence.split()
 
-    Sentence i of the attempt is right if it equals sentence i of the reference
-    (whitespace-insensitive); the attempt is kept up to its first wrong
-    sentence, which and everything after it is replaced by the reference's
-    sentences from the same position on.
+
+def sentence_similarity(a: str, b: str) -> float:
+    """Similarity in [0, 1] of two sentences (difflib ratio on whitespace-normalised text)."""
+    return difflib.SequenceMatcher(None, " ".join(_norm(a)), " ".join(_norm(b))).ratio()
+
+
+def edit_sentences(attempt: str, reference: str, num_ops: int = 1, threshold: float = 0.6,
+                   generator: torch.Generator | None = None) -> str:
+    """EditGRPO's post-rollout edit: at most ``num_ops`` sentence operations against the reference.
+
+    As the authors' ``process_text_with_server_analysis`` (operation priority
+    replace, delete, add; one operation per cycle; an emptied text gets one
+    added sentence). A sentence of the attempt is a *false positive* (FP) when
+    no reference sentence equals it (whitespace-insensitive); a reference
+    sentence missing from the attempt is a *false negative* (FN).
+
+    1. replace: the first FP sentence whose most similar reference sentence
+       has :func:`sentence_similarity` >= ``threshold`` is replaced by it;
+    2. else delete the first FP sentence;
+    3. else append a random FN sentence (``generator``).
+
+    The authors match radiology entities (NER, embedding similarity); this
+    sentence-level similarity is the stand-in for text tasks.
     """
-    a, r = split_sentences(attempt), split_sentences(reference)
+    sents = split_sentences(attempt)
+    ref = split_sentences(reference)
+    ref_norm = [_norm(r) for r in ref]
+    done: set[int] = set()  # attempt sentences already edited
+
+    def fps():
+        return [i for i, x in enumerate(sents) if i not in done and _norm(x) not in ref_norm and x.strip()]
+
+    def fns():
+        have = [_norm(x) for x in sents]
+        return [r for r, n in zip(ref, ref_norm) if n not in have and r.strip()]
+
+    def add_one() -> bool:
+        cand = fns()
+        if not cand:
+            return False
+        k = int(torch.randint(len(cand), (1,), generator=generator)) if len(cand) > 1 else 0
+        tail = "" if not sents or sents[-1].endswith((" ", "\n")) else " "
+        sents.append(tail + cand[k].strip())
+        done.add(len(sents) - 1)
+        return True
+
+    for _ in range(num_ops):
+        performed = False
+        for i in fps():  # replace
+            best = max(ref, key=lambda r: sentence_similarity(sents[i], r), default=None)
+            if best is not None and sentence_similarity(sents[i], best) >= threshold:
+                lead = sents[i][:len(sents[i]) - len(sents[i].lstrip())]
+                trail = sents[i][len(sents[i].rstrip()):]
+                sents[i] = lead + best.strip() + trail
+                done.add(i)
+                performed = True
+                break
+        if not performed and fps():  # delete
+            del sents[fps()[0]]
+            done.clear()  # indices moved; the deleted sentence is gone
+            performed = True
+        if not performed:
+            performed = add_one()
+        if not performed:
+            break
+    if not "".join(sents).strip():
+        add_one()
+    return "".join(sents)
+
+
+def _common_head_tokens(tok, ids: list[int], original: str, edited: str) -> int:
+    """Most leading tokens of ``ids`` whose decoded text is a prefix of both ``original`` and ``edited``."""
     n = 0
-    while n < min(len(a), len(r)) and a[n].split() == r[n].split():
+    while n < min(len(original), len(edited)) and original[n] == edited[n]:
         n += 1
-    return "".join(a[:n]), "".join(r[n:])
-
-
-def _kept_tokens(tok, ids: list[int], kept_text: str) -> int:
-    """Fewest leading tokens of ``ids`` whose decoded text covers ``kept_text``."""
-    if not kept_text:
-        return 0
-    for k in range(1, len(ids) + 1):
-        if len(tok.decode(ids[:k], skip_special_tokens=True)) >= len(kept_text):
-            return k
-    return len(ids)
-
-
-def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-             injection_reference_template: str = REFERENCE_TEMPLATE,
-             editgrpo_success_threshold: float = param(1.0, 'editgrpo: rollouts with scalar reward below this are '
-                                                       'failed and may be edited'),
-             editgrpo_edit_fraction: float = param(0.5, "editgrpo: fraction of each group's failed rollouts that are "
-                                                   'edited (rounded up)'),
-             editgrpo_train_edits: bool = param(True, 'editgrpo: the injected corrected sentences enter the loss')):
-    """EditGRPO post-rollout sentence-level edits (Zhang et al., 2025, arXiv:2509.22812,
-    github.com/taokz/EditGRPO; seed 004-11).
-
-    Mixed-policy rollouts: G completions are sampled and scored; in each
-    group ``ceil(editgrpo_edit_fraction * #failed)`` failed rollouts (scalar
-    reward < ``editgrpo_success_threshold``, drawn at random) are edited
-    against the reference (``injection_reference_template``): the rollout
-    is split into sentences (terminators ``. ! ? newline``) and kept up to
-    its first sentence that differs from the reference's sentence at the same
-    position (:func:`edit_point`); that sentence and the rest are replaced by
-    the reference's remaining sentences + EOS. Kept tokens stay SAMPLED with
-    their original behaviour log-probs; corrected tokens are INJECTED with
-    teacher-forced log-probs ("recompute the log-probabilities on the edited
-    sequence"), and enter the loss (``editgrpo_train_edits``). Edited rows are
-    re-scored.
-
-    Choices: the paper edits radiology reports with NER-driven minimal
-    sentence operations and a similarity threshold; for verifiable tasks
-    without a sentence judge we use positional sentence agreement with the
-    reference as "first wrong sentence", and edit half of the failed rollouts
-    (the authors' "half" setting) so groups keep on-policy failures as
-    contrast.
-
-    Provenance: reconstructed from the abstract — positional sentence agreement with the reference as the first
-    wrong sentence, replaced by the reference's remaining sentences, half of the failed rollouts edited; the
-    NER-driven sentence operations of the paper are not implemented.
-    """
-    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
-    fail = failed_rows(scalar, editgrpo_success_threshold)
-    idx = []
-    for g in torch.unique(batch.group_ids):
-        members = [int(i) for i in (batch.group_ids == g).nonzero().squeeze(-1) if fail[int(i)]]
-        idx += _pick(members, editgrpo_edit_fraction, ctx.generator)
-    if not idx:
-        return batch
-    tok = ctx.tokenizer
-    eos = eos_token_ids(tok, ctx.policy)
-    template = injection_reference_template
-    data = _column_rows(batch, idx)
-    heads = []
-    for i, row in zip(idx, data):
-        head = sampled_head(batch, i, eos)
-        kept, fix = edit_point(tok.decode(head.ids, skip_special_tokens=True), reference_text(row, template))
-        k = _kept_tokens(tok, head.ids, kept)
-        heads.append([Segment(head.ids[:k], SAMPLED, True, head.logprobs[:k]),
-                      Segment(text_ids(tok, fix) + [tok.eos_token_id], INJECTED, editgrpo_train_edits)])
-    new = compose_rows(ctx, data, batch.prompt_uids[idx].tolist(), batch.group_ids[idx].tolist(), heads,
-                       continue_=False)
-    ctx.score(new)
-    return replace_rows(batch, idx, new, tok.pad_token_id)
+    k = 0
+    while k < len(ids):
+        text = tok.decode(ids[:k + 1], skip_special_tokens=True)
+        if len(text) > n or not edited.startswith(text):
+            break
+        k += 1
+    return k
 
 
 def _check_editgrpo(cfg) -> None:
     _check_fraction(cfg, "editgrpo_edit_fraction")
+    if cfg.editgrpo_num_ops < 1:
+        raise ConfigError(f"editgrpo_num_ops: must be >= 1, got {cfg.editgrpo_num_ops}")
+    if not 0.0 <= cfg.editgrpo_similarity_threshold <= 1.0:
+        raise ConfigError(f"editgrpo_similarity_threshold: must be in [0, 1], got {cfg.editgrpo_similarity_threshold}")
+
+
+def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+             injection_reference_template: str = REFERENCE_TEMPLATE,
+             editgrpo_edit_fraction: float = param(0.5, 'editgrpo: k = max(1, floor(fraction * G)) random rollouts '
+                                                   'per group are edited and their edited copies replace k other '
+                                                   'random rollouts (authors: G/2)'),
+             editgrpo_num_ops: int = param(1, 'editgrpo: sentence operations per edit (authors: 1)'),
+             editgrpo_similarity_threshold: float = param(0.6, 'editgrpo: a wrong sentence is replaced by its most '
+                                                          'similar reference sentence when the similarity >= this '
+                                                          '(authors: 0.6)'),
+             editgrpo_train_edits: bool = param(True, 'editgrpo: the edited tokens enter the loss')):
+    """EditGRPO post-rollout sentence-level edits (Zhang et al., 2025, arXiv:2509.22812; seed 004-11).
+
+    Mixed-policy rollouts: G completions are sampled and scored. In every group
+    ``k = max(1, floor(editgrpo_edit_fraction * G))`` rollouts are drawn at
+    random as *sources* and k others as *targets* (authors: G/2 each, drawn
+    regardless of reward). Each source is edited against the reference
+    (``injection_reference_template``) by at most ``editgrpo_num_ops``
+    sentence operations (:func:`edit_sentences`: replace a wrong sentence by
+    its most similar reference sentence, else delete one, else add a missing
+    one); when the edit changes the text, the edited copy replaces the
+    target, so the group keeps the source and gains its edited version. The
+    tokens the edit leaves untouched at the start stay SAMPLED with their own
+    behaviour log-probs; from the first changed character on the text is
+    INJECTED (teacher-forced log-probs, i.e. the authors' recomputation of the
+    log-probabilities on the edited sequence) and trained on
+    (``editgrpo_train_edits``), ending with EOS. Edited rows are re-scored.
+
+    Provenance: authors' code — https://github.com/taokz/EditGRPO,
+    verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py (generate_sequences,
+    extractor_num_para = -1: per prompt G/2 random sources, edited copies
+    placed at G/2 random targets) and verl/utils/RaTEscore_extractor.py
+    (process_text_with_server_analysis: operation priority replace_fp_complex,
+    delete, add; num_operations); settings from
+    examples/mimic_cxr_editgrpo_ops1_para_half_tau_0_6.sbatch (1 operation per
+    paragraph, half the group, similarity threshold 0.6, loss_agg_mode
+    seq-mean-token-sum-norm, norm_adv_by_std_in_grpo False) and
+    examples/editgrpo_mimic_cxr_2_5.yaml (KL loss low_var_kl, coefficient
+    0.01). Known differences: the authors find wrong and missing sentences with
+    a radiology NER server (RaTEScore entities, embedding similarity); here a
+    sentence is wrong when no reference sentence equals it and similarity is
+    difflib's ratio, the stand-in for text tasks.
+    """
+    batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
+    tok = ctx.tokenizer
+    eos = eos_token_ids(tok, ctx.policy)
+    pairs = []
+    for g in torch.unique(batch.group_ids):
+        members = (batch.group_ids == g).nonzero().squeeze(-1).tolist()
+        k = min(max(1, math.floor(editgrpo_edit_fraction * len(members) + 1e-9)), len(members) // 2)
+        if k < 1:
+            continue
+        perm = [members[int(p)] for p in torch.randperm(len(members), generator=ctx.generator)]
+        pairs += list(zip(perm[:k], perm[k:2 * k]))
+    sources, targets, heads = [], [], []
+    for src, tgt in pairs:
+        head = sampled_head(batch, src, eos)
+        text = tok.decode(head.ids, skip_special_tokens=True)
+        row = _column_rows(batch, [src])[0]
+        edited = edit_sentences(text, reference_text(row, injection_reference_template), editgrpo_num_ops,
+                                editgrpo_similarity_threshold, ctx.generator)
+        if edited == text:
+            continue  # the authors replace the target only when the edit changed something
+        k = _common_head_tokens(tok, head.ids, text, edited)
+        kept = tok.decode(head.ids[:k], skip_special_tokens=True)
+        sources.append(src)
+        targets.append(tgt)
+        heads.append([Segment(head.ids[:k], SAMPLED, True, head.logprobs[:k]),
+                      Segment(text_ids(tok, edited[len(kept):]) + [tok.eos_token_id], INJECTED,
+                              editgrpo_train_edits)])
+    if not targets:
+        return batch
+    new = compose_rows(ctx, _column_rows(batch, sources), batch.prompt_uids[targets].tolist(),
+                       batch.group_ids[targets].tolist(), heads, continue_=False)
+    ctx.score(new)
+    return replace_rows(batch, targets, new, tok.pad_token_id)
 
 
 ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo)(editgrpo)

@@ -15,6 +15,6 @@ trainer's standard update: ``update(batch) -> metrics dict``), ``batch``,
 from __future__ import annotations
 
 from ..registry import BATCH_STAGES, UPDATE_STRATEGIES
-from . import pruning, replay, sfpo, updates  # noqa: F401  (register stages and update strategies)
+from . import dcpo, pruning, replay, sfpo, updates  # noqa: F401  (register stages and update strategies)
 
 __all__ = ["BATCH_STAGES", "UPDATE_STRATEGIES"]

@@ -34,67 +34,74 @@ class SFPO:
     2. **Reposition**: ``theta~ = theta_0 + alpha (theta_K - theta_0)`` with
        ``alpha = sfpo_alpha`` (``torch.lerp``, exact at 0 and 1), pulling the
        parameters back toward the rollout policy to limit off-policy drift.
+       The optimiser state (Adam moments, step count) keeps what the fast
+       trajectory left, as in the authors' code;
+       ``sfpo_reposition_optimizer`` (grpolab's option) moves it along the same
+       line, ``s~ = s_0 + alpha (s_K - s_0)``, so that ``alpha = 0`` is exactly
+       one plain update from ``theta_0`` also for Adam.
     3. **Slow correction**: one more ``update(batch)`` at ``theta~``; the
        result is ``theta_{s+1,0}``. Behaviour log-probs stay those of
        ``theta_0`` throughout, so the clipped ratio sees the drift.
 
-    So ``alpha = 1`` is ``K + 1`` plain updates on the batch, and ``alpha = 0``
-    is one plain update from ``theta_0`` (both tested exactly).
+    So ``alpha = 1`` is ``K + 1`` plain updates on the batch. The learning-rate
+    scheduler steps once per training step (the trainer's ``train_step``), as
+    in the authors' code.
 
-    **Optimiser state** (the paper is silent; choice): the optimiser's
-    per-parameter state (Adam moments and step count) is repositioned along
-    the same line, ``s~ = s_0 + alpha (s_K - s_0)`` (a state absent at
-    ``theta_0`` counts as zeros; at ``alpha = 0`` it is restored exactly), so
-    the reposition moves the whole optimiser, not only the weights, and the
-    two limits above hold for Adam, not only for SGD.
+    **Switch-off** (authors' entropy z-score): after every step the step's
+    policy entropy (the last update's ``entropy``) is recorded; once
+    ``sfpo_entropy_window`` values are recorded, with ``w`` the last window
+    (the newest value included), ``z = (H_newest - mean(w)) / (std(w) +
+    1e-9)`` (population std); ``z >= sfpo_entropy_z`` switches SFPO off for
+    the rest of training (one standard update per step). ``sfpo_entropy_z
+    <= 0`` disables the switch. The window and the switch are checkpointed.
 
-    **When to stop repositioning** (choice): the paper switches the
-    fast-reposition machinery off near convergence with an entropy-based
-    schedule, reverting to plain GRPO updates. The exact rule was not
-    retrievable from the sources searched; implemented: keep the policy
-    entropy measured in the first fast update (on-policy, at ``theta_0``) of
-    the last ``sfpo_entropy_window`` steps; once the window is full, if the
-    new entropy's z-score against it, ``|H_s - mean| / (std + 1e-8)``, exceeds
-    ``sfpo_entropy_z``, SFPO is switched off for the rest of training
-    (``alpha = 0`` and no fast steps, i.e. one standard update per step).
-    ``sfpo_entropy_z = 0`` disables the switch. The window and the switch are
-    checkpointed.
-
-    Note: the trainer's ``update`` also steps the learning-rate scheduler, so
-    with a non-constant schedule the learning rate advances ``K + 1`` times per
-    step (see docs/variants/stages.md).
-
-    Provenance: reconstructed from the abstract — fast steps, reposition by alpha and a slow correction follow
-    the abstract; repositioning the optimiser state and the entropy z-score switch-off rule are grpolab's
-    choices.
+    Provenance: authors' code — https://github.com/Urheen/SFPO,
+    Demo/fsdp_workers.py (ActorRolloutRefWorker.sfpo_update_actor: K inner
+    ``update_policy`` calls, ``slow + step_size * (fast - slow)`` on the
+    trainable weights only, one more ``update_policy``, one scheduler step)
+    and Code/SFPO/verl/trainer/ppo/ray_trainer.py (fit: ``entropy_container``
+    of ``actor/entropy_loss``, ``z = (last - mean) / (np.std + 1e-9)`` over the
+    last ``zscore_w``, stop when ``z >= zscore_threshold``); settings from
+    Code/SFPO/train-scripts/*_sfpo.sh (sfpo_inner_steps 3, sfpo_step_size 0.8
+    (0.9 for Qwen3-4B), zscore_w 30, zscore_threshold 1.0). Known difference:
+    the authors' entropy metric is the mean over micro-batches of the token
+    entropy during the slow update; here it is the token mean of the last
+    update's first pass.
     """
 
     def __init__(self, *,
                  sfpo_fast_steps: int = param(3, 'SFPO: fast-trajectory updates K on the same batch before '
-                                              'repositioning'),
-                 sfpo_alpha: float = param(0.8, 'SFPO: reposition theta_0 + alpha (theta_K - theta_0), in [0, 1]'),
-                 sfpo_entropy_window: int = param(10, 'SFPO: steps of on-policy entropy kept for the switch-off test'),
-                 sfpo_entropy_z: float = param(3.0, 'SFPO: switch fast steps off for good when the entropy z-score '
-                                               'exceeds this (0 = never)')):
+                                              'repositioning (authors: 3)'),
+                 sfpo_alpha: float = param(0.8, 'SFPO: reposition theta_0 + alpha (theta_K - theta_0), in [0, 1] '
+                                           '(authors: 0.8)'),
+                 sfpo_entropy_window: int = param(30, 'SFPO: steps of entropy in the switch-off z-score (authors: '
+                                                  '30)'),
+                 sfpo_entropy_z: float = param(1.0, 'SFPO: switch fast steps off for good when the newest entropy\'s '
+                                               'z-score >= this (authors: 1.0; <= 0 = never)'),
+                 sfpo_reposition_optimizer: bool = param(False, 'SFPO: also reposition the optimiser state (grpolab '
+                                                         "option; the authors' code keeps the fast trajectory's)")):
         self.K = int(sfpo_fast_steps)
         self.alpha = float(sfpo_alpha)
         self.window = int(sfpo_entropy_window)
         self.z = float(sfpo_entropy_z)
+        self.move_state = bool(sfpo_reposition_optimizer)
         self.entropies: list[float] = []
         self.active = True
 
 
     # -------------------------------------------------------------- schedule
     def observe_entropy(self, h: float) -> None:
-        """Feed the step's on-policy entropy; may switch SFPO off for good."""
-        if self.z <= 0 or not math.isfinite(h):
+        """Record the step's entropy; may switch SFPO off for good (authors' one-sided z-score, the newest
+        value inside the window, population std)."""
+        if not math.isfinite(h):
             return
-        if len(self.entropies) >= self.window:
-            w = torch.tensor(self.entropies[-self.window:], dtype=torch.float64)
-            zscore = abs(h - float(w.mean())) / (float(w.std()) + 1e-8)
-            if zscore > self.z:
-                self.active = False
         self.entropies = (self.entropies + [float(h)])[-self.window:]
+        if self.z <= 0 or len(self.entropies) < self.window:
+            return
+        w = torch.tensor(self.entropies, dtype=torch.float64)
+        zscore = (float(w[-1]) - float(w.mean())) / (float(w.std(unbiased=False)) + 1e-9)
+        if zscore >= self.z:
+            self.active = False
 
     # ------------------------------------------------------------ reposition
     @staticmethod
@@ -106,10 +113,13 @@ class SFPO:
 
     @staticmethod
     @torch.no_grad()
-    def reposition(params, optimizer, weights0, states0, alpha: float) -> None:
-        """``x <- lerp(x_0, x_K, alpha)`` for every trainable weight and its optimiser state."""
+    def reposition(params, optimizer, weights0, states0, alpha: float, move_state: bool = True) -> None:
+        """``x <- lerp(x_0, x_K, alpha)`` for every trainable weight (and, with ``move_state``, its optimiser
+        state)."""
         for p, w0, s0 in zip(params, weights0, states0):
             p.copy_(torch.lerp(w0, p.detach(), alpha))
+            if not move_state:
+                continue
             sK = optimizer.state.get(p)
             if not sK:
                 continue
@@ -128,6 +138,7 @@ class SFPO:
     def __call__(self, update, batch, model, optimizer):
         if not self.active:
             out = update(batch)
+            self.observe_entropy(float(out["entropy"]))
             return {**out, "sfpo/active": 0.0}
         params = [p for p in model.parameters() if p.requires_grad]
         weights0, states0 = self.snapshot(params, optimizer)
@@ -137,12 +148,11 @@ class SFPO:
             out = update(batch)
             skipped += out["skipped"]
             first = first or out
-        self.reposition(params, optimizer, weights0, states0, self.alpha)
+        self.reposition(params, optimizer, weights0, states0, self.alpha, self.move_state)
         out = update(batch)  # slow correction
         skipped += out["skipped"]
-        self.observe_entropy(float(first["entropy"]))
-        return {**out, "skipped": skipped, "entropy": first["entropy"], "sfpo/active": 1.0,
-                "sfpo/fast_loss": first["loss"]}
+        self.observe_entropy(float(out["entropy"]))
+        return {**out, "skipped": skipped, "sfpo/active": 1.0, "sfpo/fast_loss": first["loss"]}
 
     def state_dict(self) -> dict:
         return {"entropies": list(self.entropies), "active": self.active}

@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 import json
@@ -31,7 +32,7 @@ from ..config import Config, ConfigError
 from ..data import columns_of, load_jsonl, model_texts
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
-from ..model.logprobs import completion_logprobs
+from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
@@ -101,8 +102,10 @@ class Trainer:
         self.model.to(self.device)
         if self.device.type != "cpu" or self.dtype != torch.float32:
             self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')}")
-        self.ref_model = None
-        if cfg.beta > 0 and not cfg.use_lora:
+        self.ref_model = None  # frozen initial weights: the KL term, or a component's reference samples (AAPO)
+        self.needs_reference = cfg.beta > 0 or any(getattr(obj, "needs_reference_model", False)
+                                                   for _, obj in cfg.selected())
+        if self.needs_reference and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
         if cfg.use_lora:
             self.model = apply_lora(self.model, cfg.lora_r, cfg.lora_alpha, list(cfg.lora_target_modules))
@@ -150,7 +153,8 @@ class Trainer:
                                      max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed)
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
                                   generator=self.generator, sampling_generator=self.sample_generator,
-                                  engine=self.engine, log=self.log)
+                                  engine=self.engine, log=self.log,
+                                  reference=self.reference_policy if self.needs_reference else None)
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
@@ -289,19 +293,23 @@ class Trainer:
         Returns ``(batch, reward-call errors, stats)``. Dynamic sampling (DAPO)
         drops groups whose ``dynamic_sampling_metric`` (by default the task's
         accuracy reward, as DAPO and verl ``filter_groups.metric=acc``) does not
-        vary and generates more prompts: each round ``ceil(
-        dynamic_sampling_oversample x groups still needed)`` prompts, the first
-        kept groups beyond the need are discarded (verl truncates the
-        accumulated batch to the train batch size). After
-        ``dynamic_sampling_max_rounds`` rounds it warns and trains on the groups
-        it kept (the step is skipped if none).
+        vary and generates more prompts: each round generates a whole generation
+        batch of ``ceil(dynamic_sampling_oversample x prompts_per_step)`` prompts
+        (verl ``data.gen_batch_size``; the DAPO authors' script uses 3 x
+        ``train_batch_size``) and keeps its groups with signal; kept groups
+        beyond ``prompts_per_step`` are discarded (verl truncates the accumulated
+        batch to the train batch size). After ``dynamic_sampling_max_rounds``
+        rounds (verl ``max_num_gen_batches``) verl stops the run with an error;
+        grpolab warns and trains on the groups it kept (the step is skipped if
+        none).
         """
         cfg = self.cfg
         kept, errors, generated, dropped = [], 0, 0, 0
         n_kept = 0
         for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
             need = cfg.prompts_per_step - n_kept
-            n_prompts = math.ceil(cfg.dynamic_sampling_oversample * need - 1e-9) if cfg.dynamic_sampling else need
+            n_prompts = (math.ceil(cfg.dynamic_sampling_oversample * cfg.prompts_per_step - 1e-9)
+                         if cfg.dynamic_sampling else need)
             batch = self.rollout(n_prompts)
             if batch.rewards is None:
                 errors += self.scorer.score(batch)
@@ -338,6 +346,10 @@ class Trainer:
                   "completion_mask": batch.completion_mask, "lengths": batch.completion_mask.sum(-1),
                   "truncated": batch.truncated, "behavior_logprobs": batch.behavior_logprobs,
                   "batch": batch, "step": self.step}
+        if any(c.wants("token_group_divergence") for c in [self.advantage] + self.weightings):  # e.g. TW-GRPO
+            with torch.no_grad(), self.precision():
+                inputs["token_group_divergence"] = group_token_divergence(
+                    self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
         adv = self.advantage(**inputs)
         for w in self.weightings:
             adv = w(advantages=adv, **inputs)
@@ -345,15 +357,21 @@ class Trainer:
             adv = adv[:, None]
         return adv * batch.completion_mask
 
+    @contextlib.contextmanager
+    def reference_policy(self):
+        """The frozen initial policy: the reference copy, or (LoRA) the policy with its adapters off."""
+        if self.ref_model is not None:
+            yield self.ref_model
+        else:
+            with self.model.disable_adapter():
+                yield self.model
+
     def reference_logprobs(self, batch) -> None:
         """Log-probs of the batch under the frozen reference (LoRA: the base model, adapters off)."""
         if self.cfg.beta <= 0:
             return
-        if self.ref_model is not None:
-            batch.ref_logprobs = self.ctx.logprobs(batch, model=self.ref_model)
-        else:
-            with self.model.disable_adapter():
-                batch.ref_logprobs = self.ctx.logprobs(batch, model=self.model)
+        with self.reference_policy() as ref:
+            batch.ref_logprobs = self.ctx.logprobs(batch, model=ref)
 
     def update(self, batch) -> dict:
         """``num_iterations`` optimiser passes over the batch, in micro-batches (the LR schedule steps in
