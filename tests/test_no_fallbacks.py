@@ -49,7 +49,7 @@ def _inputs(recipe: str, tmp_path) -> dict:
 @pytest.mark.parametrize("recipe", list(_params()))
 def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
     rec = recipe_overrides(recipe)
-    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, "save_steps": 100, **_inputs(recipe, tmp_path)}
+    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, **_inputs(recipe, tmp_path)}
     if "task" in rec:  # a recipe built around its own task (countdown, paraphrased arithmetic, ...) keeps it
         args["task"] = rec["task"]
     with warnings.catch_warnings():
