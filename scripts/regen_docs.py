@@ -34,11 +34,12 @@ PROVENANCE_HEADER = """# Provenance: how each component was checked
 One row per registered component, read from the `Provenance:` paragraph of
 its docstring (the form is in [../extending.md](../extending.md)):
 
-* **matches the authors' code**: checked against the authors' public code
-  (or, for a standard piece, the reference implementation named), repository
-  and file given; known differences are in the docstring;
-* **matches the paper's equations**: checked against the paper's equations
-  (numbers given), no authors' code was used;
+* **matches the authors' code**: checked against the authors' public code,
+  repository and file given; known differences are in the docstring;
+* **matches the paper's equations**: checked against the paper's equations,
+  no authors' code was used. Equation numbers are given where they were
+  recorded; entries saying "equation number not recorded" name the formula
+  instead (a gap to close, not a weaker claim about the formula);
 * **reconstructed from the abstract**: the published formula was not
   available; the source column states the choices grpolab made. Such a
   component is grpolab's reading of the method, not a reproduction;
