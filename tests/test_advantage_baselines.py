@@ -258,8 +258,11 @@ def test_dgrpo_difficulty_weight_hand_computed():
     # prompt difficulty: qa groups .25, .5 (mean .375) -> [2/3, 4/3]; tg groups .75, .75 -> [1, 1]
     w = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, batch)
     assert close(w, [4 / 9] * 4 + [8 / 9] * 4 + [4 / 3] * 8)
-    # without the task column: one task, only the prompt factor (mean d_q = (.25+.5+.75+.75)/4 = .5625)
-    w1 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, SimpleNamespace(columns={}))
+    # without the task column: one task, only the prompt factor (mean d_q = (.25+.5+.75+.75)/4 = .5625), and the
+    # stand-in is reported
+    from grpolab.errors import FallbackWarning
+    with pytest.warns(FallbackWarning, match="task column 'task'"):
+        w1 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, SimpleNamespace(columns={}))
     assert close(w1, [.25 / .5625] * 4 + [.5 / .5625] * 4 + [.75 / .5625] * 8)
     # a = b = 0 is GRPO
     w0 = WEIGHTINGS.get("dgrpo_difficulty_weight")(torch.ones(16), r, g, batch, dgrpo_task_power=0.0,
@@ -400,3 +403,14 @@ def test_hadw_anchor_survives_trainer_checkpoint(tiny_args):
     assert state["updates"] == 2
     resumed = Trainer(Config.build(args), resume=True, log=lambda *a: None)
     assert resumed.step == 2 and resumed.components["advantage/hadw"].fn.state_dict() == state
+
+
+def test_hadw_accuracy_outside_unit_range_is_an_error():
+    """The anchor is a solve rate: an accuracy above 1 (e.g. accuracy + 0.5 format as the combined reward) stops
+    with an error naming hadw_accuracy_reward, instead of a quietly wrong anchor."""
+    g = torch.tensor([0, 0, 1, 1])
+    with pytest.raises(ValueError, match="hadw_accuracy_reward"):
+        _hadw()(torch.ones(4), torch.tensor([1.5, 0.0, 1.0, 0.5]), g)
+    m = torch.tensor([[1.0, 0.5], [0.0, 0.0], [1.0, 0.5], [0.0, 0.5]])
+    out = _hadw(hadw_accuracy_reward=0)(torch.ones(4), m.sum(-1), g, reward_matrix=m)  # the accuracy column
+    assert torch.isfinite(out).all()

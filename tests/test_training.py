@@ -65,9 +65,13 @@ def _capture(argv):
 
 
 @pytest.mark.parametrize("recipe", recipe_names())
-def test_every_recipe_trains(tiny_args, recipe):
+def test_every_recipe_trains(tiny_args, recipe, tmp_path):
     rec = recipe_overrides(recipe)
     args = {**rec, **tiny_args, "steps": 2, "num_iterations": 2}
+    if recipe == "irpo":  # IRPO needs a pointwise reward model ('rm' column): a tiny local one
+        from test_reward_models import _save_tiny_rm
+        _save_tiny_rm(tmp_path / "rm")
+        args["reward"] = [f"rm:{tmp_path / 'rm'}"]
     if "task" in rec:  # a recipe built around its own task (e.g. countdown) keeps it
         args["task"] = rec["task"]
     t, _ = run(args)

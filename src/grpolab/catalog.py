@@ -33,11 +33,60 @@ for _pkg in COMPONENT_PACKAGES:
     for _mod in pkgutil.iter_modules(_pkg.__path__):
         importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
 
-__all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES", "describe", "components_markdown", "components_text"]
+__all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES", "PROVENANCE_KINDS", "describe", "components_markdown",
+           "components_text", "parse_provenance", "provenance_markdown"]
 
 _SRC = Path(__file__).resolve().parent.parent  # src/: built-in files are named relative to it
 _ARXIV = re.compile(r"arXiv:\s*(\d{4}\.\d{4,5})")
 _SEED = re.compile(r"(?<![\w.:/-])(\d{3}-\d{2,3})(?![\w-])")
+
+
+# The provenance of a component: a docstring paragraph ``Provenance: <kind> — <source>; <notes>.``
+# (the em dash may be written `` - ``). Kind -> the words of docs/variants/provenance.md.
+PROVENANCE_KINDS = {
+    "authors' code": "matches the authors' code",
+    "paper equations": "matches the paper's equations",
+    "reconstructed from the abstract": "reconstructed from the abstract",
+    "grpolab's own": "grpolab's own (no published method)",
+}
+_PROVENANCE = re.compile(r"^Provenance:\s*(?P<kind>" + "|".join(map(re.escape, PROVENANCE_KINDS))
+                         + r")\s*(?:—| - )\s*(?P<rest>.*)$", re.S)
+_URL = re.compile(r"https?://[^\s,;]+")
+
+
+def parse_provenance(doc: str) -> dict | None:
+    """The ``Provenance:`` paragraph of a docstring as data, or None when it has none (or an unknown kind).
+
+    ``kind`` (a key of :data:`PROVENANCE_KINDS`), ``source`` (the text before the first ``;``: for authors'
+    code the repository URL and the file, for paper equations the paper and equation numbers, for a
+    reconstruction the choices), ``notes`` (the rest), ``url`` and ``path`` (authors' code only: the
+    repository and the file named right after it, ``None`` when missing).
+    """
+    for para in re.split(r"\n\s*\n", doc or ""):
+        text = " ".join(para.split())
+        if not text.startswith("Provenance:"):
+            continue
+        m = _PROVENANCE.match(text)
+        if m is None:
+            return None
+        rest = m.group("rest").strip()
+        depth, cut = 0, len(rest)
+        for i, ch in enumerate(rest):  # the first "; " outside parentheses ends the source
+            depth += (ch == "(") - (ch == ")")
+            if depth == 0 and rest.startswith("; ", i):
+                cut = i
+                break
+        source, notes = rest[:cut], rest[cut + 2:]
+        url = path = None
+        if m.group("kind") == "authors' code":
+            u = _URL.search(source)
+            if u:
+                url = u.group(0).rstrip(".")
+                after = source[u.end():].lstrip(" ,")
+                path = after.split(" ")[0].strip("`,.()") or None
+        return {"kind": m.group("kind"), "source": source.rstrip("."), "notes": notes.strip(), "url": url,
+                "path": path}
+    return None
 
 
 def _source(obj) -> tuple[str | None, int | None]:
@@ -92,7 +141,8 @@ def describe(kind: str | None = None) -> list[dict]:
     ``rollout``, ...); ``None`` lists all. Each entry: ``kind``, ``registry`` (its long name), ``key`` (the
     config key that selects it, or None), ``name``, ``file``, ``line``, ``arxiv`` and ``seeds`` (ids cited by
     its docstring), ``recipes`` (``name``, ``title``, ``citation``, ``seed`` of the recipes that select it),
-    ``summary`` (the docstring's first line, or first paragraph when it wraps) and ``params`` (``key``, ``default``, ``type``, ``help``,
+    ``summary`` (the docstring's first line, or first paragraph when it wraps), ``provenance``
+    (:func:`parse_provenance` of its docstring, None when it has no such paragraph) and ``params`` (``key``, ``default``, ``type``, ``help``,
     ``choices``, ``owners``).
     """
     if kind is not None and kind not in ALL_REGISTRIES:
@@ -114,6 +164,7 @@ def describe(kind: str | None = None) -> list[dict]:
                 "arxiv": list(dict.fromkeys(_ARXIV.findall(doc))), "seeds": seeds,
                 "recipes": recipes,
                 "summary": " ".join(doc.strip().split("\n\n")[0].split()),
+                "provenance": parse_provenance(doc),
                 "params": [{"key": k, "default": _plain(p.default), "type": p.annotation, "help": p.help,
                             "choices": _plain(p.choices), "owners": list(p.owners)}
                            for k, p in sorted(declared_params(obj).items())],
@@ -181,4 +232,27 @@ def components_text(components: list[dict]) -> str:
             lines.append(f"  {'':<24} paper: {paper}")
         for p in c["params"]:
             lines.append(f"  {'':<24} --{param_text(p).replace('`', '')}")
+    return "\n".join(lines) + "\n"
+
+
+def provenance_markdown(components: list[dict]) -> str:
+    """docs/variants/provenance.md's table (``grpolab components --provenance``): one row per component,
+    grouped by provenance kind, with the paper, the source (repository and file, equations, or the choices
+    made) and the recipes that select it. Components without a parseable paragraph are listed as missing."""
+    order = list(PROVENANCE_KINDS) + [None]
+    rows = sorted(components, key=lambda c: order.index((c["provenance"] or {}).get("kind")))
+    counts = {k: sum((c["provenance"] or {}).get("kind") == k for c in components) for k in order}
+    lines = [", ".join(f"{PROVENANCE_KINDS[k]}: {counts[k]}" for k in PROVENANCE_KINDS)
+             + (f", **missing: {counts[None]}**" if counts[None] else "") + f" ({len(components)} components).",
+             "", "| kind | component | registry | paper | source | recipes |", "|---|---|---|---|---|---|"]
+    for c in rows:
+        prov = c["provenance"]
+        kind = PROVENANCE_KINDS[prov["kind"]] if prov else "**missing**"
+        paper = "; ".join([f"arXiv:{a}" for a in c["arxiv"]] + [f"seed {s}" for s in c["seeds"]]) or "—"
+        source = prov["source"] if prov else "—"
+        if prov and prov["kind"] == "reconstructed from the abstract" and prov["notes"]:
+            source += "; " + prov["notes"].rstrip(".")  # the choices made are the point of this kind
+        names = [f"`{r['name']}`" for r in c["recipes"]]
+        recipes = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "") or "—"
+        lines.append(f"| {kind} | `{_cell(c['name'])}` | {c['registry']} | {paper} | {_cell(source)} | {recipes} |")
     return "\n".join(lines) + "\n"

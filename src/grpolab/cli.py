@@ -343,15 +343,17 @@ def cmd_config(args, rest: list[str]) -> int:
 
 def cmd_components(args, rest: list[str]) -> int:
     """Every registered component: kind, name, file:line, paper, summary, parameters (:func:`catalog.describe`)."""
-    from .catalog import components_markdown, components_text, describe
+    from .catalog import components_markdown, components_text, describe, provenance_markdown
     from .errors import ConfigError
 
     if rest:
         raise ConfigError(f"grpolab components: unexpected arguments {' '.join(rest)} "
-                          f"(usage: grpolab components [KIND] [--json] [--markdown])")
+                          f"(usage: grpolab components [KIND] [--json] [--markdown] [--provenance])")
     comps = describe(args.kind)
     if args.json:
         print(json.dumps(comps, indent=2))
+    elif args.provenance:
+        print(provenance_markdown(comps), end="")
     elif args.markdown:
         print(components_markdown(comps), end="")
     else:
@@ -461,6 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("kind", nargs="?", help="only this kind (advantage, policy_loss, rollout, prompt_sampler, ...)")
     k.add_argument("--json", action="store_true", help="print as JSON")
     k.add_argument("--markdown", action="store_true", help="print docs/components.md's tables")
+    k.add_argument("--provenance", action="store_true", help="print docs/variants/provenance.md's table: how "
+                                                             "each component was checked (authors' code, paper "
+                                                             "equations, or reconstructed from the abstract)")
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -18,6 +18,7 @@ import torch
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
 from .filters import zero_variance_groups
 from .weightings import WEIGHTINGS
+from ..errors import warn_fallback
 from ..registry import param
 
 # --------------------------------------------------------------------------- helpers
@@ -89,6 +90,10 @@ def leave_one_out(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tenso
     verl ``rloo``, OpenRLHF ``rloo``). So RLOO is ``n/(n-1)`` times the
     mean-only baseline (``group_mean``). A group with a single scored row and
     unscorable rows get 0.
+
+    Provenance: paper equations — RLOO (Ahmadian et al., 2024, arXiv:2402.14740), the leave-one-out baseline of
+    REINFORCE with k samples (equation number not recorded); TRL RLOOTrainer, verl rloo and OpenRLHF rloo
+    compute the same.
     """
     mean, _, count = group_stats(rewards, group_ids)
     scale = count / (count - 1).clamp(min=1)
@@ -113,12 +118,11 @@ def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask
     ``mu = (1/T) sum_i L_i a_i``;  ``var = (1/T) sum_i L_i (a_i - mu)^2``;
     ``A_i = (a_i - mu) / sqrt(max(var, 1e-8))``
 
-    Provenance: matches the authors' code, OpenRLHF
-    ``openrlhf/trainer/ppo_utils/experience_maker.py`` (estimator
-    ``reinforce_baseline``: ``rewards - rewards.mean(-1)`` per group, then the
-    "normalize advantages across all experiences" block: token-level masked
-    mean, biased (divide by the token count) masked variance,
-    ``var.clamp(min=1e-8).rsqrt()``). verl ``reinforce_plus_plus_baseline``
+    Provenance: authors' code — https://github.com/OpenRLHF/OpenRLHF,
+    openrlhf/trainer/ppo_utils/experience_maker.py (estimator ``reinforce_baseline``); there:
+    ``rewards - rewards.mean(-1)`` per group, then the "normalize advantages across all experiences" block:
+    token-level masked mean, biased (divide by the token count) masked variance,
+    ``var.clamp(min=1e-8).rsqrt()``. verl ``reinforce_plus_plus_baseline``
     also whitens over tokens (``masked_whiten``). Long completions therefore
     weigh more in the batch statistics. ``advantage_epsilon`` is not used
     here (OpenRLHF's 1e-8 variance floor is).
@@ -156,6 +160,9 @@ def group_mean_batch_std(rewards: torch.Tensor, group_ids: torch.Tensor, *,
 
     ``std_batch`` is the Bessel-corrected std of every scored reward in the
     batch (TRL ``scale_rewards="batch"``, ROLL Lite-PPO). Unscorable rows get 0.
+
+    Provenance: paper equations — Lite-PPO (Liu et al., 2025, arXiv:2508.08221), group-mean / batch-std
+    advantage normalisation (equation number not recorded); the same as TRL scale_rewards batch.
     """
     ok = ~torch.isnan(rewards)
     std = rewards[ok].std() if ok.sum() > 1 else rewards.new_tensor(0.0)
@@ -188,6 +195,10 @@ def gpg(rewards: torch.Tensor, group_ids: torch.Tensor, *,
     objective ``policy_gradient``). The paper's ``beta_th`` (resample when the
     valid fraction is below a threshold) is a sampling rule, not part of this
     estimator.
+
+    Provenance: paper equations — GPG (Chu et al., 2025, arXiv:2504.02546), the corrected advantage alpha (r -
+    mean) / F_norm with alpha = B / (B - M) (equation numbers not recorded); gpg_alpha nonzero is verl's
+    approximation, named as such.
     """
     adv = group_mean(rewards, group_ids)
     if gpg_std_normalize:
@@ -228,6 +239,10 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
     in non-zero-variance groups)``, a token-level analogue of GPG's alpha for a
     token-mean loss. The authors' per-rank ``global_balancing_ratio`` is a
     data-parallel detail and is not needed here.
+
+    Provenance: authors' code — https://github.com/AMAP-ML/MathForge, trl-0.20.0/trl/trainer/grpo_trainer.py
+    (DGAE: n / (sum |r - mean| + eps) and the valid-token rescale); the per-rank global_balancing_ratio is a
+    data-parallel detail left out.
     """
     mean, _, count = group_stats(rewards, group_ids)
     dev = rewards - mean
@@ -263,6 +278,10 @@ def group_mean_balanced_drop(rewards: torch.Tensor, group_ids: torch.Tensor, ste
     rows). Groups where the kept set has one row get 0 (as in the authors'
     code, which then uses a zero baseline only for singleton groups; here a
     single kept row carries no relative signal).
+
+    Provenance: reconstructed from the abstract — the RED-Drop rule as restated from the paper and the authors'
+    Trinity-RFT option drop: balance (file not located in this pass): surplus negatives dropped at random,
+    baseline over the kept rows; the seeded per-step draw and the singleton-group rule are grpolab's.
     """
     gen = torch.Generator().manual_seed(int(red_seed) * 1_000_003 + int(step))
     out = torch.zeros_like(rewards)
@@ -300,6 +319,10 @@ def gdpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Te
     Unscorable entries are left out of their column's statistics; a row with
     every reward unscorable gets 0. With one reward, the first two lines are
     exactly ``group_zscore``; GDPO differs from GRPO only by the batch step.
+
+    Provenance: paper equations — GDPO (seed 000-24), reward-decoupled normalisation then batch re-normalisation
+    (equation numbers not recorded); cross-checked against TRL multi_objective_aggregation normalize_then_sum
+    and verl gdpo, which compute the same three lines.
     """
     del rewards  # the combined reward is not used: each column is normalised on its own
     decoupled = combine_rewards(_per_reward_zscore(reward_matrix, group_ids, advantage_epsilon), reward_weights)
@@ -323,6 +346,10 @@ def mo_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch
     paper; ``mo_grpo_use_weights`` multiplies each term by its
     ``reward_weights`` entry. Unlike GDPO the final normalisation is per
     group (the GRPO step applied to the combined reward), not over the batch.
+
+    Provenance: paper equations — MO-GRPO (Ichihara et al., 2025, arXiv:2509.22047), per-reward group
+    normalisation then the GRPO z-score (equation numbers not recorded); mo_grpo_use_weights is grpolab's
+    option.
     """
     del rewards
     weights = reward_weights if mo_grpo_use_weights else torch.ones_like(reward_weights)
@@ -346,6 +373,9 @@ def multi_label_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
     misses one label (NaN) on the same scale as the others; with every label
     scored this is the plain weighted sum up to the constant ``sum_k w_k``,
     which the z-score removes.
+
+    Provenance: reconstructed from the abstract — the labels are reward columns combined by a weighted mean over
+    the scored labels, then group_zscore; the paper's reward-model architecture is not part of this component.
     """
     del rewards
     scored = (~torch.isnan(reward_matrix)).to(reward_matrix.dtype)
@@ -377,6 +407,10 @@ def dgpo_question_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_
     to 1 over those questions, so harder questions (lower accuracy) get more
     than 1 and easier ones less. Other groups keep weight 1 (their advantages
     are 0). ``T = 2`` in the authors' scripts.
+
+    Provenance: authors' code — https://github.com/AMAP-ML/MathForge, trl-0.20.0/trl/trainer/grpo_trainer.py
+    (DQW: M softmax(-acc / T) over the non-zero-variance questions, accuracy 0 read as 1); T = 2 from the
+    authors' scripts.
     """
     acc = _accuracy(rewards, reward_matrix, dgpo_accuracy_reward)
     acc_q, _, _ = group_stats(acc, group_ids)
@@ -423,6 +457,9 @@ def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, grou
     length-dependent accuracy reward and wrong-answer penalty are reward
     transforms. "Correct" is ``reward > 0`` as in the authors' code (their
     wrong answers score -1 or 0).
+
+    Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/ppo/core_algos.py
+    (logistic_reweight, A = 0.4, B = 1.5, x0 = 0.75, k = 10); "correct" is reward > 0 as there.
     """
     correct = torch.where(torch.isnan(rewards), rewards, (rewards > lead_correct_threshold).to(rewards.dtype))
     rho, _, _ = group_stats(correct, group_ids)
@@ -468,6 +505,10 @@ class HistoryAwareDifficultyWeight:
     instead of the arbitrary ``hadw_init_anchor`` (which only weights that
     first batch). Accuracy is the combined reward (``hadw_accuracy_reward =
     -1``) or one reward column, assumed to lie in [0, 1].
+
+    Provenance: paper equations — HA-DW (Yang et al., 2026, arXiv:2601.08521), the anchor update and the weight
+    lambda exp(D M) as restated in TRL PR 4863 (equation numbers not recorded); the clip of eta_t, the sigma
+    window and the first-batch anchor are grpolab's choices.
     """
 
     def __init__(self, *,
@@ -509,6 +550,12 @@ class HistoryAwareDifficultyWeight:
     def __call__(self, advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor,
                  reward_matrix: torch.Tensor | None = None) -> torch.Tensor:
         accuracy = _accuracy(rewards, reward_matrix, self.accuracy_reward)
+        ok = accuracy[~torch.isnan(accuracy)]
+        if ok.numel() and (float(ok.min()) < 0.0 or float(ok.max()) > 1.0):
+            which = "the combined reward" if self.accuracy_reward < 0 else f"reward column {self.accuracy_reward}"
+            raise ValueError(f"hadw: the accuracy ({which}) must lie in [0, 1] (the anchor is a solve rate), got "
+                             f"values in [{float(ok.min()):g}, {float(ok.max()):g}]; set hadw_accuracy_reward to "
+                             f"the task's accuracy column (0 on arithmetic / countdown)")
         out = advantages * self.weights(advantages, accuracy, group_ids)
         self.update(accuracy)
         return out
@@ -525,7 +572,7 @@ class HistoryAwareDifficultyWeight:
 @WEIGHTINGS.register("dgrpo_difficulty_weight")
 def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_ids: torch.Tensor, batch=None, *,
                             dgrpo_task_column: str = param('task', "DGRPO: data column naming each row's task "
-                                                           '(missing = one task)'),
+                                                           '(missing: one task, reported as a FallbackWarning)'),
                             dgrpo_task_power: float = param(1.0, 'DGRPO: exponent a of the task weight (d_task / '
                                                             'mean d_task)^a'),
                             dgrpo_sample_power: float = param(1.0, 'DGRPO: exponent b of the prompt weight (d_q / '
@@ -553,9 +600,15 @@ def dgrpo_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, gro
     task is the data column ``dgrpo_task_column`` (e.g. ``task``); without
     that column every row is one task and only the prompt factor acts.
     ``a = b = 0`` gives GRPO.
+
+    Provenance: reconstructed from the abstract — task and prompt difficulty 1 - mean reward, floored, each
+    normalised to mean 1 and raised to a and b; the paper's rule and code were not found.
     """
     n = rewards.shape[0]
     col = None if batch is None else getattr(batch, "columns", {}).get(dgrpo_task_column)
+    if col is None and dgrpo_task_power != 0:
+        warn_fallback("dgrpo_difficulty_weight", f"the task column '{dgrpo_task_column}' (dgrpo_task_column)",
+                      "one task for every row (only the prompt factor acts)")
     names = [str(v) for v in col] if col is not None else ["" for _ in range(n)]
     task_index = {name: i for i, name in enumerate(dict.fromkeys(names))}
     task_ids = torch.tensor([task_index[v] for v in names], dtype=torch.long)
@@ -590,6 +643,11 @@ def advantage_exp_weight(advantages: torch.Tensor, *,
     with high advantage are up-weighted and low-advantage samples are
     down-weighted, which the paper justifies as moving the effective data
     distribution towards better responses. ``tau = 1`` in their configs.
+
+    Provenance: authors' code — https://github.com/agentscope-ai/Trinity-RFT,
+    trinity/algorithm/policy_loss_fn/rec_policy_loss.py (RECPolicyLossFn, weight "advantage":
+    A exp(A / temp), then -A' log pi with clip_mode "none"); temp = 1 as there (recipe red_weight pairs it
+    with policy_gradient).
     """
     if red_temperature <= 0 or not math.isfinite(red_temperature):
         raise ValueError(f"red_temperature: must be a positive number, got {red_temperature}")

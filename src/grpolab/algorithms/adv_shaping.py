@@ -24,6 +24,7 @@ from typing import Callable
 import torch
 
 from ..batch import SAMPLED
+from ..errors import warn_fallback
 from ..registry import ANSWER_KEYS
 from .losses import per_token
 from ..data import completion_text
@@ -76,7 +77,11 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 @ANSWER_KEYS.register("final_line")
 def final_line_key(text: str) -> str:
-    """The last non-empty line, stripped ('' for an empty completion)."""
+    """The last non-empty line, stripped ('' for an empty completion).
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
@@ -84,7 +89,11 @@ def final_line_key(text: str) -> str:
 @ANSWER_KEYS.register("last_number")
 def last_number_key(text: str) -> str:
     """The last number in the text (``3``, ``3.0`` and ``3.00`` are one answer; ``a/b`` kept as
-    written); the stripped final line when the text has no number."""
+    written); the stripped final line when the text has no number.
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     found = _NUMBER.findall(text)
     if not found:
         return final_line_key(text)
@@ -97,7 +106,11 @@ def last_number_key(text: str) -> str:
 
 @ANSWER_KEYS.register("exact")
 def exact_key(text: str) -> str:
-    """The whole completion, stripped."""
+    """The whole completion, stripped.
+
+    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
+    published method.
+    """
     return text.strip()
 
 
@@ -278,6 +291,9 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
     multiplies the GRPO z-score (it recovers GRPO's std); binary rewards are
     assumed, counting ``reward > 0`` as a success as they do. ``p = 0.1`` is our
     default (the authors' flag defaults to 0 = off).
+
+    Provenance: authors' code — https://github.com/shenpeijun0212/S-GRPO, train/train_S-GRPO.py (group_weight,
+    compute_monte_carlo_advantages); p = 0.1 is grpolab's default (the authors' flag defaults to 0).
     """
     adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon)
     scored = ~torch.isnan(rewards)
@@ -314,6 +330,10 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
     code, which averages over the gathered micro-batch). ``P_i`` is floored at
     ``edge_min_entropy``. Guided Error Correction (a rollout-side mechanism that
     injects text) is not part of this component.
+
+    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
+    (entropy-driven advantage); known difference: the response entropy is estimated from the behaviour log-probs
+    of the sampled tokens, the authors compute exact token entropies at loss time.
     """
     P = _masked_row_mean(-behavior_logprobs.double(), completion_mask).clamp(min=edge_min_entropy)
     if edge_normalize == "group":
@@ -360,6 +380,10 @@ class SPOValueTracker:
     (4) The tracker's prioritised prompt sampling is a sampler feature and is
     not part of this component. Unscorable (NaN) rows get A = 0 and do not
     update the tracker.
+
+    Provenance: reconstructed from the abstract — the Beta tracker and batch z-score follow the paper's
+    description; the drift D from the change of the prompt's mean NLL, the prior count N0 and the [0, 1] reward
+    assumption are grpolab's choices.
     """
 
     def __init__(self, *,
@@ -854,7 +878,11 @@ def span_ids_of(batch, completion_mask: torch.Tensor, span_mark: str) -> torch.T
     """Span id per token ``[R, T]`` (0 = none) from ``batch.span_ids`` or ``first_token`` marking."""
     alive = completion_mask > 0
     if span_mark == "batch":
-        return batch.span_ids.long() * alive
+        ids = batch.span_ids.long() * alive
+        if not bool((ids > 0).any()):
+            warn_fallback("span_mark: batch", "span ids (the rollout marked no token span)",
+                          "one span for every token (span 0)")
+        return ids
     if span_mark == "first_token":
         ids = torch.full(completion_mask.shape, 2, dtype=torch.long)
         ids[:, 0] = 1
@@ -887,6 +915,10 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
     Spans: ``span_mark: first_token`` marks the first completion token as span
     1 (the Thinkless ``<short>``/``<think>`` control token) and the rest as
     span 2; ``batch`` uses ``batch.span_ids`` as written by the rollout.
+
+    Provenance: authors' code — https://github.com/VainF/Thinkless, verl/verl/trainer/ppo/core_algos.py
+    (compute_policy_loss with thinkless_alpha: alpha * mean(control-token loss) + mean(response loss)); equal to
+    the decoupled loss for clipped_ratio under token_mean.
     """
     ids = span_ids_of(batch, completion_mask, span_mark)
     scales = [float(c) for c in span_scales]
@@ -925,6 +957,9 @@ def span_decoupled_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, rew
     ``span_mark: first_token``. Unmarked tokens (id 0) use column 0 of the
     list. Choices: the generic text-LLM mechanism; the crop tool and visual
     tokens of the paper are domain-specific and not part of this component.
+
+    Provenance: reconstructed from the abstract — per-span reward columns, each group-normalised, for the
+    generic text-LLM case; the paper's crop tool and visual tokens are not included.
     """
     ids = span_ids_of(batch, completion_mask, span_mark)
     names = _reward_names(batch, reward_matrix)

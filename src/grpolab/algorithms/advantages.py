@@ -59,6 +59,10 @@ def group_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_ep
     rows, ``epsilon = 1e-4`` as in TRL (verl uses 1e-6). A zero-variance group
     gets A = 0 exactly (numerator is 0). A group with a single scored row, and
     unscorable (NaN) rows, get A = 0.
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), the outcome-supervision
+    advantage of Sec. 4.1.2 (r_i - mean(r)) / std(r) used in Eq. (3); the Bessel std and epsilon = 1e-4 are
+    TRL's GRPOTrainer convention (the paper does not fix them).
     """
     mean, std, _ = group_stats(rewards, group_ids)
     adv = (rewards - mean) / (std + advantage_epsilon)
@@ -71,6 +75,10 @@ def group_mean(rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
 
     Dropping the std removes GRPO's question-level difficulty bias. Unscorable
     rows get A = 0.
+
+    Provenance: paper equations — Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training",
+    arXiv:2503.20783), the unbiased advantage r_i - mean(r) (GRPO's advantage without the std; equation number
+    not recorded); TRL scale_rewards none computes the same.
     """
     mean, _, _ = group_stats(rewards, group_ids)
     return torch.nan_to_num(rewards - mean, nan=0.0)

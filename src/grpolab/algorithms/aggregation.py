@@ -52,15 +52,31 @@ class StepTotals:
 
 @AGGREGATIONS.register("seq_mean_token_mean")
 def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    """GRPO's aggregation: each sequence's mean token loss, averaged over the step's sequences (module docstring).
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (3): (1/G) sum_i
+    (1/|o_i|) sum_t; the same as TRL grpo and verl seq-mean-token-mean.
+    """
     per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / totals.num_sequences
 
 
 @AGGREGATIONS.register("token_mean")
 def token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    """DAPO's aggregation: the mean over every loss token of the step (module docstring).
+
+    Provenance: paper equations — DAPO (Yu et al., 2025, arXiv:2503.14476), the token-level policy-gradient loss
+    (1 / sum_i |o_i|) sum_i sum_t (equation number not recorded); the same as TRL dapo and verl token-mean.
+    """
     return (loss * mask).sum() / totals.num_tokens
 
 
 @AGGREGATIONS.register("constant")
 def constant(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    """Dr. GRPO's aggregation: the token sum divided by rows x a constant length (module docstring).
+
+    Provenance: paper equations — Dr. GRPO (Liu et al., 2025, arXiv:2503.20783), the constant normaliser of the
+    unbiased objective (1 / (G L_max), equation number not recorded); the same as TRL dr_grpo and verl
+    seq-mean-token-sum-norm.
+    """
     return (loss * mask).sum() / (totals.num_rows * totals.constant)

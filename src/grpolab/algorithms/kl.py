@@ -27,19 +27,31 @@ def _x(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 @KL_ESTIMATORS.register("k1")
 def k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """``k1 = log pi_theta - log pi_ref``."""
+    """``k1 = log pi_theta - log pi_ref``.
+
+    Provenance: paper equations — J. Schulman, "Approximating KL Divergence" (2020 note), estimator k1 = log r
+    (unnumbered); the same as verl kl_penalty kl.
+    """
     return -_x(logprobs, ref_logprobs)
 
 
 @KL_ESTIMATORS.register("k2")
 def k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """``k2 = (log pi_theta - log pi_ref)^2 / 2``."""
+    """``k2 = (log pi_theta - log pi_ref)^2 / 2``.
+
+    Provenance: paper equations — J. Schulman, "Approximating KL Divergence" (2020 note), estimator k2 = (log
+    r)^2 / 2 (unnumbered); the same as verl kl_penalty mse.
+    """
     return 0.5 * _x(logprobs, ref_logprobs) ** 2
 
 
 @KL_ESTIMATORS.register("k3")
 def k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """``k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` (GRPO's estimator, 000-41)."""
+    """``k3 = pi_ref/pi_theta - log(pi_ref/pi_theta) - 1`` (GRPO's estimator, 000-41).
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (4); the same as TRL's
+    GRPO KL and verl kl_penalty low_var_kl (without its clamp).
+    """
     x = _x(logprobs, ref_logprobs)
     return torch.exp(x) - x - 1.0
 

@@ -37,6 +37,10 @@ def clipped_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     [-20, 20] before ``exp``. Metrics: ``clip_frac_low`` = share of tokens with
     ``rho < 1 - eps_low`` and ``A < 0`` (the clip is active there), and
     ``clip_frac_high`` = share with ``rho > 1 + eps_high`` and ``A > 0``.
+
+    Provenance: paper equations — PPO (Schulman et al., 2017, arXiv:1707.06347), Eq. (7), as used per token in
+    DeepSeekMath (Shao et al., 2024, arXiv:2402.03300) Eq. (3); the asymmetric eps_high is DAPO's clip-higher
+    (arXiv:2503.14476); the log-ratio clamp is grpolab's numerical guard.
     """
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, warn_fallback
 from .kl import kl_penalty
 from .losses import POLICY_LOSSES, per_token
 from .regularizers import REGULARIZERS
@@ -75,6 +75,9 @@ def policy_gradient(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     Its gradient is the REINFORCE estimator ``-A grad log pi``; the value is not
     a surrogate of the return (it is not ~0 on-policy). ``old_logprobs`` is
     unused: GPG needs no behaviour policy (verl ``gpg`` loss, anchors §2).
+
+    Provenance: paper equations — GPG (Chu et al., 2025, arXiv:2504.02546), the plain policy-gradient objective
+    -A log pi without ratio or clip (equation number not recorded); the same as verl's gpg loss.
     """
     adv = per_token(advantages, logprobs)
     return -adv * logprobs, {}
@@ -148,6 +151,9 @@ def sequence_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantage
     per-token loss equals ``clipped_ratio``'s, so GSPO = GRPO under any
     aggregation (and as objectives under GRPO's ``seq_mean_token_mean``).
     The clip itself is ``clipped_ratio`` applied to ``log s_i``.
+
+    Provenance: paper equations — GSPO (Zheng et al., 2025, arXiv:2507.18071), the sequence importance ratio s_i
+    and its clipped objective (Sec. 4); ranges 3e-4 / 4e-4 as published.
     """
     log_s, _, _ = _segment_mean(logprobs - old_logprobs, mask, torch.zeros_like(mask, dtype=torch.long))
     return POLICY_LOSSES.get("clipped_ratio")(log_s, torch.zeros_like(log_s), advantages, mask,
@@ -165,6 +171,9 @@ def sequence_ratio_token(logprobs: torch.Tensor, old_logprobs: torch.Tensor, adv
     ``s_i grad log pi(o_it)``, so with a per-sequence advantage and
     ``seq_mean_token_mean`` its gradient equals GSPO's; it additionally allows
     token-level advantages ``A_it``.
+
+    Provenance: paper equations — GSPO (Zheng et al., 2025, arXiv:2507.18071), the GSPO-token objective of Sec.
+    4.3; verl's gspo loss computes the same.
     """
     log_s, _, _ = _segment_mean((logprobs - old_logprobs).detach(), mask, torch.zeros_like(mask, dtype=torch.long))
     log_s_token = log_s + logprobs - logprobs.detach()
@@ -188,8 +197,15 @@ def rank_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: t
     this is ``sequence_ratio`` (GSPO); with one token per span it is
     ``clipped_ratio``. The per-rank rewards/advantages come from the advantage
     stage (token-level advantages); this objective only defines the ratio.
+
+    Provenance: paper equations — Rank-GRPO (Zhu et al., 2025, arXiv:2510.20150), the rank-level ratio as the
+    geometric mean of an item's token ratios, averaged over ranks (equation numbers not recorded); the authors'
+    code (github.com/yaochenzhu/Rank-GRPO) was not compared line by line.
     """
     segments = batch.span_ids if batch is not None else torch.zeros_like(mask, dtype=torch.long)
+    if not bool((segments[:, :mask.shape[1]] * mask > 0).any()):
+        warn_fallback("rank_ratio", "rank-item spans (batch.span_ids: the rollout marked no item)",
+                      "one unit per completion, i.e. GSPO's sequence ratio")
     log_w, unit_size, units = _segment_mean(logprobs - old_logprobs, mask, segments)
     loss, metrics = POLICY_LOSSES.get("clipped_ratio")(log_w, torch.zeros_like(log_w), advantages, mask,
                                                        epsilon=epsilon, epsilon_high=epsilon_high)
@@ -211,6 +227,10 @@ def soft_gate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     (its value is ``2/tau``, not 1). Far off-policy tokens are down-weighted
     smoothly instead of hard-clipped. Defaults 1.0 / 1.05: TRL ``GRPOConfig``
     ``sapo_temperature_pos/neg`` defaults, documented by TRL as the paper's setting.
+
+    Provenance: paper equations — SAPO (Gao et al., 2025, arXiv:2511.20347), the soft gate (4 / tau) sigmoid(tau
+    (r - 1)) with separate positive / negative temperatures (equation number not recorded); defaults as TRL's
+    sapo_temperature_pos/neg.
     """
     adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
@@ -233,6 +253,10 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     unset = no lower clip, as TRL); ``eps_high = 4`` caps the weight at 5.0, the
     ScaleRL / TRL value. The paper normalises by all tokens of the batch
     (recipe: ``token_mean``). Metric ``cispo_clip_frac``: share of clipped weights.
+
+    Provenance: paper equations — MiniMax-M1 (arXiv:2506.13585), the CISPO objective with the clipped, detached
+    IS weight (equation number not recorded); eps_high = 4 and the open lower bound follow TRL's cispo loss
+    (ScaleRL value).
     """
     adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0)).detach()
@@ -350,6 +374,10 @@ def reg_grpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: tor
     zero variance to avoid 0/0), i.e. scale-free and bounded only by ``eps``;
     the authors' code was not public (github.com/mlvlab/DeepVideoR1 not in
     the searched index), so this corner is our choice.
+
+    Provenance: paper equations — DeepVideo-R1 (Park et al., 2025, arXiv:2506.07464), Sec. 3.2: the z-scored
+    sequence log-ratio regressed onto the GRPO advantage (equation numbers not recorded); std estimator, eps and
+    the first-pass gradient corner are grpolab's choices (no public code).
     """
     same_pairs = _pair_matrix(group_ids, "reg_grpo")
     rho = _row_sum(logprobs - old_logprobs, mask)
@@ -389,6 +417,9 @@ def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     code writes ``((l_i - l_j) - eta (r_i - r_j))^2`` = ``eta^2`` x this loss
     (same minimiser), and puts the KL-to-reference into the reward (here the
     trainer's ``beta`` KL term instead).
+
+    Provenance: authors' code — https://github.com/ZhaolinGao/REBEL, src/tldr/rebel.py; the code's loss is eta^2
+    times this one (same minimiser), and its KL-in-reward is the trainer's beta KL here.
     """
     same = _pair_matrix(group_ids, "rebel")
     ell = _row_sum(logprobs - old_logprobs, mask)
@@ -445,6 +476,10 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     (github.com/jszkc/GVPO, README ``compute_policy_loss_gvpo``) uses the old
     (behaviour) log-probs, ``0.5 * sum_i c_i^2 / (n - 1)`` per group, with
     ``beta 0.1`` and the mean-only GRPO advantage: all matched here.
+
+    Provenance: authors' code — https://github.com/jszkc/GVPO, GVPO/gvpo_core_algos.py
+    (compute_policy_loss_gvpo) and GVPO/gvpo_dp_actor.py (update_policy); the micro-batch scale is the fixed
+    factor gvpo_groups_per_micro_batch (4 in their run).
     """
     same = _pair_matrix(group_ids, "gvpo")
     anchor = _anchor(gvpo_anchor, old_logprobs, ref_logprobs, "gvpo")
@@ -481,6 +516,12 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     ``KL = mean over the micro-batch tokens of (log pi_old - log pi_theta)``
     (the authors' code; exact when a micro-batch is the whole step).
     Defaults are the paper's: tau 10 (log_l), delta 1e-4, beta 1e3.
+
+    Provenance: authors' code — https://github.com/Optimization-AI/DisCO, verl/verl/trainer/ppo/core_algos.py
+    (compute_policy_loss_disco_logL / _Lratio and the discob_ variants); scores (mean token log-prob, or mean
+    ratio), positives / negatives per question and the tau log-mean-exp over negatives as there; known
+    difference: the trust region uses the code's kl_type 'kl' (mean log pi_old - log pi_theta), its default is
+    'low_var_kl'; defaults tau 10, delta 1e-4, beta 1e3 as in the paper.
     """
     if disco_score == "log_l":
         score = _row_mean(logprobs, mask)
@@ -630,6 +671,10 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     is the authors' ratio-1 policy gradient. Choice: their per-completion
     division by the number of conflict tokens is left out (not in the paper's
     objective); no KL is needed (recipe beta 0).
+
+    Provenance: authors' code — https://github.com/winstonsmith1897/GTPO, gtpo/gtpo_training.py (conflict tokens
+    from the leading runs at start and end, entropy threshold 0.7 and coefficient 0.1); their per-completion
+    division by the number of conflict tokens is left out.
     """
     if batch is None:
         raise ValueError("gtpo_conflict needs the batch (completion token ids)")
@@ -673,6 +718,9 @@ def entropy_bonus(entropy_grad: torch.Tensor, *,
 
     Maximises entropy (TRL ``entropy_coef``, verl ``entropy_coeff``); the
     aggregation averages it like the policy loss.
+
+    Provenance: paper equations — the standard entropy bonus of PPO (Schulman et al., 2017, arXiv:1707.06347),
+    Eq. (9) (c2 S[pi]); the same as TRL entropy_coef and verl entropy_coeff.
     """
     return -entropy_bonus_coef * entropy_grad, {}
 
@@ -702,6 +750,10 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     (0.1 in the released checkpoints' run names). Not ported: the code's
     optional separate (smaller) weight on answer tokens. The term is 0
     on-policy and acts from the second pass over a batch.
+
+    Provenance: authors' code —
+    https://github.com/vengdeng/LLDS-On-Group-Relative-Policy-Optimization-Collapse-in-Search-R1,
+    verl/workers/actor/dp_actor.py; the optional separate weight on answer tokens is not ported.
     """
     if llds_gate == "response":
         units = torch.zeros_like(mask, dtype=torch.long)
@@ -756,6 +808,9 @@ def dynamic_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor | None, step: 
     reference log-probs exist), so this term adds ``(beta(s) - beta) * KL`` and
     the total KL coefficient is exactly ``beta(s)``. ``step`` is the 0-based
     optimiser step.
+
+    Provenance: paper equations — OThink-MR1 (Liu et al., 2025, arXiv:2503.16081), Sec. 3.2 Eq. (3) (the dynamic
+    KL schedule) and Eq. (5) (the k3 estimator); the beta values are the paper's geometry setting.
     """
     if ref_logprobs is None:
         raise ValueError("dynamic_kl needs reference log-probs: set beta > 0 (the recipe grpo_d does)")
@@ -780,6 +835,9 @@ class RatioVariance:
     paper's re-weighting of stale off-policy samples belongs to replay and is
     not part of this term. Stateful: ``state_dict`` holds lambda and the
     running moment.
+
+    Provenance: reconstructed from the abstract — a Lagrangian term lambda (r - 1)^2 with a dual ascent step per
+    optimiser step; the moment estimator and the step size are grpolab's choices.
     """
 
     def __init__(self, *,

@@ -18,6 +18,7 @@ import warnings
 
 import torch
 
+from ..errors import warn_fallback
 from ..registry import SAMPLERS
 from ..registry import param
 
@@ -224,6 +225,10 @@ class VASSampler:
     trainer passes ``completion_ids`` to ``feedback``. Without them TDS is 0
     and VPS reduces to the outcome variance. Default weights 1 / 1 on OVS /
     TDS and mix 0.5 are our choices.
+
+    Provenance: paper equations — MMR1 (Leng et al., 2025, arXiv:2509.21268), the Variance Promotion Score VPS =
+    w1 OVS + w2 TDS with OVS = p (1 - p) and the VPS-proportional / uniform mix refreshed every T_update steps
+    (equation numbers not recorded); TDS from token bigrams and the weights are grpolab's.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -270,6 +275,9 @@ class VASSampler:
 
     def feedback(self, prompt_uids, rewards, completion_ids=None, lengths=None, **outcomes) -> None:
         uids = torch.as_tensor(prompt_uids).reshape(-1)
+        if self.w_tds != 0 and (completion_ids is None or lengths is None):
+            warn_fallback("vas", "completion_ids / lengths in feedback (the trajectory diversity score's input)",
+                          "TDS = 0 (the VPS reduces to the outcome variance)")
         for uid, (s, n) in prompt_outcomes(uids, rewards, self.threshold).items():
             if n == 0:
                 continue
@@ -418,6 +426,10 @@ class PromptGDROSampler:
     Choices (the abstract gives the structure, not the constants): the loss is
     the error rate ``1 - success`` (so persistently hard bins are up-weighted),
     the window/EMA/eta/gamma defaults, and no hysteresis on bin changes.
+
+    Provenance: reconstructed from the abstract — the online pass@k bins, EMA-debiased bin error rate,
+    multiplicative weights and EXP3-style mixing follow the abstract's structure; window, EMA, eta, gamma and
+    the loss are grpolab's choices.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,

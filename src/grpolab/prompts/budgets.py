@@ -29,7 +29,7 @@ import math
 import torch
 
 from ..batch import INJECTED, RolloutBatch
-from ..errors import ConfigError
+from ..errors import ConfigError, warn_fallback
 from ..generation.plain import pack_completions, tokenize_prompts
 from ..generation.sampling import per_prompt
 from ..model.hf import model_device
@@ -152,6 +152,10 @@ class KnapsackSampler(_EpochOrderSampler):
     Choice: the smoothing is ours; without it an all-correct or all-wrong
     prompt has value 0 and always gets the minimum (the paper handles these
     with separate fallback rules).
+
+    Provenance: paper equations — Knapsack RL (Li et al., 2025, arXiv:2509.25849), the task value (1 - p^N -
+    (1-p)^N) p (1-p)^2 and the knapsack allocation under the total budget (equation numbers not recorded); the
+    smoothing of p is grpolab's.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8,
@@ -216,6 +220,9 @@ class AR3POSampler(_EpochOrderSampler):
     ``plain`` strategy the caps are the group sizes. Choice: the paper adapts
     within a step only (staged generation); carrying "solved last time" across
     steps as a cap is ours (it saves the second stage on easy prompts).
+
+    Provenance: reconstructed from the abstract — carrying "solved last time" across steps as a cap on a
+    prompt's responses is grpolab's; the paper adapts within a step (the ar3po rollout).
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -311,6 +318,10 @@ class GainRLSampler:
     our prompts have no fixed template, so we use the plain mean pairwise
     cosine over all prompt tokens of the last hidden layer. Before ``attach``
     (no model) every score is 0 and the order is the data order.
+
+    Provenance: reconstructed from the abstract — angle concentration as the mean pairwise cosine of last-layer
+    token states and the Gaussian window with the tanh schedule of the authors' release (constants as fractions
+    of N); the authors' code was not located in this pass, so this is not a checked port.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, max_prompt_length: int = 512,
@@ -363,6 +374,9 @@ class GainRLSampler:
     def next(self, k: int) -> list[int]:
         if self.refresh_steps and self.ctx is not None and self.steps - self.scored_at >= self.refresh_steps:
             self.refresh()
+        if self.ctx is None:
+            warn_fallback("gain_rl", "the model's angle-concentration scores (attach(ctx) was not called)",
+                          "score 0 for every prompt (the data order)")
         p = self.probabilities()
         out: list[int] = []
         while len(out) < k:
@@ -435,6 +449,10 @@ class AutoGroupSampler:
     the exploration mix and the constants are ours; the paper's per-group
     exploration-space adaptation (KL/clip per group) is not part of this
     sampler.
+
+    Provenance: reconstructed from the abstract — sorted equal-size partition by EMA success rate, error-rate
+    group loss, exponentiated-gradient worst-group weights with a uniform mix, and their constants are grpolab's
+    choices.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
@@ -646,6 +664,10 @@ class RolloutGDROSampler(_EpochOrderSampler):
     generation we solve for ``mu`` each step (the controller's fixed point),
     so every step uses exactly the uniform-G compute. ``mu`` is kept as
     ``self.shadow_price``.
+
+    Provenance: reconstructed from the abstract — Bernoulli-variance prices per bin and the square-root
+    allocation solved for the shadow price each step (the fixed point of the paper's dual controller); constants
+    are grpolab's.
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *, num_generations: int = 8,

@@ -15,6 +15,9 @@ class UniformSampler:
     the sampler's own generator at each epoch boundary. ``feedback`` receives
     per-prompt outcomes after every step (unused here; adaptive samplers such
     as VADE use it).
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Algorithm 1 (sample a
+    batch of questions each step), as an epoch-wise shuffled pass like TRL's sampler.
     """
 
     def __init__(self, num_rows: int, seed: int = 0):

@@ -30,6 +30,7 @@ import re
 from fractions import Fraction
 
 from ..data import completion_text
+from ..errors import OptionalDependencyWarning, warn_fallback
 
 _MATH_VERIFY = None  # None: not tried yet; False: not importable; else the module
 
@@ -41,8 +42,11 @@ def math_verify_module():
         try:
             import math_verify  # noqa: F401
             _MATH_VERIFY = math_verify
-        except Exception:  # not installed (or broken): use the fallback
+        except Exception:  # not installed (or broken): use the documented comparison, and say so once
             _MATH_VERIFY = False
+            warn_fallback("answer comparison (math_equal)", "the optional package math-verify",
+                          "the documented comparison of grpolab/rewards/answers.py (pip install math-verify)",
+                          category=OptionalDependencyWarning)
     return _MATH_VERIFY or None
 
 

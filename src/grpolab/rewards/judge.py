@@ -166,6 +166,9 @@ def parse_judge_spec(spec: str, cfg=None, **opts):
 
     The weight is the part after the last ``=`` when it parses as a number.
     ``opts``: the ``judge_*`` parameters (``parse_reward_spec`` passes this run's values).
+
+    Provenance: grpolab's own — an LLM-as-judge reward interface (the yes-token probability renormalised over
+    yes/no); implements no published method.
     """
 
     body, path, weight = spec[len("judge:"):], spec[len("judge:"):], 1.0

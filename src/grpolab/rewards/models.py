@@ -133,6 +133,9 @@ def parse_rm_spec(spec: str, cfg=None, **kwargs):
 
     The weight is the part after the last ``=`` when it parses as a number
     (so a path may itself contain ``=``).
+
+    Provenance: grpolab's own — a wrapper of a local sequence-classification reward model under TRL's
+    reward-function contract; implements no published method.
     """
 
     if not spec.startswith("rm:"):

@@ -48,6 +48,10 @@ def thinkless_mode_reward(rewards: torch.Tensor, reward_matrix: torch.Tensor, re
     --sft_mode thinkless`` as atomic added tokens that decoding keeps, so the
     mode is read from the completion text. The paper's gamma was not
     available to us; 0.1 is grpolab's default (``thinkless_gamma``).
+
+    Provenance: paper equations — Thinkless (Fang, Ma and Wang, 2025, arXiv:2505.13379), the mode-dependent
+    reward 1 / 1 - gamma / -1 (equation number not recorded); gamma = 0.1 is grpolab's default (the paper's
+    value was not available).
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]

@@ -138,7 +138,12 @@ def pm4grpo_conformance(prompts=None, completions=None, solution=None, **kwargs)
 
 
 def parse_pm4grpo_spec(spec: str, cfg=None, **opts):
-    """``pm4grpo[=weight]`` -> the conformance reward as :class:`~grpolab.rewards.scoring.RewardFn`."""
+    """``pm4grpo[=weight]`` -> the conformance reward as :class:`~grpolab.rewards.scoring.RewardFn`.
+
+    Provenance: reconstructed from the abstract — the conformance reward as the harmonic mean of alignment
+    fitness and precision, computed on step sequences with an LCS alignment instead of the Inductive Miner and a
+    process-mining library.
+    """
     weight = spec.partition("=")[2]
     try:
         w = float(weight) if weight else 1.0

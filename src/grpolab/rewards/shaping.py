@@ -19,6 +19,7 @@ from fractions import Fraction
 import torch
 
 from ..data import completion_text
+from ..errors import warn_fallback
 from ..registry import REWARD_TRANSFORMS
 from ..registry import param
 
@@ -88,6 +89,10 @@ def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: 
     transform is evaluated twice in a step (dynamic sampling's filter and the
     advantages). Note that noisy rewards are never tied, so DAPO's dynamic
     sampling drops no group after ReDit. NaN rows stay NaN.
+
+    Provenance: paper equations — ReDit (Wei et al., 2025, arXiv:2506.18631), additive zero-mean Gaussian or
+    uniform dithering of the discrete reward (equation number not recorded); the deterministic per-row seeding
+    is grpolab's.
     """
     if redit_distribution not in ("gaussian", "uniform"):
         raise ValueError(f"redit_distribution: expected gaussian or uniform, got '{redit_distribution}'")
@@ -144,6 +149,10 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
     ones: with the task's 0/1 accuracy reward at weight 1 that is exactly the
     code's ``1 * exp(-alpha z)`` / ``-1`` and keeps the other terms (format).
     NaN rows (and rows whose accuracy is unscorable) are left unchanged.
+
+    Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/main_ppo.py
+    (RewardManager.get_reweight_rewards); Bessel std, the 4000-token gate (lead_len_threshold) and the -1
+    penalty as there.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
@@ -306,6 +315,10 @@ def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
     keeps its reward; wrong samples (r = 0) are unchanged. Exactly the authors'
     code (``rank_penalty``, ``argsort(argsort(mean logprob)) / G``, all rows of
     the group ranked). NaN rows stay NaN and still take a rank, as there.
+
+    Provenance: authors' code — https://github.com/AndreHe02/rewarding-unlikely-release,
+    verl/trainer/ppo/ray_lean_trainer.py (rank_penalty: scores * (1 - rank * penalty), ranks by
+    argsort(argsort(mean logprob)) / G).
     """
     m = batch.completion_mask
     mean_lp = (batch.behavior_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
@@ -381,6 +394,10 @@ def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torc
     become a shortcut before the model has explored. The paper's plateau-stage
     rule (suspending by rollout diversity) is not specified in the available
     sources and is not implemented: after exploration R_IDK is always on.
+
+    Provenance: paper equations — BAPO (Liu et al., 2026, arXiv:2601.11037), the group-based IDK reward R_IDK =
+    0.5 when no completion is correct and the exploration-stage modulator (equation numbers not recorded); the
+    plateau-stage rule is not specified in the sources read and not implemented.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     pat = re.compile(bapo_idk_pattern, re.IGNORECASE)
@@ -422,6 +439,10 @@ def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
     bonus and are left out of the others' means. Choices: j = i is excluded
     (a self-comparison is always 0.5 and only shrinks the spread); the scale
     ``k`` is grpolab's knob (1 = plain BT on the model's logits).
+
+    Provenance: reconstructed from the abstract — pointwise scores turned into each row's mean Bradley-Terry win
+    probability against the other scored rows of its group (j = i excluded), with a scale k; the paper's exact
+    aggregation was not available.
     """
     if irpo_reward_column not in reward_names:
         raise ValueError(f"irpo_reward_column: no reward column '{irpo_reward_column}' (reward functions: "
@@ -490,6 +511,10 @@ def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: 
     ``alpha = 0.3``, the paper's best value. Entities are matched as whole
     words, case-insensitively, in the whole completion (the paper matches in
     the agent's reasoning; a plain reply has no separate trace).
+
+    Provenance: paper equations — E-GRPO (Zhao et al., 2025, arXiv:2510.24694), the entity-aware reward R = 1 /
+    alpha gamma_hat / 0 (equation number not recorded); the normaliser of gamma_hat (group max) and
+    whole-completion matching are grpolab's reading.
     """
     if egrpo_normalize not in ("group_max", "none"):
         raise ValueError(f"egrpo_normalize: expected group_max or none, got '{egrpo_normalize}'")
@@ -557,6 +582,10 @@ def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, bat
     term needs an information model and is not implemented.
 
     Added as ``r + paraphrase_weight * c_i``; NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — agreement mode: mean final-answer equality with the other
+    paraphrases' outputs (PS-GRPO uses a text-similarity metric on free-form answers and subsamples pairs);
+    entropy mode: 1 - H / log n of the set's final answers (000-30's helpfulness term is not implemented).
     """
     if paraphrase_mode not in ("agreement", "entropy"):
         raise ValueError(f"paraphrase_mode: expected agreement or entropy, got '{paraphrase_mode}'")
@@ -570,6 +599,11 @@ def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, bat
     for i, key in enumerate(sets):
         members.setdefault(str(key), []).append(i)
     c = torch.zeros(len(rewards), dtype=torch.float64)
+    lone = [k for k, rows in members.items() if len({uids[i] for i in rows}) < 2]
+    if lone:
+        warn_fallback("paraphrase_consistency", f"other paraphrases of {len(lone)} set(s) in the batch "
+                      f"(e.g. '{lone[0]}')", "0 (agreement) or the agreement of one wording's own completions "
+                      "(entropy); draw whole sets with prompt_sampler: paraphrase_sets")
     for rows in members.values():
         if paraphrase_mode == "agreement":
             for i in rows:

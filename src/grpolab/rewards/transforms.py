@@ -29,6 +29,9 @@ def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_comple
     scaled by ``overlong_penalty_factor`` and added to the reward (TRL's
     ``get_soft_overlong_punishment``; verl's ``overlong_buffer``). ``|y|`` counts
     generated tokens including EOS. Unscorable (NaN) rows stay NaN.
+
+    Provenance: paper equations — DAPO (Yu et al., 2025, arXiv:2503.14476), Eq. (13); the same as TRL
+    get_soft_overlong_punishment and verl overlong_buffer.
     """
     if not 0 < overlong_buffer <= max_completion_length:
         raise ValueError(f"overlong_buffer: must be in 1..max_completion_length ({max_completion_length}), "

@@ -40,6 +40,10 @@ class AR3PORollout:
     response store is checkpointed. Choices: one stored response per prompt
     (the latest); a reused response is re-scored with the reward functions
     rather than trusted (rewards are deterministic for verifiable tasks).
+
+    Provenance: reconstructed from the abstract — staged generation until a correct response and reuse of the
+    latest stored correct response for all-wrong prompts, teacher-forced as INJECTED; one stored response per
+    prompt and re-scoring are grpolab's choices.
     """
 
     def __init__(self, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES,

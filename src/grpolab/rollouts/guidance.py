@@ -199,6 +199,11 @@ class ScafGRPO:
     authors' stagnation test is "all-wrong group after the warm-up"
     (``scaf_patience = 1``); a larger patience waits for that many consecutive
     failed visits. The number of hinted samples per tier is a parameter.
+
+    Provenance: authors' code — https://github.com/dvlab-research/Scaf-GRPO,
+    hint_mix_grpo/trainer/ray_trainer.py (tiered hints for all-wrong prompts after the warm-up, minimal
+    succeeding tier, replace_hint_prompt=False); scaf_patience > 1 and the escalate schedule are grpolab's
+    options.
     """
 
     def __init__(self, *,

@@ -345,6 +345,9 @@ class G2RPOAdaptiveGuidance:
     for T = 2. The new ``l`` applies from the next rollout. The number of
     guided rows is fixed (the authors guide 2 of 12). ``l`` and the
     history are checkpointed (``state_dict``).
+
+    Provenance: authors' code — https://github.com/T-Lab-CUHKSZ/G2RPO-A, src/G2RPO-A/trainer/g2rpoa_trainer.py
+    (_compute_new_guidance_length); a fixed number of guided rows per group, as the authors'.
     """
 
     def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE,
@@ -647,6 +650,10 @@ class ThinkTuning:
     :func:`grpolab.model.loading.load_policy` (its own tokenizer; the feedback
     text is re-tokenized with the student's tokenizer). Choices: the attempt
     is cut to half the completion budget so feedback and continuation fit.
+
+    Provenance: reconstructed from the abstract — teacher feedback injected into failed rollouts (not trained
+    on) followed by a student continuation, the self / frozen teacher choice and half-budget attempts are
+    grpolab's; the authors' code (github.com/3rdAT/ThinkTuning) was not compared line by line.
     """
 
     def __init__(self, *,
@@ -772,6 +779,10 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     original completion; our completions must stay within the budget).
     Combine with the ``edge_entropy_driven`` weighting for the full method
     (recipe ``edge_grpo_correction``).
+
+    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
+    (Guided Error Correction: the reflection / answer / solution edits and their 1/2, 1/4, 1/4 draw); the kept
+    attempt is cut to half the completion budget (the authors add up to 256 tokens).
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     fail = failed_rows(scalar, edge_gec_success_threshold)

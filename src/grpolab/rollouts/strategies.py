@@ -20,5 +20,9 @@ from ..registry import ROLLOUT_STRATEGIES
 
 @ROLLOUT_STRATEGIES.register("plain")
 def plain(ctx, rows, uids, group_offset, budgets=None, temperatures=None):
-    """G sampled completions per prompt (the GRPO rollout); ragged when ``budgets`` differ."""
+    """G sampled completions per prompt (the GRPO rollout); ragged when ``budgets`` differ.
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Algorithm 1 (G outputs
+    sampled per question from the old policy).
+    """
     return ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)

@@ -84,6 +84,10 @@ def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     correct final answer in the answer tags, 1 anywhere in the final text) is
     replaced by the task's own rewards. ``motif_rounds = 1`` is plain GRPO.
     Columns added: ``motif_final`` (first continuation's final round).
+
+    Provenance: authors' code — https://github.com/purbeshmitra/MOTIF, motif.py (multi-round rollouts, the
+    progress prompt and the first-round reward from M continuations); the task's own rewards replace the
+    authors' 2 / 1 answer-tag reward.
     """
     batch = ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
     if motif_rounds <= 1:

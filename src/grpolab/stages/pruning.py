@@ -130,6 +130,10 @@ class CPPOPrune:
     configured advantage estimator/weightings apply only to the trainer's
     rows). Ranking uses the row's mean advantage over its loss tokens (equal
     to ``A_i`` for sequence-level advantages).
+
+    Provenance: authors' code — https://github.com/lzhxmu/CPPO, cppo_verl/recipe/cppo/src/cppo_ray_trainer.py
+    (pruning rate, batch-level pruning by |A|); the refill generates the extra questions after the rollout
+    instead of enlarging the prompt batch beforehand.
     """
 
     def __init__(self, *,

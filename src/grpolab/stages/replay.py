@@ -88,6 +88,9 @@ class EFRame:
     exploration) the original batch is returned unchanged (its advantages are
     zero, so it moves nothing but the step is not lost). Exploration rows are
     sampled with plain generation and always get ``group_zscore`` advantages.
+
+    Provenance: authors' code — https://github.com/597358816/EFRame, verl/trainer/ray_trainer.py (exploration,
+    filter and replay thresholds as there); replayed rows join the step's batch instead of a separate update.
     """
 
     def __init__(self, *,
@@ -253,6 +256,10 @@ class RePOReplay:
     an off-policy term, each aggregated on its own (``off_policy_loss_coef``);
     here all rows enter the configured loss aggregation together. The stored
     scalar reward is the one computed at the step the sample was drawn.
+
+    Provenance: authors' code — https://github.com/SihengLi99/RePO, src/replay_grpo_trainer.py (per-prompt
+    buffer, retrieval strategies, split normalisation); all rows enter one loss aggregation instead of separate
+    on- and off-policy terms.
     """
 
     def __init__(self, *,

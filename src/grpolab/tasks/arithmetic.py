@@ -115,7 +115,11 @@ REWARDS = [("accuracy", accuracy, 1.0), ("format", format_reward, 0.5)]
 @TASKS.register("arithmetic")
 def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Task:
     """Every problem ``a op b`` with ``0 <= a, b <= max_operand``, shuffled by ``seed``;
-    the first ``n_eval`` are held out, the rest (1,722 by default) are for training."""
+    the first ``n_eval`` are held out, the rest (1,722 by default) are for training.
+
+    Provenance: grpolab's own — a built-in toy task (a +/- b, strict 'Answer: N' format) for tests and demos;
+    implements no published method.
+    """
     problems = [(a, op, b) for a in range(max_operand + 1) for b in range(max_operand + 1) for op in "+-"]
     random.Random(seed).shuffle(problems)
     rows = [make_row(*p) for p in problems]
@@ -136,7 +140,11 @@ def arithmetic_multistep(*,
                                                       'the split')) -> Task:
     """``n_train + n_eval`` distinct problems, each of a level drawn uniformly from ``arithmetic_levels``
     (level 1 = the default task's ``a +/- b``), drawn with ``arithmetic_seed``; the first
-    ``arithmetic_n_eval`` are held out. Same seed, same rows."""
+    ``arithmetic_n_eval`` are held out. Same seed, same rows.
+
+    Provenance: grpolab's own — a built-in toy task (multi-operation arithmetic) for tests and demos; implements
+    no published method.
+    """
     levels = sorted({int(x) for x in arithmetic_levels})
     if not levels or levels[0] < 1:
         raise ValueError(f"arithmetic_levels: expected operation counts >= 1, got {arithmetic_levels}")
@@ -163,3 +171,43 @@ def arithmetic_multistep(*,
                 description=f"{'/'.join(map(str, levels))}-step + - * problems with worked solutions, "
                             f"strict 'Answer: N' format",
                 extra={"lenient_accuracy": lenient_accuracy})
+
+
+PARAPHRASES = [
+    "Compute {q}. Finish your reply with 'Answer:' followed by the number.",
+    "What is {q}? End your reply with 'Answer:' and the number.",
+    "Work out the value of {q} and finish with 'Answer:' followed by the result.",
+    "Evaluate the expression {q}. Your reply must end with 'Answer:' and the number.",
+]
+
+
+@TASKS.register("arithmetic_paraphrase")
+def arithmetic_paraphrase(*,
+                          arithmetic_paraphrases: int = param(2, "arithmetic_paraphrase: wordings per problem (2..4): "
+                                                              "each is its own prompt, one paraphrase set")) -> Task:
+    """The ``arithmetic`` problems, each asked in ``arithmetic_paraphrases`` wordings (a paraphrase set).
+
+    Every wording is its own row (own prompt) with the column ``paraphrase_group`` naming its set (the
+    problem), for the paraphrase-consistency rewards; sets are contiguous in the rows, and the
+    ``paraphrase_sets`` prompt sampler draws whole sets. Rewards and other columns as ``arithmetic``.
+
+    Provenance: grpolab's own — a built-in toy task (arithmetic asked in several wordings) for the
+    paraphrase-consistency recipes; implements no published method.
+    """
+    if not 2 <= arithmetic_paraphrases <= len(PARAPHRASES):
+        raise ValueError(f"arithmetic_paraphrases: expected 2..{len(PARAPHRASES)}, got {arithmetic_paraphrases}")
+    base = arithmetic()
+
+    def expand(rows):
+        out = []
+        for row in rows:
+            for k in range(arithmetic_paraphrases):
+                content = PARAPHRASES[k].format(q=row["question"])
+                out.append({**row, "prompt": [{"role": "system", "content": SYSTEM},
+                                              {"role": "user", "content": content}],
+                            "paraphrase_group": row["question"], "paraphrase_id": k})
+        return out
+
+    return Task("arithmetic_paraphrase", expand(base.train_rows), expand(base.eval_rows), rewards=list(REWARDS),
+                accuracy_reward="accuracy", extra=dict(base.extra),
+                description=f"arithmetic problems, each in {arithmetic_paraphrases} wordings (paraphrase sets)")

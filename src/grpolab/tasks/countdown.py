@@ -116,7 +116,11 @@ def make_problem(rng: random.Random, max_number: int = 20, max_target: int = 100
 def countdown(n_train: int = 2000, n_eval: int = 200, seed: int = 1234, max_number: int = 20,
               max_target: int = 100) -> Task:
     """``n_train + n_eval`` distinct problems (by numbers and target) drawn with ``seed``;
-    the first ``n_eval`` are held out."""
+    the first ``n_eval`` are held out.
+
+    Provenance: grpolab's own — a built-in countdown task in the style of TinyZero's (numbers, target, + - * /),
+    generated and scored by grpolab; implements no published method.
+    """
     rng = random.Random(seed)
     rows, seen = [], set()
     while len(rows) < n_train + n_eval:

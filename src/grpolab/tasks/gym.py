@@ -93,7 +93,11 @@ def gym_task(name: str, *,
              rg_seed: int = param(1234, 'rg:NAME: dataset seed of the training split'),
              rg_config: dict | str | None = param(None, 'rg:NAME: extra reasoning-gym dataset options (mapping or '
                                                   'JSON object)')) -> Task:
-    """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring)."""
+    """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring).
+
+    Provenance: grpolab's own — an adapter of the reasoning-gym package's datasets and their score_answer;
+    implements no published method.
+    """
     rg = _import_gym()
     names = gym_names()
     if name not in names:

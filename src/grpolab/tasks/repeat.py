@@ -24,6 +24,11 @@ def match(prompts=None, completions=None, digit=None, **kwargs) -> list[float]:
 
 @TASKS.register("repeat")
 def repeat(n_train: int = 200, n_eval: int = 40, seed: int = 0) -> Task:
+    """The ``repeat`` toy task: ``n_train`` / ``n_eval`` "say D:" rows drawn with ``seed`` (module docstring).
+
+    Provenance: grpolab's own — a toy task a random-init model learns from scratch (used by the test suite);
+    implements no published method.
+    """
     rng = random.Random(seed)
 
     def row():

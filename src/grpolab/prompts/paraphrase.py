@@ -1,0 +1,63 @@
+"""A prompt sampler that draws whole paraphrase sets, so that consistency rewards see every wording of a set."""
+from __future__ import annotations
+
+import torch
+
+from ..registry import SAMPLERS, param
+
+
+@SAMPLERS.register("paraphrase_sets")
+class ParaphraseSetSampler:
+    """Epoch-wise shuffled pass over paraphrase *sets*: rows sharing a value of ``paraphrase_set_column``.
+
+    ``next(k)`` returns the rows of whole sets, in shuffled set order, until ``k`` rows are reached; when a set
+    does not fit in what is left of ``k`` only its first rows are taken (choose ``prompts_per_step`` as a
+    multiple of the set size to avoid it; the ``paraphrase_consistency`` transform reports a set seen with one
+    wording). Needs the data column, else a ConfigError-style message naming it.
+
+    Provenance: reconstructed from the abstract — PS-GRPO (seed 000-77) and the information-consistency GRPO
+    (seed 000-30) roll out over the paraphrases of a query together; drawing whole sets per step is grpolab's way
+    to put every wording of a set in one batch.
+    """
+
+    def __init__(self, num_rows: int, seed: int = 0, rows: list[dict] | None = None, *,
+                 paraphrase_set_column: str = param("paraphrase_group", "paraphrase_sets: data column naming each "
+                                                    "row's paraphrase set")):
+        if rows is None or any(paraphrase_set_column not in r for r in rows):
+            raise ValueError(f"prompt_sampler paraphrase_sets: every data row needs the column "
+                             f"'{paraphrase_set_column}' (the paraphrase set it belongs to); the built-in task "
+                             f"arithmetic_paraphrase has it")
+        sets: dict = {}
+        for i, r in enumerate(rows):
+            sets.setdefault(str(r[paraphrase_set_column]), []).append(i)
+        self.sets = list(sets.values())
+        self.num_rows = num_rows
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order: list[int] = []
+        self.position = 0
+        self.epoch = 0
+
+    def next(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.position >= len(self.order):
+                self.order = torch.randperm(len(self.sets), generator=self.generator).tolist()
+                self.position = 0
+                self.epoch += 1
+            members = self.sets[self.order[self.position]]
+            self.position += 1
+            out.extend(members[:k - len(out)])
+        return out
+
+    def feedback(self, **outcomes) -> None:
+        pass
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state(), "order": list(self.order), "position": self.position,
+                "epoch": self.epoch, "num_rows": self.num_rows}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["num_rows"] != self.num_rows:
+            raise ValueError(f"sampler state is for {state['num_rows']} rows, the data has {self.num_rows}")
+        self.generator.set_state(state["generator"])
+        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]

@@ -1,0 +1,51 @@
+"""Every registered component states its provenance (docs/variants/provenance.md, `grpolab components --provenance`)."""
+import re
+from pathlib import Path
+
+import pytest
+
+from grpolab.catalog import PROVENANCE_KINDS, describe, parse_provenance
+from grpolab.cli import main
+
+COMPONENTS = describe()
+# grpolab's own infrastructure (tasks, answer keys, reward interfaces) implements no published method; every other
+# component cites the authors' code, the paper's equations, or says it is a reconstruction.
+OWN_ALLOWED = {"task", "answer_key", "reward_spec"}
+
+
+def test_parse_provenance_forms():
+    doc = "Title.\n\nBody.\n\nProvenance: authors' code — https://github.com/a/b, src/x.py (f); differs in y.\n"
+    p = parse_provenance(doc)
+    assert p == {"kind": "authors' code", "source": "https://github.com/a/b, src/x.py (f)", "notes": "differs in y.",
+                 "url": "https://github.com/a/b", "path": "src/x.py"}
+    # " - " for the dash, a wrapped paragraph, and a "; " inside parentheses that does not end the source
+    p = parse_provenance("T.\n\nProvenance: paper equations - P (arXiv:1;\n  x), Eq. (3); notes")
+    assert p["kind"] == "paper equations" and p["source"] == "P (arXiv:1; x), Eq. (3)" and p["notes"] == "notes"
+    assert p["url"] is None and p["path"] is None
+    assert parse_provenance("T.\n\nProvenance: matches something — x") is None  # unknown kind
+    assert parse_provenance("T.\n\nNo paragraph.") is None
+
+
+@pytest.mark.parametrize("c", COMPONENTS, ids=[f"{c['kind']}/{c['name']}" for c in COMPONENTS])
+def test_every_component_has_a_provenance_paragraph(c):
+    prov = c["provenance"]
+    assert prov is not None, (f"{c['file']}:{c['line']}: {c['kind']}/{c['name']} has no parseable 'Provenance:' "
+                              f"paragraph (kinds: {', '.join(PROVENANCE_KINDS)}; see docs/extending.md)")
+    assert prov["kind"] in PROVENANCE_KINDS and prov["source"].strip()
+    if prov["kind"] == "grpolab's own":
+        assert c["kind"] in OWN_ALLOWED, f"{c['name']}: a {c['kind']} implements a method; say where it comes from"
+    if prov["kind"] == "authors' code":
+        assert prov["url"] and re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", prov["url"]), prov
+        assert prov["path"] and re.search(r"\w/|\.\w+$", prov["path"]), f"{c['name']}: name the file: {prov}"
+    if prov["kind"] == "paper equations":
+        assert re.search(r"arXiv:|Eq\.|Sec\.|Algorithm|seed \d{3}-|\(20\d\d", prov["source"]), f"{c['name']}: name the paper"
+
+
+def test_provenance_doc_is_current(capsys):
+    """docs/variants/provenance.md carries `grpolab components --provenance` (regenerate: make docs)."""
+    assert main(["components", "--provenance"]) == 0
+    table = capsys.readouterr().out
+    doc = (Path(__file__).parent.parent / "docs" / "variants" / "provenance.md").read_text()
+    assert table in doc, "regenerate: make docs (scripts/regen_docs.py)"
+    assert f"({len(COMPONENTS)} components)" in table and "**missing" not in table
+    assert table.count("\n| ") == len(COMPONENTS) + 1  # header + one row per component
