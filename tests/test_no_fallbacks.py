@@ -1,25 +1,27 @@
-"""No silent stand-ins: every recipe runs one step on the tiny model and no component reports a fallback.
+"""No silent stand-ins: every recipe runs one step on the tiny model and no component uses a stand-in.
 
 A component whose defining input is missing at run time (a column, span ids, a reference sample, ...) either
 builds it, raises an error naming what is missing, or reports the stand-in through
-``grpolab.errors.warn_fallback`` (category :class:`~grpolab.errors.FallbackWarning`). Here every
-FallbackWarning is an error. :class:`~grpolab.errors.OptionalDependencyWarning` (an optional package absent,
-a documented equivalent used, e.g. math-verify) stays a visible warning.
+``grpolab.errors.warn_fallback`` (category :class:`~grpolab.errors.FallbackWarning`). The trainer runs every
+step under ``stand_in_policy``: a reported stand-in stops the run with a ``StandInError`` naming what is
+missing, unless the user set ``allow_stand_ins: true`` (then it is a warning).
+:class:`~grpolab.errors.OptionalDependencyWarning` (an optional package absent, a documented equivalent used,
+e.g. math-verify) stays a visible warning.
 
 Recipes whose method cannot get its defining input on the tiny model's built-in tasks are listed in
-``KNOWN_STANDINS`` with the reason; they are strict xfails: the test fails if they stop reporting the stand-in
-(then remove them from the list) or fail in another way.
+``NEEDS_USER_DATA`` with the reason: on built-in data they must stop with the error (and run, warning, with
+``allow_stand_ins``).
 """
 import warnings
 
 import pytest
 
 from grpolab.config import Config
-from grpolab.errors import FallbackWarning, OptionalDependencyWarning
+from grpolab.errors import FallbackWarning, OptionalDependencyWarning, StandInError
 from grpolab.recipes import recipe_names, recipe_overrides
 from grpolab.train.trainer import Trainer
 
-KNOWN_STANDINS = {
+NEEDS_USER_DATA = {
     "dgrpo_vital": "DGRPO's task factor needs multi-task data (a 'task' column); no built-in task mixes task "
                    "types, so every row is one task",
     "rank_grpo": "Rank-GRPO's rank-level ratio needs rank-item spans; no built-in task/rollout marks the items "
@@ -29,12 +31,7 @@ KNOWN_STANDINS = {
 }
 
 
-def _params():
-    for name in recipe_names():
-        marks = []
-        if name in KNOWN_STANDINS:
-            marks = [pytest.mark.xfail(strict=True, raises=FallbackWarning, reason=KNOWN_STANDINS[name])]
-        yield pytest.param(name, marks=marks, id=name)
+MISSING = {"dgrpo_vital": "task column", "rank_grpo": "rank-item spans", "dtpo": "span ids"}
 
 
 def _inputs(recipe: str, tmp_path) -> dict:
@@ -46,18 +43,38 @@ def _inputs(recipe: str, tmp_path) -> dict:
     return {}
 
 
-@pytest.mark.parametrize("recipe", list(_params()))
-def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
+def _args(recipe, tiny_args, tmp_path, **extra) -> dict:
     rec = recipe_overrides(recipe)
-    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, **_inputs(recipe, tmp_path)}
+    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, **_inputs(recipe, tmp_path), **extra}
     if "task" in rec:  # a recipe built around its own task (countdown, paraphrased arithmetic, ...) keeps it
         args["task"] = rec["task"]
+    return args
+
+
+@pytest.mark.parametrize("recipe", [r for r in recipe_names() if r not in NEEDS_USER_DATA])
+def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error", FallbackWarning)
         warnings.simplefilter("default", OptionalDependencyWarning)  # visible, not an error
-        trainer = Trainer(Config.build(args), log=lambda *a: None)
+        trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path)), log=lambda *a: None)
         m = trainer.train_step()  # one step: rollout, rewards, advantages, stages, loss, update, sampler feedback
         trainer.metrics.close()
+    assert m["loss"] is not None
+
+
+@pytest.mark.parametrize("recipe", sorted(NEEDS_USER_DATA))
+def test_recipe_without_its_input_stops_naming_it(tiny_args, recipe, tmp_path):
+    """On built-in data these methods lack their defining input: the step stops with an error naming it and the
+    fix; with allow_stand_ins the stand-in runs, reported as a FallbackWarning."""
+    trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path)), log=lambda *a: None)
+    with pytest.raises(StandInError, match=f"{MISSING[recipe]}.*allow_stand_ins: true"):
+        trainer.train_step()
+    trainer.metrics.close()
+    trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path, allow_stand_ins=True,
+                                         out=str(tmp_path / "allowed"))), log=lambda *a: None)
+    with pytest.warns(FallbackWarning, match=MISSING[recipe]):
+        m = trainer.train_step()
+    trainer.metrics.close()
     assert m["loss"] is not None
 
 

@@ -152,6 +152,9 @@ class Config:
     eval_batch_size: int = _f(100, "rows per generation batch during evaluation")
     save_steps: int = _f(10, "checkpoint every N steps (and always at the end)")
     save_total_limit: int = _f(2, "keep this many most recent checkpoints")
+    allow_stand_ins: bool = _f(False, "when a method's defining input is missing at run time (a data column, "
+                                      "span ids, ...), run with the component's documented stand-in and a "
+                                      "warning instead of stopping with an error naming what is missing")
     stall_steps: int = _f(10, "stop the run with an error (after a checkpoint) when for this many consecutive "
                               "steps every group had zero reward spread (all advantages 0) or every reward call "
                               "failed; a warning at half of it (0 = never)")

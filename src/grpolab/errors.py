@@ -1,6 +1,8 @@
 """The errors every layer may raise (a leaf: imports nothing from grpolab)."""
 from __future__ import annotations
 
+import contextlib
+
 
 class ConfigError(ValueError):
     """A bad key or value; the message names it and says what is valid."""
@@ -37,3 +39,31 @@ def warn_fallback(component: str, missing: str, used: str, *, category: type = F
     import warnings
 
     warnings.warn(f"{component}: {missing} is missing; using {used} instead", category, stacklevel=3)
+
+
+class StandInError(ConfigError):
+    """A method's defining input is missing at run time and the run does not allow stand-ins
+    (``allow_stand_ins: false``, the default): the message names what is missing and the fix."""
+
+
+@contextlib.contextmanager
+def stand_in_policy(allow: bool):
+    """Within this block a :class:`FallbackWarning` is an error (:class:`StandInError`) unless ``allow``;
+    :class:`OptionalDependencyWarning` (a documented equivalent for an absent package) always stays a
+    warning. The trainer wraps every step in it, so a recipe named after a paper never quietly runs a
+    stand-in."""
+    if allow:
+        yield
+        return
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        warnings.simplefilter("default", OptionalDependencyWarning)
+        try:
+            yield
+        except FallbackWarning as w:
+            raise StandInError(f"{w}. The selected method needs it: provide it (see the component's docs: "
+                               f"grpolab components), or set allow_stand_ins: true to train with the stand-in "
+                               f"(reported as a warning)") from None
+

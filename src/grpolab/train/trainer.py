@@ -28,6 +28,7 @@ from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
+from ..errors import stand_in_policy
 from ..data import columns_of, load_jsonl, model_texts, to_json
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
@@ -457,6 +458,12 @@ class Trainer:
         return loss, logp, ent, tok_metrics
 
     def train_step(self) -> dict:
+        """One step; a component's stand-in for a missing defining input stops it (``StandInError``) unless
+        ``allow_stand_ins``."""
+        with stand_in_policy(self.cfg.allow_stand_ins):
+            return self._train_step()
+
+    def _train_step(self) -> dict:
         t0 = time.perf_counter()
         self.model.eval()
         self.ctx.new_step(self.step)
