@@ -1,4 +1,5 @@
-"""No silent stand-ins: every recipe runs one step on the tiny model and no component uses a stand-in.
+"""No silent stand-ins. ``tests/test_training.py::test_every_recipe_trains`` trains every recipe on the tiny
+model with FallbackWarning as an error; this file checks the mechanism and the recipes that need user data.
 
 A component whose defining input is missing at run time (a column, span ids, a reference sample, ...) either
 builds it, raises an error naming what is missing, or reports the stand-in through
@@ -17,8 +18,9 @@ import warnings
 import pytest
 
 from grpolab.config import Config
-from grpolab.errors import FallbackWarning, OptionalDependencyWarning, StandInError
-from grpolab.recipes import recipe_names, recipe_overrides
+from grpolab.errors import (FallbackWarning, OptionalDependencyWarning, StandInError, stand_in_policy,
+                            warn_fallback)
+from grpolab.recipes import recipe_overrides
 from grpolab.train.trainer import Trainer
 
 NEEDS_USER_DATA = {
@@ -51,17 +53,6 @@ def _args(recipe, tiny_args, tmp_path, **extra) -> dict:
     return args
 
 
-@pytest.mark.parametrize("recipe", [r for r in recipe_names() if r not in NEEDS_USER_DATA])
-def test_recipe_runs_one_step_without_fallbacks(tiny_args, recipe, tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FallbackWarning)
-        warnings.simplefilter("default", OptionalDependencyWarning)  # visible, not an error
-        trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path)), log=lambda *a: None)
-        m = trainer.train_step()  # one step: rollout, rewards, advantages, stages, loss, update, sampler feedback
-        trainer.metrics.close()
-    assert m["loss"] is not None
-
-
 @pytest.mark.parametrize("recipe", sorted(NEEDS_USER_DATA))
 def test_recipe_without_its_input_stops_naming_it(tiny_args, recipe, tmp_path):
     """On built-in data these methods lack their defining input: the step stops with an error naming it and the
@@ -82,7 +73,6 @@ def test_paraphrase_sets_sampler_and_lone_wording_is_reported():
     """The paraphrase_sets sampler draws whole sets; a set seen with one wording is a reported stand-in."""
     import torch
 
-    from grpolab.batch import RolloutBatch  # noqa: F401  (the transform reads batch.columns only)
     from grpolab.prompts.paraphrase import ParaphraseSetSampler
     from grpolab.registry import REWARD_TRANSFORMS
 
@@ -99,3 +89,19 @@ def test_paraphrase_sets_sampler_and_lone_wording_is_reported():
     fn = REWARD_TRANSFORMS.get("paraphrase_consistency")
     with pytest.warns(FallbackWarning, match="other paraphrases"):  # both rows are one wording (one prompt uid)
         fn(torch.zeros(2), prompt_uids=torch.tensor([7, 7]), batch=B())
+
+
+def test_stand_in_policy():
+    """A reported stand-in is an error naming what is missing and the fix; allowed, it is a warning; an absent
+    optional package is always a warning."""
+    with pytest.raises(StandInError, match="my_method: the column 'x' is missing; using 0 instead.*allow_stand_ins"):
+        with stand_in_policy(False):
+            warn_fallback("my_method", "the column 'x'", "0")
+    with pytest.warns(FallbackWarning, match="column 'x'"):
+        with stand_in_policy(True):
+            warn_fallback("my_method", "the column 'x'", "0")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        with stand_in_policy(False):
+            warn_fallback("answers", "math-verify", "the documented comparison", category=OptionalDependencyWarning)
+    assert [w.category for w in seen] == [OptionalDependencyWarning]
