@@ -4,7 +4,9 @@
     python scripts/golden_recipes.py compare OUT.json     # after it: same metrics, step for step
 
 Each recipe runs as in tests/test_training.py::test_every_recipe_trains (2 steps, 2 optimiser passes, the
-tiny model on the `repeat` task or the recipe's own task). Timing and memory metrics are left out.
+tiny model on the `repeat` task or the recipe's own task). Timing and memory metrics are left out. Stand-ins
+are allowed (allow_stand_ins: the recipes that need user data run on the built-in task, as the golden was
+recorded), and `irpo` gets the tests' tiny local reward model.
 """
 from __future__ import annotations
 
@@ -38,9 +40,15 @@ def run_all(only=None) -> dict:
             tiny = {"model": "tiny", "task": "repeat", "steps": 2, "prompts_per_step": 4, "num_generations": 4,
                     "max_completion_length": 6, "learning_rate": 3e-3, "eval_before": False, "eval_after": False,
                     "tensorboard": False, "save_steps": 2, "micro_batch_size": 16, "out": tmp + "/run",
-                    "num_iterations": 2}
+                    "num_iterations": 2, "allow_stand_ins": True}
             rec = recipe_overrides(name)
             args = {**rec, **tiny}
+            if name == "irpo":  # IRPO needs a pointwise reward model ('rm' column): the tests' tiny local one
+                sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                "tests"))
+                from test_reward_models import _save_tiny_rm
+                _save_tiny_rm(tmp + "/rm")
+                args["reward"] = [f"rm:{tmp}/rm"]
             if "task" in rec:
                 args["task"] = rec["task"]
             try:
