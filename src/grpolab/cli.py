@@ -80,12 +80,12 @@ def cmd_train(args, rest: list[str]) -> int:
             out = out.with_name(f"{out.name}-{n}")
             cfg.out = str(out)
             print(f"[grpolab] {Path(Config().out)} already holds a run; writing this one to {out}", file=sys.stderr)
-        if used(out):
+        if used(out) and not args.overwrite:
             raise ConfigError(f"--out {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"or choose another --out (nothing was overwritten)")
     from .train.trainer import Trainer
 
-    trainer = Trainer(cfg, resume=bool(args.resume))
+    trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     summary = trainer.train(progress=not args.quiet)
     print(json.dumps({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
                       for k, v in summary.items()}))
@@ -242,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--resume", metavar="OUT", help="continue the run in OUT from its last checkpoint")
     t.add_argument("--reward", action="append", help="module:function[=weight], repeatable")
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into an --out folder that already has files (replacing a run there); without it "
+                        "such a folder is refused")
     e = sub.add_parser("eval", help="greedy evaluation; prints JSON")
     e.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder (e.g. OUT/final)")
     e.add_argument("--task", help="built-in task")
@@ -275,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
-    from .errors import ConfigError
+    from .errors import CheckpointError, ConfigError
     from .data import DataError
     from .registry import UnknownComponentError
     try:
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
                     "config": cmd_config, "components": cmd_components}
         return commands[args.command](args, rest)
-    except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
+    except (ConfigError, DataError, UnknownComponentError, FileNotFoundError, CheckpointError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
     except ValueError as e:  # reward spec / signature problems found before training

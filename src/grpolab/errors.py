@@ -11,3 +11,7 @@ class UnknownComponentError(KeyError):
 
     def __str__(self) -> str:  # KeyError quotes its message; keep it readable
         return str(self.args[0])
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded: corrupt, or holding objects a safe (code-free) load refuses."""
