@@ -69,8 +69,8 @@ def test_crafted_rg_answer_writes_nothing(name, tmp_path):
     assert not (Path.cwd() / f"pwned_{name}").exists()
 
 
-@pytest.mark.parametrize("name", EVAL_SCORERS + ["chain_sum"])
-@pytest.mark.parametrize("mode", ["call", "item"])
+@pytest.mark.parametrize("name,mode", [(n, "call") for n in EVAL_SCORERS + ["chain_sum"]]
+                         + [("string_insertion", "item"), ("polynomial_multiplication", "item")])
 def test_rg_scores_of_normal_answers_are_unchanged(name, mode):
     task, rg_score = _rg_task(name, rg_sandbox=mode)
     rows = task.train_rows[:3] + task.eval_rows[:2]

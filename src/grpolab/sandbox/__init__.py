@@ -353,9 +353,6 @@ def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
         done, st = os.waitpid(pid, os.WNOHANG)
         if done:
             status = st
-            if open_pipe:  # drain what is left
-                while (chunk := os.read(r_fd, 1 << 16)):
-                    chunks.append(chunk)
             break
         if time.monotonic() > deadline:
             timed_out = True
@@ -366,6 +363,15 @@ def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
         pass
     if status is None:
         _, status = os.waitpid(pid, 0)
+    os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
+    while open_pipe and not timed_out:
+        try:
+            chunk = os.read(r_fd, 1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
     os.close(r_fd)
     seconds = time.monotonic() - t0
     res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
@@ -478,6 +484,21 @@ class Sandbox:
         if info["preload_errors"]:
             self._kill()
             raise SandboxError(f"sandbox preload failed: {'; '.join(info['preload_errors'])}")
+
+    def start(self, background: bool = False) -> None:
+        """Start the worker now (``background``: in a thread, e.g. while a model loads) instead of on first use."""
+        def ensure():
+            with self._lock:
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = None
+                    try:
+                        self._start()
+                    except SandboxError:
+                        pass  # reported again by the first call
+        if background:
+            threading.Thread(target=ensure, name="sandbox-start", daemon=True).start()
+        else:
+            ensure()
 
     def _kill(self) -> None:
         if self._proc is not None:

@@ -16,7 +16,10 @@ def preload(key: str, name: str, size: int, seed: int, options: dict) -> None:
     """Build ``reasoning_gym.create_dataset(name, size, seed, **options)`` into the worker's cache as ``key``."""
     import reasoning_gym
 
-    _DATASETS[key] = reasoning_gym.create_dataset(name, size=size, seed=seed, **options)
+    ds = _DATASETS[key] = reasoning_gym.create_dataset(name, size=size, seed=seed, **options)
+    if size > 0:  # warm what the scorer imports lazily (sympy's parser, ...) once, not in every child
+        entry = ds[0]
+        ds.score_answer(str(entry["answer"]), entry)
 
 
 def score(key: str, answer: str, entry: dict) -> float:

@@ -24,7 +24,8 @@ The prompt is the dataset's question followed by "Finish your reply with
   in a fresh child with CPU, memory and wall-clock limits, no network and no
   file writes outside a scratch directory. ``rg_sandbox: call`` (default) scores
   a whole reward call in one child; ``item`` gives every answer its own child
-  (one answer's code cannot touch another's score; about 15 ms per answer). In
+  (one answer's code cannot touch another's score; slower: every child starts
+  with cold caches). In
   ``call`` mode a child that times out or crashes is retried answer by answer.
   An answer whose scoring times out (``rg_score_timeout``), crashes or raises
   scores 0.0, as reasoning-gym scores an answer whose evaluation fails.
@@ -157,6 +158,7 @@ def gym_task(name: str, *,
     limits = Limits(cpu_s=rg_score_timeout, wall_s=rg_score_timeout, memory_mb=SCORE_MEMORY_MB)
     box = Sandbox(limits=limits, preload=[(sandboxed.preload, (split, name, size, seed, opts))
                                           for split, (size, seed) in sizes.items()])
+    box.start(background=True)  # the worker builds its datasets while the model loads
 
     def rg_score(prompts=None, completions=None, rg_entry=None, rg_split=None, **kwargs) -> list[float]:
         return score_in_sandbox(box, [extract_answer(completion_text(c)) for c in completions], rg_entry,
