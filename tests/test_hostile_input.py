@@ -111,8 +111,10 @@ def test_sandbox_runs_code_with_limits_and_captures_output(tmp_path):
             r = box.run_python(source)
             assert not r.ok and "not allowed" in r.error, (source, r)
         assert not outside.exists()
-        r = box.run_python("while True: pass")
-        assert not r.ok and r.timed_out and r.error.startswith("timeout")
+        r = box.run_python("while True: pass", limits=Limits(cpu_s=1, wall_s=60))
+        assert not r.ok and not r.timed_out and "CPU limit" in r.error
+        r = box.run_python("import time; time.sleep(60)", limits=Limits(cpu_s=60, wall_s=1))
+        assert not r.ok and r.timed_out and r.error.startswith("timeout") and r.seconds < 30
         r = box.run_python("x = bytearray(4 * 1024 ** 3)")
         assert not r.ok and "MemoryError" in r.error
         r = box.run_python("import sys; print('bye'); sys.exit(3)")
