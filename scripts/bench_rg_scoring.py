@@ -7,7 +7,9 @@ Run it with /work/main-style older code on PYTHONPATH for the in-process (pre-sa
 import sys, time, statistics
 from grpolab.config import Config
 from grpolab.tasks import get_task
+import importlib.util
 mode = sys.argv[1] if len(sys.argv) > 1 else None
+label = mode or ("call (default)" if importlib.util.find_spec("grpolab.sandbox") else "in-process")
 for name in ["chain_sum", "polynomial_multiplication", "spiral_matrix"]:
     opts = {"task": f"rg:{name}", "rg_train_size": 64, "rg_eval_size": 8}
     if mode:
@@ -23,5 +25,5 @@ for name in ["chain_sum", "polynomial_multiplication", "spiral_matrix"]:
     times = []
     for _ in range(10):
         t = time.perf_counter(); v = fn(**kw); times.append(time.perf_counter() - t)
-    print(f"{name:28s} mode={mode or 'in-process'}: first call {t_first*1000:.0f} ms, then median {statistics.median(times)*1000:.1f} ms "
+    print(f"{name:28s} mode={label}: first call {t_first*1000:.0f} ms, then median {statistics.median(times)*1000:.1f} ms "
           f"(min {min(times)*1000:.1f}) per step of 32 answers; mean score {sum(v)/len(v):.3f}")
