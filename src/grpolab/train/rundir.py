@@ -58,8 +58,10 @@ def write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, log=print) -> None:
-    """Check that a run may write into ``out`` (see the module docstring), then create and mark it."""
+def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, log=print,
+                     dry_run: bool = False) -> None:
+    """Check that a run may write into ``out`` (see the module docstring), then create and mark it
+    (``dry_run``: only check, so a run can refuse before it loads anything and change files only after)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file, not a folder; choose another --out")
@@ -71,17 +73,23 @@ def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, l
                               f"{MARKER}); choose a new folder for --out, or pass --overwrite (Python: "
                               f"Trainer(..., overwrite=True)) to write the run into it (its config.yaml and "
                               f"summary.json would be replaced)")
+        if dry_run:
+            return
         log(f"[grpolab] --overwrite: writing a run into {out}, which already has other files")
     elif entries and has_results(out) and not resume:
         if not overwrite:
             raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"(Python: Trainer(cfg, resume=True)), choose another --out, or pass --overwrite "
                               f"to delete that run and start again (nothing was overwritten)")
+        if dry_run:
+            return
         log(f"[grpolab] --overwrite: deleting the run in {out} (metrics, checkpoints, summary) and starting again")
         for name in RUN_FILES:
             (out / name).unlink(missing_ok=True)
         for name in RUN_DIRS:
             shutil.rmtree(out / name, ignore_errors=True)
+    if dry_run:
+        return
     out.mkdir(parents=True, exist_ok=True)
     if not (out / MARKER).exists():
         write_atomic(out / MARKER, json.dumps({"grpolab_run": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})

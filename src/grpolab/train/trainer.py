@@ -80,7 +80,7 @@ class Trainer:
         self.cfg = cfg
         self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
         self.out = Path(cfg.out)
-        claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log)  # never lose a user's files
+        claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True)  # refuse before any work
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -143,7 +143,8 @@ class Trainer:
         self.components[f"rollout/{self.strategy.name}"] = self.strategy
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
-        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log, timeout=cfg.reward_timeout), self.reward_transforms)
+        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log, timeout=cfg.reward_timeout),
+                                  self.reward_transforms)
         self.dynamic_sampling_column = self._dynamic_sampling_column()
         self.engine = None
         if cfg.generation_engine == "vllm":
@@ -159,7 +160,7 @@ class Trainer:
         self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.step = 0
         self.skipped_steps = 0
-        self.out.mkdir(parents=True, exist_ok=True)
+        claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log)  # never lose a user's files
         if resume:
             last, state = ckpt.load_latest(self.out, self.model, log=self.log)
             if last is not None:
