@@ -15,7 +15,7 @@ SRC = Path(grpolab.__file__).parent
 
 # From the ground up: a module may import from its own layer or below (docs/architecture.md).
 LAYERS = [
-    {"errors", "registry"},
+    {"errors", "registry", "sandbox"},
     {"batch", "data", "config", "components", "devices", "recipes"},
     {"algorithms", "model"},
     {"generation"},

@@ -20,6 +20,7 @@ from grpolab.prompts.budgets import (angle_concentration, knapsack_allocate, kna
                                       sqrt_allocation)
 from grpolab.tasks import get_task
 from grpolab.train.trainer import Trainer, build_sampler
+from grpolab.train.checkpoint import decode_state, encode_state
 
 T = torch.tensor
 ROWS = get_task("repeat").train_rows
@@ -376,10 +377,10 @@ def test_resumed_sampler_makes_the_same_choices(name):
     for _ in range(3):
         fb(a, *outcome(a, choices(a, 3)[0]))
     buf = io.BytesIO()
-    torch.save(a.state_dict(), buf)
+    torch.save(encode_state(a.state_dict()), buf)  # the checkpoint format: tensors and plain data only
     buf.seek(0)
     b = build_sampler(cfg, [{}] * 7)
-    b.load_state_dict(torch.load(buf, weights_only=False))
+    b.load_state_dict(decode_state(torch.load(buf, weights_only=True)))
     for _ in range(6):
         ca, cb = choices(a, 3), choices(b, 3)
         assert ca == cb

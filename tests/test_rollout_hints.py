@@ -352,6 +352,6 @@ def test_scaf_grpo_trains_end_to_end_with_one_hinted_success_per_group(hint_data
             ids, _ = tokenize_prompts(t.tok, [with_hint(t.rows[int(b.prompt_uids[hinted])],
                                                         hint_text(HINTS, 1))["prompt"]], 128)
             assert b.prompt_ids[hinted][b.prompt_mask[hinted].bool()].tolist() == ids[0].tolist()
-    state = torch.load(ckpt.latest_checkpoint(t.out) / "state.pt", weights_only=False)
+    state = ckpt.read_state(ckpt.latest_checkpoint(t.out))
     streak = state["components"]["rollout/scaf_grpo"]["streak"]
     assert sum(streak.values()) == 4  # 2 steps x 2 prompts, every plain group failed

@@ -9,6 +9,7 @@ from grpolab.config import Config
 from grpolab.prompts import SAMPLERS
 from grpolab.prompts.adaptive import prompt_outcomes, trajectory_diversity
 from grpolab.train.trainer import build_sampler
+from grpolab.train.checkpoint import decode_state, encode_state
 
 T = torch.tensor
 NAN = float("nan")
@@ -221,10 +222,10 @@ def test_resumed_sampler_makes_the_same_choices(name):
     for _ in range(3):
         fb(a, *outcome(a.next(3)))
     buf = io.BytesIO()
-    torch.save(a.state_dict(), buf)
+    torch.save(encode_state(a.state_dict()), buf)  # the checkpoint format: tensors and plain data only
     buf.seek(0)
     b = build_sampler(Config.build({"prompt_sampler": name}), [{}] * 7)
-    b.load_state_dict(torch.load(buf, weights_only=False))
+    b.load_state_dict(decode_state(torch.load(buf, weights_only=True)))
     for _ in range(6):
         pa, pb = a.next(3), b.next(3)
         assert pa == pb

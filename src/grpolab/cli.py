@@ -47,7 +47,7 @@ TRAIN_OPTIONS = ["model", "task", "data", "steps", "out", "learning_rate", "num_
                  "loss_aggregation", "save_steps", "seed", "device", "stall_steps"]
 # what `--resume` may change: how long the run goes on and what it logs, never what it trains
 RESUME_OVERRIDES = ["steps", "save_steps", "save_total_limit", "eval_after", "eval_problems", "eval_batch_size",
-                    "tensorboard", "threads", "device", "stall_steps"]
+                    "tensorboard", "threads", "device", "stall_steps", "reward_timeout"]
 
 
 def _options_of(args, cli: dict) -> dict:
@@ -137,12 +137,12 @@ def cmd_train(args, rest: list[str]) -> int:
             out = out.with_name(f"{out.name}-{n}")
             cfg.out = str(out)
             print(f"[grpolab] {Path(Config().out)} already holds a run; writing this one to {out}", file=sys.stderr)
-        if used(out):
+        if used(out) and not args.overwrite:
             raise ConfigError(f"--out {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"or choose another --out (nothing was overwritten)")
     from .train.trainer import Trainer
 
-    trainer = Trainer(cfg, resume=bool(args.resume))
+    trainer = Trainer(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     summary = trainer.train(progress=not args.quiet)
     print(to_json({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
                    for k, v in summary.items()}))
@@ -422,6 +422,9 @@ def _train_options(t) -> None:
         t.add_argument(f"--{key}", metavar=metavar,
                        help=f"{f.metadata.get('help', '')}{extra} [default: {default}]".replace("%", "%%"))
     t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--overwrite", action="store_true",
+                   help="write into an --out folder that already has files (replacing a run there); without it "
+                        "such a folder is refused")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
         return bench_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
-    from .errors import ConfigError, RunStalled
+    from .errors import CheckpointError, ConfigError, RunStalled
     from .data import DataError
     from .registry import UnknownComponentError
     try:
@@ -481,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
         commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
                     "config": cmd_config, "components": cmd_components}
         return commands[args.command](args, rest)
-    except (ConfigError, DataError, UnknownComponentError, FileNotFoundError) as e:
+    except (ConfigError, DataError, UnknownComponentError, FileNotFoundError, CheckpointError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
     except RunStalled as e:  # the run stopped itself: nothing could be learned (stall_steps)

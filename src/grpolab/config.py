@@ -117,6 +117,9 @@ class Config:
     mask_truncated_completions: bool = _f(False, "leave completions that hit max_completion_length out of the "
                                                  "loss (DAPO overlong filtering; TRL's name)")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
+    reward_timeout: float = _f(0.0, "seconds one reward function call may run; a call still running then is "
+                                    "abandoned: its rows are unscorable (NaN) for that step, a warning names it "
+                                    "and it counts in reward_errors (0 = no limit)")
     # optimiser
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")

@@ -67,3 +67,6 @@ def stand_in_policy(allow: bool):
                                f"grpolab components), or set allow_stand_ins: true to train with the stand-in "
                                f"(reported as a warning)") from None
 
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded: corrupt, or holding objects a safe (code-free) load refuses."""

@@ -4,15 +4,28 @@ The contract is TRL's: a reward function is called as
 ``f(prompts=..., completions=..., completion_ids=..., **columns)`` and returns a
 list with one float (or ``None`` = unscorable) per completion. Unscorable
 entries become NaN and are left out of group statistics.
+
+A reward function is the user's code and runs in the training process, but it
+cannot corrupt the run (:meth:`RewardScorer.score`): each call gets its own deep
+copies of the prompts, completions, ids and columns (editing them in place
+changes nothing the trainer keeps); with ``reward_timeout`` > 0 a call runs in a
+worker thread and one still running after that many seconds is abandoned (its
+rows are NaN for that step, counted in ``reward_errors``, with a warning naming
+the function; Python cannot stop a thread, so a reward that never returns keeps
+its thread); and any exception it raises, ``SystemExit`` and other
+``BaseException`` subclasses included (but not ``KeyboardInterrupt``), is reported as that
+reward's error for the call instead of ending the run.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.util
 import inspect
 import math
 import os
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +37,10 @@ from ..algorithms.advantages import combine_rewards
 from ..registry import REWARD_SPECS, declared_params
 
 STANDARD_ARGS = {"prompts", "completions", "completion_ids"}
+
+
+class RewardTimeout(Exception):
+    """A reward call still running after ``reward_timeout`` seconds (abandoned)."""
 
 
 @dataclass
@@ -134,12 +151,38 @@ def check_signature(reward: RewardFn, columns: set[str], source: str = "the data
 class RewardScorer:
     """Runs every reward function over a batch of completions."""
 
-    def __init__(self, rewards: list[RewardFn], log=None):
+    def __init__(self, rewards: list[RewardFn], log=None, timeout: float = 0.0):
         names = [r.name for r in rewards]
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.rewards = rewards
         self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
         self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))  # never stdout (eval prints JSON)
+        if not (timeout >= 0 and math.isfinite(timeout)):
+            raise ValueError(f"reward_timeout: must be a number of seconds >= 0 (0 = no limit), got {timeout}")
+        self.timeout = float(timeout)
+
+    def _call(self, name: str, fn: Callable, kwargs: dict):
+        """``fn(**kwargs)`` on deep copies of the inputs, within ``timeout`` seconds when one is set."""
+        kwargs = copy.deepcopy(kwargs)
+        if self.timeout <= 0:
+            return fn(**kwargs)
+        box: dict = {}
+
+        def target():
+            try:
+                box["value"] = fn(**kwargs)
+            except BaseException as e:  # noqa: BLE001 - reported in the calling thread
+                box["error"] = e
+
+        worker = threading.Thread(target=target, name=f"reward:{name}", daemon=True)
+        worker.start()
+        worker.join(self.timeout)
+        if worker.is_alive():
+            raise RewardTimeout(f"still running after reward_timeout={self.timeout:g} s; the call was abandoned "
+                               f"(raise reward_timeout if it is just slow)")
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
 
     def score_batch(self, batch) -> tuple[torch.Tensor, int]:
         """Score a RolloutBatch: its prompts, completions, completion token ids and data columns."""
@@ -154,12 +197,16 @@ class RewardScorer:
         matrix = torch.full((R, len(self.rewards)), float("nan"))
         for k, (name, r) in enumerate(zip(self.names, self.rewards)):
             try:
-                values = r.fn(prompts=list(prompts), completions=list(completions),
-                              completion_ids=list(completion_ids), **{c: list(v) for c, v in columns.items()})
-            except Exception as e:  # a failing reward must not kill the run
+                values = self._call(name, r.fn, dict(prompts=prompts, completions=completions,
+                                                     completion_ids=completion_ids, **columns))
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # a failing reward must not kill the run: SystemExit included
                 errors += 1
-                self.log(f"[grpolab] reward function '{name}' raised {type(e).__name__}: {e}; its "
-                         f"{R} rows are unscorable this step\n{traceback.format_exc(limit=2)}")
+                timed_out = isinstance(e, RewardTimeout)
+                what = "timed out" if timed_out else f"raised {type(e).__name__}"
+                self.log(f"[grpolab] reward function '{name}' {what}: {e}; its {R} rows are unscorable this step"
+                         + ("" if timed_out else f"\n{traceback.format_exc(limit=2)}"))
                 continue
             raw = values
             try:

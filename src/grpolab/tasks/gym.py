@@ -16,6 +16,19 @@ The prompt is the dataset's question followed by "Finish your reply with
 * ``rg_score`` (weight 1.0, the accuracy reward): the dataset's own
   ``score_answer(extracted, entry)`` on the text after the last ``Answer:``
   (up to the end of that line); 0.0 when there is no ``Answer:``.
+
+  Many reasoning-gym scorers evaluate the answer as Python (``eval``,
+  ``sympy.parse_expr``), so ``score_answer`` never runs in the training
+  process: it runs in the sandbox (:mod:`grpolab.sandbox`, docs/safety.md), a
+  worker process that builds the two datasets once and scores each reward call
+  in a fresh child with CPU, memory and wall-clock limits, no network and no
+  file writes outside a scratch directory. ``rg_sandbox: call`` (default) scores
+  a whole reward call in one child; ``item`` gives every answer its own child
+  (one answer's code cannot touch another's score; slower: every child starts
+  with cold caches). In
+  ``call`` mode a child that times out or crashes is retried answer by answer.
+  An answer whose scoring times out (``rg_score_timeout``), crashes or raises
+  scores 0.0, as reasoning-gym scores an answer whose evaluation fails.
 * ``format`` (weight 0.5): 1.0 if the reply ends with an ``Answer: ...`` line.
 
 Columns: ``question``, ``answer`` (the dataset's reference answer),
@@ -35,6 +48,8 @@ from ..registry import TASKS
 from .base import Task
 from ..data import completion_text
 from ..registry import param
+from ..sandbox import Limits, Sandbox
+from ..sandbox import gym as sandboxed
 
 GYM_PREFIX = "rg:"
 ANSWER_LINE = re.compile(r"Answer:[ \t]*([^\n]*)")
@@ -49,6 +64,31 @@ def _import_gym():
         raise ValueError("task 'rg:...' needs the optional package reasoning-gym: "
                          "pip install 'grpolab[gym]'") from None
     return reasoning_gym
+
+
+SCORE_MEMORY_MB = 2048  # address space of a scoring child (the worker with sympy loaded uses about 250 MiB)
+
+
+def score_in_sandbox(box: Sandbox, answers: list[str | None], entries: list[dict], splits: list[str],
+                     per_item: bool = False) -> list[float]:
+    """reasoning-gym scores of ``answers`` (None = no ``Answer:`` line, 0.0), computed in ``box``'s children.
+
+    One child for all answers (``per_item`` False), retried one child per answer if that child fails; an
+    answer whose child fails scores 0.0.
+    """
+    out = [0.0] * len(answers)
+    todo = [(i, (s, a, e)) for i, (a, e, s) in enumerate(zip(answers, entries, splits)) if a is not None]
+    if not todo:
+        return out
+    if not per_item:
+        res = box.call(sandboxed.score_many, [t for _, t in todo])
+        if res.ok:
+            for (i, _), v in zip(todo, res.value):
+                out[i] = 0.0 if v is None else float(v)
+            return out
+    for (i, _), res in zip(todo, box.map(sandboxed.score, [t for _, t in todo])):
+        out[i] = float(res.value) if res.ok and res.value is not None else 0.0
+    return out
 
 
 def gym_names() -> list[str]:
@@ -92,7 +132,11 @@ def gym_task(name: str, *,
                                        'dropped)'),
              rg_seed: int = param(1234, 'rg:NAME: dataset seed of the training split'),
              rg_config: dict | str | None = param(None, 'rg:NAME: extra reasoning-gym dataset options (mapping or '
-                                                  'JSON object)')) -> Task:
+                                                  'JSON object)'),
+             rg_sandbox: str = param("call", "rg:NAME: sandbox children for scoring: 'call' = one per reward "
+                                     "call, 'item' = one per answer (full isolation, slower)", ["call", "item"]),
+             rg_score_timeout: float = param(20.0, "rg:NAME: wall-clock and CPU seconds a scoring child may run "
+                                             "(one reward call, or one answer with rg_sandbox item)")) -> Task:
     """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring).
 
     Provenance: grpolab's own — an adapter of the reasoning-gym package's datasets and their score_answer;
@@ -106,19 +150,23 @@ def gym_task(name: str, *,
         raise ValueError(f"task 'rg:{name}': reasoning-gym has no dataset '{name}'{hint} "
                          f"({len(names)} datasets, e.g. {', '.join(names[:6])})")
     opts = _options(rg_config)
-    datasets = {"train": rg.create_dataset(name, size=rg_train_size, seed=rg_seed, **opts),
-                "eval": rg.create_dataset(name, size=rg_eval_size, seed=rg_seed + rg_train_size, **opts)}
+    sizes = {"train": (rg_train_size, rg_seed), "eval": (rg_eval_size, rg_seed + rg_train_size)}
+    datasets = {split: rg.create_dataset(name, size=size, seed=seed, **opts) for split, (size, seed) in sizes.items()}
     train = [_row(e, "train") for e in datasets["train"]]
     seen = {r["question"] for r in train}
     held = [_row(e, "eval") for e in datasets["eval"]]
     held = [r for r in held if r["question"] not in seen]
 
+    if not (rg_score_timeout > 0):
+        raise ValueError(f"rg_score_timeout: must be > 0 seconds, got {rg_score_timeout}")
+    limits = Limits(cpu_s=rg_score_timeout, wall_s=rg_score_timeout, memory_mb=SCORE_MEMORY_MB)
+    box = Sandbox(limits=limits, preload=[(sandboxed.preload, (split, name, size, seed, opts))
+                                          for split, (size, seed) in sizes.items()])
+    box.start(background=True)  # the worker builds its datasets while the model loads
+
     def rg_score(prompts=None, completions=None, rg_entry=None, rg_split=None, **kwargs) -> list[float]:
-        out = []
-        for c, entry, split in zip(completions, rg_entry, rg_split):
-            pred = extract_answer(completion_text(c))
-            out.append(0.0 if pred is None else float(datasets[split].score_answer(pred, entry)))
-        return out
+        return score_in_sandbox(box, [extract_answer(completion_text(c)) for c in completions], rg_entry,
+                                rg_split, per_item=rg_sandbox == "item")
 
     def format_reward(prompts=None, completions=None, **kwargs) -> list[float]:
         return [1.0 if FORMAT.search(completion_text(c)) else 0.0 for c in completions]

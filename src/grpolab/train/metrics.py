@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..data import json_safe, to_json
 
 
 class MetricsLog:
-    def __init__(self, out: Path, tensorboard: bool, resume_step: int = 0):
+    def __init__(self, out: Path, tensorboard: bool, resume_step: int = 0, log=print):
         self.path = Path(out) / "metrics.jsonl"
+        self.log = log
         self.truncate(resume_step)
         self.writer = None
         if tensorboard:
@@ -20,11 +22,17 @@ class MetricsLog:
                 self.writer = None
 
     def truncate(self, step: int) -> None:
-        """Drop lines after ``step`` (left by a run that died after its last checkpoint)."""
+        """Drop lines after ``step`` (left by a run that died after its last checkpoint), and a final line
+        cut short by a kill (with a warning); the file is replaced in one step (never half-written)."""
         if not self.path.exists():
             return
-        keep = [l for l in self.path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= step]
-        self.path.write_text("".join(l + "\n" for l in keep))
+        keep = [l for l, m in parse_lines(self.path, log=self.log) if m["step"] <= step]
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        with open(tmp, "w") as fh:
+            fh.write("".join(l + "\n" for l in keep))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
 
     def write(self, metrics: dict) -> None:
         metrics = json_safe(metrics)
@@ -41,9 +49,30 @@ class MetricsLog:
             self.writer.close()
 
 
+def parse_lines(path: Path, log=None) -> list[tuple[str, dict]]:
+    """``(line, record)`` of every line of a metrics file. A final line that is not JSON (cut short by a kill)
+    is left out with a warning; a bad line elsewhere raises ``ValueError`` naming file and line."""
+    lines = [l for l in Path(path).read_text().splitlines() if l.strip()]
+    out = []
+    for i, line in enumerate(lines):
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or "step" not in rec:
+                raise ValueError("not a metrics record")
+        except ValueError as e:
+            if i == len(lines) - 1:
+                if log is not None:
+                    log(f"[grpolab] warning: {path}:{i + 1}: last line is incomplete ({e}); ignored (a run "
+                        f"killed while writing it)")
+                break
+            raise ValueError(f"{path}:{i + 1}: not a metrics line ({e}); repair or delete it") from None
+        out.append((line, rec))
+    return out
+
+
 def read_metrics(out: Path) -> list[dict]:
     p = Path(out) / "metrics.jsonl"
-    return [json.loads(l) for l in p.read_text().splitlines() if l.strip()] if p.exists() else []
+    return [rec for _, rec in parse_lines(p)] if p.exists() else []
 
 
 def plot_rewards(out: Path) -> Path | None:

@@ -44,6 +44,7 @@ from . import checkpoint as ckpt
 from . import checks
 from .evaluate import evaluate
 from .metrics import MetricsLog, plot_rewards
+from .rundir import claim_run_folder, load_eval_before, save_eval_before
 
 
 def setup_data(cfg: Config):
@@ -77,11 +78,12 @@ def build_sampler(cfg: Config, rows: list[dict]):
 
 
 class Trainer:
-    def __init__(self, cfg: Config, resume: bool = False, log=None):
+    def __init__(self, cfg: Config, resume: bool = False, log=None, overwrite: bool = False):
         self.cfg = cfg
         self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
         self.out = Path(cfg.out)
         checks.check_out(self.out)
+        claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True)  # refuse before any work
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -149,7 +151,8 @@ class Trainer:
         self.components[f"rollout/{self.strategy.name}"] = self.strategy
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
-        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log), self.reward_transforms)
+        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log, timeout=cfg.reward_timeout),
+                                  self.reward_transforms)
         self.dynamic_sampling_column = self._dynamic_sampling_column()
         self.engine = None
         if cfg.generation_engine == "vllm":
@@ -166,11 +169,10 @@ class Trainer:
         self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.step = 0
         self.skipped_steps = 0
-        self.out.mkdir(parents=True, exist_ok=True)
+        claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log)  # never lose a user's files
         if resume:
-            last = ckpt.latest_checkpoint(self.out)
+            last, state = ckpt.load_latest(self.out, self.model, log=self.log)
             if last is not None:
-                state = ckpt.load_checkpoint(last, self.model)
                 self.optimizer.load_state_dict(state["optimizer"])
                 self.scheduler.load_state_dict(state["scheduler"])
                 self.sampler.load_state_dict(state["sampler"])
@@ -185,7 +187,7 @@ class Trainer:
                 self.log(f"[grpolab] no checkpoint in {self.out}/checkpoints; starting from step 0")
         self._engine_stale = resume  # the engine loaded the initial weights from disk
         cfg.save(self.out / "config.yaml")
-        self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step)
+        self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step, log=self.log)
         self.stall = checks.StallGuard(cfg.stall_steps, log=self.log)
 
     # ----------------------------------------------------------------- helpers
@@ -541,6 +543,9 @@ class Trainer:
         summary: dict = {}
         if cfg.eval_before and self.step == 0 and self.eval_rows:
             summary["before"] = self._eval("before")
+            save_eval_before(self.out, summary["before"])  # a resumed run's summary keeps it
+        elif self.step > 0 and (before := load_eval_before(self.out, log=self.log)) is not None:
+            summary["before"] = before
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not progress, file=sys.stderr,
                    dynamic_ncols=True)
         try:

@@ -1,0 +1,581 @@
+"""Run untrusted code (model output) in a separate, locked-down process.
+
+Used to score ``rg:`` tasks, whose reasoning-gym scorers ``eval`` the model's
+answer (:mod:`grpolab.sandbox.gym`), and meant for any tool that runs
+model-written code. A leaf package: it imports nothing else from grpolab, and
+its worker process imports only this package (not ``grpolab/__init__``, which
+loads torch), so it starts in well under a second and stays small. A function
+sent to a child must be importable by name; one in grpolab belongs in this
+package (its modules import no other part of grpolab).
+
+    box = Sandbox(limits=Limits(cpu_s=5, memory_mb=1024, wall_s=10))
+    r = box.run_python("print(6 * 7)")            # SandboxResult(ok=True, stdout='42\\n', ...)
+    r = box.call(some_module.score, "answer", {...})  # value: the JSON-able return value
+    rs = box.map(some_module.score, [(a, e) for ...])  # one child per item, one round trip
+    box.close()
+
+How it works. ``Sandbox`` starts one worker process (a fork server running
+only grpolab's own, trusted code; it never runs a request itself). Before it
+reads any request it drops network access (below) and runs the ``preload``
+calls (e.g. building the datasets a scorer needs, so children start warm). For
+each call it forks a fresh child, which
+
+* gets its own scratch directory (the working directory, deleted afterwards)
+  and its own session, whose processes are all killed when the call ends;
+* is limited by ``RLIMIT_CPU`` (``cpu_s``), ``RLIMIT_AS`` (``memory_mb`` of
+  address space) and ``RLIMIT_FSIZE``, and killed after ``wall_s`` seconds;
+* may write files only inside its scratch directory and may not signal or
+  ptrace processes outside itself (Linux Landlock, where the kernel has it);
+* runs the function; its stdout/stderr are captured (``max_output`` bytes each).
+
+Every call runs in a fresh child, so nothing one call does to its process
+(monkey-patching the scorer, say) reaches the next call. Results come back as
+JSON only: nothing a child sends is ever unpickled, so a child that is taken
+over cannot run code in the worker or in the training process. A timeout, a
+crash, a limit hit or a non-JSON result is a ``SandboxResult`` with ``ok=False``
+and ``error`` saying which, never an exception in the caller.
+
+Guarantees on a given machine: :func:`capabilities` reports what the kernel
+allowed (``Sandbox.isolation`` for a running sandbox):
+
+* ``network``: ``"netns"`` (a new, empty network namespace: no interface but a
+  downed loopback, so no connection of any kind; needs root or unprivileged user
+  namespaces), else ``"landlock-tcp"`` (Landlock ABI >= 4: TCP connect/bind
+  refused; UDP and Unix sockets still work) plus the audit hook, else
+  ``"audit-hook"`` only;
+* ``filesystem``: ``"landlock"`` (writes, deletes, renames, truncation refused by
+  the kernel everywhere except the scratch directory; reading stays allowed, so
+  Python can import) else ``"audit-hook"``;
+* ``signals``: ``"landlock-scoped"`` (ABI >= 6: no signals to processes outside
+  the child) else ``"unrestricted"``.
+
+The audit hook (``sys.addaudithook``, installed in every child as a second
+layer) refuses ``socket.*``, ``open`` for writing outside the scratch directory,
+``os.remove``/``rename``/``mkdir``/..., ``os.system``, ``subprocess.Popen``,
+``os.exec*``/``posix_spawn``/``fork`` and ``ctypes``. It is a Python-level
+guard that native code can bypass; where it is the only layer, the sandbox is a
+barrier against accidents and naive exploits, not against a determined attacker.
+The grpolab test suite (tests/test_hostile_input.py) checks on the machine it
+runs on that crafted answers write nothing.
+"""
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pickle
+import platform
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# ----------------------------------------------------------------- results
+
+
+@dataclass
+class Limits:
+    """Per-call limits of a sandboxed child."""
+    cpu_s: float = 10.0          # CPU seconds (RLIMIT_CPU)
+    memory_mb: int = 2048        # address space in MiB (RLIMIT_AS); 0 = no limit
+    wall_s: float = 20.0         # wall-clock seconds before the child is killed
+    file_mb: int = 64            # largest file the child may write (RLIMIT_FSIZE)
+    max_output: int = 65536      # bytes of stdout / stderr kept
+
+
+@dataclass
+class SandboxResult:
+    ok: bool
+    value: Any = None             # the function's return value (JSON round-trip)
+    error: str | None = None      # why it failed: "timeout: ...", "crashed: ...", "raised ValueError: ..."
+    stdout: str = ""
+    stderr: str = ""
+    timed_out: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class _Isolation:
+    network: str = "audit-hook"
+    filesystem: str = "audit-hook"
+    signals: str = "unrestricted"
+
+    def as_dict(self) -> dict:
+        return {"network": self.network, "filesystem": self.filesystem, "signals": self.signals}
+
+
+# ------------------------------------------------------- kernel mechanisms
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+_PR_SET_NO_NEW_PRIVS = 38
+_SYS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # landlock_create_ruleset / add_rule / restrict_self
+# Landlock filesystem rights (ABI 1..): execute 1, write_file 2, read_file 4, read_dir 8, remove_dir 16,
+# remove_file 32, make_char 64, make_dir 128, make_reg 256, make_sock 512, make_fifo 1024, make_block 2048,
+# make_sym 4096, refer 8192 (ABI 2), truncate 16384 (ABI 3), ioctl_dev 32768 (ABI 5)
+_LL_WRITE = {1: 2 | 16 | 32 | 64 | 128 | 256 | 512 | 1024 | 2048 | 4096}
+_LL_WRITE[2] = _LL_WRITE[1] | 8192
+_LL_WRITE[3] = _LL_WRITE[2] | 16384
+_LL_WRITE[5] = _LL_WRITE[3] | 32768
+_LL_NET_TCP = 1 | 2              # bind_tcp, connect_tcp (ABI 4)
+_LL_SCOPE = 1 | 2                # abstract unix socket, signal (ABI 6)
+
+
+def _libc():
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+        lib.syscall.restype = ctypes.c_long
+        return lib
+    except OSError:
+        return None
+
+
+def _landlock_abi(libc) -> int:
+    nums = _SYS.get(platform.machine())
+    if libc is None or nums is None or sys.platform != "linux":
+        return 0
+    abi = libc.syscall(nums[0], None, ctypes.c_size_t(0), ctypes.c_uint32(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    return max(int(abi), 0)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _landlock_restrict(libc, abi: int, writable: list[str], block_tcp: bool) -> bool:
+    """Allow writes only beneath ``writable``; refuse TCP when ``block_tcp`` (ABI >= 4); scope signals (>= 6)."""
+    if abi < 1:
+        return False
+    create, add_rule, restrict = _SYS[platform.machine()]
+    write = _LL_WRITE[max(k for k in _LL_WRITE if k <= abi)]
+    attr = _RulesetAttr(write, _LL_NET_TCP if (block_tcp and abi >= 4) else 0, _LL_SCOPE if abi >= 6 else 0)
+    size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
+    fd = libc.syscall(create, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        return False
+    try:
+        for path in writable:
+            pfd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            try:
+                rule = _PathBeneath(write, pfd)
+                if libc.syscall(add_rule, ctypes.c_int(fd), ctypes.c_int(1), ctypes.byref(rule),
+                                ctypes.c_uint32(0)) != 0:
+                    return False
+            finally:
+                os.close(pfd)
+        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            return False
+        return libc.syscall(restrict, ctypes.c_int(fd), ctypes.c_uint32(0)) == 0
+    finally:
+        os.close(fd)
+
+
+def _unshare_network(libc) -> bool:
+    """Move this process into a new, empty network namespace (root, or via a user namespace)."""
+    if libc is None or sys.platform != "linux":
+        return False
+    if libc.unshare(_CLONE_NEWNET) == 0:
+        return True
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+        return False
+    try:  # keep our uid/gid inside the user namespace
+        with open("/proc/self/setgroups", "w") as fh:
+            fh.write("deny")
+        with open("/proc/self/uid_map", "w") as fh:
+            fh.write(f"{uid} {uid} 1")
+        with open("/proc/self/gid_map", "w") as fh:
+            fh.write(f"{gid} {gid} 1")
+    except OSError:
+        pass
+    return True
+
+
+# -------------------------------------------------------------- audit hook
+_BLOCKED_EVENTS = ("socket.", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
+                   "os.forkpty", "ctypes.", "os.remove", "os.unlink", "os.rmdir", "os.rename", "os.replace",
+                   "os.mkdir", "os.symlink", "os.link", "os.truncate", "os.chmod", "os.chown", "os.utime",
+                   "shutil.", "os.kill", "os.killpg", "signal.pthread_kill", "sys.addaudithook",
+                   "os.setxattr", "os.removexattr", "os.mkfifo", "os.mknod", "pty.")
+
+
+def _install_audit_hook(scratch: str) -> None:
+    scratch = os.path.realpath(scratch) + os.sep
+
+    def inside(path) -> bool:
+        try:
+            p = os.fsdecode(path) if not isinstance(path, int) else None
+        except TypeError:
+            return False
+        return p is not None and os.path.realpath(p).startswith(scratch)
+
+    def hook(event: str, args: tuple) -> None:
+        if event == "open":
+            path, mode, flags = (list(args) + [None, None, None])[:3]
+            writing = (isinstance(mode, str) and any(c in mode for c in "wax+")) or \
+                      (isinstance(flags, int) and flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
+            if writing and not isinstance(path, int) and not inside(path):
+                raise PermissionError(f"sandbox: writing {path!r} is not allowed (only the scratch directory)")
+            return
+        if event.startswith(_BLOCKED_EVENTS):
+            if event in ("os.remove", "os.unlink", "os.rmdir", "os.mkdir", "os.truncate", "os.chmod",
+                         "os.utime") and args and inside(args[0]):
+                return
+            if event in ("os.rename", "os.replace") and len(args) > 1 and inside(args[0]) and inside(args[1]):
+                return
+            raise PermissionError(f"sandbox: '{event}' is not allowed")
+
+    sys.addaudithook(hook)
+
+
+# ------------------------------------------------------------------ child
+def _exec_source(source: str) -> None:
+    """Run Python source as ``__main__`` (what :meth:`Sandbox.run_python` sends)."""
+    exec(compile(source, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+
+
+def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, iso: _Isolation, libc, abi: int):
+    """In the forked child: lock down, run, write the JSON result to ``res_fd``; never returns."""
+    code = 0
+    try:
+        os.setsid()
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        os.chdir(scratch)
+        os.environ["HOME"] = os.environ["TMPDIR"] = scratch
+        tempfile.tempdir = scratch
+        import resource
+        lim: Limits = req["limits"]
+        if lim.cpu_s > 0:
+            cpu = max(1, int(lim.cpu_s + 0.999))
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        if lim.memory_mb > 0:
+            resource.setrlimit(resource.RLIMIT_AS, (lim.memory_mb << 20, lim.memory_mb << 20))
+        if lim.file_mb > 0:
+            resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_mb << 20, lim.file_mb << 20))
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if iso.filesystem == "landlock" and not _landlock_restrict(libc, abi, [scratch],
+                                                                   block_tcp=iso.network != "netns"):
+            raise RuntimeError("sandbox: Landlock restriction failed in the child")
+        if req.get("audit_hook", True):
+            _install_audit_hook(scratch)
+        fn, args, kwargs = req["fn"], req.get("args", ()), req.get("kwargs", {})
+        try:
+            value = fn(*args, **kwargs)
+            payload = {"ok": True, "value": value}
+        except BaseException as e:  # noqa: BLE001 - the child reports everything
+            payload = {"ok": False, "error": f"raised {type(e).__name__}: {e}"[:2000]}
+        try:
+            data = json.dumps(payload, allow_nan=True).encode()
+        except (TypeError, ValueError) as e:
+            data = json.dumps({"ok": False, "error": f"result is not JSON-serialisable ({e})"}).encode()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.write(res_fd, data)
+    except BaseException as e:  # noqa: BLE001
+        code = 3
+        try:
+            os.write(2, f"sandbox child setup failed: {type(e).__name__}: {e}\n".encode())
+        except OSError:
+            pass
+    finally:
+        os._exit(code)
+
+
+# ----------------------------------------------------------------- worker
+def _read_msg(fh) -> bytes | None:
+    head = fh.read(8)
+    if len(head) < 8:
+        return None
+    (n,) = struct.unpack("<Q", head)
+    return fh.read(n)
+
+
+def _write_msg(fh, data: bytes) -> None:
+    fh.write(struct.pack("<Q", len(data)) + data)
+    fh.flush()
+
+
+def _tail(path: str, limit: int) -> str:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError:
+        return ""
+    text = data[:limit].decode("utf-8", "replace")
+    return text + ("\n[output truncated]" if len(data) > limit else "")
+
+
+def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
+    lim: Limits = req["limits"]
+    scratch = tempfile.mkdtemp(prefix="call-", dir=base)
+    io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
+    out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    r_fd, w_fd = os.pipe()
+    t0 = time.monotonic()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r_fd)
+        _child(req, scratch, out_fd, err_fd, w_fd, iso, libc, abi)
+    os.close(w_fd)
+    os.close(out_fd)
+    os.close(err_fd)
+    chunks, status, timed_out = [], None, False
+    deadline = t0 + (lim.wall_s if lim.wall_s > 0 else 1e9)
+    open_pipe = True
+    while True:
+        if open_pipe:
+            ready, _, _ = select.select([r_fd], [], [], max(0.0, min(0.05, deadline - time.monotonic())))
+            if ready:
+                chunk = os.read(r_fd, 1 << 16)
+                if chunk:
+                    if sum(map(len, chunks)) < (64 << 20):
+                        chunks.append(chunk)
+                else:
+                    open_pipe = False
+        else:
+            time.sleep(0.001)
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+        if time.monotonic() > deadline:
+            timed_out = True
+            break
+    try:
+        os.killpg(pid, signal.SIGKILL)  # the child and everything it started in its session
+    except (ProcessLookupError, PermissionError):
+        pass
+    if status is None:
+        _, status = os.waitpid(pid, 0)
+    os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
+    while open_pipe and not timed_out:
+        try:
+            chunk = os.read(r_fd, 1 << 16)
+        except BlockingIOError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(r_fd)
+    seconds = time.monotonic() - t0
+    res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
+           "timed_out": timed_out, "seconds": seconds}
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(io_dir, ignore_errors=True)
+    if timed_out:
+        return {**res, "ok": False, "error": f"timeout: still running after {lim.wall_s:g} s (wall_s)"}
+    data = b"".join(chunks)
+    if data:
+        try:
+            return {**res, **json.loads(data)}
+        except ValueError:
+            return {**res, "ok": False, "error": "child sent a malformed result"}
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        why = {signal.SIGXCPU: f"CPU limit of {lim.cpu_s:g} s (cpu_s)", signal.SIGKILL: "killed",
+               signal.SIGXFSZ: f"file size limit of {lim.file_mb} MiB (file_mb)"}.get(sig, signal.Signals(sig).name)
+        return {**res, "ok": False, "error": f"crashed: {why}"}
+    code = os.WEXITSTATUS(status)
+    hint = " (memory limit?)" if "MemoryError" in res["stderr"] else ""
+    return {**res, "ok": False, "error": f"crashed: exit status {code} without a result{hint}"}
+
+
+def _worker_main() -> None:
+    """The fork server: reads pickled requests from the trusted parent, answers JSON."""
+    proto_in = os.fdopen(os.dup(0), "rb")
+    proto_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints must not corrupt the protocol
+    sys.stdout = sys.stderr
+    libc = _libc()
+    iso = _Isolation()
+    if _unshare_network(libc):
+        iso.network = "netns"
+    abi = _landlock_abi(libc)
+    if abi >= 1:
+        iso.filesystem = "landlock"
+        if iso.network != "netns" and abi >= 4:
+            iso.network = "landlock-tcp"
+        if abi >= 6:
+            iso.signals = "landlock-scoped"
+    base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
+    try:
+        init = pickle.loads(_read_msg(proto_in) or b"")
+        sys.path[:0] = [p for p in init.get("path", []) if p not in sys.path]
+        errors = []
+        for fn, args in init.get("preload", []):
+            try:
+                fn(*args)
+            except Exception as e:  # noqa: BLE001 - reported to the parent
+                errors.append(f"{getattr(fn, '__name__', fn)}: {type(e).__name__}: {e}")
+        import gc
+        gc.collect()
+        gc.freeze()  # fewer copy-on-write pages in every child
+        _write_msg(proto_out, json.dumps({"isolation": iso.as_dict(), "preload_errors": errors,
+                                          "pid": os.getpid()}).encode())
+        while (raw := _read_msg(proto_in)) is not None:
+            req = pickle.loads(raw)  # from the trusted parent only
+            if "items" in req:
+                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, iso, libc, abi) for a in req["items"]]
+            else:
+                answers = _run_one(req, base, iso, libc, abi)
+            _write_msg(proto_out, json.dumps(answers).encode())
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ parent
+class SandboxError(RuntimeError):
+    """The sandbox worker itself could not start."""
+
+
+class Sandbox:
+    """A fork-server worker process that runs calls in fresh, limited children (see the module docstring).
+
+    ``preload``: ``[(fn, args), ...]`` run once in the worker before any request
+    (trusted set-up, e.g. building datasets into a module-level cache, so the
+    children need not). ``fn`` and every callable sent must be importable by
+    name (module-level functions). Thread-safe; the worker starts on first use
+    and is restarted if it dies.
+    """
+
+    def __init__(self, limits: Limits | None = None, preload: list[tuple[Callable, tuple]] | None = None,
+                 audit_hook: bool = True):
+        self.limits = limits or Limits()
+        self.preload = list(preload or [])
+        self.audit_hook = audit_hook  # False only to test the kernel layers alone
+        self.isolation: dict | None = None
+        self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+
+    # -- worker lifecycle
+    def _start(self) -> None:
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # a bare namespace for grpolab: the worker imports grpolab.sandbox without grpolab/__init__ (torch)
+        boot = (f"import sys, types; p = types.ModuleType('grpolab'); p.__path__ = [{pkg!r}]; "
+                f"sys.modules['grpolab'] = p; import grpolab.sandbox as s; s._worker_main()")
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+        self._proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env=env, cwd=tempfile.gettempdir(), start_new_session=True)
+        _write_msg(self._proc.stdin, pickle.dumps({"path": list(sys.path), "preload": self.preload}))
+        hello = _read_msg(self._proc.stdout)
+        if hello is None:
+            self._kill()
+            raise SandboxError("the sandbox worker exited at start (see the messages above)")
+        info = json.loads(hello)
+        self.isolation = info["isolation"]
+        if info["preload_errors"]:
+            self._kill()
+            raise SandboxError(f"sandbox preload failed: {'; '.join(info['preload_errors'])}")
+
+    def start(self, background: bool = False) -> None:
+        """Start the worker now (``background``: in a thread, e.g. while a model loads) instead of on first use."""
+        def ensure():
+            with self._lock:
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = None
+                    try:
+                        self._start()
+                    except SandboxError:
+                        pass  # reported again by the first call
+        if background:
+            threading.Thread(target=ensure, name="sandbox-start", daemon=True).start()
+        else:
+            ensure()
+
+    def _kill(self) -> None:
+        if self._proc is not None:
+            try:
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._proc.wait()
+            self._proc = None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._proc is not None:
+                try:
+                    self._proc.stdin.close()
+                    self._proc.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+                self._kill()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self._kill()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+    def _request(self, req: dict, budget: float):
+        with self._lock:
+            for attempt in (0, 1):
+                if self._proc is None or self._proc.poll() is not None:
+                    self._proc = None
+                    self._start()
+                try:
+                    _write_msg(self._proc.stdin, pickle.dumps(req))
+                    ready, _, _ = select.select([self._proc.stdout], [], [], budget)
+                    raw = _read_msg(self._proc.stdout) if ready else None
+                except (BrokenPipeError, OSError):
+                    raw = None
+                if raw is not None:
+                    return json.loads(raw)
+                self._kill()  # a worker that died or hangs is replaced; the request is retried once
+            raise SandboxError("the sandbox worker stopped answering twice")
+
+    # -- the API
+    def call(self, fn: Callable, *args, limits: Limits | None = None, **kwargs) -> SandboxResult:
+        """``fn(*args, **kwargs)`` in a fresh limited child; the value comes back through JSON."""
+        lim = limits or self.limits
+        req = {"fn": fn, "args": args, "kwargs": kwargs, "limits": lim, "audit_hook": self.audit_hook}
+        return SandboxResult(**self._request(req, budget=lim.wall_s + 30))
+
+    def map(self, fn: Callable, items: list[tuple], limits: Limits | None = None) -> list[SandboxResult]:
+        """``[fn(*item) for item in items]``, each in its own fresh child (limits per item), in one round trip."""
+        if not items:
+            return []
+        lim = limits or self.limits
+        out = self._request({"fn": fn, "items": [tuple(a) for a in items], "limits": lim,
+                             "audit_hook": self.audit_hook},
+                            budget=len(items) * (lim.wall_s + 1) + 30)
+        return [SandboxResult(**r) for r in out]
+
+    def run_python(self, source: str, limits: Limits | None = None) -> SandboxResult:
+        """Run Python source as a script in a fresh child; read its ``stdout`` / ``stderr``."""
+        return self.call(_exec_source, source, limits=limits)
+
+
+def capabilities() -> dict:
+    """What isolation a sandbox gets on this machine (runs a throw-away worker)."""
+    with Sandbox() as box:
+        box.call(_noop)
+        return dict(box.isolation or {})
+
+
+def _noop() -> None:
+    return None
