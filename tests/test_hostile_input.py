@@ -271,6 +271,23 @@ def test_reward_timeout_abandons_a_sleeping_reward(tiny_args, tmp_path, monkeypa
     assert any("'slow' timed out" in line and "reward_timeout=0.5" in line for line in logs)
 
 
+def test_reward_timeout_applies_to_evaluation(tiny_args, tmp_path, monkeypatch):
+    """The before/after evaluations (and grpolab eval, same function) abandon a sleeping reward too."""
+    mod = _reward_module(tmp_path, monkeypatch, """
+        import time
+        def slow_eval(prompts, completions, **kw):
+            time.sleep(30)
+            return [1.0] * len(prompts)
+        """, name="sleepy_eval_rewards")
+    logs = []
+    args = {**tiny_args, "steps": 1, "reward": [f"{mod}:slow_eval"], "reward_timeout": 0.5, "eval_problems": 4}
+    t = Trainer(Config.build(args), log=logs.append)
+    t0 = time.perf_counter()
+    res = t.evaluate()
+    assert time.perf_counter() - t0 < 20
+    assert res["rewards/slow_eval/mean"] is None or res["rewards/slow_eval/mean"] != res["rewards/slow_eval/mean"]
+
+
 @pytest.mark.parametrize("body", ["sys.exit(3)", "raise SystemExit('bye')", "raise GeneratorExit()"])
 def test_sys_exit_in_a_reward_is_that_rewards_error(tiny_args, tmp_path, monkeypatch, body):
     mod = _reward_module(tmp_path, monkeypatch, f"""

@@ -11,7 +11,7 @@ from ..generation.plain import plain_rollout
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max_completion_length: int,
              max_prompt_length: int = 512, batch_size: int = 64, accuracy_reward: str | None = None,
-             extra: dict | None = None, progress=None) -> dict:
+             extra: dict | None = None, progress=None, reward_timeout: float = 0.0) -> dict:
     """Greedy completions for ``rows``; mean of each reward, total reward, accuracy.
 
     ``accuracy`` is the mean of the reward named ``accuracy_reward`` (for a 0/1
@@ -19,7 +19,7 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
     are reported too but do not enter ``reward_mean``.
     """
     all_fns = rewards + [RewardFn(k, f, 0.0) for k, f in (extra or {}).items()]
-    scorer = RewardScorer(all_fns)
+    scorer = RewardScorer(all_fns, timeout=reward_timeout)
     mats, samples = [], []
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]

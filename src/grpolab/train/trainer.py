@@ -221,7 +221,8 @@ class Trainer:
             return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
                             max_completion_length=self.cfg.max_completion_length,
                             max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
-                            accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress)
+                            accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress,
+                            reward_timeout=self.cfg.reward_timeout)
 
     # -------------------------------------------------------------------- step
     def _refresh_behavior(self, weights: dict | None = None) -> None:
