@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 
 from ..registry import SAMPLERS, param
+from .uniform import UniformSampler
 
 
 @SAMPLERS.register("paraphrase_sets")
-class ParaphraseSetSampler:
+class ParaphraseSetSampler(UniformSampler):
     """Epoch-wise shuffled pass over paraphrase *sets*: rows sharing a value of ``paraphrase_set_column``.
 
     ``next(k)`` returns the rows of whole sets, in shuffled set order, until ``k`` rows are reached; when a set
@@ -31,11 +32,7 @@ class ParaphraseSetSampler:
         for i, r in enumerate(rows):
             sets.setdefault(str(r[paraphrase_set_column]), []).append(i)
         self.sets = list(sets.values())
-        self.num_rows = num_rows
-        self.generator = torch.Generator().manual_seed(seed)
-        self.order: list[int] = []
-        self.position = 0
-        self.epoch = 0
+        super().__init__(num_rows, seed)
 
     def next(self, k: int) -> list[int]:
         out: list[int] = []
@@ -48,16 +45,3 @@ class ParaphraseSetSampler:
             self.position += 1
             out.extend(members[:k - len(out)])
         return out
-
-    def feedback(self, **outcomes) -> None:
-        pass
-
-    def state_dict(self) -> dict:
-        return {"generator": self.generator.get_state(), "order": list(self.order), "position": self.position,
-                "epoch": self.epoch, "num_rows": self.num_rows}
-
-    def load_state_dict(self, state: dict) -> None:
-        if state["num_rows"] != self.num_rows:
-            raise ValueError(f"sampler state is for {state['num_rows']} rows, the data has {self.num_rows}")
-        self.generator.set_state(state["generator"])
-        self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]

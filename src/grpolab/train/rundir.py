@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from ..config import ConfigError
+from ..data import json_safe
 
 MARKER = "grpolab_run.json"
 EVAL_BEFORE = "eval_before.json"
@@ -110,15 +111,3 @@ def load_eval_before(out: Path, log=print) -> dict | None:
     except (json.JSONDecodeError, OSError) as e:
         log(f"[grpolab] warning: {path} cannot be read ({e}); the summary will lack the 'before' evaluation")
         return None
-
-
-def json_safe(obj):
-    """``obj`` with every non-finite float replaced by None (valid JSON)."""
-    import math
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    return obj
