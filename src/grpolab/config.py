@@ -105,7 +105,8 @@ class Config:
     loss_constant: int | None = _f(None, "normaliser L for loss_aggregation=constant (default max_completion_length)")
     epsilon: float = _f(0.2, "lower clip range eps_low")
     epsilon_high: float | None = _f(None, "upper clip range eps_high (default: epsilon)")
-    beta: float = _f(0.0, "KL coefficient; 0 loads no reference model")
+    beta: float = _f(0.0, "KL coefficient; 0 loads no reference model unless a selected component needs one "
+                          "(e.g. the aapo_reference rollout)")
     kl_estimator: str = _f("k3", "KL estimator (its value enters the loss)", KL_ESTIMATORS)
     kl_gradient: str | None = _f(None, "estimator whose gradient is used instead (straight-through, e.g. k2 "
                                        "with kl_estimator k3 = verl's k3+); default: kl_estimator's own")
