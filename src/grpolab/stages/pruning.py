@@ -134,6 +134,7 @@ class CPPOPrune:
     Provenance: authors' code — https://github.com/lzhxmu/CPPO, cppo_verl/recipe/cppo/src/cppo_ray_trainer.py
     (pruning rate, batch-level pruning by |A|); the refill generates the extra questions after the rollout
     instead of enlarging the prompt batch beforehand.
+    Test: tests/test_stages.py::test_cppo_keeps_largest_abs_advantage_per_group_and_batch.
     """
 
     def __init__(self, *,
