@@ -785,8 +785,12 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
 
     Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
     (Guided Error Correction: the reflection / answer / solution edits and their 1/2, 1/4, 1/4 draw); the kept
-    attempt is cut to half the completion budget (the authors add up to 256 tokens).
-    Test: tests/test_rollout_injection.py::test_edge_correction_only_failed.
+    attempt is cut to half the completion budget (the authors add up to 256 tokens). Known differences: the
+    authors correct rows whose summed reward is not the maximum 2 (accuracy + format), here rows below
+    ``edge_gec_success_threshold``; their answer edit reads ``... the correct answer is \\boxed{answer}.``, here
+    ``... the correct answer is:\\n<reference>`` so that the task's reward accepts it.
+    Test: tests/test_rollout_injection.py::test_edge_correction_draw_and_edits_as_the_authors_gec,
+    tests/test_rollout_injection.py::test_edge_correction_only_failed.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     fail = failed_rows(scalar, edge_gec_success_threshold)
