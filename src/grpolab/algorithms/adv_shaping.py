@@ -332,9 +332,13 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
     ``edge_min_entropy``. Guided Error Correction (a rollout-side mechanism that
     injects text) is not part of this component.
 
-    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
-    (entropy-driven advantage); known difference: the response entropy is estimated from the behaviour log-probs
-    of the sampled tokens, the authors compute exact token entropies at loss time.
+    Provenance: paper equations — EDGE-GRPO (arXiv:2507.21848, seed 000-25), the entropy-driven advantage
+    ``A_i / P̂_i`` with ``P̂_i = P_i / mean_j P_j`` over the group (equation number not recorded); the authors'
+    code (https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py, ``_compute_loss`` with
+    EDA) differs in three ways, so it is not claimed: exact token entropies of the current policy at loss time,
+    averaged over every completion position of the micro-batch padding included (``torch.mean(per_entropy,
+    dim=1)``), divided by the mean over the gathered micro-batch (``edge_normalize: batch``); here the
+    sampled-token estimate from the behaviour log-probs, over the completion's own tokens.
     Test: tests/test_advantage_shaping.py::test_edge_entropy_driven.
     """
     P = _masked_row_mean(-behavior_logprobs.double(), completion_mask).clamp(min=edge_min_entropy)
