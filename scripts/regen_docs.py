@@ -35,7 +35,9 @@ One row per registered component, read from the `Provenance:` paragraph of
 its docstring (the form is in [../extending.md](../extending.md)):
 
 * **matches the authors' code**: checked against the authors' public code,
-  repository and file given; known differences are in the docstring;
+  repository and file given; known differences are in the docstring; the
+  tests column names the tests whose expected values are re-derived from
+  that code (not from grpolab) on inputs where the variants differ;
 * **matches the paper's equations**: checked against the paper's equations,
   no authors' code was used. Equation numbers are given where they were
   recorded; entries saying "equation number not recorded" name the formula

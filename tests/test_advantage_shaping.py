@@ -157,6 +157,39 @@ def test_sgrpo_advantage():
 
 # ---------------------------------------------------------------- EDGE-GRPO (000-25)
 
+def test_sgrpo_matches_the_authors_drgrpo_branch():
+    # authors (shenpeijun0212/S-GRPO, train/train_S-GRPO.py): group_weight(n, k, p) and the critic_type "drgrpo"
+    # branch of compute_monte_carlo_advantages: A = (r - mean_g) * w*(n, k, p) / (sample std_g + 1e-8), k = #(r > 0),
+    # written out here in plain python; groups: single correct, two correct, all correct, all wrong
+    def w_star(n, k, p, eps=1e-8):
+        q = k / n
+        t = max(0.0, min(1.0, (q - p) / (1 - 2 * p)))
+        return (1 - 2 * p) * t * (1 - t) / (math.sqrt(q * (1 - q) + eps) * math.sqrt(t * (1 - t) + eps))
+
+    def authors(rewards, n, p):
+        out = []
+        for i in range(0, len(rewards), n):
+            g = rewards[i:i + n]
+            m = sum(g) / n
+            sd = math.sqrt(sum((x - m) ** 2 for x in g) / (n - 1))
+            w = w_star(n, sum(x > 0 for x in g), p)
+            out += [(x - m) * w / (sd + 1e-8) for x in g]
+        return out
+
+    r = [1.0, 0, 0, 0, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0]
+    g = torch.arange(4).repeat_interleave(4)
+    # by hand, p = .1: single correct q = .25, t = .1875, w* = .8 * .152344 / (.433013 * .390312) = .721110;
+    # two correct q = .5, t = .5 -> w* = .8 * .25 / (.5 * .5) = .8
+    assert w_star(4, 1, 0.1) == pytest.approx(0.721110, abs=1e-6) and w_star(4, 2, 0.1) == pytest.approx(0.8, abs=1e-6)
+    for p in (0.0, 0.1, 0.3):
+        expect = authors(r, 4, p)
+        got = ADVANTAGES.get("sgrpo_noise_aware")(torch.tensor(r), g, advantage_epsilon=1e-8, sgrpo_noise_p=p)
+        assert got.tolist() == pytest.approx(expect, abs=1e-5)
+    # p = .3: the single correct row is most likely a flipped label -> weight 0 (t clipped to 0), GRPO's is not
+    assert authors(r, 4, 0.3)[:4] == pytest.approx([0.0] * 4, abs=1e-6)
+    assert float(group_zscore(torch.tensor(r), g, advantage_epsilon=1e-8)[0]) == pytest.approx(1.5)
+
+
 def test_edge_entropy_driven():
     fn = WEIGHTINGS.get("edge_entropy_driven")
     # P = mean -logprob over the row's tokens: row0 1, row1 (3+1)/2 = 2, rows 2,3: 3 (padding ignored)

@@ -1,5 +1,7 @@
 """Every registered component states its provenance (docs/variants/provenance.md, `grpolab components --provenance`)."""
+import ast
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,12 @@ def test_parse_provenance_forms():
     doc = "Title.\n\nBody.\n\nProvenance: authors' code — https://github.com/a/b, src/x.py (f); differs in y.\n"
     p = parse_provenance(doc)
     assert p == {"kind": "authors' code", "source": "https://github.com/a/b, src/x.py (f)", "notes": "differs in y.",
-                 "url": "https://github.com/a/b", "path": "src/x.py"}
+                 "url": "https://github.com/a/b", "path": "src/x.py", "tests": []}
+    # the last sentence "Test: ..." names the tests, with or without notes before it
+    p = parse_provenance(doc.replace("y.", "y. Test: tests/test_a.py::test_b, tests/test_c.py::test_d."))
+    assert p["notes"] == "differs in y." and p["tests"] == ["tests/test_a.py::test_b", "tests/test_c.py::test_d"]
+    p = parse_provenance("T.\n\nProvenance: authors' code — https://github.com/a/b, x.py (f). Test:\n  tests/t.py::f.")
+    assert p["source"] == "https://github.com/a/b, x.py (f)" and p["notes"] == "" and p["tests"] == ["tests/t.py::f"]
     # " - " for the dash, a wrapped paragraph, and a "; " inside parentheses that does not end the source
     p = parse_provenance("T.\n\nProvenance: paper equations - P (arXiv:1;\n  x), Eq. (3); notes")
     assert p["kind"] == "paper equations" and p["source"] == "P (arXiv:1; x), Eq. (3)" and p["notes"] == "notes"
@@ -49,3 +56,31 @@ def test_provenance_doc_is_current(capsys):
     assert table in doc, "regenerate: make docs (scripts/regen_docs.py)"
     assert f"({len(COMPONENTS)} components)" in table and "**missing" not in table
     assert table.count("\n| ") == len(COMPONENTS) + 1  # header + one row per component
+
+
+ROOT = Path(__file__).parent.parent
+
+
+@lru_cache(maxsize=None)
+def _test_functions(path: str) -> frozenset[str]:
+    """Names of the module-level test functions of a test file (parsed, not run)."""
+    tree = ast.parse((ROOT / path).read_text())
+    return frozenset(n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+
+FIDELITY = [c for c in COMPONENTS if c["provenance"] and c["provenance"]["kind"] in ("authors' code", "paper equations")]
+
+
+@pytest.mark.parametrize("c", FIDELITY, ids=[f"{c['kind']}/{c['name']}" for c in FIDELITY])
+def test_authors_code_components_name_their_fidelity_tests(c):
+    """Every component that claims to match the authors' code names, in the last sentence of its Provenance
+    paragraph (``Test: tests/<file>.py::<name>[, ...].``), at least one test whose expected values are re-derived
+    from the authors' code (not obtained from grpolab) on inputs where the variants differ; every named test exists."""
+    prov = c["provenance"]
+    if prov["kind"] == "authors' code":
+        assert prov["tests"], (f"{c['file']}:{c['line']}: {c['kind']}/{c['name']} matches the authors' code but names no "
+                               f"test: end its Provenance paragraph with 'Test: tests/<file>.py::<test_name>.'")
+    for ref in prov["tests"]:
+        path, _, name = ref.partition("::")
+        assert (ROOT / path).is_file(), f"{c['name']}: {ref}: no such test file"
+        assert name.startswith("test") and name in _test_functions(path), f"{c['name']}: {ref}: no such test function"

@@ -322,3 +322,64 @@ def test_check_config_rejects_bad_settings(tiny_args):
         Config.build({**tiny_args, "rollout_strategy": "thinktuning", "thinktuning_teacher": "/nonexistent"})
     with pytest.raises(ConfigError, match="editgrpo_edit_fraction"):
         Config.build({**tiny_args, "rollout_strategy": "editgrpo", "editgrpo_edit_fraction": 1.5})
+
+
+def test_edge_correction_draw_and_edits_as_the_authors_gec(tiny_args, monkeypatch):
+    """Authors (ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py, GEC): every failed rollout gets
+    ``random.choice([reflection, "give_answer_directly"])`` and, in the second case, ``random.choice([give_answer,
+    solution])``: P = 1/2 reflection (attempt + " Wait! Something is wrong here.", then the model continues), 1/4
+    answer (attempt + "\\nWait! ... the correct answer is" + reference, no continuation), 1/4 solution (the
+    reference alone). The two uniform draws per failed row are fixed here and the edit is read off the tree."""
+    args = {**tiny_args, "task": "countdown", "rollout_strategy": "edge_correction", "steps": 1,
+            "prompts_per_step": 1, "num_generations": 4, "max_completion_length": 200}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    t.ctx.new_step()
+    rows, uids = short_rows(t, 1)
+    tree = [(0.1, 0.9), (0.7, 0.2), (0.7, 0.6), (0.49, 0.1)]  # reflection, answer, solution, reflection
+
+    def authors_choice(u1, u2):  # random.choice over two items: the first when u < 1/2
+        return "reflection" if u1 < 0.5 else ("answer" if u2 < 0.5 else "solution")
+
+    orig_rand, orig_gen, seen = torch.rand, t.ctx.generate, []
+
+    def rand(*size, **kw):
+        if len(size) == 2 and size[1] == 2:
+            return torch.tensor([tree[j % len(tree)] for j in range(size[0])])
+        return orig_rand(*size, **kw)
+
+    def generate(*a, **k):
+        seen.append(orig_gen(*a, **k))
+        return seen[-1]
+
+    monkeypatch.setattr(torch, "rand", rand)
+    monkeypatch.setattr(t.ctx, "generate", generate)
+    b = inj.edge_correction(t.ctx, rows, uids, 0, edge_gec_success_threshold=1.0)
+    monkeypatch.undo()
+    plain = seen[0]
+    fixed = injected_rows(b)
+    assert fixed == list(range(4))  # the tiny model fails every row
+    enc = lambda text: inj.text_ids(t.tok, text)  # noqa: E731  (the char-level tokenizer drops unknown characters)
+    eos = t.tok.eos_token_id
+    counts = {"reflection": 0, "answer": 0, "solution": 0}
+    for j, i in enumerate(fixed):
+        kind = authors_choice(*tree[j % len(tree)])
+        counts[kind] += 1
+        n = int(b.completion_attention_mask[i].sum())
+        ids, origin = b.completion_ids[i, :n].tolist(), b.token_origin[i, :n]
+        inj_pos = (origin == INJECTED).nonzero().squeeze(-1).tolist()
+        ref = "Answer: " + rows[i // 4]["solution"]
+        n0 = int(plain.completion_attention_mask[i].sum())
+        attempt = [x for x in plain.completion_ids[i, :n0].tolist() if x != eos][:100]  # half the budget
+        if kind == "solution":
+            assert inj_pos == list(range(n)) and ids == enc(ref) + [eos]
+        elif kind == "answer":
+            k = len(attempt)
+            assert ids[:k] == attempt and (origin[:k] == SAMPLED).all() and inj_pos == list(range(k, n))
+            assert ids[k:] == enc("\nWait! Something is wrong here. After verification, the correct answer is:\n"
+                                  + ref) + [eos]
+        else:
+            k = len(attempt)
+            assert ids[:k] == attempt and ids[inj_pos[0]:inj_pos[-1] + 1] == enc(" Wait! Something is wrong here.")
+            assert inj_pos == list(range(k, k + len(inj_pos)))
+            assert (origin[inj_pos[-1] + 1:] == SAMPLED).all()  # the model's own continuation (when room is left)
+    assert counts == {"reflection": 2, "answer": 1, "solution": 1}  # 1/2, 1/4, 1/4 of the draws

@@ -115,6 +115,25 @@ def test_cppo_keeps_largest_abs_advantage_per_group_and_batch():
     assert torch.equal(out.completion_ids, b.completion_ids[idx])
 
 
+def test_cppo_batch_scope_matches_the_authors_selection():
+    # authors (lzhxmu/CPPO, cppo_ray_trainer.py, with metric=smallest from math_cppo.sh / cppo_trainer.yaml):
+    # k = int(R * (1 - pruning_rate)); indices = topk(|A|, k, largest=True); indices.sort(): plain python here.
+    # Groups: a single correct row (big |A|), an all-correct and an all-wrong group (A = 0), an unequal one.
+    adv = [2.25, -0.75, -0.75, -0.75, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.1, 1.1, -0.6, -1.6]
+    g = [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+
+    def authors(a, rate):
+        k = int(len(a) * (1 - rate))
+        return sorted(sorted(range(len(a)), key=lambda i: -abs(a[i]))[:k])
+
+    b = make_batch([0.0] * 16, g, g, adv=adv)
+    for rate in (0.5, 0.75):
+        assert top_abs_advantage(b, rate, "batch").tolist() == authors(adv, rate)
+    assert authors(adv, 0.75) == [0, 12, 13, 15]  # by hand: |A| 2.25, 1.6, 1.1, 1.1
+    # the paper's per-question scope (the default) keeps one row of the zero-advantage groups too
+    assert top_abs_advantage(b, 0.75, "group").tolist() != authors(adv, 0.75)
+
+
 def test_cppo_refill_restores_row_count_with_pruned_fresh_groups():
     b = make_batch([0] * 8, [0, 0, 0, 0, 1, 1, 1, 1], [3, 3, 3, 3, 4, 4, 4, 4],
                    adv=[0.1, -2.0, 0.5, 1.0, 0.3, -0.2, 0.0, 0.9])

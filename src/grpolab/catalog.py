@@ -52,6 +52,9 @@ PROVENANCE_KINDS = {
 _PROVENANCE = re.compile(r"^Provenance:\s*(?P<kind>" + "|".join(map(re.escape, PROVENANCE_KINDS))
                          + r")\s*(?:—| - )\s*(?P<rest>.*)$", re.S)
 _URL = re.compile(r"https?://[^\s,;]+")
+# The paragraph's optional last sentence ``Test: tests/<file>.py::<name>[, ...].``: the tests that check the
+# component against values re-derived from the authors' code or the paper's equations.
+_TESTS = re.compile(r"(?:^|(?<=[.;])\s+)Tests?:\s*(?P<tests>tests/[\w/]+\.py::\w+(?:\s*,\s*tests/[\w/]+\.py::\w+)*)\.?$")
 
 
 def parse_provenance(doc: str) -> dict | None:
@@ -60,7 +63,8 @@ def parse_provenance(doc: str) -> dict | None:
     ``kind`` (a key of :data:`PROVENANCE_KINDS`), ``source`` (the text before the first ``;``: for authors'
     code the repository URL and the file, for paper equations the paper and equation numbers, for a
     reconstruction the choices), ``notes`` (the rest), ``url`` and ``path`` (authors' code only: the
-    repository and the file named right after it, ``None`` when missing).
+    repository and the file named right after it, ``None`` when missing), ``tests`` (the
+    ``tests/<file>.py::<name>`` entries of the paragraph's last sentence ``Test: ...``, empty when it has none).
     """
     for para in re.split(r"\n\s*\n", doc or ""):
         text = " ".join(para.split())
@@ -70,6 +74,11 @@ def parse_provenance(doc: str) -> dict | None:
         if m is None:
             return None
         rest = m.group("rest").strip()
+        tests: list[str] = []
+        t = _TESTS.search(rest)
+        if t:
+            tests = [x.strip() for x in t.group("tests").split(",")]
+            rest = rest[:t.start()].strip()
         depth, cut = 0, len(rest)
         for i, ch in enumerate(rest):  # the first "; " outside parentheses ends the source
             depth += (ch == "(") - (ch == ")")
@@ -85,7 +94,7 @@ def parse_provenance(doc: str) -> dict | None:
                 after = source[u.end():].lstrip(" ,")
                 path = after.split(" ")[0].strip("`,.()") or None
         return {"kind": m.group("kind"), "source": source.rstrip("."), "notes": notes.strip(), "url": url,
-                "path": path}
+                "path": path, "tests": tests}
     return None
 
 
@@ -238,13 +247,14 @@ def components_text(components: list[dict]) -> str:
 def provenance_markdown(components: list[dict]) -> str:
     """docs/variants/provenance.md's table (``grpolab components --provenance``): one row per component,
     grouped by provenance kind, with the paper, the source (repository and file, equations, or the choices
-    made) and the recipes that select it. Components without a parseable paragraph are listed as missing."""
+    made), the tests that check it against the authors' code or the paper's equations, and the recipes that
+    select it. Components without a parseable paragraph are listed as missing."""
     order = list(PROVENANCE_KINDS) + [None]
     rows = sorted(components, key=lambda c: order.index((c["provenance"] or {}).get("kind")))
     counts = {k: sum((c["provenance"] or {}).get("kind") == k for c in components) for k in order}
     lines = [", ".join(f"{PROVENANCE_KINDS[k]}: {counts[k]}" for k in PROVENANCE_KINDS)
              + (f", **missing: {counts[None]}**" if counts[None] else "") + f" ({len(components)} components).",
-             "", "| kind | component | registry | paper | source | recipes |", "|---|---|---|---|---|---|"]
+             "", "| kind | component | registry | paper | source | tests | recipes |", "|---|---|---|---|---|---|---|"]
     for c in rows:
         prov = c["provenance"]
         kind = PROVENANCE_KINDS[prov["kind"]] if prov else "**missing**"
@@ -254,5 +264,7 @@ def provenance_markdown(components: list[dict]) -> str:
             source += "; " + prov["notes"].rstrip(".")  # the choices made are the point of this kind
         names = [f"`{r['name']}`" for r in c["recipes"]]
         recipes = ", ".join(names[:6]) + (f" and {len(names) - 6} more" if len(names) > 6 else "") or "—"
-        lines.append(f"| {kind} | `{_cell(c['name'])}` | {c['registry']} | {paper} | {_cell(source)} | {recipes} |")
+        tests = "<br>".join(f"`{t}`" for t in (prov or {}).get("tests", [])) or "—"
+        lines.append(f"| {kind} | `{_cell(c['name'])}` | {c['registry']} | {paper} | {_cell(source)} | {tests} "
+                     f"| {recipes} |")
     return "\n".join(lines) + "\n"

@@ -126,6 +126,7 @@ def batch_zscore(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask
     also whitens over tokens (``masked_whiten``). Long completions therefore
     weigh more in the batch statistics. ``advantage_epsilon`` is not used
     here (OpenRLHF's 1e-8 variance floor is).
+    Test: tests/test_advantage_baselines.py::test_batch_zscore_whitens_over_tokens_like_openrlhf.
 
     ``batch_zscore_over="completions"`` keeps grpolab's earlier variant: one
     value per completion, ``A_i = (a_i - mean(a)) / (std(a) + epsilon)`` with
@@ -243,6 +244,8 @@ def group_mad(rewards: torch.Tensor, group_ids: torch.Tensor, *, lengths: torch.
     Provenance: authors' code — https://github.com/AMAP-ML/MathForge, trl-0.20.0/trl/trainer/grpo_trainer.py
     (DGAE: n / (sum |r - mean| + eps) and the valid-token rescale); the per-rank global_balancing_ratio is a
     data-parallel detail left out.
+    Test: tests/test_advantage_baselines.py::test_group_mad_hand_computed_and_constant_update_size,
+    tests/test_advantage_baselines.py::test_group_mad_valid_token_rescale.
     """
     mean, _, count = group_stats(rewards, group_ids)
     dev = rewards - mean
@@ -411,6 +414,8 @@ def dgpo_question_weight(advantages: torch.Tensor, rewards: torch.Tensor, group_
     Provenance: authors' code — https://github.com/AMAP-ML/MathForge, trl-0.20.0/trl/trainer/grpo_trainer.py
     (DQW: M softmax(-acc / T) over the non-zero-variance questions, accuracy 0 read as 1); T = 2 from the
     authors' scripts.
+    Test: tests/test_advantage_baselines.py::test_dgpo_question_weight_hand_computed,
+    tests/test_advantage_baselines.py::test_dgpo_question_weight_all_wrong_group_gets_lowest_weight.
     """
     acc = _accuracy(rewards, reward_matrix, dgpo_accuracy_reward)
     acc_q, _, _ = group_stats(acc, group_ids)
@@ -460,6 +465,7 @@ def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, grou
 
     Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/ppo/core_algos.py
     (logistic_reweight, A = 0.4, B = 1.5, x0 = 0.75, k = 10); "correct" is reward > 0 as there.
+    Test: tests/test_advantage_baselines.py::test_lead_difficulty_weight_hand_computed.
     """
     correct = torch.where(torch.isnan(rewards), rewards, (rewards > lead_correct_threshold).to(rewards.dtype))
     rho, _, _ = group_stats(correct, group_ids)
@@ -648,6 +654,7 @@ def advantage_exp_weight(advantages: torch.Tensor, *,
     trinity/algorithm/policy_loss_fn/rec_policy_loss.py (RECPolicyLossFn, weight "advantage":
     A exp(A / temp), then -A' log pi with clip_mode "none"); temp = 1 as there (recipe red_weight pairs it
     with policy_gradient).
+    Test: tests/test_advantage_baselines.py::test_red_weight_hand_computed.
     """
     if red_temperature <= 0 or not math.isfinite(red_temperature):
         raise ValueError(f"red_temperature: must be a positive number, got {red_temperature}")

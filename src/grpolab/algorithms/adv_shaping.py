@@ -294,6 +294,7 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
 
     Provenance: authors' code — https://github.com/shenpeijun0212/S-GRPO, train/train_S-GRPO.py (group_weight,
     compute_monte_carlo_advantages); p = 0.1 is grpolab's default (the authors' flag defaults to 0).
+    Test: tests/test_advantage_shaping.py::test_sgrpo_matches_the_authors_drgrpo_branch.
     """
     adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon)
     scored = ~torch.isnan(rewards)
@@ -331,9 +332,14 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
     ``edge_min_entropy``. Guided Error Correction (a rollout-side mechanism that
     injects text) is not part of this component.
 
-    Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
-    (entropy-driven advantage); known difference: the response entropy is estimated from the behaviour log-probs
-    of the sampled tokens, the authors compute exact token entropies at loss time.
+    Provenance: paper equations — EDGE-GRPO (arXiv:2507.21848, seed 000-25), the entropy-driven advantage
+    ``A_i / P̂_i`` with ``P̂_i = P_i / mean_j P_j`` over the group (equation number not recorded); the authors'
+    code (https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py, ``_compute_loss`` with
+    EDA) differs in three ways, so it is not claimed: exact token entropies of the current policy at loss time,
+    averaged over every completion position of the micro-batch padding included (``torch.mean(per_entropy,
+    dim=1)``), divided by the mean over the gathered micro-batch (``edge_normalize: batch``); here the
+    sampled-token estimate from the behaviour log-probs, over the completion's own tokens.
+    Test: tests/test_advantage_shaping.py::test_edge_entropy_driven.
     """
     P = _masked_row_mean(-behavior_logprobs.double(), completion_mask).clamp(min=edge_min_entropy)
     if edge_normalize == "group":
@@ -495,6 +501,8 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
     grpolab's interpolation. Known difference: with ``beta > 0`` the authors
     also scale the KL term per token; here the weight scales the advantage
     only (the recipe, like the authors' default, has beta 0).
+    Test: tests/test_advantage_shaping.py::test_lambda_prefix_weight,
+    tests/test_advantage_shaping.py::test_lambda_grpo_loss_matches_the_authors_trainer.
     """
     k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
     w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
@@ -547,6 +555,8 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, to
     with ``num_iterations > 1`` later passes keep the first pass's weights
     (their trainer has one pass). The soft multi-choice reward and Q/A
     inversion are task-side, not here.
+    Test: tests/test_advantage_shaping.py::test_tw_token_weight_issue_example,
+    tests/test_advantage_shaping.py::test_tw_token_weight_uniform_padding_ragged_groups.
     """
     if tw_alpha < 1.0:
         raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
@@ -589,6 +599,7 @@ def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, b
     advantages + self.add_adv * length_compress_ratio, advantages)`` with
     ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows, after
     the group mean is subtracted.
+    Test: tests/test_lc_r1.py::test_lc_compress_bonus_is_added_at_one_token.
     """
     cols = batch.columns
     missing = [c for c in ("lc_compress", "lc_think_end") if c not in cols]
@@ -660,6 +671,7 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, a
     reward. The code's ground-truth injection (one rollout per group replaced
     by the ground-truth answer, ``_inject_gt_rollout_in_gen_output``) is a
     rollout feature that this advantage component does not include.
+    Test: tests/test_advantage_shaping.py::test_tempsamp_soft_advantage.
     """
     shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_log_scale, tempsamp_alpha)
     return group_zscore(shaped, group_ids, advantage_epsilon=advantage_epsilon)
@@ -720,6 +732,7 @@ class AAPOMomentum:
     vLLM branch (unused, their configs set ``use_vllm: false``) samples the
     "reference" completions from the current policy's vLLM server. The EMA
     baseline is grpolab's, not the authors'.
+    Test: tests/test_advantage_shaping.py::test_aapo_momentum_hand_computed.
     """
 
     def __init__(self, *,
@@ -919,6 +932,7 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
     Provenance: authors' code — https://github.com/VainF/Thinkless, verl/verl/trainer/ppo/core_algos.py
     (compute_policy_loss with thinkless_alpha: alpha * mean(control-token loss) + mean(response loss)); equal to
     the decoupled loss for clipped_ratio under token_mean.
+    Test: tests/test_advantage_shaping.py::test_span_scale_degrpo_hand_computed.
     """
     ids = span_ids_of(batch, completion_mask, span_mark)
     scales = [float(c) for c in span_scales]

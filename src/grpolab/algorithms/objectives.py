@@ -297,6 +297,7 @@ def guide_off_policy(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advanta
     padding positions included, with one row per micro-batch in their config;
     here it is per hinted row over its completion tokens (no padding). Without
     a ``hint_level`` column (no hinted rows) this is the clipped ratio.
+    Test: tests/test_objectives.py::test_guide_off_policy_shaped_ratio_on_hinted_rows.
     """
     eps_low = epsilon
     eps_high = epsilon if epsilon_high is None else epsilon_high
@@ -343,6 +344,7 @@ def simple_po(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     advantage normalisation); with LLM groups the advantage comes from the
     recipe's estimator and the mean over tokens/sequences from its
     aggregation.
+    Test: tests/test_objectives.py::test_simple_po_matches_the_authors_loss_beyond_the_clip.
     """
     adv = per_token(advantages, logprobs)
     ratio = torch.exp((logprobs - old_logprobs).clamp(-20.0, 20.0))
@@ -420,6 +422,7 @@ def rebel(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
 
     Provenance: authors' code — https://github.com/ZhaolinGao/REBEL, src/tldr/rebel.py; the code's loss is eta^2
     times this one (same minimiser), and its KL-in-reward is the trainer's beta KL here.
+    Test: tests/test_objectives.py::test_rebel_values_and_on_policy_gradient.
     """
     same = _pair_matrix(group_ids, "rebel")
     ell = _row_sum(logprobs - old_logprobs, mask)
@@ -480,6 +483,7 @@ def gvpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     Provenance: authors' code — https://github.com/jszkc/GVPO, GVPO/gvpo_core_algos.py
     (compute_policy_loss_gvpo) and GVPO/gvpo_dp_actor.py (update_policy); the micro-batch scale is the fixed
     factor gvpo_groups_per_micro_batch (4 in their run).
+    Test: tests/test_objectives.py::test_gvpo_gradient_matches_authors_for_any_micro_batch_size.
     """
     same = _pair_matrix(group_ids, "gvpo")
     anchor = _anchor(gvpo_anchor, old_logprobs, ref_logprobs, "gvpo")
@@ -522,6 +526,7 @@ def disco(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     ratio), positives / negatives per question and the tau log-mean-exp over negatives as there; known
     difference: the trust region uses the code's kl_type 'kl' (mean log pi_old - log pi_theta), its default is
     'low_var_kl'; defaults tau 10, delta 1e-4, beta 1e3 as in the paper.
+    Test: tests/test_objectives.py::test_disco_values_and_kl_constraint.
     """
     if disco_score == "log_l":
         score = _row_mean(logprobs, mask)
@@ -675,6 +680,7 @@ def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages
     Provenance: authors' code — https://github.com/winstonsmith1897/GTPO, gtpo/gtpo_training.py (conflict tokens
     from the leading runs at start and end, entropy threshold 0.7 and coefficient 0.1); their per-completion
     division by the number of conflict tokens is left out.
+    Test: tests/test_objectives.py::test_gtpo_conflict_tokens_and_entropy_filter.
     """
     if batch is None:
         raise ValueError("gtpo_conflict needs the batch (completion token ids)")
@@ -754,6 +760,7 @@ def llds(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.T
     Provenance: authors' code —
     https://github.com/vengdeng/LLDS-On-Group-Relative-Policy-Optimization-Collapse-in-Search-R1,
     verl/workers/actor/dp_actor.py; the optional separate weight on answer tokens is not ported.
+    Test: tests/test_objectives.py::test_llds_response_and_action_gates.
     """
     if llds_gate == "response":
         units = torch.zeros_like(mask, dtype=torch.long)

@@ -153,6 +153,7 @@ def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: 
     Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/main_ppo.py
     (RewardManager.get_reweight_rewards); Bessel std, the 4000-token gate (lead_len_threshold) and the -1
     penalty as there.
+    Test: tests/test_rewards_shaping.py::test_lead_length_reward_hand_computed.
     """
     correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
@@ -215,6 +216,7 @@ def fuzzy_numeric(rewards: torch.Tensor, batch, *,
     differences: the authors parse ``<answer>(\\d+)</answer>`` (an integer
     count) where ``fuzzy_pattern`` is configurable; their target 0 raises a
     division by zero that gives reward 0, here ``floor`` (1) divides instead.
+    Test: tests/test_rewards_shaping.py::test_fuzzy_numeric_hand_computed.
     """
     answers = _column(batch, fuzzy_answer_column)
     pat = re.compile(fuzzy_pattern)
@@ -285,6 +287,7 @@ def lc_length(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Ten
     ``group_ids`` (ragged groups allowed) instead of ``view(-1, num_generations)``;
     for a truncated row ``L`` is its own token count, where their ``eos_idx`` is
     the padded width of the local batch.
+    Test: tests/test_rewards_shaping.py::test_lc_length_hand_computed.
     """
     correct = lc_correct(reward_matrix, reward_names, _texts(batch), shaping_correct_reward,
                          shaping_correct_threshold, lc_think_end)
@@ -319,6 +322,7 @@ def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
     Provenance: authors' code — https://github.com/AndreHe02/rewarding-unlikely-release,
     verl/trainer/ppo/ray_lean_trainer.py (rank_penalty: scores * (1 - rank * penalty), ranks by
     argsort(argsort(mean logprob)) / G).
+    Test: tests/test_rewards_shaping.py::test_unlikeliness_hand_computed.
     """
     m = batch.completion_mask
     mean_lp = (batch.behavior_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)

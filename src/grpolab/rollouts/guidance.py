@@ -204,6 +204,7 @@ class ScafGRPO:
     hint_mix_grpo/trainer/ray_trainer.py (tiered hints for all-wrong prompts after the warm-up, minimal
     succeeding tier, replace_hint_prompt=False); scaf_patience > 1 and the escalate schedule are grpolab's
     options.
+    Test: tests/test_rollout_hints.py::test_scaf_search_uses_minimal_successful_tier_in_one_step.
     """
 
     def __init__(self, *,
@@ -352,6 +353,7 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     row's ``hints`` list (the authors' data has one prepared hint prompt per
     problem); their optional chain-of-thought reroll (reroll_with_cot, off in
     the paper's script) is not included.
+    Test: tests/test_rollout_hints.py::test_guide_hints_only_failed_prompts_and_trains_on_the_plain_prompt.
     """
     plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
     failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
@@ -438,6 +440,7 @@ class GHPO:
     blank line (the authors: a newline and a space); the code's padding trick
     that regenerates the first group of a batch with its plain prompt when no
     group failed (to keep distributed generation in step) is not reproduced.
+    Test: tests/test_rollout_hints.py::test_ghpo_reveals_growing_fractions_within_a_step.
 
     ``hint_level`` is the stage (1-based); ``hint`` the text appended.
     """

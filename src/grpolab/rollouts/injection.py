@@ -348,6 +348,7 @@ class G2RPOAdaptiveGuidance:
 
     Provenance: authors' code — https://github.com/T-Lab-CUHKSZ/G2RPO-A, src/G2RPO-A/trainer/g2rpoa_trainer.py
     (_compute_new_guidance_length); a fixed number of guided rows per group, as the authors'.
+    Test: tests/test_rollout_injection.py::test_g2rpo_a_adaptation_hand_computed.
     """
 
     def __init__(self, *, injection_reference_template: str = REFERENCE_TEMPLATE,
@@ -568,6 +569,8 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     a radiology NER server (RaTEScore entities, embedding similarity); here a
     sentence is wrong when no reference sentence equals it and similarity is
     difflib's ratio, the stand-in for text tasks.
+    Test: tests/test_rollout_injection.py::test_edit_sentences_follows_the_authors_operation_priority,
+    tests/test_rollout_injection.py::test_editgrpo_edited_copies_replace_other_rollouts.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     tok = ctx.tokenizer
@@ -782,7 +785,12 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
 
     Provenance: authors' code — https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py
     (Guided Error Correction: the reflection / answer / solution edits and their 1/2, 1/4, 1/4 draw); the kept
-    attempt is cut to half the completion budget (the authors add up to 256 tokens).
+    attempt is cut to half the completion budget (the authors add up to 256 tokens). Known differences: the
+    authors correct rows whose summed reward is not the maximum 2 (accuracy + format), here rows below
+    ``edge_gec_success_threshold``; their answer edit reads ``... the correct answer is \\boxed{answer}.``, here
+    ``... the correct answer is:\\n<reference>`` so that the task's reward accepts it.
+    Test: tests/test_rollout_injection.py::test_edge_correction_draw_and_edits_as_the_authors_gec,
+    tests/test_rollout_injection.py::test_edge_correction_only_failed.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
     fail = failed_rows(scalar, edge_gec_success_threshold)

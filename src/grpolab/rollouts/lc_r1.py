@@ -140,6 +140,7 @@ def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     Their old log-probs are the current policy's on the cropped sequence
     (``num_iterations = 1``); here the cropped tail's are teacher-forced under
     the behaviour policy, the same values on-policy.
+    Test: tests/test_lc_r1.py::test_lc_r1_rollout_crops_correct_rows.
     """
     batch = ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
     ctx.score(batch)

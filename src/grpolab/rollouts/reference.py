@@ -48,6 +48,8 @@ def aapo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     trainer slices the prompt tokens instead of the completion, a bug that
     open-r1 fixes; with a vLLM engine configured the engine samples the
     policy's completions and grpolab's sampler the reference's.
+    Test: tests/test_rollout_reference.py::test_reference_rows_come_from_the_frozen_model_and_are_not_trained_on,
+    tests/test_rollout_reference.py::test_reference_rollout_one_sample_per_prompt_and_ragged_groups.
     """
     if aapo_ref_samples not in ("row", "prompt"):
         raise ValueError(f"aapo_ref_samples: '{aapo_ref_samples}' is not valid; valid values: row, prompt")

@@ -88,6 +88,7 @@ def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     Provenance: authors' code — https://github.com/purbeshmitra/MOTIF, motif.py (multi-round rollouts, the
     progress prompt and the first-round reward from M continuations); the task's own rewards replace the
     authors' 2 / 1 answer-tag reward.
+    Test: tests/test_tasks_and_sft.py::test_motif_rewards_are_the_mean_final_round_rewards.
     """
     batch = ctx.generate(rows, uids, group_offset=group_offset, num_generations=budgets, temperature=temperatures)
     if motif_rounds <= 1:

@@ -79,6 +79,7 @@ class DCPO:
     before its update; their zero-correct batch gives NaN, here ``alpha = 1``
     (:func:`dcpo_alpha`); their PPO loss also has the dual clip (3.0), the
     recipe uses the plain clipped ratio.
+    Test: tests/test_stages.py::test_dcpo_mix_hand_computed_from_the_authors_loop.
     """
 
     def __init__(self, *,

@@ -132,8 +132,11 @@ class CPPOPrune:
     to ``A_i`` for sequence-level advantages).
 
     Provenance: authors' code — https://github.com/lzhxmu/CPPO, cppo_verl/recipe/cppo/src/cppo_ray_trainer.py
-    (pruning rate, batch-level pruning by |A|); the refill generates the extra questions after the rollout
-    instead of enlarging the prompt batch beforehand.
+    (pruning rate, batch-level pruning by |A|); matched by ``cppo_scope: batch`` (their ``metric=smallest``
+    keeps the ``int(R (1 - P))`` largest ``|A|``); the default ``group`` is the paper's per-question form. The
+    refill generates the extra questions after the rollout instead of enlarging the prompt batch beforehand.
+    Test: tests/test_stages.py::test_cppo_batch_scope_matches_the_authors_selection,
+    tests/test_stages.py::test_cppo_keeps_largest_abs_advantage_per_group_and_batch.
     """
 
     def __init__(self, *,

@@ -91,6 +91,7 @@ class EFRame:
 
     Provenance: authors' code — https://github.com/597358816/EFRame, verl/trainer/ray_trainer.py (exploration,
     filter and replay thresholds as there); replayed rows join the step's batch instead of a separate update.
+    Test: tests/test_stages.py::test_eframe_explores_hard_prompts_filters_and_remembers.
     """
 
     def __init__(self, *,
@@ -260,6 +261,8 @@ class RePOReplay:
     Provenance: authors' code — https://github.com/SihengLi99/RePO, src/replay_grpo_trainer.py (per-prompt
     buffer, retrieval strategies, split normalisation); all rows enter one loss aggregation instead of separate
     on- and off-policy terms.
+    Test: tests/test_stages.py::test_repo_retrieval_strategies_hand_computed,
+    tests/test_stages.py::test_repo_mixed_union_group_advantages.
     """
 
     def __init__(self, *,

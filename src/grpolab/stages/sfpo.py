@@ -67,6 +67,8 @@ class SFPO:
     the authors' entropy metric is the mean over micro-batches of the token
     entropy during the slow update; here it is the token mean of the last
     update's first pass.
+    Test: tests/test_stages.py::test_sfpo_interpolation_hand_computed_sgd,
+    tests/test_stages.py::test_sfpo_entropy_switch_and_restore.
     """
 
     def __init__(self, *,
