@@ -286,12 +286,12 @@ def luspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     ``epsilon_high = 2.5e-3``, paper Sec. 5.1 as cited by TRL; recipe ``luspo``).
     Use it with ``seq_mean_token_mean``: the length factor is already in the loss.
 
-    Provenance: paper equations — LUSPO (Liu, Yin et al., 2026), "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling
-    Response Length Variation in RLVR" (arXiv:2602.05261), the GSPO objective with each sequence's loss scaled by
-    its length (equation numbers not recorded: the formula was taken from the paper's summary in TRL's paper index);
-    cross-checked with TRL's implementation, huggingface/trl trl/trainer/grpo_trainer.py (_compute_loss, loss_type
-    "luspo"), which is the reference implementation here; the authors' code (github.com/murphy4122/LUSPO,
-    core_algos.py for verl) could not be read and was not compared.
+    Provenance: reconstructed from the abstract — LUSPO (Liu, Yin, Shi, Yang, Zeng and Qiu, 2026, arXiv:2602.05261,
+    "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response Length Variation in RLVR"),
+    which rectifies GSPO's length bias, with the form taken from the reference implementation, TRL's luspo loss
+    (huggingface/trl trl/trainer/grpo_trainer.py, _compute_loss): GSPO's clipped sequence loss times |o_i|, mean
+    over sequences; the paper's equations and the authors' verl code (github.com/murphy4122/LUSPO, core_algos.py)
+    were not read, so agreement with them is not checked.
     """
     loss, metrics = POLICY_LOSSES.get("sequence_ratio")(logprobs, old_logprobs, advantages, mask,
                                                         epsilon=epsilon, epsilon_high=epsilon_high)
@@ -334,10 +334,13 @@ def vespo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
 
     Provenance: authors' code — https://github.com/FloyedShen/VESPO, recipe/vespo/code/core_algos.py
     (compute_policy_loss_vespo); the same sequence ratio, clamps, sign selection (A >= 0 uses k_pos/lambda_pos) and
-    detached kernel; the authors' optional rollout TIS correction (pi_old / pi_sampler folded into W) is not
-    applied, grpolab samples with the training policy; cross-checked with TRL's implementation, huggingface/trl
+    detached kernel; known difference: the authors (and TRL) fold the rollout-engine correction pi_old / pi_sampler
+    into W, while with generation_engine vllm grpolab multiplies its truncated engine weight into the per-token
+    loss (batch.token_weights), as for every loss (the native engine samples with the trained policy and has no
+    such weight); cross-checked with TRL's implementation, huggingface/trl
     trl/trainer/grpo_trainer.py (get_gamma_weights); paper: VESPO: Variational Sequence-Level Soft Policy
-    Optimization for Stable Off-Policy LLM Training (arXiv:2602.10693), Sec. 3.4 (c1 = k, c2 = lambda).
+    Optimization for Stable Off-Policy LLM Training (arXiv:2602.10693); k, lambda are its c1, c2 (Sec. 3.4, as cited
+    by TRL's paper index; the paper itself was not read).
     """
     adv = per_token(advantages, logprobs)
     with torch.no_grad():
