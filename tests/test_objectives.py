@@ -539,3 +539,160 @@ def test_validate_objective_config_errors():
 def test_objective_recipes_validate(recipe):
     cfg = Config.build({**BASE, **recipe_overrides(recipe), "num_generations": 4, "micro_batch_size": 16})
     assert cfg.policy_loss == recipe_overrides(recipe).get("policy_loss", "clipped_ratio")
+
+
+# ----------------------------------------------------------------------------- LUSPO (arXiv:2602.05261)
+
+def _luspo_expected(logp, old, adv, mask, eps_low, eps_high):
+    """TRL's luspo, written out: sequence-level clipped loss l_i (B, 1), then (l * mask.sum(1)).mean()."""
+    out = []
+    for i in range(logp.shape[0]):
+        n = float(mask[i].sum())
+        s = math.exp(float(((logp[i] - old[i]) * mask[i]).sum()) / n)
+        a = float(adv[i])
+        l_i = -min(s * a, min(max(s, 1 - eps_low), 1 + eps_high) * a)
+        out.append(n * l_i)
+    return sum(out) / len(out), out
+
+
+def test_luspo_values_unequal_lengths_and_clip():
+    mask = T([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]])
+    old = torch.zeros(3, 4)
+    # row 0: s = exp(0.4) = 1.49 > 1 + eps_high, A > 0 (clipped); row 1: s = exp(-0.5) < 1 - eps, A < 0 (clipped);
+    # row 2: s = exp(0.05) inside the range, A < 0; padding carries a large log-ratio that must be ignored
+    logp = T([[0.4, 0.4, 0.4, 0.4], [-0.5, -0.5, 9.0, 9.0], [0.05, 0.05, 0.05, 9.0]])
+    adv = T([1.0, -0.5, -2.0])
+    loss, _ = L("luspo")(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.28)
+    want_total, want_rows = _luspo_expected(logp, old, adv, mask, 0.2, 0.28)
+    # hand check of the clipped rows: row 0 -> -4 * 1.28, row 1 -> -2 * min(0.6065*-0.5, 0.8*-0.5) = -2 * -0.4
+    assert want_rows[0] == pytest.approx(-4 * 1.28) and want_rows[1] == pytest.approx(0.8)
+    # every token of row i carries |o_i| * l_i, so GRPO's seq_mean_token_mean gives TRL's (l * |o|).mean()
+    for i in range(3):
+        assert torch.allclose(loss[i][mask[i] > 0], torch.full((int(mask[i].sum()),), want_rows[i]), atol=1e-5)
+    assert float(seq_mean(loss, mask)) == pytest.approx(want_total, rel=1e-5)
+    # it differs from GSPO (sequence_ratio) when lengths differ: GSPO is (1/N) sum_i l_i
+    gspo = seq_mean(L("sequence_ratio")(logp, old, adv, mask, epsilon=0.2, epsilon_high=0.28)[0], mask)
+    assert float(gspo) == pytest.approx(sum(w / float(mask[i].sum()) for i, w in enumerate(want_rows)) / 3, rel=1e-5)
+    assert abs(float(gspo) - want_total) > 0.1
+
+
+def test_luspo_gradient_at_ratio_one_is_token_sum_policy_gradient():
+    mask = T([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    logp = T([[-0.3, -1.2, -0.8], [-2.0, -0.1, -0.1]], requires_grad=True)
+    adv = T([0.7, -1.3])
+    loss, _ = L("luspo")(logp, logp.detach(), adv, mask, epsilon=2e-3, epsilon_high=2.5e-3)
+    seq_mean(loss, mask).backward()
+    # d/dlogp_it of (1/N) |o_i| * -(s_i A_i), s_i = exp(mean_t log r_it), at s = 1: -(1/N) A_i on every real token;
+    # GSPO would give -(1/N) A_i / |o_i| instead (the length bias LUSPO removes)
+    want = -adv[:, None] / 2 * mask
+    assert torch.allclose(logp.grad, want, atol=1e-6)
+
+
+def test_luspo_is_length_times_gspo_when_lengths_are_equal():
+    torch.manual_seed(0)
+    mask = torch.ones(4, 5)
+    logp = (torch.randn(4, 5) * 0.3).requires_grad_()
+    old = torch.randn(4, 5) * 0.3
+    adv = T([1.0, -1.0, 0.5, -0.2])
+    lu = seq_mean(L("luspo")(logp, old, adv, mask, epsilon=0.2)[0], mask)
+    g_lu, = torch.autograd.grad(lu, logp)
+    gs = seq_mean(L("sequence_ratio")(logp, old, adv, mask, epsilon=0.2)[0], mask)
+    g_gs, = torch.autograd.grad(gs, logp)
+    assert torch.allclose(lu, 5 * gs) and torch.allclose(g_lu, 5 * g_gs, atol=1e-6)
+
+
+@pytest.mark.parametrize("name,agg", [("luspo", "seq_mean_token_mean"), ("vespo", "token_mean")])
+def test_luspo_vespo_micro_batch_invariance(name, agg):
+    """The step loss and gradient do not depend on how the rows are split into micro-batches."""
+    torch.manual_seed(1)
+    R, Tn = 6, 5
+    mask = (torch.rand(R, Tn) > 0.3).float()
+    mask[:, 0] = 1
+    logp = (torch.randn(R, Tn) * 0.2 - 1.0).requires_grad_()
+    old = logp.detach() + torch.randn(R, Tn) * 0.2
+    adv = torch.randn(R)
+    A = AGGREGATIONS.get(agg)
+
+    def part(rows):
+        return L(name)(logp[rows], old[rows], adv[rows], mask[rows])[0]
+
+    whole = A(part(slice(None)), mask, StepTotals.from_masks([mask], constant=Tn))
+    g_whole, = torch.autograd.grad(whole, logp)
+    chunks = [slice(0, 2), slice(2, 5), slice(5, 6)]
+    totals = StepTotals.from_masks([mask[c] for c in chunks], constant=Tn)
+    acc = sum(A(part(c), mask[c], totals) for c in chunks)
+    g_acc, = torch.autograd.grad(acc, logp)
+    assert torch.allclose(whole, acc, atol=1e-6) and torch.allclose(g_whole, g_acc, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- VESPO (arXiv:2602.10693)
+
+def _gamma_phi(log_w, k, lam):
+    """phi(W) = W^k exp(lam (1 - W)), the paper's / authors' kernel with phi(1) = 1."""
+    w = math.exp(log_w)
+    return w ** k * math.exp(lam * (1.0 - w))
+
+
+def test_vespo_values_and_detached_kernel():
+    mask = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    # row 0: W = 2 (A > 0: k 2, lambda 3); row 1: W = 0.5 * 0.5 = 0.25 (the product, not the geometric mean;
+    # A < 0: k 3, lambda 2); the padding token's log-ratio is ignored
+    logp = T([[-1.0, -0.5, -2.0], [-0.7, -0.9, -3.0]], requires_grad=True)
+    old = logp.detach() - T([[math.log(2.0), 0.0, 0.0], [math.log(0.5), math.log(0.5), 5.0]])
+    adv = T([1.5, -0.8])
+    loss, metrics = L("vespo")(logp, old, adv, mask, vespo_k_pos=2.0, vespo_lambda_pos=3.0,
+                                vespo_k_neg=3.0, vespo_lambda_neg=2.0)
+    phi0 = 4.0 * math.exp(-3.0)               # 2^2 e^{3 (1 - 2)}
+    phi1 = 0.25 ** 3 * math.exp(2.0 * 0.75)   # 0.25^3 e^{2 (1 - 0.25)}
+    assert phi0 == pytest.approx(_gamma_phi(math.log(2.0), 2, 3)) and phi1 == pytest.approx(_gamma_phi(math.log(0.25), 3, 2))
+    want = -T([[phi0 * 1.5], [phi1 * -0.8]]) * logp.detach()
+    assert torch.allclose(loss, want, atol=1e-6)
+    assert torch.allclose(metrics["vespo_phi"][:, 0], T([phi0, phi1]), atol=1e-6)
+    # the kernel is detached: the gradient is phi * A * grad log pi (REINFORCE scaled), per token
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, -T([[phi0 * 1.5] * 3, [phi1 * -0.8] * 3]), atol=1e-6)
+    # aggregated as TRL / the authors: token sum over the step's token count
+    total = AGGREGATIONS.get("token_mean")(want, mask, StepTotals.from_masks([mask], constant=3))
+    assert float(total) == pytest.approx(float((want * mask).sum()) / 5.0)
+
+
+def test_vespo_gradient_on_policy_equals_grpo():
+    mask = T([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv = T([0.9, -1.1])
+    grads = {}
+    for name in ("vespo", "clipped_ratio"):
+        logp = T([[-0.3, -1.2, -0.8], [-2.0, -0.1, -0.4]], requires_grad=True)
+        kw = {} if name == "vespo" else {"epsilon": 0.2}
+        loss, _ = L(name)(logp, logp.detach(), adv, mask, **kw)
+        AGGREGATIONS.get("token_mean")(loss, mask, StepTotals.from_masks([mask], constant=3)).backward()
+        grads[name] = logp.grad
+    # W = 1 -> phi = 1 -> -A grad log pi, the on-policy GRPO gradient under the same aggregation
+    assert torch.allclose(grads["vespo"], grads["clipped_ratio"], atol=1e-6)
+    assert torch.allclose(grads["vespo"], -adv[:, None] * mask / 5.0, atol=1e-6)
+
+
+def test_vespo_extreme_ratios_are_suppressed_and_finite():
+    mask = torch.ones(3, 2)
+    logp = torch.full((3, 2), -1.0)
+    # log W = 30 (clamped to 20), -60 (clamped to log 1e-8), and 0.1 for a zero advantage (uses the A >= 0 kernel)
+    old = logp - T([[15.0, 15.0], [-30.0, -30.0], [0.05, 0.05]])
+    adv = T([1.0, -1.0, 0.0])
+    loss, metrics = L("vespo")(logp, old, adv, mask)
+    phi = metrics["vespo_phi"][:, 0]
+    assert torch.isfinite(loss).all() and torch.isfinite(phi).all()
+    assert float(phi[0]) == 0.0  # exp(3 + 2*20 - 3 e^20) underflows to 0: a huge W gets no gradient
+    assert float(phi[1]) == pytest.approx(_gamma_phi(math.log(1e-8), 3, 2), rel=1e-4) and float(phi[1]) < 1e-20
+    assert float(phi[2]) == pytest.approx(_gamma_phi(0.1, 2, 3), rel=1e-5)
+
+
+def test_vespo_and_luspo_config_and_recipes():
+    with pytest.raises(ConfigError, match="vespo_lambda_neg"):
+        Config.build({"policy_loss": "vespo", "vespo_lambda_neg": 0.0})
+    with pytest.raises(ConfigError, match="vespo_k_pos"):
+        Config.build({"policy_loss": "vespo", "vespo_k_pos": -1.0})
+    v = recipe_overrides("vespo")
+    assert v["policy_loss"] == "vespo" and v["loss_aggregation"] == "token_mean"
+    assert (v["vespo_k_pos"], v["vespo_lambda_pos"], v["vespo_k_neg"], v["vespo_lambda_neg"]) == (2.0, 3.0, 3.0, 2.0)
+    lu = recipe_overrides("luspo")
+    assert lu["policy_loss"] == "luspo" and lu["loss_aggregation"] == "seq_mean_token_mean"
+    assert (lu["epsilon"], lu["epsilon_high"]) == (2e-3, 2.5e-3)

@@ -9,6 +9,8 @@ their per-sequence loss on every token of the sequence, so that
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..errors import ConfigError, warn_fallback
@@ -263,6 +265,92 @@ def cispo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     low = None if cispo_epsilon_low is None else 1.0 - cispo_epsilon_low
     weight = ratio.clamp(min=low, max=1.0 + cispo_epsilon_high)
     return -weight * adv * logprobs, {"cispo_clip_frac": (weight != ratio).float()}
+
+
+@POLICY_LOSSES.register("luspo")
+def luspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+          epsilon: float = 0.2, epsilon_high: float | None = None):
+    """LUSPO length-unbiased sequence loss: GSPO's clipped sequence loss scaled by the length (arXiv:2602.05261).
+
+    ``s_i = exp(mean_t log r_it)``,  ``l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``
+    ``loss_it = |o_i| * l_i``   (on every token of row i)
+
+    Under ``seq_mean_token_mean`` this gives ``(1/N) sum_i |o_i| l_i``, TRL's
+    ``luspo`` (``(per_token_loss * mask.sum(1)).mean()`` on a sequence-level
+    loss). GSPO's ``(1/N) sum_i l_i`` weights every sequence equally, so a long
+    response gets less gradient per token than a short one; scaling by
+    ``|o_i|`` removes that length bias. At ``s_i = 1`` the gradient is the
+    token-sum policy gradient ``-(1/N) sum_i sum_t A_i grad log pi(o_it)``; with
+    all lengths equal to ``L`` it is ``L`` times GSPO (both tested). The clip is
+    ``sequence_ratio``'s (the published ranges are ``epsilon = 2e-3``,
+    ``epsilon_high = 2.5e-3``, paper Sec. 5.1 as cited by TRL; recipe ``luspo``).
+    Use it with ``seq_mean_token_mean``: the length factor is already in the loss.
+
+    Provenance: reconstructed from the abstract — LUSPO (Liu, Yin, Shi, Yang, Zeng and Qiu, 2026, arXiv:2602.05261,
+    "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response Length Variation in RLVR"),
+    which rectifies GSPO's length bias, with the form taken from the reference implementation, TRL's luspo loss
+    (huggingface/trl trl/trainer/grpo_trainer.py, _compute_loss): GSPO's clipped sequence loss times |o_i|, mean
+    over sequences; the paper's equations and the authors' verl code (github.com/murphy4122/LUSPO, core_algos.py)
+    were not read, so agreement with them is not checked.
+    """
+    loss, metrics = POLICY_LOSSES.get("sequence_ratio")(logprobs, old_logprobs, advantages, mask,
+                                                        epsilon=epsilon, epsilon_high=epsilon_high)
+    return loss * mask.sum(-1, keepdim=True).to(loss.dtype), metrics
+
+
+_VESPO_MIN_LOG_W = math.log(1e-8)
+
+
+def _check_vespo(cfg) -> None:
+    for key in ("vespo_lambda_pos", "vespo_lambda_neg"):
+        if getattr(cfg, key) <= 0:
+            raise ConfigError(f"{key}: the Gamma kernel's decay must be > 0, got {getattr(cfg, key)}")
+    for key in ("vespo_k_pos", "vespo_k_neg"):
+        if getattr(cfg, key) < 0:
+            raise ConfigError(f"{key}: the Gamma kernel's power must be >= 0, got {getattr(cfg, key)}")
+
+
+@POLICY_LOSSES.register("vespo", check=_check_vespo)
+def vespo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+          vespo_k_pos: float = param(2.0, 'VESPO Gamma-kernel power k for A >= 0 (vespo)'),
+          vespo_lambda_pos: float = param(3.0, 'VESPO Gamma-kernel decay lambda for A >= 0 (vespo)'),
+          vespo_k_neg: float = param(3.0, 'VESPO Gamma-kernel power k for A < 0 (vespo)'),
+          vespo_lambda_neg: float = param(2.0, 'VESPO Gamma-kernel decay lambda for A < 0 (vespo)')):
+    """VESPO Gamma-kernel weight on the sequence importance ratio (Variational Sequence-Level Soft Policy Optimization, arXiv:2602.10693).
+
+    ``W_i = prod_t r_it = exp(sum_t log r_it)``  (the true sequence ratio, no length normalisation)
+    ``phi(W) = W^k exp(lambda (1 - W))``  (``phi(1) = 1``; ``k, lambda`` by the sign of ``A``: ``A >= 0`` pos)
+    ``loss_t = -sg(phi(W_i)) A_t log pi_theta(o_t)``
+
+    ``phi`` is detached, so it only scales the REINFORCE gradient
+    ``phi(W_i) A grad log pi``: extreme sequence ratios (large or tiny ``W``)
+    are smoothly suppressed instead of hard-clipped. On-policy ``W = 1``, so the
+    gradient equals GRPO's policy gradient (tested). Per-token log-ratios are
+    clamped to [-20, 20] and ``log W`` to [log 1e-8, 20], as the authors' code
+    and TRL. Defaults 2 / 3 / 3 / 2 as the authors' code and TRL
+    (``vespo_k_pos/lambda_pos/k_neg/lambda_neg``). The authors aggregate with
+    verl's token-mean by default (recipe: ``token_mean``; TRL ``vespo`` also
+    normalises by the step's token count). Metric ``vespo_phi``.
+
+    Provenance: authors' code — https://github.com/FloyedShen/VESPO, recipe/vespo/code/core_algos.py
+    (compute_policy_loss_vespo); the same sequence ratio, clamps, sign selection (A >= 0 uses k_pos/lambda_pos) and
+    detached kernel; known difference: the authors (and TRL) fold the rollout-engine correction pi_old / pi_sampler
+    into W, while with generation_engine vllm grpolab multiplies its truncated engine weight into the per-token
+    loss (batch.token_weights), as for every loss (the native engine samples with the trained policy and has no
+    such weight); cross-checked with TRL's implementation, huggingface/trl
+    trl/trainer/grpo_trainer.py (get_gamma_weights); paper: VESPO: Variational Sequence-Level Soft Policy
+    Optimization for Stable Off-Policy LLM Training (arXiv:2602.10693); k, lambda are its c1, c2 (Sec. 3.4, as cited
+    by TRL's paper index; the paper itself was not read).
+    """
+    adv = per_token(advantages, logprobs)
+    with torch.no_grad():
+        log_r = (logprobs - old_logprobs).clamp(-20.0, 20.0)
+        log_w = (log_r * mask).sum(-1, keepdim=True).clamp(_VESPO_MIN_LOG_W, 20.0)
+        pos = adv >= 0
+        k = torch.where(pos, torch.full_like(adv, vespo_k_pos), torch.full_like(adv, vespo_k_neg))
+        lam = torch.where(pos, torch.full_like(adv, vespo_lambda_pos), torch.full_like(adv, vespo_lambda_neg))
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w)).nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+    return -phi * adv * logprobs, {"vespo_phi": phi}
 
 
 def _check_guide_quantile(cfg) -> None:
