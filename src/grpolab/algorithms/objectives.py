@@ -341,6 +341,7 @@ def vespo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     trl/trainer/grpo_trainer.py (get_gamma_weights); paper: VESPO: Variational Sequence-Level Soft Policy
     Optimization for Stable Off-Policy LLM Training (arXiv:2602.10693); k, lambda are its c1, c2 (Sec. 3.4, as cited
     by TRL's paper index; the paper itself was not read).
+    Test: tests/test_objectives.py::test_vespo_values_and_detached_kernel.
     """
     adv = per_token(advantages, logprobs)
     with torch.no_grad():
