@@ -1,6 +1,7 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
+#   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
 #   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
@@ -10,7 +11,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test docs bench clean
+.PHONY: install install-dev train test test-browser docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +36,14 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# grpolab report in a real headless browser: Debian's chromium (apt-get, as root) + playwright (the `browser`
+# extra; it drives the system chromium, downloads no browser); keeps docs/report_screenshot.png
+test-browser: $(DEVSTAMP)
+	command -v chromium >/dev/null || (apt-get update && apt-get install -y chromium)
+	$(BIN)/pip install -q -e '.[browser]'
+	GRPOLAB_BROWSER_TESTS=1 GRPOLAB_REPORT_SCREENSHOT=docs/report_screenshot.png HF_HUB_OFFLINE=1 \
+		$(BIN)/python -m pytest -q tests/test_report_browser.py
 
 # the generated docs, from the registries and recipes (tests check they are current)
 docs: $(STAMP)

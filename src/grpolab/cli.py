@@ -427,6 +427,38 @@ def _train_options(t) -> None:
                         "such a folder is refused")
 
 
+def _report_parsers(sub) -> None:
+    """``grpolab doctor RUN`` and ``grpolab report RUN [RUN ...]`` (src/grpolab/report/)."""
+    d = sub.add_parser("doctor", help="known failure patterns in a run (also one in progress), with the evidence "
+                                      "and a fix; exit code 0 healthy, 1 a pattern found")
+    d.add_argument("run", help="a run folder (the --out of grpolab train)")
+    d.add_argument("--json", action="store_true", help="print as JSON")
+    p = sub.add_parser("report", help="one self-contained HTML file: config diff, curves (runs overlaid), "
+                                      "evaluation before/after, completions per step")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run folders (the --out of grpolab train)")
+    p.add_argument("--out", default="report.html", help="the HTML file to write (default report.html)")
+
+
+def cmd_doctor(args, rest) -> int:
+    _no_extra(rest)
+    from .report.doctor import main as doctor_main
+    return doctor_main(args.run, as_json=args.json)
+
+
+def cmd_report(args, rest) -> int:
+    _no_extra(rest)
+    from .report.html import write_report
+    path = write_report(args.runs, args.out)
+    print(f"[grpolab] report written to {path}")
+    return 0
+
+
+def _no_extra(rest) -> None:
+    if rest:
+        from .errors import ConfigError
+        raise ConfigError(f"unrecognized arguments: {' '.join(rest)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
@@ -469,6 +501,7 @@ def main(argv: list[str] | None = None) -> int:
     k.add_argument("--provenance", action="store_true", help="print docs/variants/provenance.md's table: how "
                                                              "each component was checked (authors' code, paper "
                                                              "equations, or reconstructed from the abstract)")
+    _report_parsers(sub)
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -482,7 +515,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import_user_modules(args.imports)
         commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
-                    "config": cmd_config, "components": cmd_components}
+                    "config": cmd_config, "components": cmd_components, "doctor": cmd_doctor,
+                    "report": cmd_report}
         return commands[args.command](args, rest)
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError, CheckpointError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)

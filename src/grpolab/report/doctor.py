@@ -1,0 +1,270 @@
+"""``grpolab doctor RUN``: known GRPO failure patterns in a run's metrics, with the evidence and a fix.
+
+Each check is one function ``check_*(rows, summary) -> Finding | None`` over the rows of ``metrics.jsonl``
+(and ``summary.json``); its thresholds are the module constants below (documented in docs/report_and_doctor.md).
+Most checks look at the *recent* steps: the last ``RECENT_STEPS`` rows (all of them in a shorter run).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Callable
+
+from .runfiles import check_run_folder, read_metrics, read_summary, series
+
+RECENT_STEPS = 10              # the window most checks average over (the last N logged steps)
+REWARD_CONSTANT_STD = 1e-6     # reward_std at or below this: every completion of the batch scored the same
+REWARD_CONSTANT_FRAC = 0.8     # ... in at least this share of the recent steps
+ZERO_STD_GROUPS_MAX = 0.5      # mean frac_zero_std_groups above this: most groups give no gradient
+ENTROPY_FLOOR = 0.05           # recent mean entropy (nats/token) below this: collapsed
+ENTROPY_COLLAPSE_RATIO = 0.1   # ... or below this fraction of the first logged entropy
+LENGTH_GROWTH_MAX = 3.0        # recent completion_len_mean above this multiple of the first: explosion
+LENGTH_SHRINK_MIN = 0.25       # recent completion_len_mean below this fraction of the first: collapse
+LENGTH_MIN_TOKENS = 2.0        # ... or below this many tokens
+KL_MAX = 1.0                   # recent kl above this: the policy ran away from the reference
+CLIP_FRAC_MAX = 0.2            # recent mean clip_frac_low + clip_frac_high above this
+TRUNCATION_MAX = 0.3           # recent mean frac_truncated above this
+UNSCORABLE_STEPS_FRAC = 0.5    # a reward column unscorable (NaN) in at least this share of steps
+EVAL_DROP_TOLERANCE = 0.02     # after-training accuracy (or reward_mean) this much below before: worse
+
+
+@dataclasses.dataclass
+class Finding:
+    check: str
+    title: str
+    evidence: str
+    fix: str
+    steps: list[int] = dataclasses.field(default_factory=list)
+
+
+def _recent(rows: list[dict]) -> list[dict]:
+    return rows[-RECENT_STEPS:]
+
+
+def _mean(xs) -> float:
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _fmt(points: list[tuple[int, float]], n: int = 6) -> str:
+    shown = points if len(points) <= n else points[:n // 2] + points[-(n // 2):]
+    text = ", ".join(f"step {s}: {v:.4g}" for s, v in shown)
+    return text + (f" ({len(points)} steps)" if len(points) > n else "")
+
+
+def check_reward_constant(rows, summary) -> Finding | None:
+    """Every completion of a batch got the same reward (constant, all-zero or saturated)."""
+    pts = series(_recent(rows), "reward_std")
+    if not pts:
+        return None
+    flat = [(s, v) for s, v in pts if v <= REWARD_CONSTANT_STD]
+    if len(flat) < REWARD_CONSTANT_FRAC * len(pts):
+        return None
+    means = series(_recent(rows), "reward_mean")
+    level = _mean(v for _, v in means)
+    return Finding("reward_constant", "reward constant or saturated",
+                   f"reward_std <= {REWARD_CONSTANT_STD:g} in {len(flat)} of the last {len(pts)} steps "
+                   f"({_fmt(flat)}); reward_mean {level:.4g}",
+                   "no completion differs from its group, so every advantage is 0 and nothing is learned. If the "
+                   "reward is always the same low value the task is too hard or the reward never fires (check the "
+                   "reward function on a few completions, the answer format, a supervised cold start with `grpolab "
+                   "sft`); if it is always the maximum the task is too easy (harder data); if it never changes at all, "
+                   "the reward function ignores its input.", [s for s, _ in flat])
+
+
+def check_zero_variance_groups(rows, summary) -> Finding | None:
+    """Most groups have all completions scored alike (zero advantage: no gradient from them)."""
+    pts = series(_recent(rows), "frac_zero_std_groups")
+    if not pts or _mean(v for _, v in pts) <= ZERO_STD_GROUPS_MAX:
+        return None
+    return Finding("zero_variance_groups", "most groups are zero-variance",
+                   f"frac_zero_std_groups mean {_mean(v for _, v in pts):.3g} > {ZERO_STD_GROUPS_MAX} over the last "
+                   f"{len(pts)} steps ({_fmt(pts)})",
+                   "groups whose completions all score alike contribute nothing. Use dynamic sampling "
+                   "(`--dynamic_sampling true`, DAPO) to refill the batch with informative groups, a prompt sampler "
+                   "that prefers prompts of intermediate difficulty (`--prompt_sampler`, see `grpolab components "
+                   "prompt_sampler`), harder (or easier) data, or more generations per prompt (`--num_generations`).",
+                   [s for s, _ in pts])
+
+
+def check_entropy_collapse(rows, summary) -> Finding | None:
+    """The policy's token entropy fell to near zero (it stopped exploring)."""
+    pts = series(rows, "entropy")
+    if len(pts) < 2:
+        return None
+    first = pts[0][1]
+    recent = series(_recent(rows), "entropy")
+    level = _mean(v for _, v in recent)
+    if not (level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first)):
+        return None
+    return Finding("entropy_collapse", "entropy collapse",
+                   f"entropy fell from {first:.4g} (step {pts[0][0]}) to a recent mean of {level:.4g} "
+                   f"(floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first) ({_fmt(recent)})",
+                   "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
+                   "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
+                   "learning rate, or raise `--temperature`.", [s for s, _ in recent])
+
+
+def check_length(rows, summary) -> Finding | None:
+    """Mean completion length exploded or collapsed relative to the first steps."""
+    pts = series(rows, "completion_len_mean")
+    if len(pts) < 2:
+        return None
+    first = pts[0][1]
+    recent = series(_recent(rows), "completion_len_mean")
+    level = _mean(v for _, v in recent)
+    if first > 0 and level > LENGTH_GROWTH_MAX * first:
+        return Finding("length_explosion", "length explosion",
+                       f"completion_len_mean grew from {first:.4g} (step {pts[0][0]}) to a recent mean of "
+                       f"{level:.4g} (> {LENGTH_GROWTH_MAX:g} x) ({_fmt(recent)})",
+                       "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
+                       "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
+                       "`--mask_truncated_completions true`, "
+                       "or lower `--max_completion_length`.", [s for s, _ in recent])
+    if level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first):
+        return Finding("length_collapse", "length collapse",
+                       f"completion_len_mean fell from {first:.4g} (step {pts[0][0]}) to a recent mean of "
+                       f"{level:.4g} (< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens) ({_fmt(recent)})",
+                       "the policy learned that short answers score (or that ending early avoids a penalty). Check "
+                       "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
+                       "look at the completions (`grpolab report`).", [s for s, _ in recent])
+    return None
+
+
+def check_kl_runaway(rows, summary) -> Finding | None:
+    """The KL to the reference policy grew large."""
+    recent = series(_recent(rows), "kl")
+    bad = [(s, v) for s, v in recent if v > KL_MAX]
+    if not bad:
+        return None
+    return Finding("kl_runaway", "KL running away",
+                   f"kl > {KL_MAX:g} at {len(bad)} of the last {len(recent)} logged steps ({_fmt(bad)})",
+                   "the policy moves far from the reference in few steps. Lower the learning rate, raise the KL "
+                   "coefficient (`--beta`), lower `--num_iterations`, or tighten the clip range (`--epsilon`).",
+                   [s for s, _ in bad])
+
+
+def check_clip_fraction(rows, summary) -> Finding | None:
+    """A large share of tokens hit the clip range (updates too large or too off-policy)."""
+    recent = _recent(rows)
+    low, high = dict(series(recent, "clip_frac_low")), dict(series(recent, "clip_frac_high"))
+    pts = [(s, low.get(s, 0.0) + high.get(s, 0.0)) for s in sorted(set(low) | set(high))]
+    if not pts or _mean(v for _, v in pts) <= CLIP_FRAC_MAX:
+        return None
+    return Finding("clip_fraction", "clip fraction running away",
+                   f"clip_frac_low + clip_frac_high mean {_mean(v for _, v in pts):.3g} > {CLIP_FRAC_MAX:g} over the "
+                   f"last {len(pts)} steps ({_fmt(pts)})",
+                   "the ratio to the sampling policy leaves the trust region for many tokens: lower the learning "
+                   "rate or `--num_iterations`, refresh the off-policy data more often, or (engine mismatch) use a "
+                   "truncated importance correction.", [s for s, _ in pts])
+
+
+def check_truncation(rows, summary) -> Finding | None:
+    """Many completions hit max_completion_length."""
+    pts = series(_recent(rows), "frac_truncated")
+    if not pts or _mean(v for _, v in pts) <= TRUNCATION_MAX:
+        return None
+    return Finding("truncation", "frequent truncation",
+                   f"frac_truncated mean {_mean(v for _, v in pts):.3g} > {TRUNCATION_MAX:g} over the last "
+                   f"{len(pts)} steps ({_fmt(pts)})",
+                   "truncated completions usually cannot be scored correctly. Raise "
+                   "`--max_completion_length`, leave them out of the loss (`--mask_truncated_completions true`), "
+                   "or add an overlong penalty (`--recipe dapo`).",
+                   [s for s, _ in pts])
+
+
+def check_reward_errors(rows, summary) -> Finding | None:
+    """Reward functions raised errors, or a reward column was unscorable (NaN) in many steps."""
+    errs = [(s, v) for s, v in series(rows, "reward_errors") if v > 0]
+    cols = sorted({k for r in rows for k in r if re.fullmatch(r"rewards/.+/unscorable", k)})
+    unscorable = {}
+    for k in cols:
+        pts = series(rows, k)
+        hit = [(s, v) for s, v in pts if v > 0]
+        if pts and len(hit) >= UNSCORABLE_STEPS_FRAC * len(pts):
+            unscorable[k] = hit
+    if not errs and not unscorable:
+        return None
+    parts = []
+    if errs:
+        parts.append(f"reward_errors > 0 at {len(errs)} steps ({_fmt(errs)})")
+    for k, hit in unscorable.items():
+        parts.append(f"{k} > 0 at {len(hit)} of {len(series(rows, k))} steps ({_fmt(hit)})")
+    return Finding("reward_errors", "reward-function errors or unscorable rows", "; ".join(parts),
+                   "run the reward function on a few logged completions (`grpolab report` shows them): an exception "
+                   "or a None/NaN return means the row got no score. Fix the parser (answer format, missing "
+                   "`solution` column) or make the function return 0.0 for a wrong answer.",
+                   sorted({s for s, _ in errs} | {s for h in unscorable.values() for s, _ in h}))
+
+
+def check_skipped_steps(rows, summary) -> Finding | None:
+    """Optimizer steps skipped because the loss or gradient was NaN/inf."""
+    hit = [(s, v) for s, v in series(rows, "skipped") if v > 0]
+    total = summary.get("skipped_steps") if isinstance(summary.get("skipped_steps"), (int, float)) else 0
+    if not hit and not total:
+        return None
+    ev = f"skipped > 0 at {len(hit)} steps ({_fmt(hit)})" if hit else ""
+    if total:
+        ev += ("; " if ev else "") + f"summary.json skipped_steps = {total}"
+    return Finding("skipped_steps", "NaN-skipped steps", ev,
+                   "the loss or gradient was not finite. Lower the learning rate, check rewards for inf, use "
+                   "float32 or bf16 instead of fp16, and check `grad_norm` before the first skipped step.",
+                   [s for s, _ in hit])
+
+
+def check_eval_worse(rows, summary) -> Finding | None:
+    """Held-out evaluation after training is worse than before."""
+    before, after = summary.get("before"), summary.get("after")
+    if not isinstance(before, dict) or not isinstance(after, dict):
+        return None
+    for key in ("accuracy", "reward_mean"):
+        b, a = before.get(key), after.get(key)
+        if isinstance(b, (int, float)) and isinstance(a, (int, float)):
+            if a < b - EVAL_DROP_TOLERANCE:
+                return Finding("eval_worse", "evaluation worse than before",
+                               f"summary.json {key}: before {b:.4g}, after {a:.4g} (drop {b - a:.4g} > "
+                               f"{EVAL_DROP_TOLERANCE:g})",
+                               "training hurt held-out performance: look for the other patterns above (reward "
+                               "hacking shows as train reward up, eval down), lower the learning rate, keep a KL "
+                               "term (`--beta`), and evaluate an earlier checkpoint.")
+            return None
+    return None
+
+
+CHECKS: list[Callable] = [check_reward_constant, check_zero_variance_groups, check_entropy_collapse, check_length,
+                          check_kl_runaway, check_clip_fraction, check_truncation, check_reward_errors,
+                          check_skipped_steps, check_eval_worse]
+
+
+def diagnose(run: str | Path) -> dict:
+    """``{"run", "steps", "notes", "findings": [Finding as dict]}`` for a run folder."""
+    run = check_run_folder(Path(run))
+    rows, notes = read_metrics(run)
+    summary = read_summary(run)
+    if not rows:
+        notes.append("metrics.jsonl has no steps yet")
+    if not summary:
+        notes.append("no summary.json (run in progress or stopped): the evaluation check was not run")
+    findings = [f for check in CHECKS if (f := check(rows, summary)) is not None]
+    return {"run": str(run), "steps": len(rows), "last_step": rows[-1]["step"] if rows else None, "notes": notes,
+            "findings": [dataclasses.asdict(f) for f in findings]}
+
+
+def format_text(result: dict) -> str:
+    lines = [f"grpolab doctor: {result['run']} ({result['steps']} steps logged"
+             + (f", last step {result['last_step']})" if result["last_step"] is not None else ")")]
+    lines += [f"  note: {n}" for n in result["notes"]]
+    if not result["findings"]:
+        lines.append("healthy: no known failure pattern found")
+    for f in result["findings"]:
+        lines += [f"[{f['check']}] {f['title']}", f"  evidence: {f['evidence']}", f"  fix: {f['fix']}"]
+    return "\n".join(lines)
+
+
+def main(run: str, as_json: bool = False) -> int:
+    """Print the diagnosis; exit code 0 when healthy, 1 when a pattern is found."""
+    result = diagnose(run)
+    print(json.dumps(result, indent=2) if as_json else format_text(result))
+    return 1 if result["findings"] else 0

@@ -1,0 +1,77 @@
+"""Tolerant readers of a run folder's files (a run in progress may have a half-written last line)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+def read_jsonl(path: Path) -> tuple[list[dict], list[str]]:
+    """``(rows, notes)``: every parseable JSON object line; an unparseable line is skipped and noted
+    (the last line of a run in progress may be truncated)."""
+    rows, notes = [], []
+    if not path.exists():
+        return rows, notes
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            where = "last line (run in progress?)" if i == len(lines) else f"line {i}"
+            notes.append(f"{path.name}: {where} is not valid JSON; skipped")
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows, notes
+
+
+def read_metrics(run: Path) -> tuple[list[dict], list[str]]:
+    rows, notes = read_jsonl(Path(run) / "metrics.jsonl")
+    return [r for r in rows if isinstance(r.get("step"), (int, float))], notes
+
+
+def read_summary(run: Path) -> dict[str, Any]:
+    path = Path(run) / "summary.json"
+    if not path.exists():
+        return {}
+    try:
+        out = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def read_config(run: Path) -> dict[str, Any]:
+    path = Path(run) / "config.yaml"
+    if not path.exists():
+        return {}
+    try:
+        out = yaml.safe_load(path.read_text())
+    except yaml.YAMLError:
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def check_run_folder(run: Path) -> Path:
+    run = Path(run)
+    if not run.is_dir():
+        raise FileNotFoundError(f"{run}: no such run folder (give the --out folder of a grpolab train run)")
+    if not any((run / n).exists() for n in ("metrics.jsonl", "summary.json", "config.yaml")):
+        raise FileNotFoundError(f"{run}: not a run folder: none of metrics.jsonl, summary.json, config.yaml is "
+                                f"there (give the --out folder of a grpolab train run)")
+    return run
+
+
+def series(rows: list[dict], key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` for every row where ``key`` is a finite number."""
+    out = []
+    for r in rows:
+        v = r.get(key)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or v in (float("inf"), float("-inf")):
+            continue
+        out.append((int(r["step"]), float(v)))
+    return out

@@ -1,0 +1,84 @@
+"""grpolab report in a real headless browser (Debian's Chromium, driven by playwright): the page loads with no
+console errors, the plots render, a completion opens on click, injected markup stays text.
+
+Runs in `make test-browser` (installs chromium with apt-get and the `browser` extra, then sets
+GRPOLAB_BROWSER_TESTS=1); skipped in `make test`. GRPOLAB_REPORT_SCREENSHOT=PATH keeps a screenshot there
+(`make test-browser` writes docs/report_screenshot.png); GRPOLAB_CHROMIUM=PATH picks the browser binary."""
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from grpolab.report.html import write_report
+
+from report_helpers import EVIL, write_run
+
+pytestmark = pytest.mark.skipif(os.environ.get("GRPOLAB_BROWSER_TESTS") != "1",
+                                reason="browser test: run `make test-browser` (Chromium + playwright)")
+
+
+@pytest.fixture(scope="module")
+def page_and_errors(tmp_path_factory):
+    from playwright.sync_api import sync_playwright  # the `browser` extra; a failure here is a real failure
+
+    exe = os.environ.get("GRPOLAB_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe, "no chromium binary: apt-get install chromium (make test-browser does it)"
+    root = tmp_path_factory.mktemp("report")
+    runs = [write_run(root, "run_a"), write_run(root, "run_b", completions=False, scale=0.5)]
+    out = write_report(runs, root / "report.html")
+    errors, dialogs = [], []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+        requests = []
+        page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+        page.goto(out.as_uri())
+        page.wait_for_load_state("load")
+        yield page, errors, dialogs, requests
+        browser.close()
+
+
+def test_loads_without_console_errors_or_network(page_and_errors):
+    page, errors, dialogs, requests = page_and_errors
+    assert page.title().startswith("grpolab report")
+    assert errors == [] and dialogs == [] and requests == []
+
+
+def test_plots_render(page_and_errors):
+    page = page_and_errors[0]
+    svgs = page.locator("svg.plot")
+    assert svgs.count() >= 6
+    for i in range(svgs.count()):
+        box = svgs.nth(i).bounding_box()
+        assert box and box["width"] > 100 and box["height"] > 100
+    paths = page.locator("svg.plot path.series")
+    assert paths.count() >= 12  # two runs overlaid in each plot
+    sizes = [paths.nth(i).bounding_box() for i in range(paths.count())]
+    assert all(b and (b["width"] > 10) for b in sizes)
+
+
+def test_completion_opens_on_click_and_untrusted_text_stays_text(page_and_errors, tmp_path):
+    page, errors, dialogs, _ = page_and_errors
+    step4 = page.locator('.step[data-step="4"]')
+    assert step4.is_visible() and not page.locator('.step[data-step="2"]').is_visible()
+    first = step4.locator("details.completion").first
+    assert not first.locator("pre.text").is_visible()
+    first.locator("summary").click()
+    assert first.locator("pre.text").is_visible()
+    assert first.locator("pre.text").inner_text() == "completion s4 g0 k0"
+    evil = step4.locator("details.completion").last
+    evil.locator("summary").click()
+    assert evil.locator("pre.text").inner_text() == EVIL
+    assert page.locator("img").count() == 0 and page.title() != "pwned" and dialogs == [] and errors == []
+    page.select_option('select.stepsel[data-run="0"]', "2")  # browse to another step
+    assert page.locator('.step[data-step="2"]').is_visible() and not step4.is_visible()
+    page.select_option('select.stepsel[data-run="0"]', "4")
+    shot = os.environ.get("GRPOLAB_REPORT_SCREENSHOT")
+    if shot:
+        Path(shot).parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=shot, full_page=True)
+        assert Path(shot).stat().st_size > 10_000
