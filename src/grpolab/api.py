@@ -198,8 +198,10 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     def val(name):
         return args.get(name)
 
-    def has(name):  # given, or a TRL default that differs from "grpolab's own"
-        return name in given or TRL_FIELDS[name][1] is not NO_DEFAULT
+    recipe = "recipe" in given  # a recipe's settings win over TRL's defaults: only given TRL fields apply then
+
+    def has(name):  # given, or (without a recipe) a TRL default that differs from grpolab's own
+        return name in given or (not recipe and TRL_FIELDS[name][1] is not NO_DEFAULT)
 
     for same in ("save_steps", "save_total_limit", "learning_rate", "lr_scheduler_type", "warmup_steps",
                  "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "gradient_checkpointing", "beta",
@@ -224,12 +226,17 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     if (bs * ga) % g:
         raise ConfigError(f"GRPOConfig: per_device_train_batch_size x gradient_accumulation_steps = {bs * ga} "
                           f"completions per step is not a multiple of num_generations = {g} (TRL requires it too)")
-    out["prompts_per_step"] = bs * ga // g
-    out["micro_batch_size"] = bs
+    if any(has(k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations")):
+        out["prompts_per_step"] = bs * ga // g
+        out["micro_batch_size"] = bs
     if int(val("max_steps")) > 0:
         out["steps"] = int(val("max_steps"))
 
     # loss_type / importance_sampling_level / scale_rewards -> components
+    if recipe and not any(k in given for k in ("loss_type", "importance_sampling_level", "scale_rewards",
+                                               "multi_objective_aggregation", "epsilon_high",
+                                               "sapo_temperature_pos", "sapo_temperature_neg")):
+        return _rest(args, given, out)
     loss_type = val("loss_type")
     if loss_type not in LOSS_TYPES:
         raise ConfigError(f"GRPOConfig: loss_type '{loss_type}' unknown; valid: {', '.join(LOSS_TYPES)}")
@@ -251,8 +258,9 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
         raise ConfigError(f"GRPOConfig: loss_type '{loss_type}' needs grpolab's policy loss '{policy_loss}', "
                           f"which is not registered in this grpolab (registered: "
                           f"{', '.join(sorted(POLICY_LOSSES.names()))})")
-    out.setdefault("policy_loss", policy_loss)
-    out.setdefault("loss_aggregation", aggregation)
+    if not recipe or "loss_type" in given or "importance_sampling_level" in given:
+        out.setdefault("policy_loss", policy_loss)
+        out.setdefault("loss_aggregation", aggregation)
     if loss_type == "cispo" and "epsilon_high" in given:
         out["cispo_epsilon_high"] = float(given["epsilon_high"]) - 1.0
     elif "epsilon_high" in given:
@@ -277,7 +285,15 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     elif moa != "sum_then_normalize":
         raise ConfigError(f"GRPOConfig: multi_objective_aggregation '{moa}' unknown; valid: sum_then_normalize, "
                           f"normalize_then_sum")
-    out.setdefault("advantage", advantage)
+    if not recipe or "scale_rewards" in given or "multi_objective_aggregation" in given:
+        out.setdefault("advantage", advantage)
+    return _rest(args, given, out)
+
+
+def _rest(args: GRPOConfig, given: dict, out: dict) -> dict:
+    """Reporting, vLLM and the TrainingArguments fields that have one accepted value."""
+    def val(name):
+        return args.get(name)
 
     report = val("report_to")
     if report is not None and "report_to" in CORE_KEYS:
@@ -301,6 +317,28 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
         raise ConfigError("GRPOConfig: logging_dir not supported (TensorBoard files go to output_dir/tensorboard); "
                           "remove it")
     return out
+
+
+def build_config(overrides: dict[str, Any]) -> Config:
+    """The run's Config: the recipe's settings (when ``recipe`` is given), then ``overrides`` (as the CLI)."""
+    from .recipes import recipe_overrides
+    recipe = overrides.get("recipe")
+    layers = ([recipe_overrides(recipe)] if recipe else []) + [overrides]
+    return Config.build(*layers, sources=(["recipe " + recipe] if recipe else []) + ["GRPOConfig"])
+
+
+def field_table() -> str:
+    """The Markdown tables of docs/python_api.md: supported TRL fields, loss types, unsupported fields."""
+    def default(v):
+        return "grpolab's" if v is NO_DEFAULT else f"`{v!r}`"
+
+    lines = ["| TRL field | grpolab | default here |", "|---|---|---|"]
+    lines += [f"| `{k}` | {meaning.replace('|', '/')} | {default(d)} |" for k, (meaning, d) in TRL_FIELDS.items()]
+    lines += ["", "| `loss_type` | policy_loss | loss_aggregation |", "|---|---|---|"]
+    lines += [f"| `{k}` | `{p}` | `{a}` |" for k, (p, a) in LOSS_TYPES.items()]
+    lines += ["", "Not supported (an error naming the field): " + ", ".join(f"`{k}`" for k in sorted(TRL_UNSUPPORTED))
+              + "."]
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -523,7 +561,7 @@ class GRPOTrainer:
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
         if not funcs:
             raise ConfigError("reward_funcs: at least one reward function or reward model is required")
-        self.cfg = Config.build(overrides, sources=["GRPOConfig"])
+        self.cfg = build_config(overrides)
         self.cfg.data = "train_dataset"  # the rows are the user's (messages say where they came from)
         self.callbacks = _Callbacks(callbacks, self.args, self.cfg.steps)
         self.trainer = _APITrainer(self.cfg, rows=rows, eval_rows=eval_rows, reward_funcs=list(funcs),
