@@ -153,6 +153,16 @@ class GRPOConfig:
     """
 
     def __init__(self, **fields: Any):
+        object.__setattr__(self, "_fields", {})
+        self._check(fields)
+        self._fields.update(fields)
+
+    def __setattr__(self, name: str, value: Any) -> None:  # ``args.max_steps = 5`` as on TRL's dataclass
+        self._check({name: value})
+        self._fields[name] = value
+
+    @staticmethod
+    def _check(fields: dict[str, Any]) -> None:
         from .registry import ALL_REGISTRIES, declared_params
         unsupported = sorted(k for k in fields if k in TRL_UNSUPPORTED)
         if unsupported:
@@ -167,7 +177,6 @@ class GRPOConfig:
                 k, list(TRL_FIELDS) + sorted(grpolab_keys), n=2)) else k for k in unknown]
             raise ConfigError(f"GRPOConfig: unknown field(s) {', '.join(hints)}: neither a TRL GRPOConfig field "
                               f"grpolab supports nor a grpolab config key (docs/python_api.md lists them)")
-        self._fields = dict(fields)
 
     def __getattr__(self, name: str):
         fields = self.__dict__.get("_fields", {})
