@@ -274,6 +274,8 @@ MAPPING = [  # (GRPOConfig fields, expected grpolab keys)
      {"mask_truncated_completions": True, "beta": 0.04, "steps": 7, "save_steps": 3, "out": "o",
       "learning_rate": 1e-5, "seed": 3, "num_iterations": 2, "temperature": 0.9, "top_p": 0.95, "top_k": 0,
       "max_prompt_length": 64, "reward_weights": [1.0, 0.5]}),
+    ({"bf16": True, "use_cpu": True, "optim": "adamw_torch"}, {"dtype": "bfloat16", "device": "cpu"}),
+    ({"bf16": False}, {"dtype": "float32"}),
     ({"report_to": "none"}, {"tensorboard": False}),
     ({"report_to": ["tensorboard"]}, {"tensorboard": True}),
     ({}, {"loss_aggregation": "token_mean", "learning_rate": 1e-6, "temperature": 1.0, "max_completion_length": 256,
@@ -308,7 +310,8 @@ def test_bad_values_are_errors_naming_the_field():
                          ({"per_device_train_batch_size": 6, "num_generations": 4}, "num_generations"),
                          ({"report_to": "comet_ml"}, "report_to"), ({"loss_type": "luspo"}, "sequence"),
                          ({"sapo_temperature_pos": 1.0}, "sapo_temperature_pos"),
-                         ({"remove_unused_columns": True}, "remove_unused_columns")]:
+                         ({"remove_unused_columns": True}, "remove_unused_columns"),
+                         ({"optim": "adafactor"}, "optim"), ({"bf16": True, "fp16": True}, "fp16")]:
         if word == "report_to" and "report_to" in Config.field_names():
             continue
         with pytest.raises(ConfigError, match=word):

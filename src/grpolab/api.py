@@ -90,6 +90,11 @@ TRL_FIELDS: dict[str, tuple[str, Any]] = {
     "remove_unused_columns": ("False only (grpolab passes every column to the reward functions)", False),
     "logging_dir": ("None only (TensorBoard files go to output_dir/tensorboard)", None),
     "disable_tqdm": ("progress bar off", False),
+    "bf16": ("True: dtype 'bfloat16' (forward passes; weights stay float32); False (with fp16 False): 'float32'",
+             NO_DEFAULT),
+    "fp16": ("True: dtype 'float16'", NO_DEFAULT),
+    "use_cpu": ("True: device 'cpu'", NO_DEFAULT),
+    "optim": ("'adamw_torch' / 'adamw_torch_fused' only (grpolab's AdamW)", NO_DEFAULT),
 }
 for _name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
     TRL_FIELDS[_name] = (f"{_name} (a parameter of the vespo policy loss)", NO_DEFAULT)
@@ -106,14 +111,14 @@ entropy_target sync_ref_model ref_model_mixup_alpha ref_model_sync_steps off_pol
 use_bias_correction_kl use_liger_loss use_liger_kernel log_completions num_completions_to_print log_unique_prompts
 log_completions_hub_repo max_tool_calling_iterations reward_processing_classes wandb_log_unique_prompts
 per_device_eval_batch_size eval_strategy eval_steps eval_on_start eval_accumulation_steps do_train do_eval
-do_predict bf16 fp16 tf32 bf16_full_eval fp16_full_eval optim optim_args adam_epsilon lr_scheduler_kwargs
+do_predict tf32 bf16_full_eval fp16_full_eval optim_args adam_epsilon lr_scheduler_kwargs
 warmup_ratio save_strategy save_only_model save_safetensors logging_strategy logging_first_step
 logging_nan_inf_filter push_to_hub hub_model_id hub_token hub_strategy hub_private_repo run_name
 resume_from_checkpoint deepspeed fsdp fsdp_config accelerator_config ddp_backend ddp_find_unused_parameters
 torch_compile torch_compile_backend torch_compile_mode dataloader_num_workers dataloader_pin_memory
 dataloader_drop_last dataloader_persistent_workers dataloader_prefetch_factor gradient_checkpointing_kwargs
 label_smoothing_factor load_best_model_at_end metric_for_best_model greater_is_better group_by_length
-length_column_name include_num_input_tokens_seen neftune_noise_alpha use_cpu data_seed full_determinism
+length_column_name include_num_input_tokens_seen neftune_noise_alpha data_seed full_determinism
 auto_find_batch_size max_grad_value average_tokens_across_devices activation_offloading padding_free
 """.split())
 
@@ -319,6 +324,15 @@ def _rest(args: GRPOConfig, given: dict, out: dict) -> dict:
             raise ConfigError(f"GRPOConfig: vllm_mode '{val('vllm_mode')}' not supported; grpolab runs vLLM "
                               f"colocated only (vllm_mode='colocate')")
         out["generation_engine"] = "vllm"
+    if given.get("bf16") and given.get("fp16"):
+        raise ConfigError("GRPOConfig: bf16 and fp16 both True; choose one")
+    if "bf16" in given or "fp16" in given:
+        out["dtype"] = "bfloat16" if given.get("bf16") else "float16" if given.get("fp16") else "float32"
+    if given.get("use_cpu"):
+        out["device"] = "cpu"
+    if "optim" in given and given["optim"] not in ("adamw_torch", "adamw_torch_fused"):
+        raise ConfigError(f"GRPOConfig: optim '{given['optim']}' not supported; grpolab uses AdamW "
+                          f"(optim='adamw_torch' or 'adamw_torch_fused')")
     if val("remove_unused_columns"):
         raise ConfigError("GRPOConfig: remove_unused_columns=True not supported (grpolab passes every column to "
                           "the reward functions); leave it False")
