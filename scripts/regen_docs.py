@@ -72,5 +72,8 @@ i = c.index("| key | default | meaning |")
 conf.write_text(c[:i] + out(["config", "--markdown"]))
 (root / "docs" / "components.md").write_text(COMPONENTS_HEADER + out(["components", "--markdown"]))
 (root / "docs" / "variants" / "provenance.md").write_text(PROVENANCE_HEADER + out(["components", "--provenance"]))
+api_doc = root / "docs" / "python_api.md"  # the TRL field table of the Python API
+a = api_doc.read_text()
+api_doc.write_text(a[:a.index("| TRL field | grpolab | default here |")] + __import__("grpolab.api").api.field_table())
 print("regenerated the README recipe table, docs/configuration.md, docs/components.md and "
       "docs/variants/provenance.md")

@@ -21,7 +21,7 @@ LAYERS = [
     {"generation"},
     {"rewards", "tasks", "prompts", "rollouts", "stages"},
     {"catalog", "train", "distributed"},
-    {"cli", "bench", "report", "__main__", "__init__"},
+    {"cli", "bench", "report", "api", "__main__", "__init__"},
 ]
 
 

@@ -5,4 +5,14 @@ from .config import Config
 from .errors import ConfigError
 
 __version__ = "0.1.0"
-__all__ = ["Config", "ConfigError", "RolloutBatch", "SAMPLED", "INJECTED", "ENVIRONMENT"]
+__all__ = ["Config", "ConfigError", "GRPOConfig", "GRPOTrainer", "RolloutBatch", "SAMPLED", "INJECTED",
+           "ENVIRONMENT"]
+
+
+def __getattr__(name: str):
+    """``GRPOConfig`` / ``GRPOTrainer`` (the TRL drop-in, grpolab/api.py) load on first use: the trainer's
+    imports (transformers, the model code) stay out of ``import grpolab``."""
+    if name in ("GRPOConfig", "GRPOTrainer"):
+        from . import api
+        return getattr(api, name)
+    raise AttributeError(f"module 'grpolab' has no attribute '{name}'")

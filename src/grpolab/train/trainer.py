@@ -90,7 +90,7 @@ class Trainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
 
-        self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = setup_data(cfg)
+        self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = self.setup_data(cfg)
         if cfg.reward_weights is not None:
             if len(cfg.reward_weights) != len(rewards):
                 raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(rewards)} "
@@ -103,8 +103,7 @@ class Trainer:
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
-        self.model, self.tok = load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
-                                           tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+        self.model, self.tok = self.load_policy(cfg)
         checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows)
         self.model.to(self.device)
         if self.device.type != "cpu" or self.dtype != torch.float32:
@@ -191,6 +190,16 @@ class Trainer:
         self.stall = checks.StallGuard(cfg.stall_steps, log=self.log)
 
     # ----------------------------------------------------------------- helpers
+    # hooks a subclass may replace (the Python API, grpolab/api.py: in-memory data, callables, a loaded model)
+    def setup_data(self, cfg: Config):
+        """``(train rows, eval rows, reward functions, accuracy reward name, extra eval rewards)``."""
+        return setup_data(cfg)
+
+    def load_policy(self, cfg: Config):
+        """``(model, tokenizer)`` of the policy (``self.rows`` / ``self.eval_rows`` are set)."""
+        return load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
+                           tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+
     def _lr_lambda(self, step: int) -> float:
         cfg = self.cfg
         if cfg.warmup_steps and step < cfg.warmup_steps:
