@@ -129,13 +129,18 @@ class TrackioTracker(Tracker):
     def __init__(self, out: Path, run_name: str, resume_step: int = 0, log=print):
         os.environ.setdefault("TRACKIO_DIR", str(Path(out).resolve() / "trackio"))
         self.trackio = _import("trackio")
-        self.run = self.trackio.init(project=os.environ.get("TRACKIO_PROJECT", PROJECT), name=run_name)
-        self.config = None
+        self.project, self.run_name, self.started = os.environ.get("TRACKIO_PROJECT", PROJECT), run_name, False
 
     def log_config(self, cfg: dict) -> None:
-        self.run.config.update(flat_config(cfg)) if hasattr(self.run, "config") else None
+        self._start(flat_config(cfg))
+
+    def _start(self, config: dict | None = None) -> None:
+        if not self.started:  # trackio takes the config when the run starts
+            self.trackio.init(project=self.project, name=self.run_name, config=config)
+            self.started = True
 
     def log(self, metrics: dict, step: int) -> None:
+        self._start()
         self.trackio.log(numeric(metrics), step=step)
 
     def log_table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
@@ -145,7 +150,8 @@ class TrackioTracker(Tracker):
             self.trackio.log({name: table(dataframe=pd.DataFrame(rows, columns=columns))}, step=step)
 
     def close(self) -> None:
-        self.trackio.finish()
+        if self.started:
+            self.trackio.finish()
 
 
 TRACKERS: dict[str, type[Tracker]] = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker,
