@@ -1,6 +1,7 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
+#   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
 #   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
@@ -10,7 +11,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test docs bench clean
+.PHONY: install install-dev train test test-trackers docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +36,11 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# report_to's optional trackers, each logging a tiny run offline into its run folder (no account, no network)
+test-trackers: $(DEVSTAMP)
+	$(BIN)/pip install -q -e '.[trackers]'
+	HF_HUB_OFFLINE=1 WANDB_SILENT=true $(BIN)/python -m pytest -q tests/test_trackers.py
 
 # the generated docs, from the registries and recipes (tests check they are current)
 docs: $(STAMP)

@@ -496,6 +496,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def _choices_text(choices) -> str:
+    if isinstance(choices, tuple) and isinstance(choices[0], list):
+        return f" (a list of: {' / '.join(map(str, choices[0]))})"
     if isinstance(choices, tuple):
         return f" (names from the {choices[0].kind} registry, a list)"
     if isinstance(choices, Registry):
