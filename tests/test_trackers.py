@@ -61,7 +61,8 @@ def fake_wandb(monkeypatch):
 
 def fake_mlflow(monkeypatch):
     calls = Calls()
-    mod = _module("mlflow", **{n: calls.fn(n) for n in ("set_tracking_uri", "set_experiment", "start_run",
+    mod = _module("mlflow", **{n: calls.fn(n) for n in ("set_tracking_uri", "get_experiment_by_name",
+                                                        "create_experiment", "set_experiment", "start_run",
                                                         "log_params", "log_metrics", "end_run")})
     monkeypatch.setitem(sys.modules, "mlflow", mod)
     return calls
@@ -141,12 +142,14 @@ def test_mlflow_adapter_calls(tmp_path, monkeypatch):
     m.write({"step": 2, "loss": 1, "kl": float("nan")})
     m.log_table("completions", ["a"], [[1]], step=2)  # no tables: nothing
     m.close()
-    assert [c[0] for c in calls] == ["set_tracking_uri", "set_experiment", "start_run", "log_params", "log_metrics",
-                                     "end_run"]
-    assert calls[0][1] == ((tmp_path / "r" / "mlruns").resolve().as_uri(),)
-    assert calls[1][1] == ("grpolab",) and calls[2][2] == {"run_name": "r"}
-    assert calls[3][1] == ({"steps": "3"},)
-    assert calls[4] == ("log_metrics", ({"loss": 1.0},), {"step": 2})  # NaN (None in the record) left out
+    assert [c[0] for c in calls] == ["set_tracking_uri", "get_experiment_by_name", "create_experiment",
+                                     "set_experiment", "start_run", "log_params", "log_metrics", "end_run"]
+    out = (tmp_path / "r").resolve()
+    assert calls[0][1] == (f"sqlite:///{out}/mlflow.db",)
+    assert calls[2] == ("create_experiment", ("grpolab",), {"artifact_location": (out / "mlartifacts").as_uri()})
+    assert calls[3][1] == ("grpolab",) and calls[4][2] == {"run_name": "r"}
+    assert calls[5][1] == ({"steps": "3"},)
+    assert calls[6] == ("log_metrics", ({"loss": 1.0},), {"step": 2})  # NaN (None in the record) left out
 
 
 def test_trackio_adapter_calls(tmp_path, monkeypatch):
@@ -214,11 +217,12 @@ def test_real_wandb_offline(tiny_args, monkeypatch):
 
 @pytest.mark.trackers
 @_real("mlflow")
-def test_real_mlflow_file_store(tiny_args, monkeypatch):
+def test_real_mlflow_local_store(tiny_args, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     out = _tiny_run(tiny_args, "mlflow")
     import mlflow
-    client = mlflow.tracking.MlflowClient((out / "mlruns").resolve().as_uri())
+    assert (out / "mlflow.db").is_file()
+    client = mlflow.tracking.MlflowClient(f"sqlite:///{out.resolve()}/mlflow.db")
     exp = client.get_experiment_by_name("grpolab")
     (run,) = client.search_runs([exp.experiment_id])
     assert run.info.run_name == out.name and run.info.status == "FINISHED"

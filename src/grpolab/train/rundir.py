@@ -27,8 +27,8 @@ from ..config import ConfigError
 
 MARKER = "grpolab_run.json"
 EVAL_BEFORE = "eval_before.json"
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "summary.json", EVAL_BEFORE, "reward_curve.png")
-RUN_DIRS = ("checkpoints", "final", "tensorboard", "wandb", "mlruns", "trackio")
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "mlflow.db", "summary.json", EVAL_BEFORE, "reward_curve.png")
+RUN_DIRS = ("checkpoints", "final", "tensorboard", "wandb", "mlartifacts", "trackio")
 
 
 def has_results(out: Path) -> bool:

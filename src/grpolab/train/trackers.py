@@ -100,15 +100,19 @@ class WandbTracker(Tracker):
 
 
 class MlflowTracker(Tracker):
-    """An MLflow run in a local file store, OUT/mlruns (``MLFLOW_TRACKING_URI`` overrides it); metric names
-    keep their slashes."""
+    """An MLflow run in a local store: the SQLite database OUT/mlflow.db, artifacts in OUT/mlartifacts
+    (``MLFLOW_TRACKING_URI`` overrides it; MLflow 3 refuses its old ``file:`` store unless
+    ``MLFLOW_ALLOW_FILE_STORE=true``); metric names keep their slashes."""
     name = "mlflow"
 
     def __init__(self, out: Path, run_name: str, resume_step: int = 0, log=print):
         self.mlflow = _import("mlflow")
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (Path(out).resolve() / "mlruns").as_uri()
-        self.mlflow.set_tracking_uri(uri)
-        self.mlflow.set_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT))
+        out = Path(out).resolve()
+        self.mlflow.set_tracking_uri(os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{out / 'mlflow.db'}")
+        experiment = os.environ.get("MLFLOW_EXPERIMENT_NAME", PROJECT)
+        if self.mlflow.get_experiment_by_name(experiment) is None:  # artifacts beside the database, not in cwd
+            self.mlflow.create_experiment(experiment, artifact_location=(out / "mlartifacts").as_uri())
+        self.mlflow.set_experiment(experiment)
         self.run = self.mlflow.start_run(run_name=run_name)
 
     def log_config(self, cfg: dict) -> None:
