@@ -209,10 +209,17 @@ def test_real_wandb_offline(tiny_args, monkeypatch):
     out = _tiny_run(tiny_args, "wandb")
     runs = list((out / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
-    files = list(runs[0].glob("run-*.wandb"))
-    assert files and files[0].stat().st_size > 0
-    summary = json.loads((runs[0] / "files" / "wandb-summary.json").read_text())
-    assert summary["_step"] == STEPS and "loss" in summary and "reward_mean" in summary
+    (records,) = runs[0].glob("run-*.wandb")  # the run's history (a binary record log `wandb sync` uploads)
+    data = records.read_bytes()
+    from grpolab.train.metrics import read_metrics
+    keys = [k for k, v in read_metrics(out)[-1].items() if isinstance(v, float)]
+    assert "reward_mean" in keys and any(k.startswith("rewards/") for k in keys)
+    assert [k for k in keys if k.encode() not in data] == []
+    tables = sorted((runs[0] / "files" / "media" / "table").glob("completions_*.table.json"))
+    assert len(tables) == STEPS  # the completions table, once per step (log_completions_steps: 1)
+    t = json.loads(tables[0].read_text())
+    assert t["columns"][:4] == ["step", "group", "prompt", "completion"] and "advantage" in t["columns"]
+    assert len(t["data"]) == 2 * tiny_args["num_generations"]
 
 
 @pytest.mark.trackers
