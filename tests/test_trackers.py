@@ -154,7 +154,8 @@ def test_mlflow_adapter_calls(tmp_path, monkeypatch):
 
 def test_trackio_adapter_calls(tmp_path, monkeypatch):
     calls, run = fake_trackio(monkeypatch)
-    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    monkeypatch.setenv("TRACKIO_DIR", "")  # restored after the test (the adapter sets it)
+    monkeypatch.delenv("TRACKIO_DIR")
     m = MetricsLog(_dir(tmp_path / "r"), ["trackio"], config={"seed": 0})
     m.write({"step": 3, "loss": 0.25})
     m.close()
@@ -243,7 +244,8 @@ def test_real_mlflow_local_store(tiny_args, monkeypatch):
 @pytest.mark.trackers
 @_real("trackio")
 def test_real_trackio_local_db(tiny_args, monkeypatch):
-    monkeypatch.delenv("TRACKIO_DIR", raising=False)
+    monkeypatch.setenv("TRACKIO_DIR", "")  # restored after the test (the adapter sets it)
+    monkeypatch.delenv("TRACKIO_DIR")
     out = _tiny_run(tiny_args, "trackio")
     dbs = list(Path(os.environ["TRACKIO_DIR"]).rglob("*.db"))
     assert dbs, f"no trackio database under {os.environ['TRACKIO_DIR']}"
