@@ -2,6 +2,7 @@
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
 #   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
+#   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
 #   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
@@ -11,7 +12,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test test-browser docs bench clean
+.PHONY: install install-dev train test test-browser test-trackers docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -44,6 +45,11 @@ test-browser: $(DEVSTAMP)
 	$(BIN)/pip install -q -e '.[browser]'
 	GRPOLAB_BROWSER_TESTS=1 GRPOLAB_REPORT_SCREENSHOT=docs/report_screenshot.png HF_HUB_OFFLINE=1 \
 		$(BIN)/python -m pytest -q tests/test_report_browser.py
+
+# report_to's optional trackers, each logging a tiny run offline into its run folder (no account, no network)
+test-trackers: $(DEVSTAMP)
+	$(BIN)/pip install -q -e '.[trackers]'
+	HF_HUB_OFFLINE=1 WANDB_SILENT=true $(BIN)/python -m pytest -q tests/test_trackers.py
 
 # the generated docs, from the registries and recipes (tests check they are current)
 docs: $(STAMP)

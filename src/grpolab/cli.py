@@ -47,7 +47,8 @@ TRAIN_OPTIONS = ["model", "task", "data", "steps", "out", "learning_rate", "num_
                  "loss_aggregation", "save_steps", "seed", "device", "stall_steps"]
 # what `--resume` may change: how long the run goes on and what it logs, never what it trains
 RESUME_OVERRIDES = ["steps", "save_steps", "save_total_limit", "eval_after", "eval_problems", "eval_batch_size",
-                    "tensorboard", "threads", "device", "stall_steps", "reward_timeout"]
+                    "tensorboard", "threads", "device", "stall_steps", "reward_timeout", "report_to",
+                    "log_completions_steps", "log_completions_groups"]
 
 
 def _options_of(args, cli: dict) -> dict:

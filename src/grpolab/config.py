@@ -35,6 +35,25 @@ def _f(default, help: str, choices: Any = None):
     return field(metadata={"help": help, "choices": choices}, **kw)
 
 
+# report_to's trackers and the pip extra each needs (None: a core dependency)
+TRACKER_EXTRAS = {"tensorboard": None, "trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow", "none": None}
+
+
+def check_report_to(report_to: list) -> None:
+    """Refuse, before any work, a tracker whose package is not installed (naming the extra that brings it),
+    and ``none`` mixed with a tracker."""
+    import importlib.util
+    if "none" in report_to and len(set(report_to)) > 1:
+        raise ConfigError(f"report_to: 'none' turns every tracker off and cannot be combined with others, got "
+                          f"{','.join(report_to)}")
+    for name in report_to:
+        extra = TRACKER_EXTRAS.get(name)
+        if extra is not None and importlib.util.find_spec(extra) is None:
+            raise ConfigError(f"report_to: '{name}' needs the {extra} package, which is not installed; install it "
+                              f"with `pip install 'grpolab[{extra}]'` (or `pip install 'grpolab[trackers]'` for "
+                              f"all three), or remove '{name}' from report_to")
+
+
 def _many(registry: Registry) -> tuple:
     return (registry, "many")
 
@@ -162,7 +181,17 @@ class Config:
     stall_steps: int = _f(10, "stop the run with an error (after a checkpoint) when for this many consecutive "
                               "steps every group had zero reward spread (all advantages 0) or every reward call "
                               "failed; a warning at half of it (0 = never)")
-    tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard")
+    tensorboard: bool = _f(True, "write TensorBoard event files to OUT/tensorboard (false drops 'tensorboard' "
+                                 "from report_to; kept for configs written before report_to)")
+    report_to: list = _f(["tensorboard"], "where metrics go besides OUT/metrics.jsonl: a list or comma string of "
+                                          "tensorboard, trackio, wandb, mlflow, or none (docs/tracking.md; "
+                                          "trackio/wandb/mlflow need `pip install grpolab[NAME]`)",
+                         (list(TRACKER_EXTRAS), "many"))
+    log_completions_steps: int = _f(10, "every N steps append a sample of groups (prompt, completions, rewards, "
+                                        "advantages, token counts) to OUT/completions.jsonl (0 = off; 10 = TRL's "
+                                        "logging_steps default)")
+    log_completions_groups: int = _f(2, "groups per logged step in OUT/completions.jsonl (seeded choice; "
+                                        "0 = every group)")
     seed: int = _f(0, "random seed")
 
     params: dict = field(default_factory=dict, repr=False, metadata={"internal": True})
@@ -288,7 +317,8 @@ class Config:
                 raise ConfigError(f"{name}: must be >= 1, got {getattr(self, name)}")
         self._check_finite()
         for name in ("epsilon", "beta", "learning_rate", "temperature", "max_grad_norm", "weight_decay",
-                     "top_k", "threads", "stall_steps", "warmup_steps", "micro_batch_tokens"):
+                     "top_k", "threads", "stall_steps", "warmup_steps", "micro_batch_tokens",
+                     "log_completions_steps", "log_completions_groups"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0, got {getattr(self, name)}")
         if self.temperature == 0:
@@ -304,6 +334,7 @@ class Config:
         check_device_spec(self.device)
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
+        check_report_to(self.report_to)
         if self.data is not None and not self.reward:
             raise ConfigError("reward: --data needs at least one --reward module:function")
         self._check_components(extra)
@@ -466,6 +497,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def _choices_text(choices) -> str:
+    if isinstance(choices, tuple) and isinstance(choices[0], list):
+        return f" (a list of: {' / '.join(map(str, choices[0]))})"
     if isinstance(choices, tuple):
         return f" (names from the {choices[0].kind} registry, a list)"
     if isinstance(choices, Registry):

@@ -1,4 +1,5 @@
-"""Metrics: one JSON line per step in OUT/metrics.jsonl, TensorBoard, reward-curve PNG."""
+"""Metrics: one JSON line per step in OUT/metrics.jsonl, the trackers (report_to), sampled completions in
+OUT/completions.jsonl, reward-curve PNG."""
 from __future__ import annotations
 
 import json
@@ -9,44 +10,125 @@ from ..data import json_safe, to_json
 
 
 class MetricsLog:
-    def __init__(self, out: Path, tensorboard: bool, resume_step: int = 0, log=print):
+    """OUT/metrics.jsonl plus the run's trackers (``report_to``; train/trackers.py). ``trackers`` is a list of
+    names (``True``/``False`` still mean tensorboard / none, as the ``tensorboard`` key did)."""
+
+    def __init__(self, out: Path, trackers=True, resume_step: int = 0, log=print, config: dict | None = None):
+        from .trackers import open_trackers, tracker_names
         self.path = Path(out) / "metrics.jsonl"
         self.log = log
         self.truncate(resume_step)
-        self.writer = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self.writer = SummaryWriter(str(Path(out) / "tensorboard"), purge_step=resume_step + 1)
-            except ImportError:  # tensorboard is a core dependency; stay usable without it
-                self.writer = None
+        if isinstance(trackers, bool):
+            trackers = ["tensorboard"] if trackers else []
+        self.trackers = open_trackers(tracker_names(trackers), out, config, resume_step=resume_step, log=log)
 
     def truncate(self, step: int) -> None:
         """Drop lines after ``step`` (left by a run that died after its last checkpoint), and a final line
         cut short by a kill (with a warning); the file is replaced in one step (never half-written)."""
-        if not self.path.exists():
-            return
-        keep = [l for l, m in parse_lines(self.path, log=self.log) if m["step"] <= step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with open(tmp, "w") as fh:
-            fh.write("".join(l + "\n" for l in keep))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        truncate_jsonl(self.path, step, log=self.log)
 
     def write(self, metrics: dict) -> None:
         metrics = json_safe(metrics)
-        with self.path.open("a") as fh:
-            fh.write(to_json(metrics) + "\n")
-        if self.writer is not None:
-            for k, v in metrics.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and v is not None and k != "step":
-                    self.writer.add_scalar(k, v, metrics["step"])
-            self.writer.flush()
+        append_line(self.path, metrics)
+        for t in self.trackers:
+            t.log(metrics, metrics["step"])
+
+    def log_table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
+        for t in self.trackers:
+            t.log_table(name, columns, rows, step)
 
     def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
+        for t in self.trackers:
+            t.close()
+        self.trackers = []
+
+
+def append_line(path: Path, record: dict) -> None:
+    """Append one JSON line in a single write, flushed: a kill leaves at most a cut final line, which
+    ``parse_lines`` drops."""
+    with Path(path).open("a") as fh:
+        fh.write(to_json(record) + "\n")
+        fh.flush()
+
+
+def truncate_jsonl(path: Path, step: int, log=None) -> None:
+    """Keep the records of a ``step``-keyed JSONL file up to ``step`` (a resume goes on from its checkpoint's
+    step, so lines written after it are written again), replacing the file in one step."""
+    path = Path(path)
+    if not path.exists():
+        return
+    keep = [l for l, m in parse_lines(path, log=log) if m["step"] <= step]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write("".join(l + "\n" for l in keep))
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+COMPLETION_COLUMNS = ["step", "group", "prompt", "completion", "reward", "advantage", "tokens", "truncated"]
+
+
+class CompletionsLog:
+    """OUT/completions.jsonl: every ``every`` steps, one line per completion of ``groups`` seeded-chosen groups
+    (all groups when 0): step, group id, prompt, completion, each reward column (``rewards``), the scalar
+    reward, the advantage and the token count. ``advantage`` is sequence-level: the mean of the row's
+    per-token advantages over its completion tokens (the row's scalar advantage for estimators that give every
+    token the same value). A resume drops the lines after its checkpoint's step, as metrics.jsonl does."""
+
+    def __init__(self, out: Path, every: int, groups: int, seed: int = 0, resume_step: int = 0, log=print):
+        self.path = Path(out) / "completions.jsonl"
+        self.every, self.groups, self.seed, self.log = every, groups, seed, log
+        truncate_jsonl(self.path, resume_step, log=log)
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and step % self.every == 0
+
+    def records(self, batch, tok, step: int) -> list[dict]:
+        """The lines for ``step`` from a scored batch with advantages (the groups as generated)."""
+        import random
+
+        gids = batch.group_ids.tolist()
+        uniq = list(dict.fromkeys(gids))
+        chosen = uniq if self.groups <= 0 or self.groups >= len(uniq) else \
+            random.Random(self.seed * 1_000_003 + step).sample(uniq, self.groups)
+        chosen = set(chosen)
+        mask = batch.completion_attention_mask.float()
+        tokens = mask.sum(-1)
+        adv = batch.advantages.float()
+        seq_adv = (adv * mask).sum(-1) / tokens.clamp(min=1) if adv.dim() == 2 else adv
+        scalar = batch.scalar_rewards
+        out = []
+        for i, g in enumerate(gids):
+            if g not in chosen:
+                continue
+            p = batch.prompt_ids[i][batch.prompt_mask[i] > 0]
+            c = batch.completion_ids[i][batch.completion_attention_mask[i] > 0]
+            rec = {"step": step, "group": int(g), "prompt": tok.decode(p, skip_special_tokens=True),
+                   "completion": tok.decode(c, skip_special_tokens=True),
+                   "rewards": {n: float(batch.rewards[i, k]) for k, n in enumerate(batch.reward_names)},
+                   "reward": float(scalar[i]) if scalar is not None else None,
+                   "advantage": float(seq_adv[i]), "tokens": int(tokens[i]), "truncated": bool(batch.truncated[i])}
+            out.append(json_safe(rec))
+        return out
+
+    def write(self, records: list[dict]) -> None:
+        for r in records:
+            append_line(self.path, r)
+
+
+def completions_table(records: list[dict]) -> tuple[list[str], list[list]]:
+    """``(columns, rows)`` of completion records for a tracker's table (each reward column its own column)."""
+    names = list(dict.fromkeys(n for r in records for n in r["rewards"]))
+    columns = COMPLETION_COLUMNS[:4] + [f"rewards/{n}" for n in names] + COMPLETION_COLUMNS[4:]
+    rows = [[r[c] for c in COMPLETION_COLUMNS[:4]] + [r["rewards"].get(n) for n in names]
+            + [r[c] for c in COMPLETION_COLUMNS[4:]] for r in records]
+    return columns, rows
+
+
+def read_completions(out: Path) -> list[dict]:
+    p = Path(out) / "completions.jsonl"
+    return [rec for _, rec in parse_lines(p)] if p.exists() else []
 
 
 def parse_lines(path: Path, log=None) -> list[tuple[str, dict]]:

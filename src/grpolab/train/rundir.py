@@ -28,8 +28,8 @@ from ..data import json_safe
 
 MARKER = "grpolab_run.json"
 EVAL_BEFORE = "eval_before.json"
-RUN_FILES = ("metrics.jsonl", "summary.json", EVAL_BEFORE, "reward_curve.png")
-RUN_DIRS = ("checkpoints", "final", "tensorboard")
+RUN_FILES = ("metrics.jsonl", "completions.jsonl", "mlflow.db", "summary.json", EVAL_BEFORE, "reward_curve.png")
+RUN_DIRS = ("checkpoints", "final", "tensorboard", "wandb", "mlartifacts", "trackio")
 
 
 def has_results(out: Path) -> bool:

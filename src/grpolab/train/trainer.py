@@ -43,7 +43,8 @@ from ..tasks import get_task
 from . import checkpoint as ckpt
 from . import checks
 from .evaluate import evaluate
-from .metrics import MetricsLog, plot_rewards
+from .metrics import CompletionsLog, MetricsLog, completions_table, plot_rewards
+from .trackers import tracker_names
 from .rundir import claim_run_folder, load_eval_before, save_eval_before
 
 
@@ -186,7 +187,11 @@ class Trainer:
                 self.log(f"[grpolab] no checkpoint in {self.out}/checkpoints; starting from step 0")
         self._engine_stale = resume  # the engine loaded the initial weights from disk
         cfg.save(self.out / "config.yaml")
-        self.metrics = MetricsLog(self.out, cfg.tensorboard, resume_step=self.step, log=self.log)
+        self.metrics = MetricsLog(self.out, tracker_names(cfg.report_to, cfg.tensorboard), resume_step=self.step,
+                                  log=self.log, config=cfg.to_dict())
+        self.completions = CompletionsLog(self.out, cfg.log_completions_steps, cfg.log_completions_groups,
+                                          seed=cfg.seed, resume_step=self.step, log=self.log)
+        self.scored_batch = None  # the last step's groups as generated, scored, with advantages
         self.stall = checks.StallGuard(cfg.stall_steps, log=self.log)
 
     # ----------------------------------------------------------------- helpers
@@ -477,6 +482,7 @@ class Trainer:
 
     def _train_step(self) -> dict:
         t0 = time.perf_counter()
+        self.scored_batch = None
         self.model.eval()
         self.ctx.new_step(self.step)
         with self.precision():
@@ -495,6 +501,7 @@ class Trainer:
         if self.cfg.mask_truncated_completions:  # truncated rows leave the loss (after the rewards saw them)
             batch.completion_mask = mask_truncated(batch.completion_mask, batch.truncated)
         batch.advantages = self.compute_advantages(batch)
+        self.scored_batch = batch if self.completions.due(self.step + 1) else None
         for stage in self.stages:  # pruning, replay, ...: may change the rows trained on
             batch = stage(batch=batch, rewards=batch.scalar_rewards, ctx=self.ctx, step=self.step)
         scalar = batch.scalar_rewards
@@ -545,6 +552,16 @@ class Trainer:
             m.setdefault(k, v)
         return m
 
+    def log_completions(self) -> None:
+        """Sampled groups of this step to OUT/completions.jsonl (every ``log_completions_steps``), and as a
+        table to the trackers that have tables."""
+        if self.scored_batch is None or not self.completions.due(self.step):
+            return
+        records = self.completions.records(self.scored_batch, self.tok, self.step)
+        self.completions.write(records)
+        self.metrics.log_table("completions", *completions_table(records), step=self.step)
+        self.scored_batch = None
+
     # --------------------------------------------------------------------- run
     def train(self, progress: bool = True) -> dict:
         cfg = self.cfg
@@ -562,6 +579,7 @@ class Trainer:
             while self.step < cfg.steps:
                 m = self.train_step()
                 self.metrics.write(m)
+                self.log_completions()
                 bar.update(1)
                 reward = m.get("reward_mean")
                 bar.set_postfix(reward=f"{reward if reward is not None else float('nan'):.3f}",
