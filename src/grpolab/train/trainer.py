@@ -29,7 +29,7 @@ from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import stand_in_policy
-from ..data import columns_of, load_jsonl, model_texts, to_json
+from ..data import columns_of, load_data, model_texts, parse_column_map, split_held_out, subset, to_json
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
@@ -50,11 +50,13 @@ from .rundir import claim_run_folder, load_eval_before, save_eval_before
 def setup_data(cfg: Config):
     """Train rows, eval rows, reward functions, accuracy reward name, extra eval rewards."""
     if cfg.data:
-        rows = load_jsonl(cfg.data)
+        rows, held, info = load_user_data(cfg)
         rewards = [parse_reward_spec(s, cfg=cfg) for s in cfg.reward]
         for r in rewards:
             check_signature(r, columns_of(rows), source=f"--data {cfg.data}")
-        return rows, rows[:cfg.eval_problems], rewards, None, {}
+        eval_rows = subset(held, list(range(min(len(held), cfg.eval_problems))))
+        eval_rows.info = info  # stated in the log and summary.json (Trainer.data_info)
+        return rows, eval_rows, rewards, None, {}
     task = get_task(cfg.task, cfg=cfg)
     rewards = [RewardFn(n, f, w) for n, f, w in task.rewards]
     for spec in cfg.reward:  # extra user rewards on a built-in task
@@ -62,6 +64,35 @@ def setup_data(cfg: Config):
         check_signature(r, columns_of(task.train_rows), source=f"task {cfg.task}")
         rewards.append(r)
     return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra
+
+
+def load_user_data(cfg: Config):
+    """``(train rows, eval rows, description)`` of --data: eval rows from --eval_data, else a seeded
+    ``eval_split`` held out of --data (docs/data.md). The description is stated in the log and summary.json."""
+    cmap = parse_column_map(cfg.column_map, cfg.prompt_column)
+    rows = load_data(cfg.data, cfg.data_split, cmap)
+    if cfg.eval_data:
+        train, held = rows, load_data(cfg.eval_data, cfg.data_split, cmap)
+        info = {"source": cfg.eval_data, "rows": min(len(held), cfg.eval_problems)}
+    else:
+        train, held = split_held_out(rows, cfg.eval_split, cfg.seed, cfg.eval_problems, f"--data {cfg.data}")
+        info = {"source": f"held out of {cfg.data}", "eval_split": cfg.eval_split, "seed": cfg.seed,
+                "rows": len(held)}
+    info.update(train_source=cfg.data, train_rows=len(train))
+    return train, held, info
+
+
+def data_statement(info: dict) -> str:
+    """The log line that says where evaluation rows come from."""
+    if "eval_split" in info:
+        if not info["rows"]:
+            why = "eval_split 0" if not info["eval_split"] else \
+                f"eval_split {info['eval_split']} of {info['train_rows']} rows rounds to 0; give --eval_data FILE"
+            return f"eval: none ({why}); training on all {info['train_rows']} rows of {info['train_source']}"
+        return (f"eval: {info['rows']} rows held out from {info['train_source']}, seed {info['seed']}; "
+                f"training on {info['train_rows']}")
+    return f"eval: {info['rows']} rows of {info['source']}; training on {info['train_rows']} rows of " \
+           f"{info['train_source']}"
 
 
 def build_sampler(cfg: Config, rows: list[dict]):
@@ -91,6 +122,10 @@ class Trainer:
         np.random.seed(cfg.seed)
 
         self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = setup_data(cfg)
+        self.data_info = getattr(self.eval_rows, "info", None) or {
+            "source": f"task {cfg.task} (its own held-out set)", "rows": len(self.eval_rows),
+            "train_source": f"task {cfg.task}", "train_rows": len(self.rows)}
+        self.log(f"[grpolab] {data_statement(self.data_info)}")
         if cfg.reward_weights is not None:
             if len(cfg.reward_weights) != len(rewards):
                 raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(rewards)} "
@@ -583,6 +618,7 @@ class Trainer:
             self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
         summary["skipped_steps"] = self.skipped_steps
+        summary["data"] = {**self.data_info, "statement": data_statement(self.data_info)}
         (self.out / "summary.json").write_text(to_json(summary, indent=2))
         return summary
 
