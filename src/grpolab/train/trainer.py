@@ -82,6 +82,47 @@ def load_user_data(cfg: Config):
     return train, held, info
 
 
+# Method settings that name a *reward column* and default to the built-in tasks' correctness reward
+# `accuracy`, and settings that name a *data column* the method cannot run without (docs/data.md).
+ACCURACY_NAMED = {"shaping_correct_reward": "the reward whose value marks a correct completion",
+                  "dynamic_sampling_metric": "the reward whose spread decides which groups dynamic sampling keeps"}
+REWARD_COLUMNS = {"irpo_reward_column": "IRPO's pointwise reward-model scores (e.g. --reward rm:PATH)"}
+DATA_COLUMNS = {"paraphrase_set_column": "the paraphrase set each row belongs to",
+                "egrpo_entity_column": "E-GRPO's gold entities (a list of strings)",
+                "pm4grpo_teacher_column": "PM4GRPO's teacher trace (the worked solution)"}
+
+
+def check_method_needs(cfg: Config, rewards: list, rows: list, log) -> None:
+    """On --data, before any work: a method setting that names the built-in tasks' `accuracy` reward means the
+    run's reward function when there is exactly one (said in the log); otherwise a reward or data column the
+    method needs and the data lacks is a ConfigError naming it and the fix."""
+    names = [r.name for r in rewards]
+    for key, what in ACCURACY_NAMED.items():
+        value = getattr(cfg, key, None)
+        if value is None or value in names or (key == "dynamic_sampling_metric" and
+                                                (value == "reward" or not cfg.dynamic_sampling)):
+            continue
+        if value == "accuracy" and len(names) == 1:
+            setattr(cfg, key, names[0])
+            log(f"[grpolab] {key}: 'accuracy' is the built-in tasks' reward; this run's one reward function "
+                f"'{names[0]}' takes its place ({what})")
+            continue
+        raise ConfigError(f"{key}: '{value}' is none of this run's reward columns ({', '.join(names)}); the method "
+                          f"needs {what}: set --{key} NAME (one of them)")
+    for key, what in REWARD_COLUMNS.items():
+        value = getattr(cfg, key, None)
+        if value is not None and value not in names:
+            raise ConfigError(f"{key}: the method needs the reward column '{value}' ({what}); this run's reward "
+                              f"columns are {', '.join(names)}: add that reward or set --{key} NAME")
+    cols = columns_of(rows)
+    for key, what in DATA_COLUMNS.items():
+        value = getattr(cfg, key, None)
+        if value is not None and value not in cols:
+            raise ConfigError(f"{key}: the method needs the data column '{value}' ({what}) in every row of "
+                              f"{cfg.data}, which has columns {', '.join(sorted(cols)) or 'none'}: add it, or map "
+                              f"one with --column_map OLD:{value}")
+
+
 def data_statement(info: dict) -> str:
     """The log line that says where evaluation rows come from."""
     if "eval_split" in info:
@@ -133,6 +174,8 @@ class Trainer:
             for r, w in zip(rewards, cfg.reward_weights):
                 r.weight = float(w)
         checks.check_reward_weights(rewards)
+        if cfg.data:
+            check_method_needs(cfg, rewards, self.rows, self.log)
         checks.check_columns(cfg, self.rows)
         self.rewards = rewards
 
