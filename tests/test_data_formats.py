@@ -11,10 +11,10 @@ import pytest
 
 from grpolab.cli import recipe_layer
 from grpolab.config import Config, ConfigError
-from grpolab.data import DataError, load_data, parse_column_map, split_held_out
+from grpolab.data import DataError, load_data, load_user_data, parse_column_map, split_held_out
 from grpolab.recipes import recipe_names
 from grpolab.tasks import get_task
-from grpolab.train.trainer import Trainer, load_user_data
+from grpolab.train.trainer import Trainer
 
 ROWS = [{"prompt": f"say {i}:", "answer": str(i)} for i in range(12)]
 CHAT = [{"prompt": [{"role": "user", "content": f"say {i}:"}], "answer": str(i)} for i in range(3)]
@@ -166,6 +166,10 @@ def test_eval_data_file_and_trainer_summary(tiny_args, tmp_path, monkeypatch):
     ev = write(tmp_path / "ev.csv", [{"prompt": "say 99:", "answer": "99"}], "csv")
     t2 = Trainer(Config.build({**args, "eval_data": str(ev), "out": str(tmp_path / "r2")}), log=logs.append)
     assert len(t2.rows) == 20 and [r["prompt"] for r in t2.eval_rows] == ["say 99:"]
+    both = write(tmp_path / "both.json", {"train": ROWS, "test": [{"prompt": "say 77:", "answer": "77"}]}, "json")
+    cfg = Config.build({**args, "data": str(both), "eval_data": str(both), "eval_data_split": "test"})
+    train, held, _ = load_user_data(cfg)
+    assert len(train) == 12 and [r["prompt"] for r in held] == ["say 77:"]
     tiny = write(tmp_path / "tiny.jsonl", ROWS[:4], "jsonl")  # 0.1 of 4 rows rounds to 0: said, not hidden
     t3 = Trainer(Config.build({**args, "data": str(tiny), "out": str(tmp_path / "r3")}), log=logs.append)
     assert len(t3.rows) == 4 and not t3.eval_rows

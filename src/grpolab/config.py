@@ -53,6 +53,8 @@ class Config:
     column_map: str | None = _f(None, "rename columns of --data/--eval_data, 'old:new,old2:new2' (e.g. "
                                       "'question:prompt,label:answer')")
     eval_data: str | None = _f(None, "held-out evaluation data (any --data format); default: an eval_split of --data")
+    eval_data_split: str | None = _f(None, "split of --eval_data (e.g. 'test' of a saved DatasetDict); default: "
+                                           "data_split")
     eval_split: float = _f(0.1, "with --data and no --eval_data: rows held out of --data for evaluation (never "
                                 "trained on), a fraction (< 1; none when it rounds to 0 rows) or a count, seeded by seed, "
                                 "at most eval_problems; 0 = none")

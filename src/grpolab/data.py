@@ -290,6 +290,24 @@ def split_held_out(rows: list, eval_split: float, seed: int, cap: int, source: s
     return subset(rows, keep), subset(rows, held)
 
 
+def load_user_data(cfg):
+    """``(train rows, eval rows, description)`` of --data: eval rows from --eval_data, else a seeded
+    ``eval_split`` held out of --data (docs/data.md). The description is stated in the log and summary.json.
+    ``cfg``: a grpolab Config (its data, data_split, column_map, prompt_column, eval_data, eval_data_split,
+    eval_split, seed and eval_problems)."""
+    cmap = parse_column_map(cfg.column_map, cfg.prompt_column)
+    rows = load_data(cfg.data, cfg.data_split, cmap)
+    if cfg.eval_data:
+        train, held = rows, load_data(cfg.eval_data, cfg.eval_data_split or cfg.data_split, cmap)
+        info = {"source": cfg.eval_data, "rows": min(len(held), cfg.eval_problems)}
+    else:
+        train, held = split_held_out(rows, cfg.eval_split, cfg.seed, cfg.eval_problems, f"--data {cfg.data}")
+        info = {"source": f"held out of {cfg.data}", "eval_split": cfg.eval_split, "seed": cfg.seed,
+                "rows": len(held)}
+    info.update(train_source=cfg.data, train_rows=len(train))
+    return train, held, info
+
+
 def columns_of(rows: list[dict]) -> set[str]:
     """Columns present in every row (the ones a reward function may rely on)."""
     cols = set(rows[0])

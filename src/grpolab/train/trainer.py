@@ -29,7 +29,7 @@ from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import stand_in_policy
-from ..data import columns_of, load_data, model_texts, parse_column_map, split_held_out, subset, to_json
+from ..data import columns_of, load_user_data, model_texts, subset, to_json
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
@@ -54,6 +54,8 @@ def setup_data(cfg: Config):
         rewards = [parse_reward_spec(s, cfg=cfg) for s in cfg.reward]
         for r in rewards:
             check_signature(r, columns_of(rows), source=f"--data {cfg.data}")
+            if cfg.eval_data and held:
+                check_signature(r, columns_of(held), source=f"--eval_data {cfg.eval_data}")
         eval_rows = subset(held, list(range(min(len(held), cfg.eval_problems))))
         eval_rows.info = info  # stated in the log and summary.json (Trainer.data_info)
         return rows, eval_rows, rewards, None, {}
@@ -64,22 +66,6 @@ def setup_data(cfg: Config):
         check_signature(r, columns_of(task.train_rows), source=f"task {cfg.task}")
         rewards.append(r)
     return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra
-
-
-def load_user_data(cfg: Config):
-    """``(train rows, eval rows, description)`` of --data: eval rows from --eval_data, else a seeded
-    ``eval_split`` held out of --data (docs/data.md). The description is stated in the log and summary.json."""
-    cmap = parse_column_map(cfg.column_map, cfg.prompt_column)
-    rows = load_data(cfg.data, cfg.data_split, cmap)
-    if cfg.eval_data:
-        train, held = rows, load_data(cfg.eval_data, cfg.data_split, cmap)
-        info = {"source": cfg.eval_data, "rows": min(len(held), cfg.eval_problems)}
-    else:
-        train, held = split_held_out(rows, cfg.eval_split, cfg.seed, cfg.eval_problems, f"--data {cfg.data}")
-        info = {"source": f"held out of {cfg.data}", "eval_split": cfg.eval_split, "seed": cfg.seed,
-                "rows": len(held)}
-    info.update(train_source=cfg.data, train_rows=len(train))
-    return train, held, info
 
 
 # Method settings that name a *reward column* and default to the built-in tasks' correctness reward
