@@ -457,7 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="greedy evaluation; prints JSON")
     e.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder (e.g. OUT/final)")
     e.add_argument("--task", help="built-in task")
-    e.add_argument("--data", help="JSONL file")
+    e.add_argument("--data", help="data to evaluate, all of it: JSONL, JSON, CSV, Parquet or a dataset folder "
+                                  "(docs/data.md)")
     e.add_argument("--reward", action="append", help="module:function[=weight] (with --data)")
     e.add_argument("--compact", action="store_true", help="one-line JSON")
     f = sub.add_parser("sft", help="supervised cold start (TON thought dropout, Thinkless control tokens); "

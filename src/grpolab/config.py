@@ -56,8 +56,8 @@ class Config:
     eval_data_split: str | None = _f(None, "split of --eval_data (e.g. 'test' of a saved DatasetDict); default: "
                                            "data_split")
     eval_split: float = _f(0.1, "with --data and no --eval_data: rows held out of --data for evaluation (never "
-                                "trained on), a fraction (< 1; none when it rounds to 0 rows) or a count, seeded by seed, "
-                                "at most eval_problems; 0 = none")
+                                "trained on), a fraction (< 1; none when it rounds to 0 rows) or a count, seeded by "
+                                "seed, at most eval_problems; 0 = none")
     reward: list = _f([], "reward functions 'module:function[=weight]', or a registered reward spec (rm:PATH, "
                           "judge:PATH, pm4grpo)", _many(REWARD_SPECS))
     recipe: str | None = _f(None, "named preset of components and parameters (grpolab recipes)")
