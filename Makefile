@@ -3,6 +3,7 @@
 #   make test    same set-up plus dev dependencies, then the whole suite
 #   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
 #   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
+#   make test-data  the [data] extra (datasets, pyarrow) and the data-format tests that need it
 #   make docs    regenerate the README recipe table, docs/configuration.md and docs/components.md
 PY      ?= python3
 VENV    := .venv
@@ -12,7 +13,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test test-browser test-trackers docs bench clean
+.PHONY: install install-dev train test test-browser test-trackers test-data docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -50,6 +51,11 @@ test-browser: $(DEVSTAMP)
 test-trackers: $(DEVSTAMP)
 	$(BIN)/pip install -q -e '.[trackers]'
 	HF_HUB_OFFLINE=1 WANDB_SILENT=true $(BIN)/python -m pytest -q tests/test_trackers.py
+
+# the data formats that need the [data] extra (Parquet, save_to_disk, dataset folders): tests/test_data_formats.py
+test-data: $(DEVSTAMP)
+	$(BIN)/pip install -q -e '.[data]'
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q tests/test_data_formats.py
 
 # the generated docs, from the registries and recipes (tests check they are current)
 docs: $(STAMP)

@@ -484,6 +484,9 @@ class _APITrainer(Trainer):
                                   f"path ('rm:PATH', 'judge:PATH' or any grpolab reward spec)")
             check_signature(r, columns_of(rows), source="train_dataset")
             rewards.append(r)
+        self.data_info = {"source": "eval_dataset" if eval_rows else "none (no eval_dataset given)",
+                          "rows": min(len(eval_rows), cfg.eval_problems), "train_source": "train_dataset",
+                          "train_rows": len(rows)}
         return rows, eval_rows[:cfg.eval_problems], rewards, None, {}
 
     def load_policy(self, cfg: Config):

@@ -67,13 +67,27 @@ def _recipe_layers(args, cli: dict) -> tuple[str | None, dict, dict]:
     """``(recipe, recipe keys, --config keys)``. The recipe is ``--recipe`` if given, else the ``recipe:`` of
     the --config file: the command line wins over the file, for the recipe as for every key."""
     from .config import load_yaml
-    from .recipes import recipe_overrides
 
     file_cfg = load_yaml(args.config) if args.config else {}
     recipe = args.recipe or cli.get("recipe") or file_cfg.get("recipe")
     if recipe:
         cli["recipe"] = recipe  # config.yaml names the recipe that was trained
-    return recipe, (recipe_overrides(recipe) if recipe else {}), file_cfg
+    return recipe, (recipe_layer(recipe, file_cfg, cli) if recipe else {}), file_cfg
+
+
+def recipe_layer(recipe: str, *user_layers: dict) -> dict:
+    """The recipe's keys for a run whose own settings are ``user_layers``: on --data, its method settings only,
+    and its method rewards (e.g. pm4grpo's) added to the user's reward functions (docs/data.md)."""
+    from .recipes import method_rewards, recipe_overrides
+    merged = {k.replace("-", "_"): v for layer in user_layers for k, v in (layer or {}).items()}
+    if not merged.get("data"):
+        return recipe_overrides(recipe)
+    user_rewards = merged.get("reward")
+    if user_rewards and method_rewards(recipe):
+        if isinstance(user_rewards, str):
+            user_rewards = [user_rewards]
+        user_layers[-1]["reward"] = list(user_rewards) + [r for r in method_rewards(recipe) if r not in user_rewards]
+    return recipe_overrides(recipe, user_data=True)
 
 
 def _resume_config(args, cli: dict):
@@ -181,6 +195,8 @@ def cmd_eval(args, rest: list[str]) -> int:
     if args.data:
         layers["data"] = args.data
         layers["reward"] = args.reward or []
+        layers.setdefault("eval_split", 0)  # the file given is the evaluation data, all of it
+        layers.setdefault("eval_data", None)
     elif args.task:
         layers["task"] = args.task
     elif args.reward:
@@ -192,7 +208,7 @@ def cmd_eval(args, rest: list[str]) -> int:
               f"{cfg.max_completion_length}, max_prompt_length {cfg.max_prompt_length}); --key value overrides them",
               file=sys.stderr)
     rows, eval_rows, rewards, acc, extra = setup_data(cfg)
-    if cfg.data:
+    if args.data:
         eval_rows = rows[:cfg.eval_problems]
     model, tok = load_policy(cfg.model, task_texts=None if cfg.model != "tiny" else [str(r) for r in rows],
                              tiny_arch=cfg.tiny_arch, seed=cfg.seed,
@@ -474,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("eval", help="greedy evaluation; prints JSON")
     e.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder (e.g. OUT/final)")
     e.add_argument("--task", help="built-in task")
-    e.add_argument("--data", help="JSONL file")
+    e.add_argument("--data", help="data to evaluate, all of it: JSONL, JSON, CSV, Parquet or a dataset folder "
+                                  "(docs/data.md)")
     e.add_argument("--reward", action="append", help="module:function[=weight] (with --data)")
     e.add_argument("--compact", action="store_true", help="one-line JSON")
     f = sub.add_parser("sft", help="supervised cold start (TON thought dropout, Thinkless control tokens); "

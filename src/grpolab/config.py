@@ -65,7 +65,18 @@ class Config:
     # what to train
     model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
     task: str = _f("arithmetic", "built-in task (used when --data is not given)", TASKS)
-    data: str | None = _f(None, "JSONL file with a 'prompt' per row (string or chat messages)")
+    data: str | None = _f(None, "prompt data: JSONL, JSON, CSV, Parquet, a datasets.save_to_disk folder or a local "
+                                "dataset folder, with a 'prompt' per row (string or chat messages; docs/data.md)")
+    data_split: str = _f("train", "split of --data to train on (JSON {split: rows}, save_to_disk or dataset folders)")
+    prompt_column: str | None = _f(None, "column of --data/--eval_data that holds the prompt (renamed to 'prompt')")
+    column_map: str | None = _f(None, "rename columns of --data/--eval_data, 'old:new,old2:new2' (e.g. "
+                                      "'question:prompt,label:answer')")
+    eval_data: str | None = _f(None, "held-out evaluation data (any --data format); default: an eval_split of --data")
+    eval_data_split: str | None = _f(None, "split of --eval_data (e.g. 'test' of a saved DatasetDict); default: "
+                                           "data_split")
+    eval_split: float = _f(0.1, "with --data and no --eval_data: rows held out of --data for evaluation (never "
+                                "trained on), a fraction (< 1; none when it rounds to 0 rows) or a count, seeded by "
+                                "seed, at most eval_problems; 0 = none")
     reward: list = _f([], "reward functions 'module:function[=weight]', or a registered reward spec (rm:PATH, "
                           "judge:PATH, pm4grpo)", _many(REWARD_SPECS))
     recipe: str | None = _f(None, "named preset of components and parameters (grpolab recipes)")

@@ -45,9 +45,33 @@ def to_json(obj, **kwargs) -> str:
     return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
-def load_jsonl(path: str | Path) -> list[dict]:
+def check_prompt(prompt, at: str, column: str = "prompt") -> None:
+    """A prompt is a string (TRL's "standard" format) or a non-empty list of ``{"role", "content"}`` messages
+    with string contents (TRL's "conversational" format); ``at`` names the row in the error."""
+    ok = isinstance(prompt, str) or (
+        isinstance(prompt, list) and prompt
+        and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
+    if not ok:
+        raise DataError(f"{at}: '{column}' must be a string or a list of "
+                        f"{{\"role\": ..., \"content\": ...}} messages, got {type(prompt).__name__} "
+                        f"({str(prompt)[:40]!r})")
+    if isinstance(prompt, str) and not prompt.strip():
+        raise DataError(f"{at}: '{column}' is empty; every row needs a prompt")
+    if isinstance(prompt, list):
+        for j, m in enumerate(prompt):
+            if not isinstance(m["content"], str):
+                raise DataError(f"{at}: message {j + 1} of '{column}' has a 'content' of type "
+                                f"{type(m['content']).__name__} ({str(m['content'])[:40]!r}); a message's "
+                                f"content must be a string (write it in quotes)")
+            if not isinstance(m["role"], str):
+                raise DataError(f"{at}: message {j + 1} of '{column}' has a 'role' that is not a "
+                                f"string; use \"system\", \"user\" or \"assistant\"")
+
+
+def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> list[dict]:
     """Rows of a JSONL file. Each needs a ``prompt``: a string or a list of
     ``{"role", "content"}`` messages with string contents. Any other keys are data columns.
+    ``column_map`` renames columns (``{"question": "prompt"}``) before the check.
     Returns a :class:`JsonlRows` (a list that knows each row's line)."""
     p = Path(path)
     if not p.exists():
@@ -63,29 +87,225 @@ def load_jsonl(path: str | Path) -> list[dict]:
                 raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
-            if "prompt" not in row:
-                raise DataError(f"{p}:{lineno}: missing key 'prompt' (keys: {', '.join(row) or 'none'})")
-            prompt = row["prompt"]
-            ok = isinstance(prompt, str) or (
-                isinstance(prompt, list) and prompt
-                and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
-            if not ok:
-                raise DataError(f"{p}:{lineno}: 'prompt' must be a string or a list of "
-                                f"{{\"role\": ..., \"content\": ...}} messages")
-            if isinstance(prompt, list):
-                for j, m in enumerate(prompt):
-                    if not isinstance(m["content"], str):
-                        raise DataError(f"{p}:{lineno}: message {j + 1} of 'prompt' has a 'content' of type "
-                                        f"{type(m['content']).__name__} ({str(m['content'])[:40]!r}); a message's "
-                                        f"content must be a string (write it in quotes)")
-                    if not isinstance(m["role"], str):
-                        raise DataError(f"{p}:{lineno}: message {j + 1} of 'prompt' has a 'role' that is not a "
-                                        f"string; use \"system\", \"user\" or \"assistant\"")
-            rows.append(row)
+            rows.append(_checked(rename_columns(row, column_map), f"{p}:{lineno}", column_map))
             lines.append(lineno)
     if not rows:
         raise DataError(f"--data: {p} has no rows")
     return JsonlRows(rows, p, lines)
+
+
+# ------------------------------------------------------------------ every format (docs/data.md)
+DATA_FORMATS = ("jsonl", "json", "csv", "parquet", "save_to_disk folder", "dataset script/folder")
+
+
+def parse_column_map(spec, prompt_column: str | None = None) -> dict[str, str]:
+    """``"old:new,old2:new2"`` (or a dict) as ``{old: new}``; ``prompt_column`` adds ``{prompt_column: "prompt"}``."""
+    out: dict[str, str] = {}
+    if isinstance(spec, dict):
+        out.update({str(k): str(v) for k, v in spec.items()})
+    elif spec:
+        for part in str(spec).split(","):
+            old, sep, new = part.strip().partition(":")
+            if not sep or not old.strip() or not new.strip():
+                raise DataError(f"column_map: '{part.strip()}' is not OLD:NEW; write e.g. "
+                                f"--column_map question:prompt,label:answer")
+            out[old.strip()] = new.strip()
+    if prompt_column and prompt_column != "prompt":
+        out[prompt_column] = "prompt"
+    targets = list(out.values())
+    dup = sorted({t for t in targets if targets.count(t) > 1})
+    if dup:
+        raise DataError(f"column_map: several columns renamed to {', '.join(dup)}; each new name once")
+    return out
+
+
+def rename_columns(row: dict, column_map: dict[str, str] | None) -> dict:
+    if not column_map:
+        return row
+    renamed = {column_map.get(k, k): v for k, v in row.items() if k not in column_map}
+    renamed.update({column_map[k]: v for k, v in row.items() if k in column_map})
+    return renamed
+
+
+def _checked(row: dict, at: str, column_map: dict[str, str] | None) -> dict:
+    if "prompt" not in row:
+        hint = ""
+        if column_map:
+            missing = [old for old in column_map if column_map[old] == "prompt"]
+            hint = f" (column_map renames {missing[0]!r} to 'prompt', and it is not there)" if missing else ""
+        raise DataError(f"{at}: missing key 'prompt'{hint} (keys: {', '.join(row) or 'none'}); name the prompt "
+                        f"column with --prompt_column NAME or --column_map OLD:prompt")
+    check_prompt(row["prompt"], at)
+    return row
+
+
+def data_format(path: str | Path) -> str:
+    """Which loader reads ``path``: by suffix for files; a folder is a ``save_to_disk`` folder when it holds
+    ``dataset_info.json``/``dataset_dict.json`` and ``state.json`` files, else a dataset folder or script."""
+    p = Path(path)
+    if p.is_dir():
+        if (p / "dataset_dict.json").exists() or (p / "state.json").exists():
+            return "save_to_disk"
+        return "datasets"
+    suffix = p.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    if suffix == ".json":
+        return "json"
+    if suffix in (".csv", ".tsv"):
+        return "csv"
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix == ".py":
+        return "datasets"
+    raise DataError(f"--data: {p}: unknown format '{suffix or 'no suffix'}'; valid: .jsonl, .json, .csv, .tsv, "
+                    f".parquet, a datasets.save_to_disk folder, or a dataset folder/script (docs/data.md)")
+
+
+def load_data(path: str | Path, split: str = "train", column_map: dict[str, str] | None = None) -> JsonlRows:
+    """Rows of a data set kept in any supported format (docs/data.md), each checked as :func:`load_jsonl`
+    checks a line; ``where(i)`` names the file and line (JSONL, CSV), item (JSON) or row (the others)."""
+    p = Path(path)
+    if not p.exists():
+        raise DataError(f"--data: {p} does not exist")
+    fmt = data_format(p)
+    if fmt == "jsonl":
+        return load_jsonl(p, column_map)
+    if fmt == "json":
+        return _load_json(p, split, column_map)
+    if fmt == "csv":
+        return _load_csv(p, column_map)
+    return _load_with_datasets(p, fmt, split, column_map)
+
+
+def _rows_of(raw: list, p: Path, at, column_map) -> JsonlRows:
+    rows, labels = [], []
+    for i, row in enumerate(raw):
+        if not isinstance(row, dict):
+            raise DataError(f"{at(i)}: each row must be an object with a 'prompt', got {type(row).__name__}")
+        rows.append(_checked(rename_columns(row, column_map), at(i), column_map))
+        labels.append(at(i).rpartition(f"{p}:")[2])
+    if not rows:
+        raise DataError(f"--data: {p} has no rows")
+    return JsonlRows(rows, p, labels)
+
+
+def _load_json(p: Path, split: str, column_map) -> JsonlRows:
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{p}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
+    key = ""
+    if isinstance(data, dict):
+        lists = {k: v for k, v in data.items() if isinstance(v, list)}
+        if split in lists:
+            key, data = split, lists[split]
+        elif lists and set(data) == set(lists):
+            raise DataError(f"--data: {p} has splits {', '.join(lists)} and no '{split}'; choose one with "
+                            f"--data_split NAME")
+        else:
+            raise DataError(f"--data: {p} must hold a list of rows or {{\"{split}\": [rows]}}, got an object "
+                            f"with keys {', '.join(list(data)[:8])}")
+    if not isinstance(data, list):
+        raise DataError(f"--data: {p} must hold a list of rows, got {type(data).__name__}")
+    prefix = f"{key}[" if key else "item "
+    return _rows_of(data, p, lambda i: f"{p}:{prefix}{i + 1}{']' if key else ''}", column_map)
+
+
+def _load_csv(p: Path, column_map) -> JsonlRows:
+    import csv
+    rows, lines = [], []
+    with p.open(encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh, delimiter="\t" if p.suffix.lower() == ".tsv" else ",")
+        start = 2
+        for row in reader:
+            at = f"{p}:{start}"
+            if None in row:
+                raise DataError(f"{at}: more fields than the header's {len(reader.fieldnames)} columns "
+                                f"({', '.join(reader.fieldnames)}); quote fields that contain the delimiter")
+            if any(v is None for v in row.values()):
+                missing = [k for k, v in row.items() if v is None]
+                raise DataError(f"{at}: missing column {missing[0]!r} (the row has fewer fields than the header)")
+            rows.append(_checked(rename_columns(dict(row), column_map), at, column_map))
+            lines.append(start)
+            start = reader.line_num + 1
+    if not rows:
+        raise DataError(f"--data: {p} has no rows")
+    return JsonlRows(rows, p, lines)
+
+
+def _load_with_datasets(p: Path, fmt: str, split: str, column_map) -> JsonlRows:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"--data: {p} is a {fmt} data set, which needs the 'datasets' package: "
+                        f"pip install 'grpolab[data]' (JSONL, JSON and CSV need nothing)") from None
+    try:
+        if fmt == "parquet":
+            ds = datasets.load_dataset("parquet", data_files={split: str(p)}, split=split)
+        elif fmt == "save_to_disk":
+            ds = datasets.load_from_disk(str(p))
+        else:
+            ds = datasets.load_dataset(str(p), split=split)  # a folder of data files, or a script
+    except Exception as e:  # noqa: BLE001 - every loader error becomes a DataError naming the file
+        raise DataError(f"--data: {p} ({fmt}) could not be loaded by datasets: {type(e).__name__}: {e}") from None
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"--data: {p} has splits {', '.join(ds)} and no '{split}'; choose one with "
+                            f"--data_split NAME")
+        ds = ds[split]
+    return _rows_of(ds.to_list(), p, lambda i: f"{p}:row {i + 1}", column_map)
+
+
+def subset(rows: JsonlRows | list, idx: list[int]) -> JsonlRows:
+    """Rows ``idx`` of ``rows``, keeping each row's file and line."""
+    lines = rows.lines if isinstance(rows, JsonlRows) else []
+    return JsonlRows([rows[i] for i in idx], getattr(rows, "path", None),
+                     [lines[i] for i in idx] if len(lines) == len(rows) else [])
+
+
+def held_out_count(n: int, eval_split: float, cap: int) -> int:
+    """Rows to hold out of ``n``: ``eval_split`` is a fraction (0 < x < 1, rounded: 0 rows when the data is too
+    small) or a count (>= 1), at most ``cap`` (eval_problems: no row is held out that would not be evaluated);
+    0 = none."""
+    if eval_split < 0 or (eval_split >= 1 and eval_split != int(eval_split)):
+        raise DataError(f"eval_split: {eval_split} is neither a fraction in [0, 1) nor a whole number of rows")
+    k = int(eval_split) if eval_split >= 1 else round(n * eval_split)
+    return min(k, cap)
+
+
+def split_held_out(rows: list, eval_split: float, seed: int, cap: int, source: str = "--data"):
+    """``(train, eval)``: a seeded random ``eval_split`` of ``rows`` held out (never trained on), the rest in
+    their file order. Refuses when nothing would be left to train on."""
+    k = held_out_count(len(rows), eval_split, cap)
+    if k == 0:
+        return rows, subset(rows, [])
+    if k >= len(rows):
+        raise DataError(f"eval_split {eval_split}: {source} has {len(rows)} row(s); holding out {k} leaves none to "
+                        f"train on. Give --eval_data FILE, a smaller --eval_split, or --eval_split 0 (no "
+                        f"held-out evaluation)")
+    import random
+    held = sorted(random.Random(seed).sample(range(len(rows)), k))
+    keep = sorted(set(range(len(rows))) - set(held))
+    return subset(rows, keep), subset(rows, held)
+
+
+def load_user_data(cfg):
+    """``(train rows, eval rows, description)`` of --data: eval rows from --eval_data, else a seeded
+    ``eval_split`` held out of --data (docs/data.md). The description is stated in the log and summary.json.
+    ``cfg``: a grpolab Config (its data, data_split, column_map, prompt_column, eval_data, eval_data_split,
+    eval_split, seed and eval_problems)."""
+    cmap = parse_column_map(cfg.column_map, cfg.prompt_column)
+    rows = load_data(cfg.data, cfg.data_split, cmap)
+    if cfg.eval_data:
+        train, held = rows, load_data(cfg.eval_data, cfg.eval_data_split or cfg.data_split, cmap)
+        info = {"source": cfg.eval_data, "rows": min(len(held), cfg.eval_problems)}
+    else:
+        train, held = split_held_out(rows, cfg.eval_split, cfg.seed, cfg.eval_problems, f"--data {cfg.data}")
+        info = {"source": f"held out of {cfg.data}", "eval_split": cfg.eval_split, "seed": cfg.seed,
+                "rows": len(held)}
+    info.update(train_source=cfg.data, train_rows=len(train))
+    return train, held, info
 
 
 def columns_of(rows: list[dict]) -> set[str]:

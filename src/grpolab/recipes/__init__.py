@@ -32,10 +32,25 @@ def load_recipe(name: str) -> dict[str, Any]:
     return data
 
 
-def recipe_overrides(name: str) -> dict[str, Any]:
-    """The config keys a recipe sets."""
+# A recipe's *task* settings: they describe its built-in task (which task, weights of that task's rewards,
+# hint templates written for its columns) and do not apply to a user's --data. Everything else is the method.
+TASK_KEYS = ("task", "reward_weights", "injection_reference_template", "arithmetic_paraphrases")
+
+
+def recipe_overrides(name: str, user_data: bool = False) -> dict[str, Any]:
+    """The config keys a recipe sets; with ``user_data`` (a run on --data) without its task settings
+    (:data:`TASK_KEYS`): its method settings apply to any data (docs/data.md)."""
     r = load_recipe(name)
-    return {**r["components"], **r["parameters"]}
+    out = {**r["components"], **r["parameters"]}
+    if user_data:
+        out = {k: v for k, v in out.items() if k not in TASK_KEYS}
+    return out
+
+
+def method_rewards(name: str) -> list[str]:
+    """Reward specs a recipe's method adds (e.g. ``pm4grpo``'s conformance reward): on --data they are
+    kept next to the user's own reward functions."""
+    return [str(s) for s in load_recipe(name)["parameters"].get("reward", [])]
 
 
 def all_recipes() -> list[dict[str, Any]]:

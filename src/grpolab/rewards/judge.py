@@ -52,10 +52,11 @@ def tiny_judge(seed: int = 0):
 
 def _self_texts(cfg) -> list[str]:
     """The texts the trainer trains the tiny tokenizer on (so ``judge:self`` rebuilds the same model)."""
-    from ..data import load_jsonl, model_texts
+    from ..data import load_user_data, model_texts
     from ..tasks import get_task
     if cfg.data:
-        return model_texts(load_jsonl(cfg.data))
+        train, held, _ = load_user_data(cfg)  # as the trainer: its rows, then its evaluation rows
+        return model_texts(list(train) + list(held)[:cfg.eval_problems])
     task = get_task(cfg.task, cfg=cfg)
     return model_texts(task.train_rows + task.eval_rows)
 

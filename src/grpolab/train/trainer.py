@@ -29,7 +29,7 @@ from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import stand_in_policy
-from ..data import columns_of, load_jsonl, model_texts, to_json
+from ..data import columns_of, load_user_data, model_texts, subset, to_json
 from ..devices import autocast, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
@@ -51,11 +51,15 @@ from .rundir import claim_run_folder, load_eval_before, save_eval_before
 def setup_data(cfg: Config):
     """Train rows, eval rows, reward functions, accuracy reward name, extra eval rewards."""
     if cfg.data:
-        rows = load_jsonl(cfg.data)
+        rows, held, info = load_user_data(cfg)
         rewards = [parse_reward_spec(s, cfg=cfg) for s in cfg.reward]
         for r in rewards:
             check_signature(r, columns_of(rows), source=f"--data {cfg.data}")
-        return rows, rows[:cfg.eval_problems], rewards, None, {}
+            if cfg.eval_data and held:
+                check_signature(r, columns_of(held), source=f"--eval_data {cfg.eval_data}")
+        eval_rows = subset(held, list(range(min(len(held), cfg.eval_problems))))
+        eval_rows.info = info  # stated in the log and summary.json (Trainer.data_info)
+        return rows, eval_rows, rewards, None, {}
     task = get_task(cfg.task, cfg=cfg)
     rewards = [RewardFn(n, f, w) for n, f, w in task.rewards]
     for spec in cfg.reward:  # extra user rewards on a built-in task
@@ -63,6 +67,60 @@ def setup_data(cfg: Config):
         check_signature(r, columns_of(task.train_rows), source=f"task {cfg.task}")
         rewards.append(r)
     return task.train_rows, task.eval_rows[:cfg.eval_problems], rewards, task.accuracy_reward, task.extra
+
+
+# Method settings that name a *reward column* and default to the built-in tasks' correctness reward
+# `accuracy`, and settings that name a *data column* the method cannot run without (docs/data.md).
+ACCURACY_NAMED = {"shaping_correct_reward": "the reward whose value marks a correct completion",
+                  "dynamic_sampling_metric": "the reward whose spread decides which groups dynamic sampling keeps"}
+REWARD_COLUMNS = {"irpo_reward_column": "IRPO's pointwise reward-model scores (e.g. --reward rm:PATH)"}
+DATA_COLUMNS = {"paraphrase_set_column": "the paraphrase set each row belongs to",
+                "egrpo_entity_column": "E-GRPO's gold entities (a list of strings)",
+                "pm4grpo_teacher_column": "PM4GRPO's teacher trace (the worked solution)"}
+
+
+def check_method_needs(cfg: Config, rewards: list, rows: list, log) -> None:
+    """On --data, before any work: a method setting that names the built-in tasks' `accuracy` reward means the
+    run's reward function when there is exactly one (said in the log); otherwise a reward or data column the
+    method needs and the data lacks is a ConfigError naming it and the fix."""
+    names = [r.name for r in rewards]
+    for key, what in ACCURACY_NAMED.items():
+        value = getattr(cfg, key, None)
+        if value is None or value in names or (key == "dynamic_sampling_metric" and
+                                                (value == "reward" or not cfg.dynamic_sampling)):
+            continue
+        if value == "accuracy" and len(names) == 1:
+            setattr(cfg, key, names[0])
+            log(f"[grpolab] {key}: 'accuracy' is the built-in tasks' reward; this run's one reward function "
+                f"'{names[0]}' takes its place ({what})")
+            continue
+        raise ConfigError(f"{key}: '{value}' is none of this run's reward columns ({', '.join(names)}); the method "
+                          f"needs {what}: set --{key} NAME (one of them)")
+    for key, what in REWARD_COLUMNS.items():
+        value = getattr(cfg, key, None)
+        if value is not None and value not in names:
+            raise ConfigError(f"{key}: the method needs the reward column '{value}' ({what}); this run's reward "
+                              f"columns are {', '.join(names)}: add that reward or set --{key} NAME")
+    cols = columns_of(rows)
+    for key, what in DATA_COLUMNS.items():
+        value = getattr(cfg, key, None)
+        if value is not None and value not in cols:
+            raise ConfigError(f"{key}: the method needs the data column '{value}' ({what}) in every row of "
+                              f"{cfg.data}, which has columns {', '.join(sorted(cols)) or 'none'}: add it, or map "
+                              f"one with --column_map OLD:{value}")
+
+
+def data_statement(info: dict) -> str:
+    """The log line that says where evaluation rows come from."""
+    if "eval_split" in info:
+        if not info["rows"]:
+            why = "eval_split 0" if not info["eval_split"] else \
+                f"eval_split {info['eval_split']} of {info['train_rows']} rows rounds to 0; give --eval_data FILE"
+            return f"eval: none ({why}); training on all {info['train_rows']} rows of {info['train_source']}"
+        return (f"eval: {info['rows']} rows held out from {info['train_source']}, seed {info['seed']}; "
+                f"training on {info['train_rows']}")
+    return f"eval: {info['rows']} rows of {info['source']}; training on {info['train_rows']} rows of " \
+           f"{info['train_source']}"
 
 
 def build_sampler(cfg: Config, rows: list[dict]):
@@ -92,6 +150,10 @@ class Trainer:
         np.random.seed(cfg.seed)
 
         self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = self.setup_data(cfg)
+        self.data_info = getattr(self.eval_rows, "info", None) or getattr(self, "data_info", None) or {
+            "source": f"task {cfg.task} (its own held-out set)", "rows": len(self.eval_rows),
+            "train_source": f"task {cfg.task}", "train_rows": len(self.rows)}
+        self.log(f"[grpolab] {data_statement(self.data_info)}")
         if cfg.reward_weights is not None:
             if len(cfg.reward_weights) != len(rewards):
                 raise ConfigError(f"reward_weights: {len(cfg.reward_weights)} weights for {len(rewards)} "
@@ -99,6 +161,8 @@ class Trainer:
             for r, w in zip(rewards, cfg.reward_weights):
                 r.weight = float(w)
         checks.check_reward_weights(rewards)
+        if cfg.data:
+            check_method_needs(cfg, rewards, self.rows, self.log)
         checks.check_columns(cfg, self.rows)
         self.rewards = rewards
 
@@ -610,6 +674,7 @@ class Trainer:
             self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
         summary["skipped_steps"] = self.skipped_steps
+        summary["data"] = {**self.data_info, "statement": data_statement(self.data_info)}
         (self.out / "summary.json").write_text(to_json(summary, indent=2))
         return summary
 
