@@ -334,10 +334,10 @@ def test_eval_stdout_is_strict_json_even_when_a_reward_raises(tmp_path, monkeypa
 
 def test_run_files_have_null_not_nan(tmp_path, monkeypatch):
     mod = module(tmp_path, monkeypatch, "fe_none", "def f(completions, **kw):\n    return [None]*len(completions)\n")
-    data = write_rows(tmp_path / "d.jsonl", [{"prompt": f"say {i}:"} for i in range(3)])
+    data = write_rows(tmp_path / "d.jsonl", [{"prompt": f"say {i}:"} for i in range(6)])
     out = tmp_path / "o"
     assert main(["train", "--data", str(data), "--reward", f"{mod}:f", "--out", str(out)] + FAST
-                + ["--eval_after", "true", "--eval_problems", "2"]) == 0
+                + ["--eval_after", "true", "--eval_problems", "2", "--eval_split", "2"]) == 0
     for line in (out / "metrics.jsonl").read_text().splitlines():
         strict_json(line)
     summary = strict_json((out / "summary.json").read_text())

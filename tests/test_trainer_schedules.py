@@ -247,11 +247,18 @@ def test_dynamic_sampling_metric_errors_name_the_fix(tiny_args, tmp_path, monkey
                                             "    return [float(str(c).strip() == a) for c, a in zip(completions, answer)]\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "ds_rewards.py").write_text(
+        (tmp_path / "ds_rewards.py").read_text() + "def short(completions, **kw):\n"
+        "    return [float(len(str(c)) < 5) for c in completions]\n")
+    # one user reward: 'accuracy' is that reward (recipes on user data, stated in the log)
     user = {**tiny_args, "data": str(data), "reward": ["ds_rewards:exact"], "dynamic_sampling": True}
-    with pytest.raises(ConfigError, match="dynamic_sampling_metric.*exact.*'reward'"):
-        _trainer(user)
-    assert _trainer({**user, "dynamic_sampling_metric": "exact"}).dynamic_sampling_column == 0
-    assert _trainer({**user, "dynamic_sampling_metric": "reward"}).dynamic_sampling_column is None
+    assert _trainer(user).dynamic_sampling_column == 0
+    # several: which one is the accuracy is not knowable, so the error names the choices
+    two = {**user, "reward": ["ds_rewards:exact", "ds_rewards:short"]}
+    with pytest.raises(ConfigError, match="dynamic_sampling_metric.*exact.*short"):
+        _trainer(two)
+    assert _trainer({**two, "dynamic_sampling_metric": "short"}).dynamic_sampling_column == 1
+    assert _trainer({**two, "dynamic_sampling_metric": "reward"}).dynamic_sampling_column is None
 
 
 def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
