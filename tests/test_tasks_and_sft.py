@@ -327,3 +327,16 @@ def test_motif_end_to_end_on_tiny(tiny_args):
     assert (batch.token_origin == 0).all()  # only first-round, sampled tokens are trained
     metrics = t.train_step()
     assert math.isfinite(metrics["loss"])
+
+
+def test_sft_reads_every_data_format_csv(tmp_path):
+    """grpolab sft --data takes the same formats and column mapping as grpolab train (docs/data.md): a CSV."""
+    import json
+
+    from grpolab.cli import main
+    data = tmp_path / "d.csv"
+    data.write_text("question,answer\n" + "".join(f"what is {i} plus 1?,{i + 1}\n" for i in range(6)))
+    out = tmp_path / "sft"
+    assert main(["sft", "--model", "tiny", "--data", str(data), "--prompt_column", "question", "--out", str(out),
+                 "--sft_steps", "2", "--sft_batch_size", "4", "--threads", "1"]) == 0
+    assert json.loads((out / "sft_summary.json").read_text())["examples"] == 6

@@ -193,15 +193,17 @@ for _fn in SFT_COMPONENTS:
 
 
 def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
-    """Build examples (JSONL ``data`` or ``cfg.task``), train ``cfg.model`` and save it to ``out``."""
-    from ..data import load_jsonl, model_texts
+    """Build examples (``data`` in any --data format, docs/data.md, or ``cfg.task``), train ``cfg.model`` and
+    save it to ``out``."""
+    from ..data import load_data, model_texts, parse_column_map
     from ..model.loading import load_policy, save_policy
     from ..tasks import get_task
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    rows = load_jsonl(data) if data else get_task(cfg.task, cfg=cfg).train_rows
+    rows = (load_data(data, cfg.data_split, parse_column_map(cfg.column_map, cfg.prompt_column)) if data
+            else get_task(cfg.task, cfg=cfg).train_rows)
     examples = build_examples(rows, sft_mode=cfg.sft_mode, seed=cfg.seed, ton_dropout_prob=cfg.ton_dropout_prob,
                               ton_empty_thought=cfg.ton_empty_thought,
                               thinkless_short_token=cfg.thinkless_short_token,
