@@ -298,7 +298,12 @@ def test_luspo_vespo_map_to_their_components_or_error_naming_them(loss_type):
     if loss_type == "luspo":
         fields["importance_sampling_level"] = "sequence"
     if loss_type in POLICY_LOSSES:
-        assert to_grpolab(GRPOConfig(**fields))["policy_loss"] == loss_type
+        ov = to_grpolab(GRPOConfig(**fields))
+        # TRL: luspo weights each sequence's loss by its length and averages over sequences; vespo normalises
+        # by the step's token count
+        want = {"luspo": "seq_mean_token_mean", "vespo": "token_mean"}[loss_type]
+        assert ov["policy_loss"] == loss_type and ov["loss_aggregation"] == want
+        Config.build(ov)
     else:
         with pytest.raises(ConfigError, match=rf"policy loss '{loss_type}'.*not registered"):
             to_grpolab(GRPOConfig(**fields))
