@@ -77,10 +77,11 @@ def check_reward_constant(rows, summary) -> Finding | None:
 def check_zero_variance_groups(rows, summary) -> Finding | None:
     """Most groups have all completions scored alike (zero advantage: no gradient from them)."""
     pts = series(_recent(rows), "frac_zero_std_groups")
-    if not pts or _mean(v for _, v in pts) <= ZERO_STD_GROUPS_MAX:
+    mean = _mean(v for _, v in pts) if pts else None
+    if mean is None or mean <= ZERO_STD_GROUPS_MAX:
         return None
     return Finding("zero_variance_groups", "most groups are zero-variance",
-                   f"frac_zero_std_groups mean {_mean(v for _, v in pts):.3g} > {ZERO_STD_GROUPS_MAX} over the last "
+                   f"frac_zero_std_groups mean {mean:.3g} > {ZERO_STD_GROUPS_MAX} over the last "
                    f"{len(pts)} steps ({_fmt(pts)})",
                    "groups whose completions all score alike contribute nothing. Use dynamic sampling "
                    "(`--dynamic_sampling true`, DAPO) to refill the batch with informative groups, a prompt sampler "
@@ -151,10 +152,11 @@ def check_clip_fraction(rows, summary) -> Finding | None:
     recent = _recent(rows)
     low, high = dict(series(recent, "clip_frac_low")), dict(series(recent, "clip_frac_high"))
     pts = [(s, low.get(s, 0.0) + high.get(s, 0.0)) for s in sorted(set(low) | set(high))]
-    if not pts or _mean(v for _, v in pts) <= CLIP_FRAC_MAX:
+    mean = _mean(v for _, v in pts) if pts else None
+    if mean is None or mean <= CLIP_FRAC_MAX:
         return None
     return Finding("clip_fraction", "clip fraction running away",
-                   f"clip_frac_low + clip_frac_high mean {_mean(v for _, v in pts):.3g} > {CLIP_FRAC_MAX:g} over the "
+                   f"clip_frac_low + clip_frac_high mean {mean:.3g} > {CLIP_FRAC_MAX:g} over the "
                    f"last {len(pts)} steps ({_fmt(pts)})",
                    "the ratio to the sampling policy leaves the trust region for many tokens: lower the learning "
                    "rate or `--num_iterations`, refresh the off-policy data more often, or (engine mismatch) use a "
@@ -164,10 +166,11 @@ def check_clip_fraction(rows, summary) -> Finding | None:
 def check_truncation(rows, summary) -> Finding | None:
     """Many completions hit max_completion_length."""
     pts = series(_recent(rows), "frac_truncated")
-    if not pts or _mean(v for _, v in pts) <= TRUNCATION_MAX:
+    mean = _mean(v for _, v in pts) if pts else None
+    if mean is None or mean <= TRUNCATION_MAX:
         return None
     return Finding("truncation", "frequent truncation",
-                   f"frac_truncated mean {_mean(v for _, v in pts):.3g} > {TRUNCATION_MAX:g} over the last "
+                   f"frac_truncated mean {mean:.3g} > {TRUNCATION_MAX:g} over the last "
                    f"{len(pts)} steps ({_fmt(pts)})",
                    "truncated completions usually cannot be scored correctly. Raise "
                    "`--max_completion_length`, leave them out of the loss (`--mask_truncated_completions true`), "

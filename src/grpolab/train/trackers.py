@@ -9,6 +9,7 @@ OUT/metrics.jsonl stays the run's record whatever is chosen. Each package is imp
 """
 from __future__ import annotations
 
+import abc
 import importlib
 import os
 from pathlib import Path
@@ -37,12 +38,14 @@ def _import(name: str):
                           f"`pip install 'grpolab[{TRACKER_EXTRAS[name]}]'`") from e
 
 
-class Tracker:
-    """The interface; ``log_table`` is a no-op for trackers without tables."""
+class Tracker(abc.ABC):
+    """The interface: every tracker implements ``log``; ``log_config``, ``log_table`` (trackers without tables)
+    and ``close`` default to no-ops."""
     name = ""
 
+    @abc.abstractmethod
     def log(self, metrics: dict, step: int) -> None:
-        raise NotImplementedError
+        """Record one step's metrics."""
 
     def log_config(self, cfg: dict) -> None:
         pass
