@@ -152,6 +152,7 @@ def test_search_finds_the_entity_document_and_handles_bad_input():
 from grpolab.agents.base import AgentEnv, StepResult  # noqa: E402
 from grpolab.registry import TASKS  # noqa: E402
 from grpolab.tasks import get_task  # noqa: E402
+from grpolab.config import Config  # noqa: E402
 from grpolab.tasks.agent_tasks import COST_PENALTY, GOAL_REWARD, parse_action  # noqa: E402
 
 AGENT_TASKS = ["calculator", "search_qa", "gridworld"]
@@ -247,6 +248,21 @@ def test_search_qa_splits_by_entity_and_mixes_hops(tasks):
             assert r["answer"] in user and r["entity"] in user
         else:
             assert r["answer"] not in user
+
+
+def test_search_qa_hops_keeps_only_those_chains_in_the_full_tasks_order(tasks):
+    full = tasks["search_qa"]
+    one = get_task("search_qa", search_qa_hops=[1])
+    assert {r["hops"] for r in one.train_rows + one.eval_rows} == {1}
+    # the same rows as the full task's one-hop rows, in the same order, with the same prompts
+    assert one.train_rows == [r for r in full.train_rows if r["hops"] == 1]
+    assert one.eval_rows[:10] == [r for r in full.eval_rows if r["hops"] == 1][:10]
+    assert {r["hops"] for r in get_task("search_qa", search_qa_hops=[2, 3]).eval_rows} == {2, 3}
+    assert get_task("search_qa", cfg=Config.build({"task": "search_qa", "search_qa_hops": "1"})).eval_rows == \
+        one.eval_rows                                        # the command line's "--search_qa_hops 1"
+    for bad in ([], [4], ["x"]):
+        with pytest.raises(ValueError, match="search_qa_hops"):
+            get_task("search_qa", search_qa_hops=bad)
 
 
 def _independent_docs_needed(documents, names, start, answer):

@@ -59,7 +59,7 @@ from ..agents.knowledge import DocumentLinks, KnowledgeBase, generate, normalise
 from ..agents.tools import calculator as calculator_tool
 from ..agents.tools import make_search_tool
 from ..data import completion_text
-from ..registry import TASKS
+from ..registry import TASKS, param
 from . import arithmetic
 from .base import Task, provides_environment
 from .gym import FORMAT, extract_answer
@@ -236,12 +236,16 @@ def qa_format(prompts=None, completions=None, **kwargs) -> list[float]:
 @TASKS.register("search_qa")
 @provides_environment
 def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share: float = 0.2,
-              context_share: float = 0.4, demo: bool = True) -> Task:
+              context_share: float = 0.4, demo: bool = True, *,
+              search_qa_hops: list = param([1, 2, 3], "search_qa: the chain lengths (hops) to keep, e.g. 1 (--search_qa_hops 1) for "
+                                                      "one-hop questions only")) -> Task:
     """Every question of the world ``kb_seed`` (see :func:`qa_questions`), shuffled with ``seed``. Start
     entities are split with ``seed``: about ``eval_share`` of them give the held-out questions (at most
     ``n_eval``, the others are dropped), the rest the training questions. A one-relation question shows its
     entity's document in the prompt with probability ``context_share`` (no search needed). ``demo``: the prompt
     starts with one worked two-hop example (two searches, their results, the answer) as chat turns.
+    ``search_qa_hops``: only questions of these chain lengths are kept (after the split and the shuffle, so the
+    kept rows keep their order and their prompts).
 
     Provenance: grpolab's own — a built-in agent task (multi-hop questions over a generated knowledge base with
     a BM25 search tool) for tests and demos; implements no published method.
@@ -257,6 +261,13 @@ def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share:
         (evals if q["entity"] in held else train).append(_qa_row(q, context, demo))
     rng.shuffle(train)
     rng.shuffle(evals)
+    try:
+        hops = {int(h) for h in search_qa_hops}
+    except (TypeError, ValueError):
+        hops = set()
+    if not hops or not hops <= {1, 2, 3}:
+        raise ValueError(f"search_qa_hops: a non-empty list of chain lengths from 1, 2, 3, got {search_qa_hops!r}")
+    train, evals = [r for r in train if r["hops"] in hops], [r for r in evals if r["hops"] in hops]
     return Task("search_qa", train, evals[:n_eval],
                 rewards=[("accuracy", qa_accuracy, 1.0), ("format", qa_format, 0.5)], accuracy_reward="accuracy",
                 description="1-3 hop questions over a generated knowledge base, BM25 search tool, "
