@@ -237,8 +237,8 @@ def qa_format(prompts=None, completions=None, **kwargs) -> list[float]:
 @provides_environment
 def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share: float = 0.2,
               context_share: float = 0.4, demo: bool = True, *,
-              search_qa_hops: list = param([1, 2, 3], "search_qa: the chain lengths (hops) to keep, e.g. 1 (--search_qa_hops 1) for "
-                                                      "one-hop questions only")) -> Task:
+              search_qa_hops: list = param([1, 2, 3], "search_qa: the chain lengths (hops) to keep, e.g. 1 "
+                                                      "(--search_qa_hops 1) for one-hop questions only")) -> Task:
     """Every question of the world ``kb_seed`` (see :func:`qa_questions`), shuffled with ``seed``. Start
     entities are split with ``seed``: about ``eval_share`` of them give the held-out questions (at most
     ``n_eval``, the others are dropped), the rest the training questions. A one-relation question shows its
