@@ -538,3 +538,26 @@ def test_cli_tools_flag_selects_the_agent_strategy(capsys):
     assert "agent" in capsys.readouterr().out
     assert main(["config", "rollout_strategy", "--tools", "test_agent_core:add", "--rollout_strategy", "motif"]) == 2
     assert "set rollout_strategy: agent" in capsys.readouterr().err
+
+
+def test_tool_names_the_model_makes_up_share_one_metric_key():
+    """Metric keys come from the run's tools, never from model output (a made-up name would add a key per step)."""
+    class Ctx:
+        def __init__(self):
+            self.metrics = {}
+
+        def metric(self, k, v):
+            self.metrics[k] = v
+    calls = [{"name": "search"}, {"name": "Brenn"}, {"name": "2022-02-07"}, {"name": None}]
+    records = [{"num_turns": 2, "turns": [{"tool_calls": calls[:2]}, {"tool_calls": calls[2:]}],
+                "info": {"tools": ["search", "lookup"]}, "tool_errors": 3, "tool_timeouts": 0, "env_reward": 0.0,
+                "ended_by": "done"},
+               {"num_turns": 1, "turns": [{"tool_calls": []}], "info": {"tools": ["search", "lookup"]},
+                "tool_errors": 0, "tool_timeouts": 0, "env_reward": 0.0, "ended_by": "done"}]
+    ctx = Ctx()
+    agent_rollout.log_metrics(ctx, records, None)
+    keys = sorted(k for k in ctx.metrics if k.startswith("agent/tool_calls/"))
+    assert keys == ["agent/tool_calls/<unknown>", "agent/tool_calls/<unparsed>", "agent/tool_calls/lookup",
+                    "agent/tool_calls/search"]
+    assert ctx.metrics["agent/tool_calls/<unknown>"] == 1.0 and ctx.metrics["agent/tool_calls/search"] == 0.5
+    assert ctx.metrics["agent/tool_calls/lookup"] == 0 and ctx.metrics["agent/tool_calls_per_episode"] == 2

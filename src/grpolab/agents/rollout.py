@@ -303,9 +303,13 @@ def log_metrics(ctx, records: list[dict], scalar: torch.Tensor | None) -> None:
     ctx.metric("agent/turns_per_episode", sum(r["num_turns"] for r in records) / n)
     calls = [c for r in records for t in r["turns"] for c in t["tool_calls"]]
     ctx.metric("agent/tool_calls_per_episode", len(calls) / n)
-    names = {c["name"] or "<unparsed>" for c in calls} | {t for r in records for t in r["info"].get("tools", [])}
+    known = {t for r in records for t in r["info"].get("tools", [])}
+
+    def bucket(call: dict) -> str:   # a name the model made up is no metric key of its own (unbounded keys)
+        return call["name"] if call["name"] in known else "<unknown>" if call["name"] else "<unparsed>"
+    names = known | {bucket(c) for c in calls}
     for name in sorted(names):
-        ctx.metric(f"agent/tool_calls/{name}", sum(1 for c in calls if (c["name"] or "<unparsed>") == name) / n)
+        ctx.metric(f"agent/tool_calls/{name}", sum(1 for c in calls if bucket(c) == name) / n)
     ctx.metric("agent/tool_errors", sum(r["tool_errors"] for r in records))
     ctx.metric("agent/tool_timeouts", sum(r["tool_timeouts"] for r in records))
     ctx.metric("agent/env_reward_mean", sum(r["env_reward"] for r in records) / n)
