@@ -340,3 +340,16 @@ def test_sft_reads_every_data_format_csv(tmp_path):
     assert main(["sft", "--model", "tiny", "--data", str(data), "--prompt_column", "question", "--out", str(out),
                  "--sft_steps", "2", "--sft_batch_size", "4", "--threads", "1"]) == 0
     assert json.loads((out / "sft_summary.json").read_text())["examples"] == 6
+
+
+def test_a_training_reward_named_like_an_eval_metric_keeps_both(tiny_args):
+    """--reward grpolab.tasks.arithmetic:lenient_accuracy on arithmetic (whose evaluation reports its own
+    lenient_accuracy) trains on it and evaluates both, without a name clash."""
+    from grpolab.train.trainer import Trainer
+    args = {**tiny_args, "task": "arithmetic", "eval_problems": 4, "threads": 1,
+            "reward": ["grpolab.tasks.arithmetic:lenient_accuracy"], "reward_weights": [0, 0, 1]}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    res = t.evaluate()
+    assert "lenient_accuracy" in res and "rewards/lenient_accuracy/mean" in res
+    assert res["lenient_accuracy"] == res["rewards/lenient_accuracy/mean"]   # the same function, both ways
+    assert not any(k.startswith("rewards/eval:") for k in res)

@@ -30,7 +30,8 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
     least one completion whose accuracy reward is 1, and ``sampled_accuracy``,
     the mean accuracy of those samples.
     """
-    all_fns = rewards + [RewardFn(k, f, 0.0) for k, f in (extra or {}).items()]
+    # scored under a name of their own: a training reward may have the same name (e.g. --reward ...:lenient_accuracy)
+    all_fns = rewards + [RewardFn(f"eval:{k}", f, 0.0) for k, f in (extra or {}).items()]
     scorer = RewardScorer(all_fns, timeout=reward_timeout)
     mats, samples, lengths = [], [], []
     for i in range(0, len(rows), batch_size):
@@ -68,7 +69,7 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
                                     batch_size=batch_size, max_completion_length=max_completion_length,
                                     max_prompt_length=max_prompt_length, temperature=temperature, seed=seed))
     for name in (extra or {}):
-        result[name] = result.pop(f"rewards/{name}/mean")
+        result[name] = result.pop(f"rewards/eval:{name}/mean")
     result["samples"] = [s if isinstance(s, str) else s[0]["content"] for s in samples]
     return result
 
