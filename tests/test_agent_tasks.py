@@ -236,6 +236,17 @@ def test_search_qa_rewards_normalise_the_answer(tasks):
     assert _scores(task, right + ["x"], rows + rows[:1])["format"] == [1.0] * 4 + [0.0]
 
 
+def test_search_qa_lenient_accuracy_ignores_the_format_but_not_the_answer(tasks):
+    lenient = tasks["search_qa"].extra["lenient_accuracy"]
+    a = "Lunquinvia"
+    cases = {f"Answer: {a}": 1.0, f"Answer: {a}, a city in Oster.": 1.0, f"{a}": 1.0, f"the {a.lower()}!": 1.0,
+             f"Answer: {a}\nMore text after the answer line.": 1.0,
+             f"Answer: Mardri Ethsilbel is a surgeon born in the city of {a}.": 0.0,   # a copied entry
+             f"Answer: {a}x": 0.0, "Answer: Oster": 0.0, "": 0.0}
+    got = lenient(completions=list(cases), answer=[a] * len(cases))
+    assert got == list(cases.values())
+
+
 def test_search_qa_splits_by_entity_and_mixes_hops(tasks):
     task = tasks["search_qa"]
     assert not {r["entity"] for r in task.train_rows} & {r["entity"] for r in task.eval_rows}

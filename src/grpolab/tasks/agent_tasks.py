@@ -229,6 +229,19 @@ def qa_accuracy(prompts=None, completions=None, answer=None, **kwargs) -> list[f
     return out
 
 
+def qa_lenient_accuracy(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    """Evaluation only: 1.0 if the final reply's answer (after the last ``Answer:``, or the whole reply when there
+    is none) *begins* with the true answer after normalising, whatever follows it (``Answer: Brenn, a city`` is
+    right; a copied entry that starts with a name is not), so a gain in finding the answer is told apart from a
+    gain in the format."""
+    out = []
+    for c, a in zip(completions, answer):
+        text = completion_text(c)
+        got, want = normalise(extract_answer(text) or text), normalise(a)
+        out.append(1.0 if want and (got == want or got.startswith(want + " ")) else 0.0)
+    return out
+
+
 def qa_format(prompts=None, completions=None, **kwargs) -> list[float]:
     return [1.0 if FORMAT.search(completion_text(c)) else 0.0 for c in completions]
 
@@ -272,7 +285,7 @@ def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share:
                 rewards=[("accuracy", qa_accuracy, 1.0), ("format", qa_format, 0.5)], accuracy_reward="accuracy",
                 description="1-3 hop questions over a generated knowledge base, BM25 search tool, "
                             "'Answer: ...' format (exact match)",
-                extra={"environment": tool_env(make_search_tool(kb))})
+                extra={"environment": tool_env(make_search_tool(kb)), "lenient_accuracy": qa_lenient_accuracy})
 
 
 # --------------------------------------------------------------- gridworld
