@@ -13,28 +13,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-import yaml
-from safetensors.torch import load_file
-
-from grpolab.config import Config
+from grpolab.config import Config, load_yaml
+from grpolab.train.checkpoint import load_checkpoint
 from grpolab.train.trainer import Trainer
 
 
 def main(argv: list[str]) -> None:
     run = Path(argv[0])
     steps = [int(s) for s in argv[1:]] or [0]
-    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved = load_yaml(run / "config.yaml")
     # the run's configuration; the trainer gets a scratch folder of its own, so RUN_DIR is left as it is
     cfg = Config.build(saved, {"out": tempfile.mkdtemp(prefix="grpolab-eval-"), "tensorboard": False},
                        sources=[str(run / "config.yaml"), "eval_checkpoints"], lenient=True)
     trainer = Trainer(cfg, log=lambda *a: None)
     for step in steps:
         if step:
-            weights = load_file(str(run / "checkpoints" / f"step_{step:06d}" / "weights.safetensors"))
-            result = trainer.model.load_state_dict(weights, strict=False)
-            if result.unexpected_keys or not weights:
-                raise SystemExit(f"step {step}: the checkpoint's weights do not fit the model "
-                                 f"(unexpected: {result.unexpected_keys[:3]})")
+            load_checkpoint(run / "checkpoints" / f"step_{step:06d}", trainer.model)  # checks the weights fit
         res = trainer.evaluate()
         print(json.dumps({"step": step, **{k: round(v, 4) for k, v in res.items() if isinstance(v, float)},
                           "n": res["n"]}), flush=True)

@@ -263,6 +263,12 @@ def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share:
     Provenance: grpolab's own — a built-in agent task (multi-hop questions over a generated knowledge base with
     a BM25 search tool) for tests and demos; implements no published method.
     """
+    try:
+        hops = {int(h) for h in search_qa_hops}
+    except (TypeError, ValueError):
+        hops = set()
+    if not hops or not hops <= {1, 2, 3}:
+        raise ValueError(f"search_qa_hops: a non-empty list of chain lengths from 1, 2, 3, got {search_qa_hops!r}")
     kb = generate(kb_seed)
     rng = random.Random(seed)
     starts = kb.names()
@@ -274,12 +280,6 @@ def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share:
         (evals if q["entity"] in held else train).append(_qa_row(q, context, demo))
     rng.shuffle(train)
     rng.shuffle(evals)
-    try:
-        hops = {int(h) for h in search_qa_hops}
-    except (TypeError, ValueError):
-        hops = set()
-    if not hops or not hops <= {1, 2, 3}:
-        raise ValueError(f"search_qa_hops: a non-empty list of chain lengths from 1, 2, 3, got {search_qa_hops!r}")
     train, evals = [r for r in train if r["hops"] in hops], [r for r in evals if r["hops"] in hops]
     return Task("search_qa", train, evals[:n_eval],
                 rewards=[("accuracy", qa_accuracy, 1.0), ("format", qa_format, 0.5)], accuracy_reward="accuracy",
