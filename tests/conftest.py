@@ -28,6 +28,6 @@ def _restore_torch_threads():
 @pytest.fixture(autouse=True)
 def _float32_on_cpu(monkeypatch):
     """dtype auto picks bfloat16 on CPUs with native bf16 matrix units (grpolab.devices); the suite's
-    numeric thresholds are for float32, so it runs in float32 on every CPU."""
-    import grpolab.devices
-    monkeypatch.setattr(grpolab.devices, "cpu_autocast_dtype", lambda: torch.float32)
+    numeric thresholds are for float32, so it runs in float32 on every CPU: the CPU kind is pinned to `avx2`
+    (no native bf16) for the tests and the processes they start. Tests of the bf16 path set dtype bfloat16."""
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")

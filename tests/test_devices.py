@@ -1,4 +1,8 @@
 """Device and precision settings: validation, resolution, the autocast path, batches moving between devices."""
+import json
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -34,12 +38,66 @@ def test_dtype_resolution():
     assert resolve_dtype("float32", cpu) == torch.float32
 
 
-def test_cpu_dtype_is_chosen_by_measured_matmul_rate(monkeypatch):
-    """auto on a CPU: bfloat16 only where its matrix products measure >= 1.5x float32's rate."""
-    for bf16_rate, expected in ((2e11, torch.bfloat16), (1.4e11, torch.float32), (1e9, torch.float32)):
-        rates = {torch.float32: 1e11, torch.bfloat16: bf16_rate}
-        monkeypatch.setattr(devices, "matmul_rate", lambda m, k, n, dtype, **kw: rates[dtype])
-        assert devices.measured_cpu_dtype() == expected
+def _proc_cpuinfo_bf16() -> bool:
+    with open("/proc/cpuinfo") as f:
+        flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU flags from /proc/cpuinfo")
+def test_cpu_dtype_is_decided_by_cpu_features_not_by_timing(monkeypatch):
+    """auto on a CPU: bfloat16 exactly where the CPU has native bf16 matrix instructions (AVX512-BF16 / AMX-BF16),
+    whatever a timing says (it used to be a 20 ms matmul timing: under load, two runs of one command differed)."""
+    monkeypatch.delenv("GRPOLAB_CPU_KIND", raising=False)
+    expected = torch.bfloat16 if _proc_cpuinfo_bf16() else torch.float32
+    for f32_rate, bf16_rate in ((1e11, 1e9), (1e9, 1e12), (1e11, 1.6e11), (1e11, 1.4e11)):
+        rates = {torch.float32: f32_rate, torch.bfloat16: bf16_rate}
+        monkeypatch.setattr(devices, "matmul_rate", lambda m, k, n, dtype=torch.float32, **kw: rates[dtype])
+        getattr(devices.cpu_autocast_dtype, "cache_clear", lambda: None)()  # the old per-process measurement
+        assert resolve_dtype("auto", torch.device("cpu")) == expected, (f32_rate, bf16_rate)
+    for feats, dtype in ((["avx512_bf16"], torch.bfloat16), (["amx_bf16"], torch.bfloat16), ([], torch.float32)):
+        monkeypatch.setattr(devices, "cpu_bf16_features", lambda feats=feats: feats)
+        assert devices.cpu_autocast_dtype() == dtype
+        assert ("cpu has " + feats[0] if feats else "cpu has no avx512_bf16") in devices.cpu_dtype_choice()[1]
+
+
+def test_cpu_bf16_features_match_proc_cpuinfo():
+    if not os.path.exists("/proc/cpuinfo"):
+        pytest.skip("reads the CPU flags from /proc/cpuinfo")
+    assert bool(devices.cpu_bf16_features()) == _proc_cpuinfo_bf16()
+
+
+def test_cpu_kind_override(monkeypatch):
+    """GRPOLAB_CPU_KIND forces either CPU kind (``make test-avx2`` runs the suite as an AVX2-only machine)."""
+    monkeypatch.setattr(devices, "cpu_bf16_features", lambda: ["avx512_bf16"])
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")
+    assert devices.cpu_dtype_choice() == (torch.float32, "GRPOLAB_CPU_KIND=avx2 (bf16 matrix products would be "
+                                                         "emulated)")
+    monkeypatch.setattr(devices, "cpu_bf16_features", lambda: [])
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx512_bf16")
+    assert devices.cpu_autocast_dtype() == torch.bfloat16
+    assert devices.dtype_reason("auto", torch.device("cpu"), torch.bfloat16) == \
+        "dtype auto: GRPOLAB_CPU_KIND=avx512_bf16 (native bf16 matrix instructions)"
+    assert devices.dtype_reason("float32", torch.device("cpu"), torch.float32) == "dtype: float32 set"
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx1024")
+    with pytest.raises(ConfigError, match="GRPOLAB_CPU_KIND='avx1024' is not valid; valid values: avx2, "):
+        devices.cpu_kind()
+
+
+def test_summary_records_dtype_and_why(tiny_args, monkeypatch):
+    """The chosen precision and the reason are printed at startup and recorded in summary.json."""
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx512_bf16")
+    logs = []
+    t = Trainer(Config.build({**tiny_args, "steps": 1, "save_steps": 1}), log=logs.append)
+    assert t.dtype == torch.bfloat16
+    reason = "dtype auto: GRPOLAB_CPU_KIND=avx512_bf16 (native bf16 matrix instructions)"
+    assert f"[grpolab] device cpu, forward precision bfloat16 ({reason})" in logs
+    t.train(progress=False)
+    summary = json.loads((Path(tiny_args["out"]) / "summary.json").read_text())
+    assert summary["dtype"] == "bfloat16" and summary["dtype_reason"] == reason
+    monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")  # a resumed run keeps the precision it started with
+    t2 = Trainer(Config.build({**tiny_args, "steps": 2, "save_steps": 1}), resume=True, log=logs.append)
+    assert t2.dtype == torch.bfloat16 and t2.dtype_reason == f"kept from the checkpoint: {reason}"
 
 
 def test_matmul_rate_is_a_positive_rate():

@@ -188,8 +188,10 @@ class Config:
     device: str = _f("auto", "where the policy trains and samples: 'auto' (cuda if available, else cpu), "
                              "'cpu', 'cuda', 'cuda:N' or 'mps'")
     dtype: str = _f("auto", "compute precision of forward passes (weights and optimiser state stay float32): "
-                            "'auto' = bfloat16 autocast on a GPU that supports it; on a CPU bfloat16 only where a "
-                            "measured bf16 matmul is >= 1.5x faster than float32 (native BF16/AMX), else float32",
+                            "'auto' = bfloat16 autocast on a GPU that supports it; on a CPU decided from the CPU's "
+                            "features, never a timing: bfloat16 where it has native bf16 matrix instructions "
+                            "(AVX512-BF16 or AMX-BF16), else float32 (env GRPOLAB_CPU_KIND=avx2|avx512_bf16 "
+                            "overrides the detected kind); the choice and why are logged and in summary.json",
                     ["auto", "float32", "bfloat16", "float16"])
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
                                      "projections (same forward; generation/fast_decode.py)")
@@ -386,6 +388,21 @@ class Config:
             raise ConfigError("reward: --data needs at least one --reward module:function")
         self._check_components(extra)
         self._check_rollout_workers()
+        self.check_distributed()
+
+    def check_distributed(self) -> None:
+        """What FSDP2 cannot train, refused here, before `--nproc_per_node` starts any rank: its sharded copy of
+        the policy is driven only by the standard update, and sharding PEFT's LoRA modules is not supported."""
+        if self.distributed_strategy != "fsdp2":
+            return
+        if self.use_lora:
+            raise ConfigError("distributed_strategy: fsdp2 with use_lora: true is not supported (FSDP2 shards the "
+                              "full model; LoRA adapters are small enough to replicate); use distributed_strategy: "
+                              "ddp with LoRA, or use_lora: false with fsdp2")
+        if self.update_strategy != "standard":
+            raise ConfigError(f"distributed_strategy: fsdp2 trains a sharded copy of the policy, which "
+                              f"update_strategy '{self.update_strategy}' does not drive; use update_strategy: "
+                              f"standard with fsdp2, or distributed_strategy: ddp")
 
     def _check_rollout_workers(self) -> None:
         """Ray rollout workers: counts and resources >= 0; asynchronous rollouts need workers, a staleness of at

@@ -7,16 +7,19 @@
 * ``dtype``: the weights and the AdamW state stay float32 (master weights);
   forward passes run under ``torch.autocast`` in the chosen precision, like
   TRL's ``bf16=True``. ``auto`` is bfloat16 on a GPU that supports it; on a
-  CPU it is chosen by measurement (:func:`cpu_autocast_dtype`): bfloat16 where
-  this CPU multiplies bfloat16 matrices at least 1.5x faster than float32
-  (native AVX512-BF16 / AMX), else float32. On CPUs without them the
-  half-precision products are emulated and measured 10-100x slower than
-  float32 (docs/performance.md).
+  CPU it is decided from the CPU's features (:func:`cpu_kind`), never by a
+  timing, so the same command picks the same precision on a machine every time:
+  bfloat16 where the CPU has native bfloat16 matrix instructions (AVX512-BF16
+  or AMX-BF16 on x86), else float32. On CPUs without them the half-precision
+  products are emulated and measured 10-100x slower than float32
+  (docs/performance.md). The environment variable ``GRPOLAB_CPU_KIND``
+  (``avx2`` or ``avx512_bf16``) overrides the detected kind, e.g. to run an
+  AVX2-only machine's code path on a newer CPU (``make test-avx2``).
 """
 from __future__ import annotations
 
 import contextlib
-import functools
+import os
 import re
 import time
 
@@ -63,21 +66,74 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
-@functools.lru_cache(maxsize=1)
+#: ``GRPOLAB_CPU_KIND``: overrides the detected CPU kind (what ``dtype: auto`` decides from).
+CPU_KIND_ENV = "GRPOLAB_CPU_KIND"
+#: CPU kinds and whether they have native bfloat16 matrix instructions.
+CPU_KINDS = {"avx2": False, "avx512_bf16": True, "amx_bf16": True}
+
+
+def cpu_bf16_features() -> list[str]:
+    """This CPU's native bfloat16 matrix features, from PyTorch's cpuinfo (``avx512_bf16``, ``amx_bf16``),
+    else from the ``flags`` of /proc/cpuinfo; ``[]`` where neither is readable."""
+    names = ("avx512_bf16", "amx_bf16")
+    try:
+        caps = torch._C._cpu._get_cpu_capability()
+        if isinstance(caps, dict) and all(n in caps for n in names):
+            return [n for n in names if caps[n]]
+    except (AttributeError, RuntimeError):
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return []
+    return [n for n in names if n in flags]
+
+
+def cpu_kind() -> tuple[str, str]:
+    """``(kind, why)``: ``avx512_bf16`` / ``amx_bf16`` where this CPU has native bfloat16 matrix
+    instructions, else ``avx2`` (meaning: no native bf16, whatever its vector width); ``GRPOLAB_CPU_KIND``
+    overrides the detection."""
+    forced = os.environ.get(CPU_KIND_ENV, "").strip()
+    if forced:
+        if forced not in CPU_KINDS:
+            raise ConfigError(f"{CPU_KIND_ENV}={forced!r} is not valid; valid values: {', '.join(CPU_KINDS)}")
+        return forced, f"{CPU_KIND_ENV}={forced}"
+    feats = cpu_bf16_features()
+    if feats:
+        kind = "amx_bf16" if "amx_bf16" in feats else "avx512_bf16"
+        return kind, f"cpu has {' and '.join(feats)}"
+    return "avx2", "cpu has no avx512_bf16 or amx_bf16"
+
+
+def cpu_dtype_choice() -> tuple[torch.dtype, str]:
+    """``(dtype, reason)`` for ``dtype: auto`` on the CPU, from :func:`cpu_kind` alone (no timing):
+    bfloat16 where the kind has native bf16 matrix instructions, else float32."""
+    kind, why = cpu_kind()
+    if CPU_KINDS[kind]:
+        return torch.bfloat16, f"{why} (native bf16 matrix instructions)"
+    return torch.float32, f"{why} (bf16 matrix products would be emulated)"
+
+
 def cpu_autocast_dtype() -> torch.dtype:
-    """:func:`measured_cpu_dtype`, measured once per process."""
-    return measured_cpu_dtype()
+    """The precision ``dtype: auto`` runs in on the CPU (:func:`cpu_dtype_choice`)."""
+    return cpu_dtype_choice()[0]
 
 
-def measured_cpu_dtype() -> torch.dtype:
-    """bfloat16 if this CPU runs a bfloat16 matrix product at least 1.5x faster than float32, else float32.
-
-    Measured at a small SmolLM2-like shape (128 x 576 by 576 x 576; about
-    0.1 s on a CPU that emulates bfloat16).
-    """
-    f32 = matmul_rate(128, 576, 576, torch.float32, seconds=0.02, warmups=1)
-    bf16 = matmul_rate(128, 576, 576, torch.bfloat16, seconds=0.02, warmups=1)
-    return torch.bfloat16 if bf16 >= 1.5 * f32 else torch.float32
+def dtype_reason(spec: str, device: torch.device, dtype: torch.dtype) -> str:
+    """Why ``dtype`` (from :func:`resolve_dtype`) was chosen, for the log and ``summary.json``."""
+    if spec != "auto":
+        return f"dtype: {spec} set"
+    if device.type == "cuda":
+        return "dtype auto: " + ("the GPU supports bfloat16" if dtype == torch.bfloat16
+                                 else "the GPU does not support bfloat16")
+    if device.type != "cpu":
+        return f"dtype auto: float32 on {device.type}"
+    chosen, why = cpu_dtype_choice()
+    if chosen != dtype:  # cpu_autocast_dtype replaced in-process (the test suite pins float32)
+        return f"dtype auto: {str(dtype).removeprefix('torch.')} set in-process (the CPU alone would give " \
+               f"{str(chosen).removeprefix('torch.')}, {why})"
+    return f"dtype auto: {why}"
 
 
 def matmul_rate(m: int, k: int, n: int, dtype=torch.float32, seconds: float = 1.0, warmups: int = 3) -> float:

@@ -30,7 +30,7 @@ from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import stand_in_policy
 from ..data import columns_of, load_user_data, model_texts, subset, to_json
-from ..devices import DTYPES as DTYPE_NAMES, autocast, resolve_device, resolve_dtype
+from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
@@ -190,11 +190,12 @@ class Trainer:
 
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
+        self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
         self.model, self.tok = self.load_policy(cfg)
         checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows)
         self.model.to(self.device)
-        if self.device.type != "cpu" or self.dtype != torch.float32:
-            self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')}")
+        self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')} "
+                 f"({self.dtype_reason})")
         self.ref_model = None  # frozen initial weights: the KL term, or a component's reference samples (AAPO)
         self.needs_reference = cfg.beta > 0 or any(getattr(obj, "needs_reference_model", False)
                                                    for _, obj in cfg.selected())
@@ -306,6 +307,7 @@ class Trainer:
         self.budget.load_state_dict(state.get("budget"))
         if self.cfg.dtype == "auto" and state.get("dtype") in DTYPE_NAMES:  # keep the precision `auto` chose then
             self.dtype = DTYPE_NAMES[state["dtype"]]
+            self.dtype_reason = f"kept from the checkpoint: {state.get('dtype_reason', 'dtype auto at the start')}"
         if state.get("behavior") is not None:
             self._refresh_behavior(state["behavior"])
 
@@ -360,7 +362,7 @@ class Trainer:
                 "sampler": self.sampler.state_dict(), "rng": ckpt.rng_state(self.generator, self.sample_generator),
                 "components": {k: c.fn.state_dict() for k, c in self.components.items() if c.stateful},
                 "step": self.step, "skipped_steps": self.skipped_steps, "budget": self.budget.state_dict(),
-                "dtype": str(self.dtype).removeprefix("torch."),
+                "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
                 "behavior": None if self.behavior_model is None else ckpt.trainable_state(self.behavior_model)}
 
     def save(self) -> Path:
@@ -803,6 +805,7 @@ class Trainer:
             b, a = summary["before"]["accuracy"], summary["after"]["accuracy"]
             self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
+        summary["dtype"], summary["dtype_reason"] = str(self.dtype).removeprefix("torch."), self.dtype_reason
         summary["skipped_steps"] = self.skipped_steps
         summary["spent"] = {**self.budget.state_dict(), "steps": self.step}
         summary["data"] = {**self.data_info, "statement": data_statement(self.data_info)}
