@@ -285,3 +285,42 @@ def test_collectives_are_the_identity_in_one_process():
     assert collective.all_reduce_sums({"a": 1.5}) == {"a": 1.5}
     assert collective.all_gather_objects({"x": 1}) == [{"x": 1}]
     assert [collective.shard_bounds(5, r, 2) for r in range(2)] == [(0, 2), (2, 5)]
+
+
+@pytest.mark.parametrize("settings, named", [
+    ({"use_lora": "true"}, "use_lora"),
+    ({"update_strategy": "sfpo"}, "update_strategy"),
+])
+def test_fsdp2_refusals_come_before_the_ranks_start(tmp_path, monkeypatch, capsys, settings, named):
+    """``distributed_strategy: fsdp2`` with LoRA (or a non-standard update strategy) is a config error: `grpolab
+    train --nproc_per_node 2` says so and exits 2 without starting torchrun, naming both settings and the way
+    out."""
+    from grpolab import cli
+    from grpolab.config import ConfigError
+    from grpolab.distributed import launch
+
+    started = []
+    monkeypatch.setattr(launch, "launch", lambda *a: started.append(a) or 0)
+    with pytest.raises(ConfigError, match=f"fsdp2.*{named}"):
+        Config.build(layers("grpo", tmp_path / "c", distributed_strategy="fsdp2", **settings))
+    argv = ["train", "--nproc_per_node", "2", "--model", "tiny", "--task", "repeat", "--out", str(tmp_path / "o"),
+            "--distributed_strategy", "fsdp2"]
+    for k, v in settings.items():
+        argv += [f"--{k}", v]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert started == [] and "distributed_strategy: fsdp2" in err and named in err and "ddp" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_launcher_hands_the_ranks_the_run_folder_it_chose(tmp_path, monkeypatch):
+    """The launching process checks the config and picks the run folder once; the ranks get it as --out."""
+    from grpolab import cli
+    from grpolab.distributed import launch
+
+    started = []
+    monkeypatch.setattr(launch, "launch", lambda n, argv: started.append((n, argv)) or 0)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--nproc_per_node", "2", "--model", "tiny", "--task", "repeat"]) == 0
+    (n, argv), = started
+    assert n == 2 and argv[-2:] == ["--out", Config().out]

@@ -155,8 +155,11 @@ def cmd_train(args, rest: list[str]) -> int:
     if args.nproc_per_node is not None and not collective.launched():  # start the ranks; each runs this again
         if args.nproc_per_node < 1:
             raise ConfigError(f"--nproc_per_node: must be >= 1, got {args.nproc_per_node}")
-        from .distributed.launch import launch
-        return launch(args.nproc_per_node, args.argv)
+        # the config is checked here, before any rank starts, and the run folder chosen once (rank 0 would
+        # otherwise pick the next free default folder again)
+        cfg = _train_config(args, rest)
+        from .distributed import launch as ranks
+        return ranks.launch(args.nproc_per_node, args.argv + ([] if args.resume else ["--out", cfg.out]))
     if collective.launched():  # a torchrun rank: rank 0 resolves the run folder, every rank trains in it
         collective.init_from_env(_device_of(args, rest))
         cfg = collective.broadcast_object(_train_config(args, rest) if collective.rank() == 0 else None)

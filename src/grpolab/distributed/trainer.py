@@ -68,13 +68,7 @@ class DistributedTrainer(Trainer):
                 (log or _stderr)("[grpolab] rollout_seeding: group (each group's token draws seeded by seed, step "
                                  "and group id, so they do not depend on the rank that draws them; a single "
                                  "process reproduces this run with --rollout_seeding group)")
-        if cfg.distributed_strategy == "fsdp2" and cfg.update_strategy != "standard":
-            raise ConfigError(f"distributed_strategy: fsdp2 trains a sharded copy of the policy, which update "
-                              f"strategy '{cfg.update_strategy}' does not drive; use update_strategy standard "
-                              f"or distributed_strategy ddp")
-        if cfg.distributed_strategy == "fsdp2" and cfg.use_lora:
-            raise ConfigError("distributed_strategy: fsdp2 with use_lora is not supported; use "
-                              "distributed_strategy ddp with LoRA")
+        cfg.check_distributed()  # what FSDP2 cannot train (Config.build refuses it already; a Config set by hand)
         if self.rank != 0:
             log = _silent
         super().__init__(cfg, resume=resume, log=log, overwrite=overwrite)
