@@ -2,8 +2,12 @@
 
 The contract is TRL's: a reward function is called as
 ``f(prompts=..., completions=..., completion_ids=..., **columns)`` and returns a
-list with one float (or ``None`` = unscorable) per completion. Unscorable
-entries become NaN and are left out of group statistics.
+list with one number (or ``None`` = unscorable) per completion. Unscorable
+entries become NaN and are left out of group statistics. Anything else is that
+reward's error for the call (counted in ``reward_errors``, named in a warning):
+a dict, set, string or single number instead of a list, a list of the wrong
+length (no row scored), and NaN, infinities, ints too large for a float,
+strings or other objects as values (those rows unscorable).
 
 A reward function is the user's code and runs in the training process, but it
 cannot corrupt the run (:meth:`RewardScorer.score`): each call gets its own deep
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
 from ..algorithms.advantages import combine_rewards
@@ -192,7 +197,12 @@ class RewardScorer:
 
     def score(self, prompts: list, completions: list, completion_ids: list[list[int]],
               columns: dict[str, list]) -> tuple[torch.Tensor, int]:
-        """Return ``(matrix [R, K] with NaN for unscorable, number of calls that raised)``."""
+        """Return ``(matrix [R, K] with NaN for unscorable, number of calls that failed)``.
+
+        A call fails when it raises or times out, when it returns anything but one value per completion
+        (:func:`reward_values`), or when some of its values are not finite numbers (:func:`reward_number`:
+        NaN, infinities, huge ints, strings, ...). The rows a call could not score are NaN, and the warning
+        names the function."""
         R, errors = len(completions), 0
         matrix = torch.full((R, len(self.rewards)), float("nan"))
         for k, (name, r) in enumerate(zip(self.names, self.rewards)):
@@ -208,37 +218,71 @@ class RewardScorer:
                 self.log(f"[grpolab] reward function '{name}' {what}: {e}; its {R} rows are unscorable this step"
                          + ("" if timed_out else f"\n{traceback.format_exc(limit=2)}"))
                 continue
-            raw = values
-            try:
-                values = list(raw)
-            except TypeError:
-                values = None
-            if values is None or len(values) != R:
+            values, problem = reward_values(values, R)
+            if problem is not None:  # not one number per completion: the whole call is the reward's error
                 errors += 1
-                got = f"{len(values)} values" if values is not None else f"a {type(raw).__name__}"
-                self.log(f"[grpolab] reward function '{name}' returned {got} for {R} completions; it must return a "
-                         f"list with one float (or None) per completion, in order; its {R} rows are unscorable "
-                         f"this step")
+                self.log(f"[grpolab] reward function '{name}' {problem}; it must return a list with one number "
+                         f"(or None = unscorable) per completion, in order; its {R} rows are unscorable this step")
                 continue
-            bad = None
+            bad = []
             for i, v in enumerate(values):
-                if v is None:
-                    continue
-                try:
-                    f = float(v)
-                except OverflowError:
-                    bad = bad or (f"returned an int too large for a float ({str(v)[:12]}... with {len(str(v))} "
-                                  f"digits) for completion {i + 1}; return a float (scale or clip the value)")
-                    continue
-                except (TypeError, ValueError):
-                    bad = bad or (f"returned {str(v)[:30]!r} ({type(v).__name__}) for completion {i + 1}; return a "
-                                  f"float or None")
-                    continue
-                if math.isfinite(f):
+                f, why = reward_number(v)
+                if why is None:
                     matrix[i, k] = f
-            if bad is not None:
-                self.log(f"[grpolab] reward function '{name}' {bad}; such rows are unscorable")
+                elif why:  # None needs no word: it is the documented "unscorable"
+                    bad.append((i, why))
+            if bad:  # the rows it could not score are NaN; the call counts once in reward_errors
+                errors += 1
+                i, why = bad[0]
+                more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+                self.log(f"[grpolab] reward function '{name}' returned {why} for completion {i + 1}{more}; return "
+                         f"a finite number, or None for a completion it cannot score; such rows are unscorable "
+                         f"this step and the call counts in reward_errors")
         return matrix, errors
+
+
+def reward_values(raw, rows: int) -> tuple[list, str | None]:
+    """``(values, None)`` when a reward function returned one value per completion as TRL reads it (a list or
+    tuple, a 1-D NumPy array or tensor), else ``([], why)``: a dict, a set, a string, a generator or a single
+    number is not a list of scores, even where iterating it would give ``rows`` items (a dict's keys)."""
+    if isinstance(raw, np.ndarray) or isinstance(raw, torch.Tensor):
+        if raw.ndim != 1:
+            return [], f"returned a {raw.ndim}-D {type(raw).__name__} of shape {tuple(raw.shape)}"
+        raw = list(raw)
+    if not isinstance(raw, (list, tuple)):
+        return [], f"returned {_a(type(raw).__name__)}"
+    if len(raw) != rows:
+        return [], f"returned {len(raw)} values for {rows} completions"
+    return list(raw), None
+
+
+def reward_number(v) -> tuple[float, str | None]:
+    """One value a reward function returned for one completion: ``(number, None)`` when it is a finite number
+    (int, float, bool, a NumPy number, a one-element tensor); ``(nan, "")`` for None (unscorable, TRL's
+    contract); ``(nan, why)`` for anything else: NaN and infinities, an int too large for a float, a string
+    (never parsed: "1.0" is a bug in the reward, not a score), any other object."""
+    if v is None:
+        return math.nan, ""
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1 or v.dtype.is_complex:
+            return math.nan, f"a tensor of shape {tuple(v.shape)}"
+        v = v.item()
+    if isinstance(v, np.generic) and v.dtype.kind in "biuf":
+        v = v.item()
+    if not isinstance(v, (bool, int, float)):
+        return math.nan, f"{str(v)[:30]!r} ({type(v).__name__})"
+    try:
+        f = float(v)
+    except OverflowError:
+        return math.nan, f"an int too large for a float ({len(str(v))} digits)"
+    if not math.isfinite(f):
+        return math.nan, f"{f} (NaN is not a score: return None for a completion it cannot score)" \
+            if math.isnan(f) else f"{f}"
+    return f, None
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
 
 
 class BatchScorer:
