@@ -142,3 +142,44 @@ def test_real_vllm_engine(tiny_args, tmp_path, model_dir):
     print(f"\n[test-vllm] engine_logprob_mismatch (mean |logp_trainer - logp_vllm| per token) by step: "
           f"{', '.join(f'{m:.2e}' for m in mism)}")
     assert max(mism) < 1e-3, mism
+
+
+@pytest.mark.parametrize("server", [False, True])
+def test_vllm_train_check_runs_trainer_and_engine_in_one_dtype(tmp_path, monkeypatch, server):
+    """scripts/vllm_train_check.py (`make test-vllm`) compares the trainer's log-probs with vLLM's: both must
+    run in one precision. It set the engine to float32 and left the trainer on `dtype: auto`, which is bfloat16
+    on a CPU with AVX512-BF16 (mismatch 1.58e-3 over its 1e-3 limit). The script's `grpolab train` argv and its
+    `grpolab vllm-serve` command are captured here (no vLLM needed)."""
+    import importlib.util
+    from pathlib import Path
+
+    import grpolab.cli
+    from grpolab.model import loading
+    path = Path(__file__).resolve().parents[1] / "scripts" / "vllm_train_check.py"
+    spec = importlib.util.spec_from_file_location("vllm_train_check", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    import grpolab.train.trainer
+    monkeypatch.setattr(loading, "build_tiny", loading.build_tiny)  # the script narrows it: restored afterwards
+    monkeypatch.setattr(loading, "save_policy", lambda *a, **kw: None)  # its tiny model is not needed here
+    monkeypatch.setattr(grpolab.train.trainer, "Trainer", lambda cfg, log: types.SimpleNamespace(model=0, tok=0))
+    monkeypatch.setattr(mod, "tempfile", types.SimpleNamespace(mkdtemp=lambda **kw: str(tmp_path)))
+    servers, trains = [], []
+
+    class Server:
+        stdout = iter(["[grpolab] vllm-serve: listening on http://127.0.0.1:1\n"])
+        terminate = wait = staticmethod(lambda *a, **kw: None)
+
+    monkeypatch.setattr(mod, "subprocess", types.SimpleNamespace(
+        PIPE=-1, Popen=lambda cmd, **kw: servers.append(cmd) or Server()))
+    monkeypatch.setattr(grpolab.cli, "main", lambda argv: trains.append(argv) or 3)
+    monkeypatch.setattr(sys, "argv", ["vllm_train_check.py"] + (["--server"] if server else []))
+    assert mod.main() == 3
+    argv = trains[0]
+    opt = {argv[i]: argv[i + 1] for i in range(1, len(argv) - 1) if argv[i].startswith("--")}
+    assert opt.get("--dtype") == opt["--vllm_dtype"] == "float32", opt
+    assert Config.build({"model": "tiny", "dtype": opt["--dtype"]}).dtype == "float32"
+    if server:
+        cmd = servers[0]
+        assert cmd[cmd.index("--dtype") + 1] == opt["--dtype"]
+        assert opt["--generation_engine"] == "vllm_server"
