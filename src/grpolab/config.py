@@ -162,9 +162,12 @@ class Config:
     mask_truncated_completions: bool = _f(False, "leave completions that hit max_completion_length out of the "
                                                  "loss (DAPO overlong filtering; TRL's name)")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
-    reward_timeout: float = _f(0.0, "seconds one reward function call may run; a call still running then is "
-                                    "abandoned: its rows are unscorable (NaN) for that step, a warning names it "
-                                    "and it counts in reward_errors (0 = no limit)")
+    # 300 s: a call scores a whole step's completions; verifiers take milliseconds, a reward model or judge on
+    # a CPU up to about a minute: far below this, while a hung call costs minutes instead of the run
+    reward_timeout: float = _f(300.0, "seconds one reward function call may run; a call still running then is "
+                                      "abandoned: its rows are unscorable (NaN) for that step, a warning names it "
+                                      "and it counts in reward_errors (0 = no limit; a call still running after "
+                                      "60 s, or half this limit, is named on screen either way)")
     # optimiser
     learning_rate: float = _f(2e-5, "AdamW learning rate")
     weight_decay: float = _f(0.0, "AdamW weight decay")

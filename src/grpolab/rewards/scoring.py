@@ -12,11 +12,12 @@ strings or other objects as values (those rows unscorable).
 A reward function is the user's code and runs in the training process, but it
 cannot corrupt the run (:meth:`RewardScorer.score`): each call gets its own deep
 copies of the prompts, completions, ids and columns (editing them in place
-changes nothing the trainer keeps); with ``reward_timeout`` > 0 a call runs in a
-worker thread and one still running after that many seconds is abandoned (its
-rows are NaN for that step, counted in ``reward_errors``, with a warning naming
-the function; Python cannot stop a thread, so a reward that never returns keeps
-its thread); and any exception it raises, ``SystemExit`` and other
+changes nothing the trainer keeps); with ``reward_timeout`` > 0 (default 300 s)
+a call runs in a worker thread and one still running after that many seconds is
+abandoned (its rows are NaN for that step, counted in ``reward_errors``, with a
+warning naming the function; Python cannot stop a thread, so a reward that never
+returns keeps its thread); a call still running after ``SLOW_REWARD_S`` (60 s, or
+half the timeout if sooner) is named on screen, with or without a timeout; and any exception it raises, ``SystemExit`` and other
 ``BaseException`` subclasses included (but not ``KeyboardInterrupt``), is reported as that
 reward's error for the call instead of ending the run.
 """
@@ -39,9 +40,14 @@ import numpy as np
 import torch
 
 from ..algorithms.advantages import combine_rewards
+from ..config import Config
 from ..registry import REWARD_SPECS, declared_params
 
 STANDARD_ARGS = {"prompts", "completions", "completion_ids"}
+
+
+# a reward call still running after this many seconds (or half of reward_timeout, if sooner) is named on screen
+SLOW_REWARD_S = 60.0
 
 
 class RewardTimeout(Exception):
@@ -156,21 +162,37 @@ def check_signature(reward: RewardFn, columns: set[str], source: str = "the data
 class RewardScorer:
     """Runs every reward function over a batch of completions."""
 
-    def __init__(self, rewards: list[RewardFn], log=None, timeout: float = 0.0):
+    def __init__(self, rewards: list[RewardFn], log=None, timeout: float | None = None):
         names = [r.name for r in rewards]
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.rewards = rewards
         self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
         self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))  # never stdout (eval prints JSON)
+        if timeout is None:  # the core key's default (config.py), written once
+            timeout = Config.__dataclass_fields__["reward_timeout"].default
         if not (timeout >= 0 and math.isfinite(timeout)):
             raise ValueError(f"reward_timeout: must be a number of seconds >= 0 (0 = no limit), got {timeout}")
         self.timeout = float(timeout)
 
+    def _slow(self, name: str, after: float) -> None:
+        """Name on screen a call that is still running after ``after`` seconds (once per call)."""
+        end = (f"it is abandoned at reward_timeout={self.timeout:g} s" if self.timeout > 0 else
+               "reward_timeout=0: no limit, the run waits for it")
+        self.log(f"[grpolab] reward function '{name}' still running after {after:g} s ({end}); a reward that "
+                 f"waits on a network service, a lock or a subprocess may never return")
+
     def _call(self, name: str, fn: Callable, kwargs: dict):
         """``fn(**kwargs)`` on deep copies of the inputs, within ``timeout`` seconds when one is set."""
         kwargs = copy.deepcopy(kwargs)
-        if self.timeout <= 0:
-            return fn(**kwargs)
+        slow_after = SLOW_REWARD_S if self.timeout <= 0 else min(SLOW_REWARD_S, self.timeout / 2)
+        if self.timeout <= 0:  # in this thread; a timer names it on screen if it is slow
+            timer = threading.Timer(slow_after, self._slow, args=(name, slow_after))
+            timer.daemon = True
+            timer.start()
+            try:
+                return fn(**kwargs)
+            finally:
+                timer.cancel()
         box: dict = {}
 
         def target():
@@ -181,7 +203,10 @@ class RewardScorer:
 
         worker = threading.Thread(target=target, name=f"reward:{name}", daemon=True)
         worker.start()
-        worker.join(self.timeout)
+        worker.join(slow_after)
+        if worker.is_alive():
+            self._slow(name, slow_after)
+            worker.join(self.timeout - slow_after)
         if worker.is_alive():
             raise RewardTimeout(f"still running after reward_timeout={self.timeout:g} s; the call was abandoned "
                                f"(raise reward_timeout if it is just slow)")

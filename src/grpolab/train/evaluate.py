@@ -11,8 +11,8 @@ from ..generation.plain import plain_rollout
 @torch.no_grad()
 def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max_completion_length: int,
              max_prompt_length: int = 512, batch_size: int = 64, accuracy_reward: str | None = None,
-             extra: dict | None = None, progress=None, reward_timeout: float = 0.0, rollout=None, pass_k: int = 0,
-             temperature: float = 1.0, seed: int = 0) -> dict:
+             extra: dict | None = None, progress=None, reward_timeout: float | None = None, rollout=None,
+             pass_k: int = 0, temperature: float = 1.0, seed: int = 0) -> dict:
     """Greedy completions for ``rows``; mean of each reward, total reward, accuracy.
 
     ``rollout(rows, uids) -> RolloutBatch``: how a chunk's greedy completions are made (default: one plain
