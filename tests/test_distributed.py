@@ -155,6 +155,8 @@ def two_ranks(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("dist")
     plan = [{"layers": layers(r, tmp / f"ddp_{r}")} for r in RUNS]
     plan.append({"layers": layers("grpo", tmp / "fsdp2_grpo", distributed_strategy="fsdp2")})
+    # 16 completions per step over both ranks: max_completions 24 ends the run after step 2 of 3 on both ranks
+    plan.append({"layers": layers("grpo", tmp / "ddp_budget", max_completions=24)})
     # grpo saved checkpoints at steps 2 and 3; without the last one, a resume on 2 ranks redoes step 3
     plan.append({"layers": layers("grpo", tmp / "ddp_grpo_resumed2"), "resume": True,
                  "copy_from": str(tmp / "ddp_grpo")})
@@ -176,7 +178,8 @@ def two_ranks(tmp_path_factory):
 @pytest.mark.parametrize("recipe", list(RUNS))
 def test_two_ranks_equal_one_process(two_ranks, recipe):
     """After 3 steps the 2-rank DDP weights equal the single-process weights to 1e-10 (float64); so do the
-    logged metrics that do not measure time."""
+    logged metrics that do not measure time, the generated tokens and completions (both ranks' counted) among
+    them."""
     tmp, ref, _ = two_ranks
     got = tmp / f"ddp_{recipe}"
     assert max_diff(weights(got), weights(ref[recipe])) < TOL
@@ -186,12 +189,25 @@ def test_two_ranks_equal_one_process(two_ranks, recipe):
     for a, b in zip(m2, m1):
         for k in ("reward_mean", "reward_std", "completion_len_mean", "advantage_abs_mean", "loss", "entropy",
                   "grad_norm", "frac_zero_std_groups", "dynamic_sampling/rounds",
-                  "dynamic_sampling/dropped_groups"):
+                  "dynamic_sampling/dropped_groups", "generated_tokens", "generated_tokens_total",
+                  "generated_completions_total"):
             if k in b:
                 assert a[k] == pytest.approx(b[k], rel=1e-9, abs=1e-12), (k, a[k], b[k])
     if recipe == "dapo":  # the keep / refill decision was exercised: groups dropped, a second round drawn
         assert sum(r["dynamic_sampling/dropped_groups"] for r in m1) > 0
         assert max(r["dynamic_sampling/rounds"] for r in m1) > 1
+
+
+def test_budgets_count_every_rank(two_ranks):
+    """Both ranks' completions count: max_completions 24 stops the 2-rank run after step 2 (32 completions), on
+    both ranks at once (rank 0 alone counted 8 per step and ran all 3 steps)."""
+    tmp, _, _ = two_ranks
+    m = read_metrics(tmp / "ddp_budget")
+    assert [r["step"] for r in m] == [1, 2]
+    assert [r["generated_completions_total"] for r in m] == [16, 32]
+    summary = json.loads((tmp / "ddp_budget" / "summary.json").read_text())
+    assert summary["stopped_by"] == "max_completions reached: 32 sampled completions (limit 24)"
+    assert summary["spent"]["completions"] == 32
 
 
 def test_fsdp2_equals_one_process(two_ranks):

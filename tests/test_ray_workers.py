@@ -251,25 +251,34 @@ def test_async_rollouts_need_workers_staleness_and_the_plain_strategy():
 
 def test_training_with_async_rollout_workers(parts, tiny_args, monkeypatch):
     """3 steps with 2 workers one step ahead: step 1 is fresh, steps 2-3 train on completions one version old,
-    corrected by truncated importance weights (pi_old = the trainer's forward)."""
+    corrected by truncated importance weights (pi_old = the trainer's forward); the completions and tokens the
+    workers sampled are counted once, so max_completions ends the run."""
     from grpolab.train.trainer import Trainer
 
     seen = []
     real = Trainer.update
 
     def spy(self, batch):
-        seen.append((list(batch.columns["rollout_staleness"]), batch.token_weights))
+        seen.append((list(batch.columns["rollout_staleness"]), batch.token_weights,
+                     int(batch.completion_attention_mask.sum())))
         return real(self, batch)
 
     monkeypatch.setattr(Trainer, "update", spy)
-    cfg = Config.build({**tiny_args, "steps": 3, "generation_workers": 2, "generation_worker_cpus": 0.25,
-                        "async_rollouts": True, "max_staleness": 1, "save_steps": 10})
+    # the workers' completions count towards the budgets: 16 per step, so max_completions 40 ends the run after
+    # step 3 of 4 (with nothing counted, it would run all 4 steps)
+    cfg = Config.build({**tiny_args, "steps": 4, "generation_workers": 2, "generation_worker_cpus": 0.25,
+                        "async_rollouts": True, "max_staleness": 1, "save_steps": 10, "max_completions": 40})
     tr = Trainer(cfg, log=lambda *a: None)
     ENGINES.append(tr.engine)
-    tr.train(progress=False)
+    summary = tr.train(progress=False)
     metrics = [json.loads(line) for line in open(tr.out / "metrics.jsonl")]
     assert [m["rollout_staleness"] for m in metrics] == [0.0, 1.0, 1.0]
+    assert summary["stopped_by"].startswith("max_completions reached: 48")
+    assert [m["generated_completions_total"] for m in metrics] == [16, 32, 48]
+    assert [m["generated_tokens"] for m in metrics] == [tokens for _, _, tokens in seen]  # sampled on the workers
+    assert summary["spent"]["tokens"] == sum(tokens for _, _, tokens in seen)
     assert seen[0][1] is None  # fresh: the workers' log-probs are the behaviour log-probs
-    for staleness, w in seen[1:]:
+    for staleness, w, _ in seen[1:]:
         assert set(staleness) == {1.0} and w is not None and float(w.max()) <= cfg.vllm_is_cap
     assert tr.engine.version == 2  # pushed after steps 1 and 2 (step 3's update needs no rollout)
+

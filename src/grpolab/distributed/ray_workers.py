@@ -42,6 +42,7 @@ import copy
 
 import torch
 
+from ..generation.counting import GENERATED
 from ..generation.plain import eos_token_ids, pack_completions, tokenize_prompts
 from ..generation.sampling import completion_counts, per_prompt, sample_completions
 from ..generation.turns import continue_sequences
@@ -111,10 +112,12 @@ class RolloutWorker:
     def generate(self, requests: list[dict], min_version: int) -> dict:
         """Each request ``{prompt: ids, n, temperature, seed}`` -> ``n`` completions ``(ids, log-probs, finished)``.
 
-        Returns ``{"version": weights version used, "groups": [[(ids, lps, finished), ...], ...]}``.
+        Returns ``{"version": weights version used, "groups": [[(ids, lps, finished), ...], ...], "generated":
+        (completions, tokens) sampled for this call}`` (the trainer adds them to its tally: budgets).
         """
         self.check(min_version)
         s = self.s
+        before = GENERATED.snapshot()
         groups = []
         for r in requests:
             if self.engine is not None:
@@ -131,12 +134,22 @@ class RolloutWorker:
                                      method=s["sampling_method"], static_cache=s["static_cache"])
             groups.append([(out.completion_ids[i, :n].tolist(), out.logprobs[i, :n].tolist(),
                             not bool(out.truncated[i])) for i, n in enumerate(out.lengths.tolist())])
-        return {"version": self.version, "groups": groups}
+        return {"version": self.version, "groups": groups, "generated": self._generated_since(before)}
 
-    def continue_(self, requests: list[dict], min_version: int) -> list:
-        """Each ``{context, max_tokens, temperature, seed}`` -> ``(ids, lps, finish_reason, stop_reason)`` (vLLM's)."""
+    @staticmethod
+    def _generated_since(before: tuple[int, int]) -> tuple[int, int]:
+        """``(completions, tokens)`` this actor sampled since ``before`` (its process's tally; an actor runs one
+        call at a time)."""
+        (c0, t0), (c1, t1) = before, GENERATED.snapshot()
+        return c1 - c0, t1 - t0
+
+    def continue_(self, requests: list[dict], min_version: int) -> dict:
+        """Each ``{context, max_tokens, temperature, seed}`` -> ``(ids, lps, finish_reason, stop_reason)`` (vLLM's).
+
+        Returns ``{"outputs": [...], "generated": (completions, tokens)}``."""
         self.check(min_version)
         s, out = self.s, []
+        before = GENERATED.snapshot()
         for r in requests:
             if self.engine is not None:
                 out += self.engine.continue_([r["context"]], max_tokens=[r["max_tokens"]],
@@ -151,7 +164,7 @@ class RolloutWorker:
             ids, reason = c.ids[0], c.finish_reasons[0]
             stop_reason = {"stop_string": "stop string", "stop_token": ids[-1] if ids else None}.get(reason)
             out.append((ids, c.logprobs[0], "length" if reason == "length" else "stop", stop_reason))
-        return out
+        return {"outputs": out, "generated": self._generated_since(before)}
 
 
 class RayRolloutEngine:
@@ -264,6 +277,7 @@ class RayRolloutEngine:
         else:
             futures, parts = self._submit(reqs)
         results = self.ray.get(futures)
+        count_generated(results)
         groups: list = [None] * len(reqs)
         row_version: list = [None] * len(reqs)
         for res, idx in zip(results, parts):
@@ -308,10 +322,20 @@ class RayRolloutEngine:
         futures = [w.continue_.remote([reqs[i] for i in idx], self.min_version())
                    for w, idx in zip(self.workers, parts)]
         out: list = [None] * len(reqs)
-        for res, idx in zip(self.ray.get(futures), parts):
-            for i, r in zip(idx, res):
+        results = self.ray.get(futures)
+        count_generated(results)
+        for res, idx in zip(results, parts):
+            for i, r in zip(idx, res["outputs"]):
                 out[i] = r
         return out
+
+
+def count_generated(results: list[dict]) -> None:
+    """Add what the workers sampled for ``results`` to this process's tally (:mod:`grpolab.train.budget` reads it
+    around each step): the workers' own tallies live in their processes. A prefetched rollout is counted by the
+    step that takes it; one the run ends before taking is not."""
+    for res in results:
+        GENERATED.add(*res["generated"])
 
 
 class vllm_factory:

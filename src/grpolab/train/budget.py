@@ -8,6 +8,13 @@ and the wall time of the steps. They go into metrics.jsonl each step
 totals. ``max_generated_tokens`` / ``max_completions`` / ``max_train_seconds``
 (0 = no limit) end the run after the step that spends them; ``grpolab compare
 --budget`` uses them to compare methods at equal cost.
+
+Each completion is counted once, by the process that receives it: Ray rollout
+workers send their counts back with the completions
+(:mod:`grpolab.distributed.ray_workers`), the ``vllm_server`` client counts the
+completions it receives, and on several torch.distributed ranks each rank's
+step spend is summed over the ranks (``reduce``), so every rank holds the
+run's totals and stops at the same step.
 """
 from __future__ import annotations
 
@@ -21,9 +28,13 @@ LIMITS = (("tokens", "max_generated_tokens", "sampled tokens"),
 
 
 class Budget:
-    def __init__(self, cfg):
+    """``reduce``: ``{name: value}`` -> ``{name: sum over the ranks}`` (a distributed run's all-reduce; one
+    process: the identity)."""
+
+    def __init__(self, cfg, reduce=None):
         self.limits = {key: float(getattr(cfg, name) or 0) for key, name, _ in LIMITS}
         self.totals = {"tokens": 0, "completions": 0, "seconds": 0.0}
+        self.reduce = reduce or (lambda sums: sums)
         self._start = None
 
     def begin_step(self) -> None:
@@ -33,7 +44,9 @@ class Budget:
         """This step's spend added to the totals; the metrics to log."""
         (c0, t0), s0 = self._start
         c1, t1 = GENERATED.snapshot()
-        tokens, comps, secs = t1 - t0, c1 - c0, time.perf_counter() - s0
+        spent = self.reduce({"generated_tokens": t1 - t0, "generated_completions": c1 - c0})  # over the ranks
+        tokens, comps = int(spent["generated_tokens"]), int(spent["generated_completions"])
+        secs = time.perf_counter() - s0  # wall time: the ranks run the step side by side
         self.totals["tokens"] += tokens
         self.totals["completions"] += comps
         self.totals["seconds"] += secs

@@ -267,7 +267,8 @@ class Trainer:
         self.prompts_ahead = None  # async_rollouts: the next step's prompts, drawn while this step trains
         self.step = 0
         self.skipped_steps = 0
-        self.budget = Budget(cfg)  # generated tokens / completions / seconds so far, and the limits
+        # generated tokens / completions / seconds so far (summed over the ranks), and the limits
+        self.budget = Budget(cfg, reduce=self.reduce_sums)
         if self.is_main:
             claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log)  # never lose a user's files
         if resume:
