@@ -217,6 +217,41 @@ def test_bnpo_normalises_over_the_step_not_per_micro_batch():
     assert len({round(v, 6) for v in values.values()}) == 3
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "luspo"])
+def test_fully_masked_row_counts_in_trl_grpo_and_luspo(loss_type):
+    """TRL's grpo and luspo losses average over every row (``.mean()``), a row that mask_truncated_completions
+    emptied included; grpolab's own seq_mean_token_mean divides by the rows with loss tokens (-0.759847 vs TRL's
+    -0.664866 on 8 rows with one masked, as filed). The drop-in must give TRL's number. Hand-computed: 8 rows,
+    advantages A, ratio 1 on every token except row 0 (ratio 1.5 > 1 + epsilon_high = 1.28: clipped, A > 0), row 7
+    truncated and masked out; epsilon 0.2 / epsilon_high 0.28, beta 0.
+      per-row loss l_i = -A_i, l_0 = -1.28:  [-1.28, -0.5, 0.25, -2, -1.5, 1, -0.75, (masked)]
+      grpo  = (1/8) * sum_i mean_t l_i     = -4.78 / 8  = -0.5975    (grpolab's own: -4.78 / 7)
+      luspo = (1/8) * sum_i |o_i| * l_i,  |o| = [3, 1, 2, 4, 2, 3, 1, 0]:
+              3(-1.28) - 0.5 + 2(0.25) + 4(-2) + 2(-1.5) + 3(1) - 0.75 = -12.59;  -12.59 / 8 = -1.57375"""
+    from grpolab.algorithms import mask_truncated
+    lengths = torch.tensor([3, 1, 2, 4, 2, 3, 1, 4])
+    truncated = torch.tensor([False] * 7 + [True])
+    mask = mask_truncated((torch.arange(4)[None, :] < lengths[:, None]).float(), truncated)
+    old = -torch.rand(8, 4, generator=torch.Generator().manual_seed(0))
+    logp = old.clone()
+    logp[0] += torch.log(torch.tensor(1.5))
+    adv = torch.tensor([1.0, 0.5, -0.25, 2.0, 1.5, -1.0, 0.75, 3.0])
+    fields = {"loss_type": loss_type, "epsilon": 0.2, "epsilon_high": 0.28, "beta": 0.0,
+              "mask_truncated_completions": True, "per_device_train_batch_size": 8, "num_generations": 2}
+    if loss_type == "luspo":
+        fields["importance_sampling_level"] = "sequence"
+    cfg = Config.build(to_grpolab(GRPOConfig(**fields)))
+    per_token, _ = Component(POLICY_LOSSES.get(cfg.policy_loss), cfg, cfg.policy_loss)(
+        logprobs=logp, old_logprobs=old, advantages=adv, mask=mask)
+    totals = StepTotals.from_masks([mask], constant=cfg.max_completion_length)
+    ours = float(AGGREGATIONS.get(cfg.loss_aggregation)(per_token, mask, totals))
+    expected = {"grpo": -4.78 / 8, "luspo": -12.59 / 8}[loss_type]
+    assert ours == pytest.approx(expected, abs=1e-5)
+    # grpolab's own aggregation (its recipes) keeps dividing by the 7 rows with loss tokens
+    native = float(AGGREGATIONS.get("seq_mean_token_mean")(per_token, mask, totals))
+    assert native == pytest.approx(expected * 8 / 7, abs=1e-5)
+
+
 # --------------------------------------------------------------------------- (3) fields: supported or an error
 @pytest.mark.parametrize("field", sorted(TRL_UNSUPPORTED))
 def test_every_unsupported_trl_field_is_an_error_naming_it(field):
@@ -251,14 +286,14 @@ def test_supported_and_unsupported_lists_are_disjoint_and_grpolab_keys_pass():
 
 
 MAPPING = [  # (GRPOConfig fields, expected grpolab keys)
-    ({"loss_type": "grpo"}, {"policy_loss": "clipped_ratio", "loss_aggregation": "seq_mean_token_mean"}),
+    ({"loss_type": "grpo"}, {"policy_loss": "clipped_ratio", "loss_aggregation": "seq_mean_token_mean_all_rows"}),
     ({"loss_type": "bnpo"}, {"policy_loss": "clipped_ratio", "loss_aggregation": "token_mean"}),
     ({"loss_type": "dr_grpo"}, {"policy_loss": "clipped_ratio", "loss_aggregation": "constant"}),
     ({"loss_type": "dapo"}, {"policy_loss": "clipped_ratio", "loss_aggregation": "token_mean"}),
     ({"loss_type": "cispo", "epsilon_high": 5.0}, {"policy_loss": "cispo", "loss_aggregation": "token_mean",
                                                    "cispo_epsilon_high": 4.0}),
     ({"loss_type": "sapo", "sapo_temperature_neg": 1.1}, {"policy_loss": "soft_gate", "sapo_tau_neg": 1.1,
-                                                          "loss_aggregation": "seq_mean_token_mean"}),
+                                                          "loss_aggregation": "seq_mean_token_mean_all_rows"}),
     ({"loss_type": "grpo", "importance_sampling_level": "sequence"}, {"policy_loss": "sequence_ratio"}),
     ({"scale_rewards": "group"}, {"advantage": "group_zscore"}),
     ({"scale_rewards": True}, {"advantage": "group_zscore"}),
@@ -301,7 +336,7 @@ def test_luspo_vespo_map_to_their_components_or_error_naming_them(loss_type):
         ov = to_grpolab(GRPOConfig(**fields))
         # TRL: luspo weights each sequence's loss by its length and averages over sequences; vespo normalises
         # by the step's token count
-        want = {"luspo": "seq_mean_token_mean", "vespo": "token_mean"}[loss_type]
+        want = {"luspo": "seq_mean_token_mean_all_rows", "vespo": "token_mean"}[loss_type]
         assert ov["policy_loss"] == loss_type and ov["loss_aggregation"] == want
         Config.build(ov)
     else:

@@ -126,14 +126,16 @@ auto_find_batch_size max_grad_value average_tokens_across_devices activation_off
 # micro-batch and dapo over the global accumulated batch; grpolab normalises once per optimiser step over the
 # whole step batch, so both map to token_mean (equal to TRL's bnpo when gradient_accumulation_steps = 1 on one
 # process, and to TRL's dapo always).
+# TRL's grpo / sapo / luspo average over every row (``.mean()``), a row that mask_truncated_completions emptied
+# included: seq_mean_token_mean_all_rows (grpolab's own seq_mean_token_mean divides by rows with loss tokens).
 LOSS_TYPES: dict[str, tuple[str, str]] = {
-    "grpo": ("clipped_ratio", "seq_mean_token_mean"),
+    "grpo": ("clipped_ratio", "seq_mean_token_mean_all_rows"),
     "bnpo": ("clipped_ratio", "token_mean"),
     "dr_grpo": ("clipped_ratio", "constant"),
     "dapo": ("clipped_ratio", "token_mean"),
     "cispo": ("cispo", "token_mean"),
-    "sapo": ("soft_gate", "seq_mean_token_mean"),
-    "luspo": ("luspo", "seq_mean_token_mean"),
+    "sapo": ("soft_gate", "seq_mean_token_mean_all_rows"),
+    "luspo": ("luspo", "seq_mean_token_mean_all_rows"),
     "vespo": ("vespo", "token_mean"),
 }
 SCALE_REWARDS = {"group": "group_zscore", True: "group_zscore", "batch": "group_mean_batch_std",
@@ -255,7 +257,7 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     if loss_type not in LOSS_TYPES:
         raise ConfigError(f"GRPOConfig: loss_type '{loss_type}' unknown; valid: {', '.join(LOSS_TYPES)}")
     policy_loss, aggregation = LOSS_TYPES[loss_type]
-    if loss_type in ("luspo", "vespo"):
+    if loss_type == "vespo":  # luspo keeps TRL's all-rows mean: its recipe's seq_mean_token_mean is grpolab's own
         aggregation = _recipe_aggregation(loss_type) or aggregation
     level = val("importance_sampling_level")
     if level not in ("token", "sequence"):

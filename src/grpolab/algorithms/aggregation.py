@@ -18,10 +18,15 @@ Modes (``loss_aggregation`` in the config):
   ``loss_constant`` or ``max_completion_length`` (Dr. GRPO 000-107; TRL
   ``dr_grpo``, verl ``seq-mean-token-sum-norm``)
 
+* ``seq_mean_token_mean_all_rows``: ``seq_mean_token_mean`` with ``N`` = every
+  row of the step, a row without loss tokens (``mask_truncated_completions``)
+  adding 0 and still counting (TRL ``grpo`` / ``sapo`` / ``luspo``: ``.mean()``
+  over the rows; the TRL drop-in ``grpolab.api`` maps those loss types here)
+
 ``N`` is the number of sequences with at least one loss token in the step
 (verl's ``seq-mean``) for ``seq_mean_token_mean``, and the number of rows for
-``constant`` (Dr. GRPO's fixed ``G * L_max``); ``|o_i|`` is the number of loss
-tokens of row i.
+``constant`` (Dr. GRPO's fixed ``G * L_max``) and ``seq_mean_token_mean_all_rows``;
+``|o_i|`` is the number of loss tokens of row i.
 """
 from __future__ import annotations
 
@@ -59,6 +64,21 @@ def seq_mean_token_mean(loss: torch.Tensor, mask: torch.Tensor, totals: StepTota
     """
     per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
     return per_seq.sum() / totals.num_sequences
+
+
+@AGGREGATIONS.register("seq_mean_token_mean_all_rows")
+def seq_mean_token_mean_all_rows(loss: torch.Tensor, mask: torch.Tensor, totals: StepTotals) -> torch.Tensor:
+    """TRL's grpo / sapo / luspo aggregation: each row's mean token loss, averaged over every row of the step,
+    rows without loss tokens included (module docstring).
+
+    Provenance: paper equations — DeepSeekMath (Shao et al., 2024, arXiv:2402.03300), Eq. (3): (1/G) sum_i
+    (1/|o_i|) sum_t with G every sampled row, as TRL's loss_type grpo computes it
+    (``((l*m).sum(-1)/m.sum(-1).clamp(1)).mean()``): a fully masked row (mask_truncated_completions) adds 0 and
+    still counts in G, where seq_mean_token_mean divides by the rows that have loss tokens. Test:
+    tests/test_trl_api.py::test_fully_masked_row_counts_in_trl_grpo_and_luspo.
+    """
+    per_seq = (loss * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    return per_seq.sum() / totals.num_rows
 
 
 @AGGREGATIONS.register("token_mean")

@@ -275,16 +275,17 @@ def luspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     ``s_i = exp(mean_t log r_it)``,  ``l_i = -min(s_i A_i, clip(s_i, 1 - eps_low, 1 + eps_high) A_i)``
     ``loss_it = |o_i| * l_i``   (on every token of row i)
 
-    Under ``seq_mean_token_mean`` this gives ``(1/N) sum_i |o_i| l_i``, TRL's
-    ``luspo`` (``(per_token_loss * mask.sum(1)).mean()`` on a sequence-level
-    loss). GSPO's ``(1/N) sum_i l_i`` weights every sequence equally, so a long
+    Under ``seq_mean_token_mean`` this gives ``(1/N) sum_i |o_i| l_i``; under
+    ``seq_mean_token_mean_all_rows`` (``N`` = every row, fully masked ones
+    included) it is TRL's ``luspo`` (``(per_token_loss * mask.sum(1)).mean()``
+    on a sequence-level loss), which the TRL drop-in selects. GSPO's ``(1/N) sum_i l_i`` weights every sequence equally, so a long
     response gets less gradient per token than a short one; scaling by
     ``|o_i|`` removes that length bias. At ``s_i = 1`` the gradient is the
     token-sum policy gradient ``-(1/N) sum_i sum_t A_i grad log pi(o_it)``; with
     all lengths equal to ``L`` it is ``L`` times GSPO (both tested). The clip is
     ``sequence_ratio``'s (the published ranges are ``epsilon = 2e-3``,
     ``epsilon_high = 2.5e-3``, paper Sec. 5.1 as cited by TRL; recipe ``luspo``).
-    Use it with ``seq_mean_token_mean``: the length factor is already in the loss.
+    Use it with ``seq_mean_token_mean`` (or its all-rows form): the length factor is already in the loss.
 
     Provenance: reconstructed from the abstract — LUSPO (Liu, Yin, Shi, Yang, Zeng and Qiu, 2026, arXiv:2602.05261,
     "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response Length Variation in RLVR"),
