@@ -321,8 +321,14 @@ def test_out_folder_that_is_not_a_run_is_refused(tiny_args, tmp_path, capsys):
     assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "summary.json"]
     with pytest.raises(ConfigError, match="not a grpolab run folder"):  # the Python path: the same rule
         Trainer(Config.build({**tiny_args, "out": str(out)}), **quiet)
-    assert main(argv + ["--overwrite"]) == 0  # the explicit flag
+    assert main(argv + ["--overwrite"]) == 2  # a run would replace them: refused with the flag too (issue 22)
+    assert "which grpolab did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["config.yaml", "summary.json"]
+    for name in ("config.yaml", "summary.json"):
+        (out / name).rename(out / f"my_{name}")
+    assert main(argv + ["--overwrite"]) == 0  # the explicit flag: the run is written next to the user's files
     assert (out / "grpolab_run.json").exists() and read_metrics(out)
+    assert (out / "my_config.yaml").read_text() == "my: own config\n"
 
 
 def test_python_path_never_wipes_metrics(tiny_args):

@@ -3,16 +3,23 @@
 A run folder holds ``grpolab_run.json`` (the run marker, written when a
 :class:`~grpolab.train.trainer.Trainer` first uses the folder) next to
 ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``eval_before.json``,
-``summary.json`` and ``final/``. :func:`claim_run_folder` is the one rule the
-CLI and the Python API share:
+``summary.json`` and ``final/``. The marker is also the run's manifest: its
+``owned`` list names every file and folder of ``OUT`` that grpolab writes there
+(:func:`run_paths`: the run's files, and each tracker's, e.g. ``tensorboard/``);
+a name enters it only while nothing of that name exists, so what the list names
+is grpolab's, and a folder it names is grpolab's with all it holds.
+:func:`claim_run_folder` is the one rule the CLI and the Python API share:
 
+* a name the run would write that exists and is not in the manifest (a user's
+  ``metrics.jsonl`` or ``checkpoints/``) is refused, ``--overwrite`` or not, naming
+  it: the run would replace it or write into it;
 * a missing or empty folder is created and marked;
 * a folder with files but no run marker (and no results of an older grpolab run)
-  is not a run: refused unless ``overwrite`` (``--overwrite``), because a new run
-  would replace its ``config.yaml`` and ``summary.json``;
+  is not a run: refused unless ``overwrite`` (``--overwrite``); with it the run
+  is written next to those files, none of which is changed;
 * a run folder that already has results (metrics lines or checkpoints) is
-  refused unless ``resume`` (continue it) or ``overwrite`` (its metrics,
-  checkpoints, summary and evaluations are deleted first);
+  refused unless ``resume`` (continue it) or ``overwrite`` (what the manifest
+  names is deleted first, and nothing else);
 * a marked folder without results (a run stopped before its first step) is reused.
 """
 from __future__ import annotations
@@ -28,8 +35,19 @@ from ..data import json_safe
 
 MARKER = "grpolab_run.json"
 EVAL_BEFORE = "eval_before.json"
-RUN_FILES = ("metrics.jsonl", "completions.jsonl", "mlflow.db", "summary.json", EVAL_BEFORE, "reward_curve.png")
-RUN_DIRS = ("checkpoints", "final", "tensorboard", "wandb", "mlartifacts", "trackio")
+# what every run writes in its folder, and what each tracker (report_to) writes there
+RUN_PATHS = ("config.yaml", "metrics.jsonl", "completions.jsonl", "summary.json", EVAL_BEFORE, "reward_curve.png",
+             "checkpoints", "final")
+TRACKER_PATHS = {"tensorboard": ("tensorboard",), "wandb": ("wandb",), "mlflow": ("mlflow.db", "mlartifacts"),
+                 "trackio": ("trackio",)}
+# everything a run of any configuration writes: a run folder of a grpolab version before the manifest owns these
+LAYOUT = RUN_PATHS + tuple(p for paths in TRACKER_PATHS.values() for p in paths)
+
+
+def run_paths(trackers=()) -> list[str]:
+    """The names a run writes in its folder: :data:`RUN_PATHS` and those of its ``trackers`` (names of
+    ``report_to``)."""
+    return list(RUN_PATHS) + [p for t in trackers for p in TRACKER_PATHS.get(t, ())]
 
 
 def has_results(out: Path) -> bool:
@@ -43,9 +61,52 @@ def has_results(out: Path) -> bool:
 
 
 def is_run_folder(out: Path) -> bool:
-    """A grpolab run: the marker, or (runs of grpolab versions before the marker) config.yaml with results."""
+    """A grpolab run: the marker, or (runs of grpolab versions before the marker) grpolab's config.yaml with
+    results."""
     out = Path(out)
-    return (out / MARKER).exists() or ((out / "config.yaml").exists() and has_results(out))
+    return (out / MARKER).exists() or (_grpolab_config(out / "config.yaml") and has_results(out))
+
+
+def _grpolab_config(path: Path) -> bool:
+    """``path`` is a config.yaml grpolab wrote (a mapping with the keys every run's config has)."""
+    import yaml
+
+    try:
+        keys = yaml.safe_load(path.read_text()) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    return isinstance(keys, dict) and {"model", "num_generations", "learning_rate"} <= set(keys)
+
+
+def _read_marker(out: Path) -> dict:
+    try:
+        marker = json.loads((Path(out) / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+    return marker if isinstance(marker, dict) else {}
+
+
+def owned_paths(out: Path) -> set[str]:
+    """The names of ``out`` grpolab wrote: the manifest in the marker; for a run of a grpolab version before
+    the manifest, the names of :data:`LAYOUT` it holds; for a folder that is not a run, none."""
+    out = Path(out)
+    if not is_run_folder(out):
+        return set()
+    owned = _read_marker(out).get("owned")
+    if isinstance(owned, list) and all(isinstance(n, str) for n in owned):
+        return {n for n in owned if n and "/" not in n and n not in (".", "..", MARKER)}
+    return {n for n in LAYOUT if os.path.lexists(out / n)}
+
+
+def _listing(out: Path, names) -> str:
+    return ", ".join(n + ("/" if (out / n).is_dir() and not (out / n).is_symlink() else "") for n in sorted(names))
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -60,41 +121,55 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, log=print,
-                     dry_run: bool = False) -> None:
-    """Check that a run may write into ``out`` (see the module docstring), then create and mark it
-    (``dry_run``: only check, so a run can refuse before it loads anything and change files only after)."""
+                     dry_run: bool = False, writes=LAYOUT) -> None:
+    """Check that a run that writes the names ``writes`` (:func:`run_paths`) may write into ``out`` (see the
+    module docstring), then create and mark it, its manifest listing what it owns (``dry_run``: only check, so
+    a run can refuse before it loads anything and change files only after)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file, not a folder; choose another --out")
     entries = [p for p in out.iterdir()] if out.is_dir() else []
-    if entries and not is_run_folder(out):
+    run = bool(entries) and is_run_folder(out)
+    owned = owned_paths(out) if run else set()
+    foreign = [n for n in writes if os.path.lexists(out / n) and n not in owned]
+    if foreign:
+        why = f"not listed in its {MARKER}" if run else f"no {MARKER}: it is not a grpolab run folder"
+        raise ConfigError(f"out: {out} holds {_listing(out, foreign)}, which grpolab did not write ({why}); a run "
+                          f"there would replace or write into {'them' if len(foreign) > 1 else 'it'}, and "
+                          f"--overwrite deletes only what grpolab wrote. Choose another --out (or move "
+                          f"{'them' if len(foreign) > 1 else 'it'} out of {out}); nothing was changed")
+    if entries and not run:
         if not overwrite:
             raise ConfigError(f"out: {out} already has files ({', '.join(sorted(p.name for p in entries)[:5])}"
                               f"{', ...' if len(entries) > 5 else ''}) and is not a grpolab run folder (no "
                               f"{MARKER}); choose a new folder for --out, or pass --overwrite (Python: "
-                              f"Trainer(..., overwrite=True)) to write the run into it (its config.yaml and "
-                              f"summary.json would be replaced)")
+                              f"Trainer(..., overwrite=True)) to write the run next to them (none of them is "
+                              f"changed or deleted)")
         if dry_run:
             return
-        log(f"[grpolab] --overwrite: writing a run into {out}, which already has other files")
-    elif entries and has_results(out) and not resume:
+        log(f"[grpolab] --overwrite: writing a run into {out}, next to its other files (none is changed)")
+    elif run and has_results(out) and not resume:
         if not overwrite:
             raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"(Python: Trainer(cfg, resume=True)), choose another --out, or pass --overwrite "
                               f"to delete that run and start again (nothing was overwritten)")
         if dry_run:
             return
-        log(f"[grpolab] --overwrite: deleting the run in {out} (metrics, checkpoints, summary) and starting again")
-        for name in RUN_FILES:
-            (out / name).unlink(missing_ok=True)
-        for name in RUN_DIRS:
-            shutil.rmtree(out / name, ignore_errors=True)
+        present = [n for n in owned if os.path.lexists(out / n)]
+        log(f"[grpolab] --overwrite: deleting the run in {out} ({_listing(out, present)}) and starting again; "
+            f"nothing else in it is touched")
+        for name in owned:
+            _remove(out / name)
+            _remove(out / f".{name}.tmp")  # a write in progress when the run was killed (write_atomic)
+        owned = set()
     if dry_run:
         return
     out.mkdir(parents=True, exist_ok=True)
-    if not (out / MARKER).exists():
-        write_atomic(out / MARKER, json.dumps({"grpolab_run": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-                     + "\n")
+    marker = _read_marker(out)
+    manifest = sorted(owned | set(writes))
+    if marker.get("owned") != manifest or marker.get("grpolab_run") != 2:
+        write_atomic(out / MARKER, json.dumps({"grpolab_run": 2, "created": marker.get(
+            "created", time.strftime("%Y-%m-%dT%H:%M:%S%z")), "owned": manifest}) + "\n")
 
 
 def save_eval_before(out: Path, result: dict) -> None:

@@ -46,7 +46,7 @@ from .evaluate import evaluate
 from .metrics import CompletionsLog, DiscardLog, MetricsLog, completions_table, plot_rewards
 from .trackers import tracker_names
 from .budget import Budget
-from .rundir import claim_run_folder, load_eval_before, save_eval_before
+from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before
 
 
 def rollout_columns(cfg: Config) -> set[str]:
@@ -159,7 +159,8 @@ class Trainer:
         self.out = Path(cfg.out)
         if self.is_main:
             checks.check_out(self.out)
-            claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True)  # refuse before any work
+            claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True,  # refuse before any work
+                             writes=run_paths(tracker_names(cfg.report_to, cfg.tensorboard)))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -270,7 +271,8 @@ class Trainer:
         # generated tokens / completions / seconds so far (summed over the ranks), and the limits
         self.budget = Budget(cfg, reduce=self.reduce_sums)
         if self.is_main:
-            claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log)  # never lose a user's files
+            claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log,  # never lose a user's files
+                             writes=run_paths(tracker_names(cfg.report_to, cfg.tensorboard)))
         if resume:
             self.resume()
         # the engine loaded the initial weights from disk (a server may hold an earlier run's: needs_sync)
