@@ -7,6 +7,7 @@ one-step-ahead asynchronous rollouts reports rollout_staleness and carries trunc
 import hashlib
 import copy
 import json
+import re
 import time
 
 import pytest
@@ -282,3 +283,54 @@ def test_training_with_async_rollout_workers(parts, tiny_args, monkeypatch):
         assert set(staleness) == {1.0} and w is not None and float(w.max()) <= cfg.vllm_is_cap
     assert tr.engine.version == 2  # pushed after steps 1 and 2 (step 3's update needs no rollout)
 
+
+def test_a_dead_worker_ends_the_run_with_a_sentence_and_a_resume_hint(parts, tmp_path, monkeypatch, capsys):
+    """`grpolab train` whose rollout worker is killed after step 1's checkpoint: exit 1, one line naming the worker
+    and the likely cause, the resume command, no traceback; the step-1 checkpoint is complete and loads."""
+    from grpolab import cli
+    from grpolab.train.checkpoint import checkpoint_dirs, load_latest
+    from grpolab.train.trainer import Trainer
+
+    real_sync = RayRolloutEngine.sync
+
+    def kill_then_sync(self, model):  # the first push comes after step 1 (and its checkpoint)
+        ENGINES.append(self)
+        ray.kill(self.workers[0])
+        return real_sync(self, model)
+
+    monkeypatch.setattr(RayRolloutEngine, "sync", kill_then_sync)
+    out = tmp_path / "run"
+    rc = cli.main(["train", "--model", "tiny", "--task", "repeat", "--steps", "3", "--save_steps", "1", "--quiet",
+                   "--prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "4",
+                   "--eval_before", "false", "--eval_after", "false", "--tensorboard", "false",
+                   "--generation_workers", "1", "--generation_worker_cpus", "0.25", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    said = [line for line in err.splitlines() if line.startswith("grpolab: error:")]
+    assert len(said) == 1 and "Traceback" not in err and "ActorDiedError" not in err, err
+    assert re.search(r"rollout worker 1 of 1 \(a Ray actor, pid \d+, ip \S+\) died while loading pushed weights: "
+                     r"it was ended with ray.kill", said[0]), said
+    assert f"grpolab train --resume {out}" in said[0], said
+    assert [d.name for d in checkpoint_dirs(out)] == ["step_000001"]
+    last, state = load_latest(out, Trainer(config(out=str(tmp_path / "fresh")), log=lambda *a: None).model,
+                              log=lambda *a: None)
+    assert last == checkpoint_dirs(out)[0] and state["step"] == 1
+
+
+def test_why_a_worker_died_is_read_from_rays_message():
+    """Ray 2.60's reports (seen here: ray.kill, and os._exit / SIGKILL of the actor's process; the memory
+    monitor's from Ray's documentation) each give their own cause."""
+    from grpolab.distributed.ray_workers import death_cause
+
+    head = ("The actor died unexpectedly before finishing this task.\n\tclass_name: RolloutWorker\n\tactor_id: "
+            "a234f211eacb0442bf40f55901000000\n\tpid: 21336\n\tip: 192.0.2.2\n")
+    assert "ray.kill" in death_cause(head + "The actor is dead because it was killed by `ray.kill`.", False)
+    abrupt = death_cause(head + "The actor is dead because its worker process has died. Worker exit type: "
+                         "SYSTEM_ERROR Worker exit detail: Worker unexpectedly exits with a connection error code 2. "
+                         "End of file.", False)
+    assert "out-of-memory killer" in abrupt and "generation_workers" in abrupt
+    assert "memory monitor" in death_cause(head + "The actor is dead because its worker process has died. Worker "
+                                           "exit type: NODE_OUT_OF_MEMORY Worker exit detail: Task was killed due "
+                                           "to the node running low on memory.", False)
+    assert "preempted" in death_cause(head, True)
+    assert death_cause(head + "Something new.", False) == "Ray's report ends: Something new."

@@ -609,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
         return serve_main(argv[1:])
     args, rest = parser.parse_known_args(argv)
     args.argv = argv
-    from .errors import CheckpointError, ConfigError, RunStalled
+    from .errors import CheckpointError, ConfigError, RolloutWorkerDied, RunStalled
     from .data import DataError
     from .registry import UnknownComponentError
     try:
@@ -621,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError, UnknownComponentError, FileNotFoundError, CheckpointError) as e:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
-    except RunStalled as e:  # the run stopped itself: nothing could be learned (stall_steps)
+    except (RunStalled, RolloutWorkerDied) as e:  # the run stopped: nothing could be learned; a worker died
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # reward spec / signature problems found before training

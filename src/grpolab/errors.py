@@ -70,3 +70,8 @@ def stand_in_policy(allow: bool):
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded: corrupt, or holding objects a safe (code-free) load refuses."""
+
+
+class RolloutWorkerDied(RuntimeError):
+    """A rollout worker (a Ray actor) died mid-run; the message says which one, the likely cause and the command
+    that resumes the run from its last checkpoint."""

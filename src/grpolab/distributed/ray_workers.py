@@ -33,15 +33,22 @@ behaviour log-probs (``importance_weights``; TRL's token_truncate, Yao et al.
 2025). A fresh batch of the built-in sampler keeps the worker's log-probs as
 its behaviour log-probs, like a local rollout.
 
+**A worker that dies** (out of memory, a lost machine, ``ray.kill``) ends the run with
+:class:`~grpolab.errors.RolloutWorkerDied`: one sentence naming the worker, the cause read from Ray's report
+and ``grpolab train --resume OUT`` (the checkpoints are written by the trainer, never by a worker, so the last
+one is intact).
+
 Multi-node is the same code: ``ray start --head`` on one machine, ``ray start
 --address HEAD:6379`` on the others, ``ray_address: auto`` (docs/distributed.md).
 """
 from __future__ import annotations
 
 import copy
+import re
 
 import torch
 
+from ..errors import RolloutWorkerDied
 from ..generation.counting import GENERATED
 from ..generation.plain import eos_token_ids, pack_completions, tokenize_prompts
 from ..generation.sampling import completion_counts, per_prompt, sample_completions
@@ -200,6 +207,7 @@ class RayRolloutEngine:
         model_ref = ray.put(copy.deepcopy(model).cpu())
         self.workers = [actor.remote(model_ref, tokenizer, settings, engine_factory)
                         for _ in range(cfg.generation_workers)]
+        self.actor_ids = [w._actor_id.hex() for w in self.workers]  # "worker k of N" in error messages
         self.version = 0
         self.max_staleness = cfg.max_staleness
         self.async_rollouts = cfg.async_rollouts
@@ -216,7 +224,7 @@ class RayRolloutEngine:
         state = {n: p.detach().cpu().clone() for n, p in model.named_parameters() if p.requires_grad}
         self.version += 1
         ref = self.ray.put(state)
-        self.ray.get([w.load_weights.remote(ref, self.version) for w in self.workers])
+        self._get([w.load_weights.remote(ref, self.version) for w in self.workers], "loading pushed weights")
         self.syncs += 1
 
     def close(self) -> None:
@@ -226,7 +234,7 @@ class RayRolloutEngine:
         self.workers = []
 
     def worker_weights(self) -> list[dict]:
-        return self.ray.get([w.weights.remote() for w in self.workers])
+        return self._get([w.weights.remote() for w in self.workers], "sending its weights")
 
     def min_version(self) -> int:
         return self.version - self.max_staleness
@@ -246,6 +254,26 @@ class RayRolloutEngine:
                  "seed": group_seed(cfg.seed, step, group_offset + i)}
                 for i, (ids, m, c, t) in enumerate(zip(prompt_ids, prompt_mask, counts, temps))]
         return reqs, counts, temps, prompt_ids, prompt_mask
+
+    def _get(self, futures: list, doing: str) -> list:
+        """``ray.get(futures)``; a dead worker raises :class:`RolloutWorkerDied` with one sentence instead of Ray's
+        report."""
+        try:
+            return self.ray.get(futures)
+        except self.ray.exceptions.RayActorError as e:
+            raise RolloutWorkerDied(self._death_message(e, doing)) from None
+
+    def _death_message(self, e, doing: str) -> str:
+        """Which worker died (``k of N``, its pid and address), why (:func:`death_cause`), and the resume command."""
+        ids = self.actor_ids
+        which = f"rollout worker {ids.index(e.actor_id) + 1} of {len(ids)}" if e.actor_id in ids else "a rollout worker"
+        text = str(e)
+        where = ", ".join(f"{k} {m.group(1)}" for k in ("pid", "ip")
+                          if (m := re.search(rf"^\s*{k}: (\S+)", text, re.MULTILINE)))
+        cause = death_cause(text, bool(getattr(e, "preempted", False)))
+        return (f"{which} (a Ray actor{', ' + where if where else ''}) died while {doing}: {cause}. The checkpoints "
+                f"are the trainer's, so the last one is intact: continue the run with `grpolab train --resume "
+                f"{self.cfg.out}`")
 
     def _submit(self, reqs):
         parts = self._split(reqs)
@@ -276,7 +304,7 @@ class RayRolloutEngine:
                                    f"generates the sampled prompts as they are (rollout_strategy: plain)")
         else:
             futures, parts = self._submit(reqs)
-        results = self.ray.get(futures)
+        results = self._get(futures, "sampling")
         count_generated(results)
         groups: list = [None] * len(reqs)
         row_version: list = [None] * len(reqs)
@@ -322,12 +350,32 @@ class RayRolloutEngine:
         futures = [w.continue_.remote([reqs[i] for i in idx], self.min_version())
                    for w, idx in zip(self.workers, parts)]
         out: list = [None] * len(reqs)
-        results = self.ray.get(futures)
+        results = self._get(futures, "sampling")
         count_generated(results)
         for res, idx in zip(results, parts):
             for i, r in zip(idx, res["outputs"]):
                 out[i] = r
         return out
+
+
+def death_cause(report: str, preempted: bool) -> str:
+    """The likely cause of a worker's death, from Ray's report (``str`` of its ``ActorDiedError``), and the fix."""
+    low = report.lower()
+    if preempted or "preempt" in low:
+        return "its machine was preempted (taken back by the cluster); the run resumes once the cluster has room"
+    if "ray.kill" in low:
+        return "it was ended with ray.kill (by another program or an operator)"
+    if "low on memory" in low or "memory monitor" in low or "outofmemory" in low:
+        return ("out of memory: Ray's memory monitor killed it as its machine ran low on memory; give the workers "
+                "more memory, fewer generation_workers per machine or a smaller max_completion_length")
+    if "creation task" in low:
+        return f"it failed while starting ({report.strip().splitlines()[0][:300]})"
+    if "worker process has died" in low or "connection error" in low:
+        return ("its process ended abruptly, most likely killed by the kernel's out-of-memory killer (each worker "
+                "holds a copy of the policy and its KV cache; `dmesg` on its machine shows OOM kills), else a "
+                "crash (SIGSEGV) or `ray stop --force`; if memory, use fewer generation_workers per machine or a "
+                "smaller max_completion_length")
+    return f"Ray's report ends: {report.strip().splitlines()[-1][:300]}"
 
 
 def count_generated(results: list[dict]) -> None:
