@@ -152,6 +152,38 @@ def test_fuzzy_numeric_hand_computed():
     assert close(tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 3 Answer: 9"], answer=["9"])), [1.5])
 
 
+def test_fgrpr_recipe_reproduces_the_authors_advantages(tmp_path):
+    """One group of four through the fgrpr recipe's trainer (rewards, weights, fuzzy transform, advantages). The
+    authors' code sums the fuzzy count reward and the format reward with weight 1 each (accuracy replaced), then
+    GRPO's (r - mean) / (std + 1e-4) with the sample std: [1.098, -0.416, 0.492, -1.174]. The recipe weighted the
+    format reward 0.5 and gave [0.941, 0.157, 0.314, -1.411]. Target 10; fuzzy 1.5 - |y - 10| / 10 below 50 %:
+      "Answer: 10"           fuzzy 1.5, format 1 (ends with the answer) -> 2.5
+      "Answer: 10 because.." fuzzy 1.5, format 0                        -> 1.5
+      "Answer: 14"           fuzzy 1.1, format 1                        -> 2.1
+      "Answer: 40"           fuzzy 0,   format 1                        -> 1.0"""
+    from grpolab.batch import RolloutBatch
+    from grpolab.train.trainer import Trainer
+    totals = [1.5 + 1, 1.5 + 0, 1.1 + 1, 0.0 + 1]
+    mean = sum(totals) / 4
+    std = math.sqrt(sum((r - mean) ** 2 for r in totals) / 3)
+    authors = [(r - mean) / (std + 1e-4) for r in totals]
+    assert authors == pytest.approx([1.098, -0.416, 0.492, -1.174], abs=1e-3)  # the figures the issue cites
+    cfg = Config.build({**recipe_overrides("fgrpr"), "model": "tiny", "num_generations": 4, "prompts_per_step": 1,
+                        "eval_before": False, "eval_after": False, "tensorboard": False, "out": str(tmp_path / "r")})
+    t = Trainer(cfg, log=lambda *a: None)
+    comps = ["Answer: 10", "Answer: 10 because 7 + 3 = 10 and", "Answer: 14", "Answer: 40"]
+    b = RolloutBatch(prompt_ids=torch.zeros(4, 2, dtype=torch.long), prompt_mask=torch.ones(4, 2, dtype=torch.long),
+                     completion_ids=torch.ones(4, 3, dtype=torch.long), completion_mask=torch.ones(4, 3),
+                     behavior_logprobs=torch.zeros(4, 3), group_ids=torch.zeros(4, dtype=torch.long),
+                     prompt_uids=torch.zeros(4, dtype=torch.long), truncated=torch.zeros(4, dtype=torch.bool),
+                     columns={"prompt": ["p"] * 4, "completion": comps, "answer": ["10"] * 4})
+    t.scorer.score(b)
+    assert b.reward_names == NAMES and b.rewards[:, 1].tolist() == [1.0, 0.0, 1.0, 1.0]
+    b.scalar_rewards = t.scorer.scalar(b)
+    assert close(b.scalar_rewards, totals)
+    assert t.compute_advantages(b)[:, 0].tolist() == pytest.approx(authors, abs=1e-5)
+
+
 def test_fuzzy_needs_answer_column():
     with pytest.raises(ValueError, match="data column 'answer'"):
         tr("fuzzy_numeric", rewards=torch.zeros(1), batch=batch(["Answer: 1"]))
