@@ -612,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     from .errors import CheckpointError, ConfigError, RolloutWorkerDied, RunStalled
     from .data import DataError
     from .registry import UnknownComponentError
+    from .errors import WriteError
     try:
         import_user_modules(args.imports)
         commands = {"train": cmd_train, "eval": cmd_eval, "sft": cmd_sft, "recipes": cmd_recipes,
@@ -622,6 +623,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 2
     except (RunStalled, RolloutWorkerDied) as e:  # the run stopped: nothing could be learned; a worker died
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 1
+    except WriteError as e:  # a full disk at the run's end: which file, the cause, the resume that ends it
         print(f"grpolab: error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:  # reward spec / signature problems found before training

@@ -15,6 +15,11 @@ class UnknownComponentError(KeyError):
         return str(self.args[0])
 
 
+class WriteError(RuntimeError):
+    """A file of the run could not be written (a full disk, a quota, an I/O error); the message names the path,
+    the cause and what happens next (train/rundir.py: write_failure)."""
+
+
 class RunStalled(RuntimeError):
     """A run stopped because nothing could be learned (``stall_steps``); the message says why and what to change."""
 

@@ -7,7 +7,9 @@ Layout::
 
 A checkpoint is written into ``step_N.tmp``, its files flushed to disk (fsync), and
 the folder renamed when complete, so a run killed mid-save (even by ``kill -9``)
-leaves the previous checkpoint intact.
+leaves the previous checkpoint intact. One that cannot be written (a full disk)
+is removed and reported (:class:`~grpolab.errors.WriteError`); the trainer skips
+it with a warning and trains on.
 
 Loading never executes code. ``state.pt`` holds only tensors, numbers, strings,
 lists, tuples and dicts: everything else a component's ``state_dict`` returns is
@@ -36,7 +38,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WriteError
+from .rundir import write_failure
 
 FORMAT = 2  # 1: state.pt pickled NumPy arrays / RolloutBatch objects (grpolab <= 0.x); 2: encoded plain data
 TAG = "__grpolab_type__"
@@ -151,21 +154,35 @@ def _fsync(path: Path) -> None:
 
 
 def save_checkpoint(out: Path, step: int, model, state: dict, keep: int) -> Path:
+    """Write ``OUT/checkpoints/step_N`` (module docstring), then delete all but the newest ``keep``.
+
+    A checkpoint that cannot be written (a full disk, a quota, an I/O error) leaves no ``step_N.tmp`` behind
+    and raises :class:`~grpolab.errors.WriteError` naming the folder, the cause and the free space; the
+    checkpoints before it are untouched. A state that cannot be checkpointed raises ``TypeError`` before
+    anything is written."""
     root = Path(out) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file(trainable_state(model), str(tmp / "weights.safetensors"))
-    torch.save({"format": FORMAT, "state": encode_state(state)}, tmp / "state.pt")
-    for f in ("weights.safetensors", "state.pt"):
-        _fsync(tmp / f)
-    _fsync(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    tmp.rename(final)
-    _fsync(root)
+    encoded = {"format": FORMAT, "state": encode_state(state)}
+    try:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_file(trainable_state(model), str(tmp / "weights.safetensors"))
+        torch.save(encoded, tmp / "state.pt")
+        for f in ("weights.safetensors", "state.pt"):
+            _fsync(tmp / f)
+        _fsync(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        _fsync(root)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = write_failure(e, tmp) if isinstance(e, Exception) else None
+        if why is None:
+            raise
+        raise WriteError(f"checkpoint {final.name} could not be written to {root}: {why}") from None
     for old in checkpoint_dirs(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final

@@ -2,6 +2,7 @@
 OUT/completions.jsonl, reward-curve PNG."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -29,7 +30,7 @@ class MetricsLog:
 
     def write(self, metrics: dict) -> None:
         metrics = json_safe(metrics)
-        append_line(self.path, metrics)
+        append_records(self.path, [metrics], self.log)
         for t in self.trackers:
             t.log(metrics, metrics["step"])
 
@@ -49,6 +50,28 @@ def append_line(path: Path, record: dict) -> None:
     with Path(path).open("a") as fh:
         fh.write(to_json(record) + "\n")
         fh.flush()
+
+
+def append_records(path: Path, records: list[dict], log=print) -> bool:
+    """Append ``records`` (:func:`append_line`); if they cannot be written (a full disk), take back what part of
+    them was written, warn naming the file and the cause, and return False: the run goes on without them."""
+    from .rundir import write_failure
+
+    path = Path(path)
+    size = path.stat().st_size if path.exists() else 0
+    try:
+        for r in records:
+            append_line(path, r)
+    except OSError as e:
+        why = write_failure(e, path)
+        if why is None:
+            raise
+        with contextlib.suppress(OSError):
+            os.truncate(path, size)  # never a cut line between two good ones
+        log(f"[grpolab] warning: {path} could not be written: {why}; step {records[0].get('step')}'s lines "
+            f"are skipped and the run goes on")
+        return False
+    return True
 
 
 def truncate_jsonl(path: Path, step: int, log=None) -> None:
@@ -113,8 +136,8 @@ class CompletionsLog:
         return out
 
     def write(self, records: list[dict]) -> None:
-        for r in records:
-            append_line(self.path, r)
+        if records:
+            append_records(self.path, records, self.log)
 
 
 def completions_table(records: list[dict]) -> tuple[list[str], list[list]]:

@@ -109,14 +109,43 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
+# what PyTorch's and safetensors' writers say when the disk is full (they raise RuntimeError / SafetensorError,
+# without an errno); an OSError says it with its errno
+WRITE_FAILED = ("No space left", "os error 28", "StorageFull", "Disk quota", "os error 122", "QuotaExceeded",
+                "file write failed")
+
+
+def write_failure(e: BaseException, path: Path) -> str | None:
+    """Why writing ``path`` failed, with the free space left there, when ``e`` is a failed write (a full disk,
+    a quota, an I/O error) rather than a bug; None otherwise."""
+    if isinstance(e, OSError) and e.errno is not None:
+        why = e.strerror or str(e)
+    elif any(m in str(e) for m in WRITE_FAILED):
+        why = str(e).strip().splitlines()[0][:200]
+    else:
+        return None
+    where = Path(path)
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        return why
+    return f"{why} ({free / 1e6:.0f} MB free on the file system of {where})"
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Replace ``path`` by ``text`` in one step (a temporary file renamed over it)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a full disk leaves no half-written temporary file
+        raise
     os.replace(tmp, path)
 
 
@@ -172,9 +201,18 @@ def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, l
             "created", time.strftime("%Y-%m-%dT%H:%M:%S%z")), "owned": manifest}) + "\n")
 
 
-def save_eval_before(out: Path, result: dict) -> None:
-    """Keep the "before" evaluation in the run folder, so a resumed run's summary still has it."""
-    write_atomic(Path(out) / EVAL_BEFORE, json.dumps(json_safe(result), indent=2, default=str))
+def save_eval_before(out: Path, result: dict, log=print) -> None:
+    """Keep the "before" evaluation in the run folder, so a resumed run's summary still has it (a file that
+    cannot be written, e.g. on a full disk, is skipped with a warning)."""
+    path = Path(out) / EVAL_BEFORE
+    try:
+        write_atomic(path, json.dumps(json_safe(result), indent=2, default=str))
+    except OSError as e:
+        why = write_failure(e, path)
+        if why is None:
+            raise
+        log(f"[grpolab] warning: {path} could not be written: {why}; skipped (this run's summary has the "
+            f"'before' evaluation, a resumed run's will not)")
 
 
 def load_eval_before(out: Path, log=print) -> dict | None:

@@ -15,6 +15,7 @@ import inspect
 import math
 import random
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -28,7 +29,7 @@ from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
-from ..errors import stand_in_policy
+from ..errors import WriteError, stand_in_policy
 from ..data import columns_of, load_user_data, model_texts, subset, to_json
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
@@ -46,7 +47,7 @@ from .evaluate import evaluate
 from .metrics import CompletionsLog, DiscardLog, MetricsLog, completions_table, plot_rewards
 from .trackers import tracker_names
 from .budget import Budget
-from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before
+from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before, write_atomic, write_failure
 
 
 def rollout_columns(cfg: Config) -> set[str]:
@@ -368,8 +369,18 @@ class Trainer:
                 "dtype": str(self.dtype).removeprefix("torch."), "dtype_reason": self.dtype_reason,
                 "behavior": None if self.behavior_model is None else ckpt.trainable_state(self.behavior_model)}
 
-    def save(self) -> Path:
-        return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
+    def save(self) -> Path | None:
+        """A checkpoint of this step; one that cannot be written (a full disk) is skipped with a warning naming
+        the folder and the cause, and the run goes on (None)."""
+        try:
+            return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
+        except WriteError as e:
+            last = ckpt.latest_checkpoint(self.out)
+            self.log(f"[grpolab] warning: {e}; skipped, training goes on ("
+                     + (f"a resume starts from {last.name}" if last else "no checkpoint yet: a resume starts "
+                                                                        "from step 0")
+                     + "); free space there to keep the next ones")
+            return None
 
     def precision(self):
         """Autocast context of the configured forward precision (a no-op for float32)."""
@@ -755,7 +766,7 @@ class Trainer:
         summary: dict = {}
         if cfg.eval_before and self.step == 0 and self.eval_rows and self.is_main:
             summary["before"] = self._eval("before")
-            save_eval_before(self.out, summary["before"])  # a resumed run's summary keeps it
+            save_eval_before(self.out, summary["before"], log=self.log)  # a resumed run's summary keeps it
         elif self.step > 0 and self.is_main and (before := load_eval_before(self.out, log=self.log)) is not None:
             summary["before"] = before
         bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not progress or not self.is_main,
@@ -795,12 +806,19 @@ class Trainer:
             self.metrics.close()
         if not self.is_main:  # rank 0 writes the final model, the evaluation and the summary
             return summary
-        plot = plot_rewards(self.out)
+        try:
+            plot = plot_rewards(self.out)
+        except OSError as e:  # a full disk: the curve is a convenience, the run's end is not
+            why = write_failure(e, self.out / "reward_curve.png")
+            if why is None:
+                raise
+            plot = None
+            self.log(f"[grpolab] warning: {self.out / 'reward_curve.png'} could not be written: {why}; skipped")
         final = self.out / "final"
         to_save = self.model
         if cfg.use_lora:
             to_save = copy.deepcopy(self.model).merge_and_unload()
-        save_policy(to_save, self.tok, final)
+        self._write_end(final, lambda: save_policy(to_save, self.tok, final), "the final model")
         self.log(f"[grpolab] final model saved to {final}" + (f"; reward curve: {plot}" if plot else ""))
         if cfg.eval_after and self.eval_rows:
             summary["after"] = self._eval("after")
@@ -812,8 +830,25 @@ class Trainer:
         summary["skipped_steps"] = self.skipped_steps
         summary["spent"] = {**self.budget.state_dict(), "steps": self.step}
         summary["data"] = {**self.data_info, "statement": data_statement(self.data_info)}
-        (self.out / "summary.json").write_text(to_json(summary, indent=2))
+        self._write_end(self.out / "summary.json",
+                        lambda: write_atomic(self.out / "summary.json", to_json(summary, indent=2)), "the summary")
         return summary
+
+    def _write_end(self, path: Path, write, what: str) -> None:
+        """``write()`` one of the files that end a run; if it cannot be written (a full disk) remove what part
+        of it was written and raise ``WriteError`` naming it, the cause and the resume that writes it again."""
+        try:
+            write()
+        except Exception as e:
+            why = write_failure(e, path)
+            if why is None:
+                raise
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            last = ckpt.latest_checkpoint(self.out)
+            raise WriteError(f"{what} could not be written to {path}: {why}. The run's checkpoints are kept "
+                             f"(newest: {last.name if last else 'none'}); free space, then `grpolab train --resume "
+                             f"{self.out}` ends the run again from there") from None
 
     def _eval(self, when: str) -> dict:
         from tqdm import tqdm
