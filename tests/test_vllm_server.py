@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,8 +19,9 @@ import pytest
 import torch
 
 from grpolab.config import Config
-from grpolab.generation.vllm_server import VLLMServerEngine
-from grpolab.model.loading import save_policy
+from grpolab.generation.counting import GENERATED
+from grpolab.generation.vllm_server import VLLMServerEngine, assign_servers
+from grpolab.model.loading import load_policy, save_policy
 from grpolab.train.trainer import Trainer
 
 from _fake_vllm import SHIFT, fake_vllm_module, real_vllm, save_tiny_model  # noqa: E402  (tests/_fake_vllm.py)
@@ -75,7 +77,8 @@ def test_server_trains_like_the_colocated_engine(tiny_args, tmp_path, model_dir,
     local = Trainer(Config.build(tiny_args, {"model": model_dir, "generation_engine": "vllm",
                                              "out": str(tmp_path / "local")}), log=lambda *a: None)
     with server(model_dir) as url:
-        assert get(url, "/health") == {"status": "ok", "model": model_dir, "weights_version": 0}
+        assert get(url, "/health") == {"status": "ok", "model": model_dir, "weights_version": 0,
+                                       "weight_pushes": 0, "prompts_served": 0}
         cfg = Config.build(tiny_args, {"model": model_dir, "generation_engine": "vllm_server",
                                        "vllm_server_url": url, "out": str(tmp_path / "remote")})
         tr = Trainer(cfg, log=lambda *a: None)
@@ -92,6 +95,7 @@ def test_server_trains_like_the_colocated_engine(tiny_args, tmp_path, model_dir,
         before = copy.deepcopy(tr.model.state_dict())
         m = tr.train_step()  # pushes step 1's weights first, then samples from them
         assert tr.engine.syncs == 1 and get(url, "/health")["weights_version"] == 1
+        assert get(url, "/health")["weight_pushes"] == 1
         assert any(not torch.equal(before[k], v) for k, v in tr.model.state_dict().items())
         assert abs(m["engine_logprob_mismatch"] - SHIFT) < 1e-4  # engine = trainer's weights, less SHIFT
 
@@ -144,3 +148,68 @@ def test_real_vllm_server(tiny_args, tmp_path, model_dir):
         print(f"\n[test-vllm] vllm_server engine_logprob_mismatch by step: {m1['engine_logprob_mismatch']:.2e}, "
               f"{m2['engine_logprob_mismatch']:.2e}")
         assert max(m1["engine_logprob_mismatch"], m2["engine_logprob_mismatch"]) < 1e-3
+
+
+@pytest.mark.parametrize("n_servers", [1, 2, 3, 5])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_each_server_gets_its_weights_from_one_rank(n_servers, world_size):
+    """Every rank samples on at least one server, every server is sampled on, and pushed to by exactly one
+    rank, which samples on it."""
+    plans = [assign_servers(n_servers, r, world_size) for r in range(world_size)]
+    assert all(sample_on for sample_on, _ in plans)
+    assert sorted({s for sample_on, _ in plans for s in sample_on}) == list(range(n_servers))
+    pushers = [r for s in range(n_servers) for r, (_, push_to) in enumerate(plans) if s in push_to]
+    assert len(pushers) == n_servers
+    assert all(set(push_to) <= set(sample_on) for sample_on, push_to in plans)
+    if n_servers >= world_size:  # no server shared: each rank pushes to every server it samples on
+        assert all(push_to == sample_on for sample_on, push_to in plans)
+
+
+def test_two_servers_share_the_prompts_and_get_one_push_each(tiny_args, tmp_path, model_dir):
+    """vllm_server_url with two servers: the prompts are split between them (the completions those of one
+    server, same seeds), the completions are counted for the budgets, and each server gets exactly one weight
+    push per update."""
+    with server(model_dir) as a, server(model_dir) as b:
+        def trainer(url, name):
+            t = Trainer(Config.build(tiny_args, {"model": model_dir, "generation_engine": "vllm_server",
+                                                 "vllm_server_url": url, "out": str(tmp_path / name)}),
+                        log=lambda *x: None)
+            t.model.eval()
+            t.ctx.new_step()
+            return t
+
+        one, two = trainer(a, "one"), trainer(f"{a}, {b}/", "two")
+        assert two.engine.servers == two.engine.pushes_to == [a, b]
+        x = one.rollout()
+        before = GENERATED.snapshot()
+        y = two.rollout()
+        assert torch.equal(x.completion_ids, y.completion_ids)
+        assert torch.allclose(x.behavior_logprobs, y.behavior_logprobs, atol=1e-6)
+        c0, t0 = before
+        c1, t1 = GENERATED.snapshot()
+        assert (c1 - c0, t1 - t0) == (y.num_rows, int(y.completion_attention_mask.sum()))
+        assert [get(u, "/health")["prompts_served"] for u in (a, b)] == [4 + 2, 2]
+        for _ in range(3):  # pushes before steps 2 and 3
+            two.train_step()
+        assert two.engine.syncs == 2
+        for u in (a, b):
+            h = get(u, "/health")
+            assert (h["weight_pushes"], h["weights_version"]) == (2, 2)
+
+
+def test_ranks_sharing_a_server_push_once(tiny_args, tmp_path, model_dir):
+    """2 ranks, 1 server: rank 0 pushes, rank 1 waits for the server to hold the new version; one push per
+    update, and both ranks then sample from it."""
+    model, _ = load_policy(model_dir, log=lambda *a: None)
+    with server(model_dir) as url:
+        r0, r1 = (VLLMServerEngine(url, rank=r, world_size=2) for r in (0, 1))
+        assert (r0.pushes_to, r1.pushes_to, r1.servers) == ([url], [], [url])
+        waiting = threading.Thread(target=r1.sync, args=(model,))
+        waiting.start()  # rank 1 first: it waits for rank 0's push
+        r0.sync(model)
+        waiting.join(timeout=60)
+        assert not waiting.is_alive() and r0.version == r1.version == 1
+        h = get(url, "/health")
+        assert (h["weight_pushes"], h["weights_version"]) == (1, 1)
+        for e in (r0, r1):
+            assert len(e.generate([[5, 6, 7]], [2], temperature=1.0, top_k=0, top_p=1.0, max_tokens=3, seed=1)) == 2

@@ -123,7 +123,9 @@ class Config:
                                           "(`grpolab vllm-serve`) at vllm_server_url",
                                 ["native", "vllm", "vllm_server"])
     vllm_server_url: str = _f("http://127.0.0.1:8000", "vllm_server: the address of `grpolab vllm-serve` (the "
-                                                        "trainer pushes its weights there after every update)")
+                                                        "trainer pushes its weights there after every update); "
+                                                        "several servers comma-separated: the prompts are spread "
+                                                        "over them, each gets one push per update")
     vllm_server_timeout: float = _f(240.0, "vllm_server: seconds to wait for the server to answer /health")
     rollout_seeding: str = _f("batch", "token-draw random stream: 'batch' (one stream for the step's whole batch) or "
                                        "'group' (each group drawn from its own generator seeded by seed, step and "

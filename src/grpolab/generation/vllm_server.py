@@ -10,7 +10,8 @@ sampling path.
 
 Endpoints (``grpolab vllm-serve --model FOLDER --port 8000``):
 
-- ``GET /health`` -> ``{"status": "ok", "model": ..., "weights_version": N}``
+- ``GET /health`` -> ``{"status": "ok", "model": ..., "weights_version": N, "weight_pushes": P,
+  "prompts_served": Q}`` (``P`` full weight sets loaded, ``Q`` prompts sampled since the server started)
 - ``GET /v1/models`` -> the OpenAI model list (one model).
 - ``POST /v1/completions`` -> OpenAI-compatible completions. ``prompt`` is a
   string, a list of token ids, or a list of those (a batch; vLLM batches them
@@ -39,12 +40,22 @@ server, or the server restarted), so a rollout never silently samples from
 weights other than the trainer's. A server found at a version other than 0
 (weights from an earlier run) gets the trainer's weights before the first
 rollout.
+
+Several servers: ``vllm_server_url: http://gen0:8000,http://gen1:8000`` (comma-separated). A
+trainer process splits each batch of prompts into contiguous blocks, one per server it samples on, sent in
+parallel; request ``i`` keeps the seed ``seed + i`` of the whole batch, so the completions are the ones one
+server would give. On torch.distributed ranks each server belongs to one rank, which alone pushes the weights
+to it: with ``S`` servers and ``W`` ranks, rank ``r`` samples on the servers ``s`` with ``s % W == r % S``
+(``S >= W``: its own servers; ``S < W``: server ``r % S``, shared with other ranks) and pushes to those with
+``s % W == r``, so every server receives exactly one push per update; a rank that shares a server without
+pushing to it waits until the server reports the new weights version.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 import urllib.error
 import urllib.request
@@ -52,6 +63,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import torch
 
+from .counting import GENERATED
 from .vllm_engine import VLLMEngine, policy_weights
 
 DEFAULT_CHUNK_MB = 256
@@ -67,10 +79,13 @@ class EngineService:
         self.model_name = model_name
         self.version = 0
         self.pending = []  # chunks of the weight push in progress
+        self.pushes = 0  # full weight sets loaded
+        self.prompts_served = 0
         self.lock = threading.Lock()
 
     def health(self) -> dict:
-        return {"status": "ok", "model": self.model_name, "weights_version": self.version}
+        return {"status": "ok", "model": self.model_name, "weights_version": self.version,
+                "weight_pushes": self.pushes, "prompts_served": self.prompts_served}
 
     def models(self) -> dict:
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "grpolab"}]}
@@ -96,6 +111,7 @@ class EngineService:
         with self.lock:
             outs = self.engine.run(ids, params)
             version = self.version
+            self.prompts_served += len(ids)
         choices = []
         for k, (toks, lps, finish, stop_reason) in enumerate(outs):
             pieces = [tok.decode([t]) for t in toks] if tok is not None else [str(t) for t in toks]
@@ -113,6 +129,7 @@ class EngineService:
                 named, self.pending = self.pending, []
                 self.engine.load_weights(named)  # also drops the prefix cache
                 self.version = version
+                self.pushes += 1
         return {"weights_version": self.version}
 
 
@@ -208,105 +225,185 @@ class VLLMServerEngine:
     """The trainer's engine for ``generation_engine: vllm_server``: generates over HTTP, pushes weights.
 
     Same interface as :class:`~grpolab.generation.vllm_engine.VLLMEngine`
-    (``generate``, ``continue_``, ``sync``), so rollouts are unchanged.
+    (``generate``, ``continue_``, ``sync``), so rollouts are unchanged. ``url``: one server, or several
+    comma-separated; ``rank`` / ``world_size``: this trainer process among the torch.distributed ranks, which
+    decide the servers it samples on and the ones it pushes weights to (the module's docstring).
     """
 
-    def __init__(self, url: str, *, timeout: float = 240.0, chunk_mb: int = DEFAULT_CHUNK_MB):
-        self.url = url.rstrip("/")
+    def __init__(self, url: str, *, timeout: float = 240.0, chunk_mb: int = DEFAULT_CHUNK_MB, rank: int = 0,
+                 world_size: int = 1):
+        urls = [u.strip().rstrip("/") for u in str(url).split(",") if u.strip()]
+        if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"vllm_server_url: {url!r} is not a server address; give http://HOST:PORT, or several "
+                             f"separated by commas")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"vllm_server_url: {url!r} names a server twice; each server once")
+        self.all_urls = urls
+        sample_on, push_to = assign_servers(len(urls), rank, world_size)
+        self.servers = [urls[s] for s in sample_on]
+        self.pushes_to = [urls[s] for s in push_to]
+        self.url = self.servers[0]
         self.timeout = timeout
         self.chunk_bytes = chunk_mb * 2 ** 20
         self.syncs = 0
-        health = self._wait_healthy(timeout)
-        self.version = int(health["weights_version"])
+        versions = [int(self._wait_healthy(u, timeout)["weights_version"]) for u in self.servers]
+        self.version = max(versions)
         # weights pushed by an earlier run: the trainer must push its own before the first rollout
-        self.needs_sync = self.version != 0
+        self.needs_sync = any(v != 0 for v in versions)
+        self._pool = ThreadPoolExecutor(max_workers=len(self.servers), thread_name_prefix="vllm-server")
 
-    def _wait_healthy(self, timeout: float) -> dict:
+    def _wait_healthy(self, url: str, timeout: float) -> dict:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                return self._get("/health")
+                return self._get(url, "/health")
             except (urllib.error.URLError, ConnectionError, OSError) as e:
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"generation_engine 'vllm_server': no server answered at {self.url}/health "
+                    raise RuntimeError(f"generation_engine 'vllm_server': no server answered at {url}/health "
                                        f"within {timeout:.0f} s ({e}). Start one with `grpolab vllm-serve --model "
                                        f"FOLDER --port PORT` and set vllm_server_url") from e
                 time.sleep(0.5)
 
-    def _get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=self.timeout) as r:
+    def _get(self, url: str, path: str) -> dict:
+        with urllib.request.urlopen(url + path, timeout=self.timeout) as r:
             return json.loads(r.read())
 
-    def _post(self, path: str, data: bytes, headers: dict) -> dict:
-        req = urllib.request.Request(self.url + path, data=data, headers=headers, method="POST")
+    def _post(self, url: str, path: str, data: bytes, headers: dict) -> dict:
+        req = urllib.request.Request(url + path, data=data, headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=None) as r:
                 return json.loads(r.read())
         except urllib.error.HTTPError as e:
-            raise RuntimeError(f"vllm_server {path}: HTTP {e.code}: {e.read().decode(errors='replace')}") from e
+            raise RuntimeError(f"vllm_server {url}{path}: HTTP {e.code}: {e.read().decode(errors='replace')}") from e
 
-    def _complete(self, prompts: list[list[int]], **body) -> list[tuple]:
-        out = self._post("/v1/completions", json.dumps({"prompt": prompts, "logprobs": 0, **body}).encode(),
+    def _complete(self, url: str, prompts: list[list[int]], **body) -> list[tuple]:
+        out = self._post(url, "/v1/completions", json.dumps({"prompt": prompts, "logprobs": 0, **body}).encode(),
                          {"Content-Type": "application/json"})
         if out["weights_version"] != self.version:
-            raise RuntimeError(f"vllm_server at {self.url} sampled with weights version {out['weights_version']}, "
+            raise RuntimeError(f"vllm_server at {url} sampled with weights version {out['weights_version']}, "
                                f"the trainer's is {self.version}: another trainer pushed weights to this server or "
                                f"it restarted. Give each run its own server")
         return [(c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"], c.get("stop_reason"))
                 for c in out["choices"]]
 
+    def _spread(self, weights: list[int], request) -> list:
+        """``request(url, start, end)`` for contiguous blocks of the requests (``weights``: completions each),
+        one block per server, in parallel; the outputs in request order, counted in this process's tally."""
+        bounds = _blocks(weights, len(self.servers))
+        jobs = [self._pool.submit(request, url, lo, hi) for url, (lo, hi) in zip(self.servers, bounds) if hi > lo]
+        out = [o for job in jobs for o in job.result()]
+        GENERATED.add(len(out), sum(len(o[0]) for o in out))  # sampled by the servers, for this trainer
+        return out
+
     def generate(self, prompts: list[list[int]], counts: list[int], *, temperature: float, top_k: int, top_p: float,
                  max_tokens: int, seed: int | None = None):
-        """As :meth:`VLLMEngine.generate`; one request per run of prompts with equal ``n``."""
-        out = []
-        for start, end in _runs(counts):
-            outs = self._complete(prompts[start:end], n=counts[start], temperature=temperature,
-                                  top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_tokens,
-                                  seed=None if seed is None else seed + start)
-            out += [(ids, lps, reason == "stop") for ids, lps, reason, _ in outs]
-        return out
+        """As :meth:`VLLMEngine.generate`; one request per run of prompts with equal ``n``, spread over the
+        servers."""
+        def request(url, lo, hi):
+            out = []
+            for start, end in _runs(counts[lo:hi]):
+                start, end = start + lo, end + lo
+                out += self._complete(url, prompts[start:end], n=counts[start], temperature=temperature,
+                                      top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=max_tokens,
+                                      seed=None if seed is None else seed + start)
+            return out
+
+        return [(ids, lps, reason == "stop") for ids, lps, reason, _ in self._spread(list(counts), request)]
 
     def continue_(self, contexts: list[list[int]], *, max_tokens: list[int], temperature: list[float], top_k: int,
                   top_p: float, stop: list[str] = (), stop_token_ids: list[int] = (), seed: int | None = None):
-        """As :meth:`VLLMEngine.continue_`; one request per run of contexts with equal limits."""
+        """As :meth:`VLLMEngine.continue_`; one request per run of contexts with equal limits, spread over the
+        servers."""
         keys = [(int(m), float(t)) for m, t in zip(max_tokens, temperature)]
-        out = []
-        for start, end in _runs(keys):
-            m, t = keys[start]
-            out += self._complete(contexts[start:end], n=1, temperature=t, top_k=top_k if top_k > 0 else -1,
-                                  top_p=top_p, max_tokens=m, seed=None if seed is None else seed + start,
-                                  stop=list(stop), stop_token_ids=list(stop_token_ids),
-                                  include_stop_str_in_output=True)
-        return out
+
+        def request(url, lo, hi):
+            out = []
+            for start, end in _runs(keys[lo:hi]):
+                start, end = start + lo, end + lo
+                m, t = keys[start]
+                out += self._complete(url, contexts[start:end], n=1, temperature=t,
+                                      top_k=top_k if top_k > 0 else -1, top_p=top_p, max_tokens=m,
+                                      seed=None if seed is None else seed + start, stop=list(stop),
+                                      stop_token_ids=list(stop_token_ids), include_stop_str_in_output=True)
+            return out
+
+        return self._spread([1] * len(contexts), request)
 
     @torch.no_grad()
     def sync(self, model) -> None:
-        """Push the policy's weights to the server (chunks of safetensors) under the next version stamp."""
+        """Push the policy's weights (chunks of safetensors) under the next version stamp to the servers this
+        process pushes to, in parallel; on a server another rank pushes to, wait until it holds that version."""
         from safetensors.torch import save
 
         version = self.version + 1
-        chunks, chunk, size = [], {}, 0
-        for name, p in policy_weights(model):
-            # every name, tied ones too: vLLM's in-place reload re-ties nothing (measured: leaving out the tied
-            # lm_head.weight of the tiny model gave a 0.07 log-prob mismatch after the first push)
-            t = p.detach().to("cpu").contiguous().clone()  # clone: tied weights share storage
-            nbytes = t.numel() * t.element_size()
-            if chunk and size + nbytes > self.chunk_bytes:
-                chunks.append(chunk)
-                chunk, size = {}, 0
-            chunk[name], size = t, size + nbytes
-        chunks.append(chunk)
-        for i, c in enumerate(chunks):
-            final = i == len(chunks) - 1
-            got = self._post("/update_weights", save(c), {"Content-Type": "application/octet-stream",
-                                                           "X-Weights-Version": str(version),
-                                                           "X-Weights-Final": "1" if final else "0"})
-        if got["weights_version"] != version:
-            raise RuntimeError(f"vllm_server at {self.url} did not take weights version {version} "
-                               f"(it reports {got['weights_version']})")
+        bodies = []
+        if self.pushes_to:
+            chunks, chunk, size = [], {}, 0
+            for name, p in policy_weights(model):
+                # every name, tied ones too: vLLM's in-place reload re-ties nothing (measured: leaving out the tied
+                # lm_head.weight of the tiny model gave a 0.07 log-prob mismatch after the first push)
+                t = p.detach().to("cpu").contiguous().clone()  # clone: tied weights share storage
+                nbytes = t.numel() * t.element_size()
+                if chunk and size + nbytes > self.chunk_bytes:
+                    chunks.append(chunk)
+                    chunk, size = {}, 0
+                chunk[name], size = t, size + nbytes
+            chunks.append(chunk)
+            bodies = [save(c) for c in chunks]
+        jobs = [self._pool.submit(self._push, url, bodies, version) for url in self.pushes_to]
+        jobs += [self._pool.submit(self._await_version, url, version) for url in self.servers
+                 if url not in self.pushes_to]
+        for job in jobs:
+            job.result()
         self.version = version
         self.needs_sync = False
         self.syncs += 1
+
+    def _push(self, url: str, bodies: list[bytes], version: int) -> None:
+        for i, body in enumerate(bodies):
+            final = i == len(bodies) - 1
+            got = self._post(url, "/update_weights", body, {"Content-Type": "application/octet-stream",
+                                                             "X-Weights-Version": str(version),
+                                                             "X-Weights-Final": "1" if final else "0"})
+        if got["weights_version"] != version:
+            raise RuntimeError(f"vllm_server at {url} did not take weights version {version} "
+                               f"(it reports {got['weights_version']})")
+
+    def _await_version(self, url: str, version: int) -> None:
+        """Wait until ``url`` (pushed to by another rank) holds weights ``version``."""
+        deadline = time.monotonic() + self.timeout
+        while (held := int(self._get(url, "/health")["weights_version"])) != version:
+            if held > version:
+                raise RuntimeError(f"vllm_server at {url} holds weights version {held}, newer than this trainer's "
+                                   f"{version}: another trainer pushed weights to it. Give each run its own servers")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm_server at {url} still holds weights version {held} after "
+                                   f"{self.timeout:.0f} s (vllm_server_timeout): the rank that pushes to it did not "
+                                   f"push version {version}")
+            time.sleep(0.02)
+
+
+def assign_servers(n_servers: int, rank: int, world_size: int) -> tuple[list[int], list[int]]:
+    """``(servers rank samples on, servers rank pushes weights to)``, as indices: rank ``r`` samples on the
+    servers ``s`` with ``s % world_size == r % n_servers`` and pushes to those with ``s % world_size == r``, so
+    each server is pushed to by exactly one rank (the lowest that samples on it) and each rank has a server."""
+    sample_on = [s for s in range(n_servers) if s % world_size == rank % n_servers]
+    return sample_on, [s for s in sample_on if s % world_size == rank]
+
+
+def _blocks(weights: list[int], k: int) -> list[tuple[int, int]]:
+    """``k`` contiguous ``[lo, hi)`` blocks of the items, each about ``sum(weights) / k`` in weight."""
+    total, bounds, acc, lo = sum(weights), [], 0, 0
+    for b in range(1, k):
+        target = total * b / k
+        hi = lo
+        while hi < len(weights) and acc + weights[hi] / 2 <= target:
+            acc += weights[hi]
+            hi += 1
+        bounds.append((lo, hi))
+        lo = hi
+    bounds.append((lo, len(weights)))
+    return bounds
 
 
 def _runs(keys: list) -> list[tuple[int, int]]:

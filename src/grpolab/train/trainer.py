@@ -256,7 +256,8 @@ class Trainer:
                                      enforce_eager=cfg.vllm_enforce_eager)
         elif cfg.generation_engine == "vllm_server":
             from ..generation.vllm_server import VLLMServerEngine
-            self.engine = VLLMServerEngine(cfg.vllm_server_url, timeout=cfg.vllm_server_timeout)
+            self.engine = VLLMServerEngine(cfg.vllm_server_url, timeout=cfg.vllm_server_timeout, rank=self.rank,
+                                           world_size=self.world_size)  # this rank's servers (docs/scaling.md)
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
                                   generator=self.generator, sampling_generator=self.sample_generator,
                                   engine=self.engine, log=self.log,
