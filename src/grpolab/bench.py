@@ -14,9 +14,13 @@ Identical settings on both sides: the same model weights (SmolLM2-135M-Instruct
 as float32 safetensors), the same prompts and reward, G completions per
 prompt, the same maximum completion length, temperature, learning rate,
 micro-batch size and gradient accumulation (one optimiser step per
-``prompts x G`` completions), float32, no KL term (beta = 0), no vLLM, no
+``prompts x G`` completions), the same precision (``--precision``: float32, or
+bf16 = bfloat16 autocast over float32 weights, grpolab's ``dtype: bfloat16`` and
+TRL's ``bf16=True``), no KL term (beta = 0), no vLLM, no
 gradient checkpointing (TRL's default turns it on; it is switched off so both
 do the same work), the "grpo" loss (sequence mean of token means) on both.
+Each worker reports the precision it actually ran, and the table shows it per
+library (a ``--grpolab-set dtype=...`` override shows there too).
 
 Timings never enter the test suite; ``make bench`` writes docs/benchmarks.md.
 """
@@ -158,6 +162,7 @@ def _run_grpolab(a) -> dict:
                         "max_prompt_length": 1024, "eval_before": False, "eval_after": False,
                         "tensorboard": False, "out": str(tmp / "run"), "seed": a.seed, "threads": a.threads,
                         "sampling_method": "inverse_cdf", "device": a.device,
+                        "dtype": "bfloat16" if a.precision == "bf16" else "float32",
                         **dict(kv.split("=", 1) for kv in a.grpolab_set)})
     tr = Trainer(cfg, log=lambda *x: None)
     n_params = sum(p.numel() for p in tr.model.parameters())
@@ -179,7 +184,7 @@ def _run_grpolab(a) -> dict:
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
             "body_params": body, "head_params": head,
             "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "precision": precision_label(tr.dtype)}
 
 
 def _run_trl(a) -> dict:
@@ -202,7 +207,8 @@ def _run_trl(a) -> dict:
     args = GRPOConfig(output_dir=tmp, per_device_train_batch_size=a.micro_batch, gradient_accumulation_steps=accum,
                       num_generations=a.G, max_completion_length=a.max_new, temperature=a.temperature,
                       learning_rate=a.lr, beta=0.0, loss_type="grpo", max_steps=a.warmup + a.steps,
-                      use_cpu=a.device == "cpu", bf16=False, gradient_checkpointing=False, use_vllm=False,
+                      use_cpu=a.device == "cpu", bf16=a.precision == "bf16", gradient_checkpointing=False,
+                      use_vllm=False,
                       report_to="none", save_strategy="no", logging_steps=1, seed=a.seed,
                       disable_tqdm=True, dataloader_num_workers=0, shuffle_dataset=True)
     marks: list[float] = []
@@ -229,9 +235,17 @@ def _run_trl(a) -> dict:
         trainer.train()
     edges = [start[0]] + marks
     steps = [edges[i + 1] - edges[i] for i in range(len(marks))]
+    ran = torch.bfloat16 if trainer.args.bf16 else torch.float16 if trainer.args.fp16 else model.dtype
     return {"lib": "trl", "step_s": steps[a.warmup:], "gen_tokens": tokens[a.warmup:], "peak_rss": mem.peak,
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "precision": precision_label(ran)}
+
+
+def precision_label(dtype) -> str:
+    """How the forward passes ran: ``float32``, or ``bfloat16 autocast`` / ``float16 autocast`` (float32
+    weights, matrix products in half precision: grpolab's ``dtype`` and TRL's ``bf16`` / ``fp16`` both)."""
+    name = str(dtype).replace("torch.", "")
+    return name if name in ("float32", "float64") else f"{name} autocast"
 
 
 def worker(argv: list[str]) -> int:
@@ -259,7 +273,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=1, help="untimed steps per run")
     p.add_argument("--rounds", type=int, default=2, help="alternating rounds (grpolab, TRL, grpolab, TRL, ...)")
     p.add_argument("--threads", type=int, default=0)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both libraries run (float32)")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="where both libraries run")
+    p.add_argument("--precision", default="float32", choices=["float32", "bf16"],
+                   help="both libraries' forward precision: float32, or bf16 (bfloat16 autocast over float32 "
+                        "weights: grpolab dtype bfloat16, TRL bf16=True)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scaling", action="store_true", help="also time grpolab for G in 2..16 and lengths 32..256")
     p.add_argument("--prefix-grouper", action="store_true", help="also time the shared-prefix training forward")
@@ -282,7 +299,8 @@ def _spawn(lib: str, argv: list[str]) -> dict:
 def _pass_through(a, **over) -> list[str]:
     vals = {"model": a.model, "prompts": a.prompts, "G": a.G, "max-new": a.max_new, "prompt-words": a.prompt_words,
             "temperature": a.temperature, "lr": a.lr, "micro-batch": a.micro_batch, "steps": a.steps,
-            "warmup": a.warmup, "threads": a.threads, "seed": a.seed, "device": a.device, **over}
+            "warmup": a.warmup, "threads": a.threads, "seed": a.seed, "device": a.device,
+            "precision": a.precision, **over}
     argv = []
     for k, v in vals.items():
         argv += [f"--{k}", str(v)]
@@ -296,6 +314,7 @@ def _summary(runs: list[dict]) -> dict:
     toks = [t for r in runs for t in r["gen_tokens"]]
     med = statistics.median(steps)
     return {"median_step_s": med, "steps": len(steps), "tokens_per_step": statistics.mean(toks) if toks else None,
+            "precision": ", ".join(sorted({r.get("precision", "not reported") for r in runs})),
             "gen_tok_per_s": (statistics.mean(toks) / med) if toks else None,
             "peak_rss_mb": max(r["peak_rss"] for r in runs) / 2 ** 20}
 
@@ -439,16 +458,18 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None) -> str
              f"{elapsed / 60:.1f} min.", "",
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
              f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
-             f"one optimiser step per {a.prompts * a.G} completions), float32, beta 0, no vLLM, no gradient "
+             f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
+             f"library ran: the table), beta 0, no vLLM, no gradient "
              f"checkpointing; grpolab samples with `sampling_method: inverse_cdf`. {a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
              f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
     if summ:
-        lines += ["| library | median step (s) | generated tokens / step | generated tokens / s | peak RSS (MB) |",
-                  "|---|---|---|---|---|"]
+        lines += ["| library | precision | median step (s) | generated tokens / step | generated tokens / s | "
+                  "peak RSS (MB) |", "|---|---|---|---|---|---|"]
     for lib, s in summ.items():
         tps = f"{s['gen_tok_per_s']:.1f}" if s["gen_tok_per_s"] else "n/a"
         tks = f"{s['tokens_per_step']:.0f}" if s["tokens_per_step"] else "n/a"
-        lines.append(f"| {lib} | {s['median_step_s']:.2f} | {tks} | {tps} | {s['peak_rss_mb']:.0f} |")
+        lines.append(f"| {lib} | {s['precision']} | {s['median_step_s']:.2f} | {tks} | {tps} | "
+                     f"{s['peak_rss_mb']:.0f} |")
     lines.append("")
     if "grpolab" in summ and "trl" in summ:
         g, t = summ["grpolab"], summ["trl"]
