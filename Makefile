@@ -1,6 +1,10 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
 #   make test    same set-up plus dev dependencies, then the whole suite
+#   make test-avx2  the whole suite on an AVX2-only CPU's code path, on any x86 CPU: PyTorch's AVX2 kernels
+#                (ATEN_CPU_CAPABILITY=avx2), MKL / oneDNN capped at AVX2, and dtype auto deciding as on a CPU
+#                without bf16 matrix instructions (GRPOLAB_CPU_KIND=avx2); `make test` on an AVX512-BF16 CPU
+#                covers the other kind this project's machines have had
 #   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
 #   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
 #   make test-data  the [data] extra (datasets, pyarrow) and the data-format tests that need it
@@ -14,7 +18,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test test-browser test-trackers test-data test-vllm docs bench clean
+.PHONY: install install-dev train test test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,6 +43,11 @@ train: $(STAMP)
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+
+# the suite as an AVX2-only machine runs it (the variables are inherited by the processes the tests start)
+test-avx2: $(DEVSTAMP)
+	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 GRPOLAB_CPU_KIND=avx2 \
+		HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests $(ARGS)
 
 # grpolab report in a real headless browser: Debian's chromium (apt-get, as root) + playwright (the `browser`
 # extra; it drives the system chromium, downloads no browser); keeps docs/report_screenshot.png
