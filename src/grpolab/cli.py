@@ -173,6 +173,8 @@ def cmd_train(args, rest: list[str]) -> int:
             from .distributed.trainer import DistributedTrainer as TrainerClass
         else:
             from .train.trainer import Trainer as TrainerClass
+    from .train.supervisor import report
+    report("out", cfg.out)  # for the watching process's message, should this one end early
     trainer = TrainerClass(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     summary = trainer.train(progress=not args.quiet)
     if trainer.is_main:
@@ -549,6 +551,25 @@ def _no_extra(rest) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `grpolab` command (``argv``: its arguments; None: this process's command line). A single-process
+    `grpolab train` of the command line trains in a forked child, watched by this process, so that a run that
+    does not reach its end never exits 0 (train/supervisor.py)."""
+    from .train import supervisor
+    if argv is not None or not supervisor.wanted(sys.argv[1:]):
+        return _main(argv)
+    code = supervisor.fork()
+    if code is not None:  # the process the user started: the training process has ended
+        return code
+    try:
+        rc = _main(None)
+    except BaseException as e:
+        supervisor.report("raised", type(e).__name__)
+        raise
+    supervisor.report("end", rc)
+    return rc
+
+
+def _main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (repeatable): components it registers can then be selected, "
