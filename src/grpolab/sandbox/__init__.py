@@ -77,6 +77,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import jail
+
 # ----------------------------------------------------------------- results
 
 
@@ -106,13 +108,17 @@ class _Isolation:
     network: str = "audit-hook"
     filesystem: str = "audit-hook"
     signals: str = "unrestricted"
+    view: str = "host"              # "jail": the child sees only a minimal read-only view (jail.View)
+    processes: str = "session"      # "pidns": a PID namespace per call; nothing outlives the call
+    seccomp: str = "none"           # "filter": jail.seccomp_program is loaded in every child
+    environment: str = "minimal"    # the worker starts with a minimal environment (no variables of the trainer)
+    note: str = ""                  # why a layer is missing, where the kernel said so
 
     def as_dict(self) -> dict:
-        return {"network": self.network, "filesystem": self.filesystem, "signals": self.signals}
+        return {k: v for k, v in self.__dict__.items() if k != "note" or v}
 
 
 # ------------------------------------------------------- kernel mechanisms
-_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 _PR_SET_NO_NEW_PRIVS = 38
 _SYS = {"x86_64": (444, 445, 446), "aarch64": (444, 445, 446)}  # landlock_create_ruleset / add_rule / restrict_self
 # Landlock filesystem rights (ABI 1..): execute 1, write_file 2, read_file 4, read_dir 8, remove_dir 16,
@@ -124,15 +130,6 @@ _LL_WRITE[3] = _LL_WRITE[2] | 16384
 _LL_WRITE[5] = _LL_WRITE[3] | 32768
 _LL_NET_TCP = 1 | 2              # bind_tcp, connect_tcp (ABI 4)
 _LL_SCOPE = 1 | 2                # abstract unix socket, signal (ABI 6)
-
-
-def _libc():
-    try:
-        lib = ctypes.CDLL(None, use_errno=True)
-        lib.syscall.restype = ctypes.c_long
-        return lib
-    except OSError:
-        return None
 
 
 def _landlock_abi(libc) -> int:
@@ -181,27 +178,6 @@ def _landlock_restrict(libc, abi: int, writable: list[str], block_tcp: bool) -> 
         os.close(fd)
 
 
-def _unshare_network(libc) -> bool:
-    """Move this process into a new, empty network namespace (root, or via a user namespace)."""
-    if libc is None or sys.platform != "linux":
-        return False
-    if libc.unshare(_CLONE_NEWNET) == 0:
-        return True
-    uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(_CLONE_NEWUSER | _CLONE_NEWNET) != 0:
-        return False
-    try:  # keep our uid/gid inside the user namespace
-        with open("/proc/self/setgroups", "w") as fh:
-            fh.write("deny")
-        with open("/proc/self/uid_map", "w") as fh:
-            fh.write(f"{uid} {uid} 1")
-        with open("/proc/self/gid_map", "w") as fh:
-            fh.write(f"{gid} {gid} 1")
-    except OSError:
-        pass
-    return True
-
-
 # -------------------------------------------------------------- audit hook
 _BLOCKED_EVENTS = ("socket.", "os.system", "subprocess.Popen", "os.exec", "os.posix_spawn", "os.spawn", "os.fork",
                    "os.forkpty", "ctypes.", "os.remove", "os.unlink", "os.rmdir", "os.rename", "os.replace",
@@ -245,17 +221,119 @@ def _exec_source(source: str) -> None:
     exec(compile(source, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 
 
-def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, iso: _Isolation, libc, abi: int):
-    """In the forked child: lock down, run, write the JSON result to ``res_fd``; never returns."""
+class _Call:
+    """The file descriptors and folders of one call, shared by the worker and the call's processes."""
+
+    def __init__(self, req: dict, base: str, view, lifeline: int):
+        self.req, self.view, self.lifeline = req, view, lifeline
+        self.scratch = tempfile.mkdtemp(prefix="call-", dir=view.tmp if view is not None else base)
+        self.io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
+        self.out_path, self.err_path = os.path.join(self.io_dir, "stdout"), os.path.join(self.io_dir, "stderr")
+        self.out_fd = os.open(self.out_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self.err_fd = os.open(self.err_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        self.res_r, self.res_w = os.pipe()       # the child's JSON result
+        self.status_r, self.status_w = os.pipe()  # the call's init: the child's wait status
+        self.pid_r, self.pid_w = os.pipe()       # the namespace maker: the init's pid
+
+    def close_for_worker(self) -> None:
+        for fd in (self.out_fd, self.err_fd, self.res_w, self.status_w, self.pid_w):
+            os.close(fd)
+
+
+def _keep_only(keep: set[int]) -> None:
+    """Close every file descriptor above 2 except ``keep`` (the worker's protocol pipes above all)."""
+    lo = 3
+    for fd in sorted(k for k in keep if k >= 3):
+        os.closerange(lo, fd)
+        lo = fd + 1
+    os.closerange(lo, 1 << 20)
+
+
+def _ns_maker(call: _Call, lib) -> None:
+    """First fork of a jailed call: a new PID and mount namespace, then the call's init; reports its pid, exits."""
+    try:
+        _keep_only({call.lifeline, call.res_w, call.status_w, call.pid_w, call.out_fd, call.err_fd})
+        if lib.unshare(jail.CLONE_NEWPID | jail.CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID | CLONE_NEWNS)")
+        pid = os.fork()
+        if pid == 0:
+            _call_init(call, lib)
+        os.write(call.pid_w, str(pid).encode())
+    except BaseException as e:  # noqa: BLE001 - reported to the worker
+        try:
+            os.write(call.pid_w, f"E{type(e).__name__}: {e}".encode()[:500])
+        except OSError:
+            pass
+    os._exit(0)
+
+
+def _call_init(call: _Call, lib) -> None:
+    """The call's init (PID 1 of its namespace when jailed): enter the view, fork the child, report its status.
+
+    It stays in grpolab's code: when it exits or is killed, the kernel kills everything left in the PID
+    namespace. It also watches the worker (the lifeline pipe): a worker that dies takes the call with it.
+    """
+    status = 255 << 8
+    try:
+        os.setpgid(0, 0)
+        _keep_only({call.lifeline, call.res_w, call.status_w, call.out_fd, call.err_fd})
+        scratch = call.scratch
+        if call.view is not None:
+            call.view.enter(scratch)
+            scratch = call.view.inside(scratch)
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGCHLD, lambda *a: None)
+        pid = os.fork()
+        if pid == 0:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _child(call, scratch, lib)
+        while True:
+            done, st = os.waitpid(pid, os.WNOHANG)
+            if done:
+                status = st
+                break
+            ready, _, _ = select.select([wake_r, call.lifeline], [], [])
+            if call.lifeline in ready:  # the worker is gone: end the call
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                os._exit(1)
+            os.read(wake_r, 4096)
+    except BaseException as e:  # noqa: BLE001 - reported in the call's stderr
+        try:
+            os.write(call.err_fd, f"sandbox: setting up the call failed: {type(e).__name__}: {e}\n".encode())
+        except OSError:
+            pass
+    try:
+        os.write(call.status_w, str(status).encode())
+    finally:
+        os._exit(0)
+
+
+_MIN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+# variables the worker keeps from the trainer: OpenBLAS's core type (older builds compute wrong results on
+# some CPUs without it) and the time zone; nothing that could hold a secret
+_PASS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TZ")
+
+
+def _child(call: _Call, scratch: str, lib):
+    """The process that runs the function: lock down, run, write the JSON result; never returns."""
+    req, res_fd = call.req, call.res_w
     code = 0
     try:
-        os.setsid()
-        os.dup2(out_fd, 1)
-        os.dup2(err_fd, 2)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(call.out_fd, 1)
+        os.dup2(call.err_fd, 2)
+        _keep_only({res_fd})
+        sys.stdin = open(0, closefd=False)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         os.chdir(scratch)
-        os.environ["HOME"] = os.environ["TMPDIR"] = scratch
+        os.environ.clear()
+        os.environ.update({**_MIN_ENV, "HOME": scratch, "TMPDIR": scratch})
         tempfile.tempdir = scratch
         import resource
         lim: Limits = req["limits"]
@@ -267,9 +345,16 @@ def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, iso: 
         if lim.file_mb > 0:
             resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_mb << 20, lim.file_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if iso.filesystem == "landlock" and not _landlock_restrict(libc, abi, [scratch],
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+        iso: _Isolation = req["isolation"]
+        if iso.filesystem == "landlock" and not _landlock_restrict(lib, req["landlock_abi"], [scratch],
                                                                    block_tcp=iso.network != "netns"):
             raise RuntimeError("sandbox: Landlock restriction failed in the child")
+        jail.drop_capabilities(lib)
+        if not jail.no_new_privs(lib) and iso.seccomp == "filter":
+            raise RuntimeError("sandbox: no_new_privs failed in the child")
+        if iso.seccomp == "filter" and not jail.install_seccomp(lib):
+            raise RuntimeError("sandbox: the seccomp filter failed to load in the child")
         if req.get("audit_hook", True):
             _install_audit_hook(scratch)
         fn, args, kwargs = req["fn"], req.get("args", ()), req.get("kwargs", {})
@@ -319,22 +404,40 @@ def _tail(path: str, limit: int) -> str:
     return text + ("\n[output truncated]" if len(data) > limit else "")
 
 
-def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
+def _kill_call(pid: int) -> None:
+    """Kill a call's init and its process group (jailed: the kernel then kills its whole PID namespace)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
     lim: Limits = req["limits"]
-    scratch = tempfile.mkdtemp(prefix="call-", dir=base)
-    io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
-    out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
-    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT, 0o600)
-    err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT, 0o600)
-    r_fd, w_fd = os.pipe()
+    call = _Call(req, base, view, lifeline)
     t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        os.close(r_fd)
-        _child(req, scratch, out_fd, err_fd, w_fd, iso, libc, abi)
-    os.close(w_fd)
-    os.close(out_fd)
-    os.close(err_fd)
+    maker = os.fork()
+    if maker == 0:
+        if view is not None:
+            _ns_maker(call, lib)
+        _call_init(call, lib)
+    if view is not None:  # the maker reports the init's pid and exits; the init is then ours (subreaper)
+        os.waitpid(maker, 0)
+        got = os.read(call.pid_r, 600).decode("utf-8", "replace")
+        init = int(got) if got.isdigit() else None
+    else:
+        got, init = "", maker
+    os.close(call.pid_r)
+    call.close_for_worker()
+    if init is None:
+        shutil.rmtree(call.scratch, ignore_errors=True)
+        shutil.rmtree(call.io_dir, ignore_errors=True)
+        for fd in (call.res_r, call.status_r):
+            os.close(fd)
+        return {"ok": False, "error": f"sandbox: the call's namespaces could not be made ({got[1:] or 'no answer'})",
+                "stdout": "", "stderr": "", "timed_out": False, "seconds": time.monotonic() - t0}
+    r_fd = call.res_r
     chunks, status, timed_out = [], None, False
     deadline = t0 + (lim.wall_s if lim.wall_s > 0 else 1e9)
     open_pipe = True
@@ -350,19 +453,23 @@ def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
                     open_pipe = False
         else:
             time.sleep(0.001)
-        done, st = os.waitpid(pid, os.WNOHANG)
+        done, st = os.waitpid(init, os.WNOHANG)
         if done:
             status = st
             break
         if time.monotonic() > deadline:
             timed_out = True
             break
-    try:
-        os.killpg(pid, signal.SIGKILL)  # the child and everything it started in its session
-    except (ProcessLookupError, PermissionError):
-        pass
+    _kill_call(init)  # whatever the child left behind
     if status is None:
-        _, status = os.waitpid(pid, 0)
+        os.waitpid(init, 0)
+    os.set_blocking(call.status_r, False)
+    try:
+        reported = os.read(call.status_r, 64).decode()
+    except BlockingIOError:
+        reported = ""
+    os.close(call.status_r)
+    status = int(reported) if reported.isdigit() else (255 << 8)
     os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
     while open_pipe and not timed_out:
         try:
@@ -374,10 +481,11 @@ def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
         chunks.append(chunk)
     os.close(r_fd)
     seconds = time.monotonic() - t0
-    res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
+    res = {"stdout": _tail(call.out_path, lim.max_output), "stderr": _tail(call.err_path, lim.max_output),
            "timed_out": timed_out, "seconds": seconds}
-    shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(io_dir, ignore_errors=True)
+    shutil.rmtree(call.scratch, ignore_errors=True)
+    shutil.rmtree(call.io_dir, ignore_errors=True)
+    _reap()
     if timed_out:
         return {**res, "ok": False, "error": f"timeout: still running after {lim.wall_s:g} s (wall_s)"}
     data = b"".join(chunks)
@@ -389,34 +497,65 @@ def _run_one(req: dict, base: str, iso: _Isolation, libc, abi: int) -> dict:
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         why = {signal.SIGXCPU: f"CPU limit of {lim.cpu_s:g} s (cpu_s)", signal.SIGKILL: "killed",
-               signal.SIGXFSZ: f"file size limit of {lim.file_mb} MiB (file_mb)"}.get(sig, signal.Signals(sig).name)
+               signal.SIGXFSZ: f"file size limit of {lim.file_mb} MiB (file_mb)",
+               signal.SIGSYS: "a system call the sandbox forbids"}.get(sig, signal.Signals(sig).name)
         return {**res, "ok": False, "error": f"crashed: {why}"}
     code = os.WEXITSTATUS(status)
     hint = " (memory limit?)" if "MemoryError" in res["stderr"] else ""
     return {**res, "ok": False, "error": f"crashed: exit status {code} without a result{hint}"}
 
 
+def _reap() -> None:
+    """Wait for any orphan handed to the worker (it is their subreaper)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def _worker_main() -> None:
     """The fork server: reads pickled requests from the trusted parent, answers JSON."""
     proto_in = os.fdopen(os.dup(0), "rb")
     proto_out = os.fdopen(os.dup(1), "wb")
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)  # a call's processes must never reach the protocol pipes
+    os.close(null)
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     sys.stdout = sys.stderr
-    libc = _libc()
+    lib = jail.libc()
     iso = _Isolation()
-    if _unshare_network(libc):
+    ns = jail.enter_worker_namespaces(lib)
+    if ns["network"]:
         iso.network = "netns"
-    abi = _landlock_abi(libc)
+    abi = _landlock_abi(lib)
     if abi >= 1:
         iso.filesystem = "landlock"
         if iso.network != "netns" and abi >= 4:
             iso.network = "landlock-tcp"
         if abi >= 6:
             iso.signals = "landlock-scoped"
+    if jail.seccomp_supported() and lib is not None:
+        iso.seccomp = "filter"
     base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
+    lifeline_r, lifeline_w = os.pipe()  # the worker keeps the write end: its death closes it
+    view = None
     try:
         init = pickle.loads(_read_msg(proto_in) or b"")
         sys.path[:0] = [p for p in init.get("path", []) if p not in sys.path]
+        if ns["mount"] and jail.set_child_subreaper(lib):
+            try:
+                view = jail.View(lib, base)
+                for p in jail.default_paths(init.get("binds", []), init.get("home"), init.get("cwd")):
+                    view.add(p)
+                iso.view, iso.processes = "jail", "pidns"
+                iso.signals = "pidns"
+            except OSError as e:
+                view, iso.note = None, f"no jail: {e}"
+        elif not ns["mount"]:
+            iso.note = "no jail: the kernel refused new mount namespaces (needs root or unprivileged user namespaces)"
         errors = []
         for fn, args in init.get("preload", []):
             try:
@@ -430,12 +569,22 @@ def _worker_main() -> None:
                                           "pid": os.getpid()}).encode())
         while (raw := _read_msg(proto_in)) is not None:
             req = pickle.loads(raw)  # from the trusted parent only
+            if view is not None:
+                try:
+                    for p in req.pop("binds", []):
+                        view.add(p)
+                except OSError as e:
+                    print(f"sandbox: could not show {p} in the jail: {e}", file=sys.stderr)
+            req = {**req, "isolation": iso, "landlock_abi": abi}
             if "items" in req:
-                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, iso, libc, abi) for a in req["items"]]
+                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, view, lifeline_r, lib)
+                           for a in req["items"]]
             else:
-                answers = _run_one(req, base, iso, libc, abi)
+                answers = _run_one(req, base, view, lifeline_r, lib)
             _write_msg(proto_out, json.dumps(answers).encode())
     finally:
+        if view is not None and lib is not None:
+            lib.umount2(view.root.encode(), jail.MNT_DETACH)  # never recurse into the read-only binds
         shutil.rmtree(base, ignore_errors=True)
 
 
@@ -455,26 +604,31 @@ class Sandbox:
     """
 
     def __init__(self, limits: Limits | None = None, preload: list[tuple[Callable, tuple]] | None = None,
-                 audit_hook: bool = True):
+                 audit_hook: bool = True, env: dict[str, str] | None = None):
         self.limits = limits or Limits()
         self.preload = list(preload or [])
         self.audit_hook = audit_hook  # False only to test the kernel layers alone
+        self.env = dict(env or {})    # variables the worker and its children get besides the minimal set
         self.isolation: dict | None = None
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
 
     # -- worker lifecycle
     def _start(self) -> None:
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-               "PYTHONDONTWRITEBYTECODE": "1"}
         pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        path = [os.path.abspath(p) for p in sys.path]  # "" = the trainer's folder, not the worker's
+        # a minimal environment: none of the trainer's variables (API keys, tokens) reach model-written code
+        env = {**_MIN_ENV, "HOME": tempfile.gettempdir(), "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+               "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": os.pathsep.join(path),
+               **{k: os.environ[k] for k in _PASS_ENV if k in os.environ}, **self.env}
         # a bare namespace for grpolab: the worker imports grpolab.sandbox without grpolab/__init__ (torch)
         boot = (f"import sys, types; p = types.ModuleType('grpolab'); p.__path__ = [{pkg!r}]; "
                 f"sys.modules['grpolab'] = p; import grpolab.sandbox as s; s._worker_main()")
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
         self._proc = subprocess.Popen([sys.executable, "-c", boot], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                       env=env, cwd=tempfile.gettempdir(), start_new_session=True)
-        _write_msg(self._proc.stdin, pickle.dumps({"path": list(sys.path), "preload": self.preload}))
+        binds = [pkg] + [b for fn, _ in self.preload for b in jail.module_paths(fn)]
+        _write_msg(self._proc.stdin, pickle.dumps({"path": path, "preload": self.preload, "binds": binds,
+                                                    "home": os.path.expanduser("~"), "cwd": os.getcwd()}))
         hello = _read_msg(self._proc.stdout)
         if hello is None:
             self._kill()
@@ -552,7 +706,8 @@ class Sandbox:
     def call(self, fn: Callable, *args, limits: Limits | None = None, **kwargs) -> SandboxResult:
         """``fn(*args, **kwargs)`` in a fresh limited child; the value comes back through JSON."""
         lim = limits or self.limits
-        req = {"fn": fn, "args": args, "kwargs": kwargs, "limits": lim, "audit_hook": self.audit_hook}
+        req = {"fn": fn, "args": args, "kwargs": kwargs, "limits": lim, "audit_hook": self.audit_hook,
+               "binds": jail.module_paths(fn)}
         return SandboxResult(**self._request(req, budget=lim.wall_s + 30))
 
     def map(self, fn: Callable, items: list[tuple], limits: Limits | None = None) -> list[SandboxResult]:
@@ -561,7 +716,7 @@ class Sandbox:
             return []
         lim = limits or self.limits
         out = self._request({"fn": fn, "items": [tuple(a) for a in items], "limits": lim,
-                             "audit_hook": self.audit_hook},
+                             "audit_hook": self.audit_hook, "binds": jail.module_paths(fn)},
                             budget=len(items) * (lim.wall_s + 1) + 30)
         return [SandboxResult(**r) for r in out]
 

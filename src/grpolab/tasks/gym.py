@@ -22,10 +22,10 @@ The prompt is the dataset's question followed by "Finish your reply with
   process: it runs in the sandbox (:mod:`grpolab.sandbox`, docs/safety.md), a
   worker process that builds the two datasets once and scores each reward call
   in a fresh child with CPU, memory and wall-clock limits, no network and no
-  file writes outside a scratch directory. ``rg_sandbox: call`` (default) scores
-  a whole reward call in one child; ``item`` gives every answer its own child
-  (one answer's code cannot touch another's score; slower: every child starts
-  with cold caches). In
+  file writes outside a scratch directory. ``rg_sandbox: item`` (default) gives
+  every answer its own child, so one answer's code cannot touch another's
+  score; ``call`` scores a whole reward call in one child (faster, but one
+  crafted answer can patch the scorer for the answers after it). In
   ``call`` mode a child that times out or crashes is retried answer by answer.
   An answer whose scoring times out (``rg_score_timeout``), crashes or raises
   scores 0.0, as reasoning-gym scores an answer whose evaluation fails.
@@ -133,8 +133,10 @@ def gym_task(name: str, *,
              rg_seed: int = param(1234, 'rg:NAME: dataset seed of the training split'),
              rg_config: dict | str | None = param(None, 'rg:NAME: extra reasoning-gym dataset options (mapping or '
                                                   'JSON object)'),
-             rg_sandbox: str = param("call", "rg:NAME: sandbox children for scoring: 'call' = one per reward "
-                                     "call, 'item' = one per answer (full isolation, slower)", ["call", "item"]),
+             rg_sandbox: str = param("item", "rg:NAME: sandbox children for scoring: 'item' = one per answer "
+                                     "(an answer cannot touch another's score), 'call' = one per reward call "
+                                     "(faster; one crafted answer can change the scores of the others)",
+                                     ["item", "call"]),
              rg_score_timeout: float = param(20.0, "rg:NAME: wall-clock and CPU seconds a scoring child may run "
                                              "(one reward call, or one answer with rg_sandbox item)")) -> Task:
     """The reasoning-gym dataset ``name`` as a :class:`Task` (see the module docstring).

@@ -1,0 +1,359 @@
+"""The jail around every sandbox child: Linux namespaces, a minimal read-only view, seccomp, no capabilities.
+
+Kernel mechanisms only: nothing here depends on catching Python-level events,
+so code that escapes or disables the audit hook (a fresh interpreter started
+through ``_posixsubprocess``, ``ctypes`` into libc, native extensions) is held
+by the same walls. Used by :mod:`grpolab.sandbox`; a leaf module (standard
+library and ``ctypes`` only).
+
+The layers, each reported by :class:`grpolab.sandbox.Sandbox` ``.isolation``:
+
+* **view** (``"jail"``): the fork-server worker builds, once, a root of its own
+  in a private mount namespace — a tmpfs holding read-only bind mounts of only
+  what Python needs (``/usr``, ``/lib*``, the interpreter's prefixes, the
+  ``sys.path`` entries other than the current directory and the home folder,
+  grpolab's own package, the modules of the functions sent), ``/dev/{null,zero,
+  full,random,urandom}``, a private ``/proc`` and a size-limited ``/tmp`` that
+  holds the per-call scratch folders. Each call's child pivots into it, so the
+  user's home, ``/run`` (docker.sock, D-Bus, ssh-agent sockets), ``/etc`` and
+  every other host path do not exist for it.
+* **processes** (``"pidns"``): each call gets its own PID namespace whose init is
+  grpolab code; when the call ends or times out the init is killed and the
+  kernel kills everything in the namespace, whatever ``setsid``/double-forking
+  the code did. Host processes (the trainer, the worker) are invisible to it.
+* **network** (``"netns"``): a new network namespace with only a downed
+  loopback, created by the worker: no TCP/UDP, and no abstract Unix sockets of
+  the host (they are per network namespace); pathname Unix sockets of the host
+  are not in the view.
+* **seccomp** (``"filter"``, x86-64): a BPF filter refuses new processes
+  (``fork``/``vfork``/``clone`` other than threads; ``clone3`` answers ENOSYS so
+  threads fall back to ``clone``), ``execve``/``execveat``, ``socket``, ``ptrace``
+  and ``process_vm_*``, ``mount`` and the new mount API, ``pivot_root``/``chroot``,
+  ``unshare``/``setns``, ``keyctl``/``add_key``/``request_key``, ``bpf``,
+  ``perf_event_open``, ``userfaultfd``, ``io_uring_*``, module and kexec loading,
+  and the other administrative calls in :data:`DENIED`.
+* **capabilities**: all dropped (effective, permitted, inheritable, bounding),
+  and ``no_new_privs`` set.
+
+Where the kernel refuses namespaces (no root and no unprivileged user
+namespaces, e.g. some containers, macOS), the view and the PID namespace are
+missing and ``isolation`` says so; seccomp, Landlock, limits and the audit hook
+still apply where the kernel has them.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import platform
+import struct
+import sys
+
+CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
+CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_THREAD = 0x10000000, 0x20000000, 0x40000000, 0x00010000
+_NS_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNET
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
+MNT_DETACH = 2
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 24, 38, 22
+PR_SET_CHILD_SUBREAPER = 36
+SECCOMP_MODE_FILTER = 2
+
+DEV_NODES = ("null", "zero", "full", "random", "urandom")
+TMP_MB = 1024            # size of the jail's /tmp (every call's scratch folder lives there)
+
+
+def libc():
+    try:
+        lib = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    lib.syscall.restype = ctypes.c_long
+    lib.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    return lib
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"{what}: {os.strerror(e)}")
+
+
+# --------------------------------------------------------------------- namespaces of the worker
+def enter_worker_namespaces(lib) -> dict:
+    """Move the worker into new network, mount, IPC and UTS namespaces (through a user namespace when not root).
+
+    Returns ``{"network": bool, "mount": bool}``: what the kernel allowed.
+    """
+    if lib is None or sys.platform != "linux":
+        return {"network": False, "mount": False}
+    for flags in (CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS, CLONE_NEWNET):
+        if lib.unshare(flags) == 0:
+            return {"network": True, "mount": bool(flags & CLONE_NEWNS)}
+    uid, gid = os.getuid(), os.getgid()
+    for flags in (CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS,
+                  CLONE_NEWUSER | CLONE_NEWNET):
+        if lib.unshare(flags) == 0:
+            try:  # keep our uid/gid inside the user namespace
+                for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
+                                   ("gid_map", f"{gid} {gid} 1")):
+                    with open(f"/proc/self/{name}", "w") as fh:
+                        fh.write(text)
+            except OSError:
+                pass
+            return {"network": True, "mount": bool(flags & CLONE_NEWNS)}
+    return {"network": False, "mount": False}
+
+
+def set_child_subreaper(lib) -> bool:
+    """Orphans of the worker's children become the worker's (so a call's init can be waited for and killed)."""
+    return lib is not None and lib.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+# --------------------------------------------------------------------- the view
+def _mount_flags(path: str) -> int:
+    """The flags a read-only remount of a bind of ``path`` must keep (the kernel refuses to clear locked ones)."""
+    f = os.statvfs(path).f_flag
+    out = MS_NOSUID | MS_NODEV
+    for st, ms in ((os.ST_NOEXEC, MS_NOEXEC), (os.ST_NOATIME, MS_NOATIME), (os.ST_NODIRATIME, MS_NODIRATIME),
+                   (getattr(os, "ST_RELATIME", 4096), MS_RELATIME)):
+        if f & st:
+            out |= ms
+    return out
+
+
+def _under(path: str, roots) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+class View:
+    """A root folder (tmpfs) of read-only binds that each call's child pivots into."""
+
+    def __init__(self, lib, base: str, tmp_mb: int = TMP_MB):
+        self.lib = lib
+        self.root = os.path.join(base, "root")
+        self.bound: list[str] = []
+        os.makedirs(self.root)
+        _check(lib.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
+        _check(lib.mount(b"tmpfs", self.root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=16m"),
+               "mounting the jail's root")
+        for d in ("proc", "tmp", "dev", "etc"):
+            os.makedirs(os.path.join(self.root, d))
+        tmp = os.path.join(self.root, "tmp")
+        _check(lib.mount(b"tmpfs", tmp.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
+                         f"mode=1777,size={int(tmp_mb)}m".encode()), "mounting the jail's /tmp")
+        for name in DEV_NODES:
+            src = f"/dev/{name}"
+            if os.path.exists(src):
+                dst = os.path.join(self.root, "dev", name)
+                open(dst, "w").close()
+                _check(lib.mount(src.encode(), dst.encode(), None, MS_BIND, None), f"binding {src}")
+        for src in ("/etc/ld.so.cache", "/etc/localtime"):
+            if os.path.isfile(src):
+                self.add(src)
+        self.tmp = tmp
+
+    def add(self, path: str) -> None:
+        """Make ``path`` (a file or folder of the host) visible, read-only, at the same place in the view."""
+        path = os.path.abspath(path)
+        real = os.path.realpath(path)
+        if not os.path.exists(real) or _under(real, self.bound) or _under(real, ("/proc", "/sys", "/dev")):
+            self._link(path, real)
+            return
+        dst = self.root + real
+        self._remount_root(writable=True)
+        try:
+            if os.path.isdir(real):
+                os.makedirs(dst, exist_ok=True)
+            else:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                if not os.path.exists(dst):
+                    open(dst, "w").close()
+        finally:
+            self._remount_root(writable=False)
+        _check(self.lib.mount(real.encode(), dst.encode(), None, MS_BIND | MS_REC, None), f"binding {real}")
+        _check(self.lib.mount(None, dst.encode(), None, MS_BIND | MS_REMOUNT | MS_RDONLY | _mount_flags(real),
+                              None), f"making {real} read-only")
+        self.bound.append(real)
+        self._link(path, real)
+
+    def _link(self, path: str, real: str) -> None:
+        """Where ``path`` is reached through a symlink (``/lib`` -> ``usr/lib``), the same symlink in the view."""
+        if path == real or _under(path, self.bound) or os.path.lexists(self.root + path):
+            return
+        parent = os.path.dirname(path)
+        if not os.path.islink(path):  # a symlink higher up: mirror that one instead
+            if parent != path:
+                self._link(parent, os.path.realpath(parent))
+            return
+        self._remount_root(writable=True)
+        try:
+            os.makedirs(self.root + parent, exist_ok=True)
+            os.symlink(os.readlink(path), self.root + path)
+        except FileExistsError:
+            pass
+        finally:
+            self._remount_root(writable=False)
+
+    def _remount_root(self, writable: bool) -> None:
+        flags = MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
+        _check(self.lib.mount(None, self.root.encode(), None, flags, None), "remounting the jail's root")
+
+    def enter(self, scratch: str) -> bool:
+        """In a call's init (PID 1 of a new PID and mount namespace): a fresh ``/proc``, pivot into the view, and
+        ``chdir`` to ``scratch`` (a folder under the view's ``/tmp``). Returns whether ``/proc`` could be mounted."""
+        lib = self.lib
+        proc = os.path.join(self.root, "proc")
+        has_proc = lib.mount(b"proc", proc.encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
+        os.chdir(self.root)
+        _check(lib.syscall(_NR["pivot_root"], b".", b"."), "pivot_root")
+        _check(lib.umount2(b".", MNT_DETACH), "detaching the host's root")
+        os.chdir("/")
+        os.chdir(scratch[len(self.root):])
+        return has_proc
+
+    def inside(self, host_path: str) -> str:
+        """The path of the view's ``host_path`` (under ``root``) as the jailed child sees it."""
+        return host_path[len(self.root):] if host_path.startswith(self.root + "/") else host_path
+
+
+def default_paths(extra=(), home: str | None = None, cwd: str | None = None) -> list[str]:
+    """What the view shows read-only: system libraries, the interpreter's prefixes, ``sys.path`` entries other
+    than the current folder ``cwd`` and the home folder ``home`` (or one above them; the trainer's, by default
+    this process's), grpolab's package, and ``extra``."""
+    home = os.path.realpath(home or os.path.expanduser("~"))
+    cwd = os.path.realpath(cwd or os.getcwd())
+    keep = []
+    for p in ["/usr", "/lib", "/lib64", "/lib32", "/bin", sys.prefix, sys.base_prefix, sys.exec_prefix,
+              sys.base_exec_prefix, *sys.path, *extra]:
+        if not p or not os.path.isabs(p) or not os.path.exists(p):
+            continue
+        real = os.path.realpath(p)
+        if real == "/" or real == cwd or (home != "/" and (real == home or home.startswith(real + "/"))):
+            continue
+        if cwd.startswith(real + "/"):
+            continue  # a folder above the current one would show the user's project and data
+        keep.append(p)
+    return keep
+
+
+def module_paths(fn) -> list[str]:
+    """The file or package folder a worker needs to import ``fn`` by name (its top-level module)."""
+    mod = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if mod is None:
+        return []
+    top = sys.modules.get(mod.__name__.split(".")[0], mod)
+    if getattr(top, "__path__", None):
+        return [p for p in top.__path__ if os.path.isdir(p)]
+    f = getattr(top, "__file__", None)
+    return [f] if f and os.path.exists(f) else []
+
+
+# --------------------------------------------------------------------- the child's own locks
+def die_with_parent(lib) -> None:
+    if lib is not None:
+        lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
+
+
+def drop_capabilities(lib) -> bool:
+    """Empty the bounding, effective, permitted and inheritable capability sets."""
+    if lib is None or sys.platform != "linux":
+        return False
+    for cap in range(64):
+        if lib.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() == errno.EINVAL:
+            break
+    header = struct.pack("<Ii", 0x20080522, 0)        # _LINUX_CAPABILITY_VERSION_3, this process
+    data = ctypes.create_string_buffer(24)             # two {effective, permitted, inheritable}, all zero
+    return lib.syscall(_NR["capset"], ctypes.c_char_p(header), data) == 0
+
+
+def no_new_privs(lib) -> bool:
+    return lib is not None and lib.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+
+
+# --------------------------------------------------------------------- seccomp
+# the two calls the jail itself makes, per architecture (asm/unistd_64.h, asm-generic/unistd.h)
+_NR = {"x86_64": {"pivot_root": 155, "capset": 126},
+       "aarch64": {"pivot_root": 41, "capset": 91}}.get(platform.machine(), {"pivot_root": -1, "capset": -1})
+# x86-64 system call numbers (asm/unistd_64.h) for the filter
+_X86_64 = {
+    "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone": 56, "clone3": 435,
+    "socket": 41, "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
+    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "mount_setattr": 442,
+    "unshare": 272, "setns": 308, "keyctl": 250, "add_key": 248, "request_key": 249, "bpf": 321,
+    "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "init_module": 175, "finit_module": 313, "delete_module": 176,
+    "kexec_load": 246, "kexec_file_load": 320, "reboot": 169, "swapon": 167, "swapoff": 168, "syslog": 103,
+    "acct": 163, "quotactl": 179, "iopl": 172, "ioperm": 173, "sethostname": 170, "setdomainname": 171,
+    "settimeofday": 164, "clock_settime": 227, "adjtimex": 159, "personality": 135, "uselib": 134,
+    "modify_ldt": 154, "vhangup": 153, "lookup_dcookie": 212, "name_to_handle_at": 303,
+    "open_by_handle_at": 304, "fanotify_init": 300, "pidfd_getfd": 438,
+}
+DENIED = tuple(n for n in _X86_64 if n not in ("clone", "clone3"))
+_AUDIT_ARCH_X86_64 = 0xC000003E
+_RET_ALLOW, _RET_KILL_PROCESS, _RET_ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
+_LD_W_ABS, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
+
+
+def seccomp_supported() -> bool:
+    return sys.platform == "linux" and platform.machine() == "x86_64"
+
+
+def seccomp_program() -> list[tuple[int, int, int, int]]:
+    """The filter as ``(code, jt, jf, k)`` BPF instructions (see the module docstring for what it refuses)."""
+    prog: list = []   # (code, jt_label_or_0, jf_label_or_0, k); labels resolved below
+
+    def op(code, k=0, jt=0, jf=0):
+        prog.append([code, jt, jf, k])
+
+    op(_LD_W_ABS, 4)                                     # seccomp_data.arch
+    op(_JEQ, _AUDIT_ARCH_X86_64, jt=1)                   # foreign ABI (i386 through int 0x80): kill
+    op(_RET, _RET_KILL_PROCESS)
+    op(_LD_W_ABS, 0)                                     # seccomp_data.nr
+    op(_JGE, 0x40000000, jt="kill")                      # the x32 ABI
+    op(_JEQ, _X86_64["clone"], jt="clone")
+    op(_JEQ, _X86_64["clone3"], jt="enosys")
+    for name in DENIED:
+        op(_JEQ, _X86_64[name], jt="deny")
+    labels = {}
+    labels["allow"] = len(prog)
+    op(_RET, _RET_ALLOW)
+    labels["deny"] = len(prog)
+    op(_RET, _RET_ERRNO | errno.EPERM)
+    labels["enosys"] = len(prog)
+    op(_RET, _RET_ERRNO | errno.ENOSYS)
+    labels["kill"] = len(prog)
+    op(_RET, _RET_KILL_PROCESS)
+    labels["clone"] = len(prog)
+    op(_LD_W_ABS, 16)                                    # low 32 bits of args[0] (clone flags)
+    op(_JSET, _NS_FLAGS, jt=2)                           # no new namespaces
+    op(_JSET, CLONE_THREAD, jt=0, jf=1)                  # a thread, never a process (BPF jumps forward only)
+    op(_RET, _RET_ALLOW)
+    op(_RET, _RET_ERRNO | errno.EPERM)
+    out = []
+    for i, (code, jt, jf, k) in enumerate(prog):
+        jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
+        jf = labels[jf] - i - 1 if isinstance(jf, str) else jf
+        assert 0 <= jt < 256 and 0 <= jf < 256
+        out.append((code, jt, jf, k))
+    return out
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def install_seccomp(lib) -> bool:
+    """Load :func:`seccomp_program` into this process (needs ``no_new_privs`` or CAP_SYS_ADMIN); True if loaded."""
+    if lib is None or not seccomp_supported():
+        return False
+    prog = seccomp_program()
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*p) for p in prog])
+    fprog = _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+    return lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
