@@ -233,6 +233,8 @@ def test_sft_thinkless_trains_saves_loads_and_feeds_grpo(tmp_path):
     summary = json.loads((out / "sft_summary.json").read_text())
     losses = summary["losses"]
     assert summary["examples"] == 80 and summary["added_tokens"] == 2  # paired long/short targets
+    # measured drop (first loss - mean of the last 3), issue 22: 1.291 with float32 on AVX512 kernels, bf16 autocast
+    # (GRPOLAB_CPU_KIND=avx512_bf16) and ATEN_CPU_CAPABILITY=avx2 alike (seed 0); seeds 1, 2: 1.273, 1.326 (AVX2)
     assert sum(losses[-3:]) / 3 < losses[0] - 0.5, losses
     model, tok = load_policy(str(out))
     for t in ("<short>", "<think>"):  # atomic tokens, kept when decoding
