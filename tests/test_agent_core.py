@@ -520,7 +520,7 @@ def test_sandbox_isolation_runs_pure_tools_in_a_limited_child(tmp_path, monkeypa
     try:
         env = ToolsEnv([sbtools.pid, sbtools.hang, sbtools.fail],
                        ToolLimits(timeout=2, output_chars=30, isolation="sandbox", sandbox=box))
-        r = env.step('<tool_call>{"name": "pid", "arguments": {"n": 10}}</tool_call>'
+        r = env.step('<tool_call>{"name": "pid", "arguments": {"n": 40}}</tool_call>'
                      '<tool_call>{"name": "hang", "arguments": {"s": 30}}</tool_call>'
                      '<tool_call>{"name": "fail", "arguments": {"x": 1}}</tool_call>')
     finally:

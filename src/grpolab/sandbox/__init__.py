@@ -221,25 +221,6 @@ def _exec_source(source: str) -> None:
     exec(compile(source, "<sandbox>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
 
 
-class _Call:
-    """The file descriptors and folders of one call, shared by the worker and the call's processes."""
-
-    def __init__(self, req: dict, base: str, view, lifeline: int):
-        self.req, self.view, self.lifeline = req, view, lifeline
-        self.scratch = tempfile.mkdtemp(prefix="call-", dir=view.tmp if view is not None else base)
-        self.io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
-        self.out_path, self.err_path = os.path.join(self.io_dir, "stdout"), os.path.join(self.io_dir, "stderr")
-        self.out_fd = os.open(self.out_path, os.O_WRONLY | os.O_CREAT, 0o600)
-        self.err_fd = os.open(self.err_path, os.O_WRONLY | os.O_CREAT, 0o600)
-        self.res_r, self.res_w = os.pipe()       # the child's JSON result
-        self.status_r, self.status_w = os.pipe()  # the call's init: the child's wait status
-        self.pid_r, self.pid_w = os.pipe()       # the namespace maker: the init's pid
-
-    def close_for_worker(self) -> None:
-        for fd in (self.out_fd, self.err_fd, self.res_w, self.status_w, self.pid_w):
-            os.close(fd)
-
-
 def _keep_only(keep: set[int]) -> None:
     """Close every file descriptor above 2 except ``keep`` (the worker's protocol pipes above all)."""
     lo = 3
@@ -249,89 +230,34 @@ def _keep_only(keep: set[int]) -> None:
     os.closerange(lo, 1 << 20)
 
 
-def _ns_maker(call: _Call, lib) -> None:
-    """First fork of a jailed call: a new PID and mount namespace, then the call's init; reports its pid, exits."""
-    try:
-        _keep_only({call.lifeline, call.res_w, call.status_w, call.pid_w, call.out_fd, call.err_fd})
-        if lib.unshare(jail.CLONE_NEWPID | jail.CLONE_NEWNS) != 0:
-            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWPID | CLONE_NEWNS)")
-        pid = os.fork()
-        if pid == 0:
-            _call_init(call, lib)
-        os.write(call.pid_w, str(pid).encode())
-    except BaseException as e:  # noqa: BLE001 - reported to the worker
-        try:
-            os.write(call.pid_w, f"E{type(e).__name__}: {e}".encode()[:500])
-        except OSError:
-            pass
-    os._exit(0)
-
-
-def _call_init(call: _Call, lib) -> None:
-    """The call's init (PID 1 of its namespace when jailed): enter the view, fork the child, report its status.
-
-    It stays in grpolab's code: when it exits or is killed, the kernel kills everything left in the PID
-    namespace. It also watches the worker (the lifeline pipe): a worker that dies takes the call with it.
-    """
-    status = 255 << 8
-    try:
-        os.setpgid(0, 0)
-        _keep_only({call.lifeline, call.res_w, call.status_w, call.out_fd, call.err_fd})
-        scratch = call.scratch
-        if call.view is not None:
-            call.view.enter(scratch)
-            scratch = call.view.inside(scratch)
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_w, False)
-        signal.set_wakeup_fd(wake_w)
-        signal.signal(signal.SIGCHLD, lambda *a: None)
-        pid = os.fork()
-        if pid == 0:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _child(call, scratch, lib)
-        while True:
-            done, st = os.waitpid(pid, os.WNOHANG)
-            if done:
-                status = st
-                break
-            ready, _, _ = select.select([wake_r, call.lifeline], [], [])
-            if call.lifeline in ready:  # the worker is gone: end the call
-                os.kill(pid, signal.SIGKILL)
-                os.waitpid(pid, 0)
-                os._exit(1)
-            os.read(wake_r, 4096)
-    except BaseException as e:  # noqa: BLE001 - reported in the call's stderr
-        try:
-            os.write(call.err_fd, f"sandbox: setting up the call failed: {type(e).__name__}: {e}\n".encode())
-        except OSError:
-            pass
-    try:
-        os.write(call.status_w, str(status).encode())
-    finally:
-        os._exit(0)
-
-
 _MIN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 # variables the worker keeps from the trainer: OpenBLAS's core type (older builds compute wrong results on
 # some CPUs without it) and the time zone; nothing that could hold a secret
 _PASS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TZ")
 
 
-def _child(call: _Call, scratch: str, lib):
-    """The process that runs the function: lock down, run, write the JSON result; never returns."""
-    req, res_fd = call.req, call.res_w
+def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, view, lib):
+    """In the forked child (PID 1 of the call's own PID namespace when jailed): enter the view, lock down, run,
+    write the JSON result to ``res_fd``; never returns."""
     code = 0
     try:
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-        os.dup2(call.out_fd, 1)
-        os.dup2(call.err_fd, 2)
+        os.dup2(out_fd, 1)
+        os.dup2(err_fd, 2)
         _keep_only({res_fd})
         sys.stdin = open(0, closefd=False)
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-        os.chdir(scratch)
+        iso: _Isolation = req["isolation"]
+        if view is not None:
+            if lib.unshare(jail.CLONE_NEWNS) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+            view.enter(scratch)
+            scratch = view.inside(scratch)
+        else:
+            os.setsid()  # without a PID namespace: the call's processes are killed as its session
+            os.chdir(scratch)
         os.environ.clear()
         os.environ.update({**_MIN_ENV, "HOME": scratch, "TMPDIR": scratch})
         tempfile.tempdir = scratch
@@ -346,14 +272,11 @@ def _child(call: _Call, scratch: str, lib):
             resource.setrlimit(resource.RLIMIT_FSIZE, (lim.file_mb << 20, lim.file_mb << 20))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
-        iso: _Isolation = req["isolation"]
         if iso.filesystem == "landlock" and not _landlock_restrict(lib, req["landlock_abi"], [scratch],
                                                                    block_tcp=iso.network != "netns"):
             raise RuntimeError("sandbox: Landlock restriction failed in the child")
         jail.drop_capabilities(lib)
-        if not jail.no_new_privs(lib) and iso.seccomp == "filter":
-            raise RuntimeError("sandbox: no_new_privs failed in the child")
-        if iso.seccomp == "filter" and not jail.install_seccomp(lib):
+        if iso.seccomp == "filter" and not (jail.no_new_privs(lib) and jail.install_seccomp(lib)):
             raise RuntimeError("sandbox: the seccomp filter failed to load in the child")
         if req.get("audit_hook", True):
             _install_audit_hook(scratch)
@@ -404,41 +327,35 @@ def _tail(path: str, limit: int) -> str:
     return text + ("\n[output truncated]" if len(data) > limit else "")
 
 
-def _kill_call(pid: int) -> None:
-    """Kill a call's init and its process group (jailed: the kernel then kills its whole PID namespace)."""
-    for kill in (os.killpg, os.kill):
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+def _fork_call(jailed: bool, lib, pidns_fd: int) -> int:
+    """``os.fork()``; jailed, the child is PID 1 of a new PID namespace (unshare, fork, then back to ours)."""
+    if not jailed:
+        return os.fork()
+    if lib.unshare(jail.CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: unshare(CLONE_NEWPID) for a call")
+    pid = os.fork()
+    if pid != 0 and lib.setns(pidns_fd, jail.CLONE_NEWPID) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: setns back to the worker's PID namespace")
+    return pid
 
 
-def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
+def _run_one(req: dict, base: str, view, lib, pidns_fd: int) -> dict:
     lim: Limits = req["limits"]
-    call = _Call(req, base, view, lifeline)
+    scratch = tempfile.mkdtemp(prefix="call-", dir=view.tmp if view is not None else base)
+    io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
+    out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
+    out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    r_fd, w_fd = os.pipe()
     t0 = time.monotonic()
-    maker = os.fork()
-    if maker == 0:
-        if view is not None:
-            _ns_maker(call, lib)
-        _call_init(call, lib)
-    if view is not None:  # the maker reports the init's pid and exits; the init is then ours (subreaper)
-        os.waitpid(maker, 0)
-        got = os.read(call.pid_r, 600).decode("utf-8", "replace")
-        init = int(got) if got.isdigit() else None
-    else:
-        got, init = "", maker
-    os.close(call.pid_r)
-    call.close_for_worker()
-    if init is None:
-        shutil.rmtree(call.scratch, ignore_errors=True)
-        shutil.rmtree(call.io_dir, ignore_errors=True)
-        for fd in (call.res_r, call.status_r):
-            os.close(fd)
-        return {"ok": False, "error": f"sandbox: the call's namespaces could not be made ({got[1:] or 'no answer'})",
-                "stdout": "", "stderr": "", "timed_out": False, "seconds": time.monotonic() - t0}
-    r_fd = call.res_r
-    chunks, status, timed_out = [], None, False
+    pid = _fork_call(view is not None, lib, pidns_fd)
+    if pid == 0:
+        os.close(r_fd)
+        _child(req, scratch, out_fd, err_fd, w_fd, view, lib)
+    os.close(w_fd)
+    os.close(out_fd)
+    os.close(err_fd)
+    chunks, status, usage, timed_out = [], None, None, False
     deadline = t0 + (lim.wall_s if lim.wall_s > 0 else 1e9)
     open_pipe = True
     while True:
@@ -453,23 +370,20 @@ def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
                     open_pipe = False
         else:
             time.sleep(0.001)
-        done, st = os.waitpid(init, os.WNOHANG)
+        done, st, ru = os.wait4(pid, os.WNOHANG)
         if done:
-            status = st
+            status, usage = st, ru
             break
         if time.monotonic() > deadline:
             timed_out = True
             break
-    _kill_call(init)  # whatever the child left behind
+    for kill in (os.killpg, os.kill):  # jailed: killing the call's init ends its whole PID namespace
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if status is None:
-        os.waitpid(init, 0)
-    os.set_blocking(call.status_r, False)
-    try:
-        reported = os.read(call.status_r, 64).decode()
-    except BlockingIOError:
-        reported = ""
-    os.close(call.status_r)
-    status = int(reported) if reported.isdigit() else (255 << 8)
+        _, status, usage = os.wait4(pid, 0)
     os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
     while open_pipe and not timed_out:
         try:
@@ -480,12 +394,12 @@ def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
             break
         chunks.append(chunk)
     os.close(r_fd)
-    seconds = time.monotonic() - t0
-    res = {"stdout": _tail(call.out_path, lim.max_output), "stderr": _tail(call.err_path, lim.max_output),
-           "timed_out": timed_out, "seconds": seconds}
-    shutil.rmtree(call.scratch, ignore_errors=True)
-    shutil.rmtree(call.io_dir, ignore_errors=True)
     _reap()
+    seconds = time.monotonic() - t0
+    res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
+           "timed_out": timed_out, "seconds": seconds}
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(io_dir, ignore_errors=True)
     if timed_out:
         return {**res, "ok": False, "error": f"timeout: still running after {lim.wall_s:g} s (wall_s)"}
     data = b"".join(chunks)
@@ -496,9 +410,12 @@ def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
             return {**res, "ok": False, "error": "child sent a malformed result"}
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
-        why = {signal.SIGXCPU: f"CPU limit of {lim.cpu_s:g} s (cpu_s)", signal.SIGKILL: "killed",
-               signal.SIGXFSZ: f"file size limit of {lim.file_mb} MiB (file_mb)",
-               signal.SIGSYS: "a system call the sandbox forbids"}.get(sig, signal.Signals(sig).name)
+        cpu = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
+        if sig in (signal.SIGXCPU, signal.SIGKILL) and lim.cpu_s > 0 and cpu >= 0.9 * max(1, int(lim.cpu_s + 0.999)):
+            why = f"CPU limit of {lim.cpu_s:g} s (cpu_s)"  # the init of a PID namespace gets the hard limit's kill
+        else:
+            why = {signal.SIGKILL: "killed", signal.SIGXFSZ: f"file size limit of {lim.file_mb} MiB (file_mb)",
+                   signal.SIGSYS: "a system call the sandbox forbids"}.get(sig, signal.Signals(sig).name)
         return {**res, "ok": False, "error": f"crashed: {why}"}
     code = os.WEXITSTATUS(status)
     hint = " (memory limit?)" if "MemoryError" in res["stderr"] else ""
@@ -506,7 +423,7 @@ def _run_one(req: dict, base: str, view, lifeline: int, lib) -> dict:
 
 
 def _reap() -> None:
-    """Wait for any orphan handed to the worker (it is their subreaper)."""
+    """Wait for any orphan handed to the worker (it is the init of its PID namespace)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -516,8 +433,31 @@ def _reap() -> None:
             return
 
 
+def _become_init() -> None:
+    """After ``unshare(CLONE_NEWPID)``: fork the worker proper as PID 1 of the new namespace; this process
+    only waits for it and exits with its status (the trainer's handle and process group stay the same)."""
+    pid = os.fork()
+    if pid == 0:
+        return
+    _keep_only(set())
+    for fd in (0, 1):
+        os.close(fd)
+    while True:
+        try:
+            _, st = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    os._exit(os.waitstatus_to_exitcode(st) & 0xFF if os.WIFEXITED(st) else 1)
+
+
 def _worker_main() -> None:
     """The fork server: reads pickled requests from the trusted parent, answers JSON."""
+    lib = jail.libc()
+    iso = _Isolation()
+    ns = jail.enter_worker_namespaces(lib)
+    if ns["pid"]:
+        _become_init()
     proto_in = os.fdopen(os.dup(0), "rb")
     proto_out = os.fdopen(os.dup(1), "wb")
     null = os.open(os.devnull, os.O_RDONLY)
@@ -525,9 +465,6 @@ def _worker_main() -> None:
     os.close(null)
     os.dup2(2, 1)  # stray prints must not corrupt the protocol
     sys.stdout = sys.stderr
-    lib = jail.libc()
-    iso = _Isolation()
-    ns = jail.enter_worker_namespaces(lib)
     if ns["network"]:
         iso.network = "netns"
     abi = _landlock_abi(lib)
@@ -540,22 +477,22 @@ def _worker_main() -> None:
     if jail.seccomp_supported() and lib is not None:
         iso.seccomp = "filter"
     base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
-    lifeline_r, lifeline_w = os.pipe()  # the worker keeps the write end: its death closes it
-    view = None
+    view, pidns_fd = None, -1
     try:
         init = pickle.loads(_read_msg(proto_in) or b"")
         sys.path[:0] = [p for p in init.get("path", []) if p not in sys.path]
-        if ns["mount"] and jail.set_child_subreaper(lib):
+        if ns["mount"] and ns["pid"]:
             try:
+                pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
                 view = jail.View(lib, base)
                 for p in jail.default_paths(init.get("binds", []), init.get("home"), init.get("cwd")):
                     view.add(p)
-                iso.view, iso.processes = "jail", "pidns"
-                iso.signals = "pidns"
+                iso.view, iso.processes, iso.signals = "jail", "pidns", "pidns"
             except OSError as e:
                 view, iso.note = None, f"no jail: {e}"
-        elif not ns["mount"]:
-            iso.note = "no jail: the kernel refused new mount namespaces (needs root or unprivileged user namespaces)"
+        else:
+            iso.note = ("no jail: the kernel refused new mount and PID namespaces (they need root or "
+                        "unprivileged user namespaces)")
         errors = []
         for fn, args in init.get("preload", []):
             try:
@@ -570,17 +507,17 @@ def _worker_main() -> None:
         while (raw := _read_msg(proto_in)) is not None:
             req = pickle.loads(raw)  # from the trusted parent only
             if view is not None:
-                try:
-                    for p in req.pop("binds", []):
+                for p in req.pop("binds", []):
+                    try:
                         view.add(p)
-                except OSError as e:
-                    print(f"sandbox: could not show {p} in the jail: {e}", file=sys.stderr)
+                    except OSError as e:
+                        print(f"sandbox: could not show {p} in the jail: {e}", file=sys.stderr)
             req = {**req, "isolation": iso, "landlock_abi": abi}
             if "items" in req:
-                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, view, lifeline_r, lib)
+                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, view, lib, pidns_fd)
                            for a in req["items"]]
             else:
-                answers = _run_one(req, base, view, lifeline_r, lib)
+                answers = _run_one(req, base, view, lib, pidns_fd)
             _write_msg(proto_out, json.dumps(answers).encode())
     finally:
         if view is not None and lib is not None:

@@ -56,8 +56,7 @@ _NS_FLAGS = CLONE_NEWNS | CLONE_NEWCGROUP | CLONE_NEWUTS | CLONE_NEWIPC | CLONE_
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
 MS_NOATIME, MS_NODIRATIME, MS_BIND, MS_REC, MS_PRIVATE, MS_RELATIME = 1024, 2048, 4096, 16384, 1 << 18, 1 << 21
 MNT_DETACH = 2
-PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 24, 38, 22
-PR_SET_CHILD_SUBREAPER = 36
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 38, 22
 SECCOMP_MODE_FILTER = 2
 
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
@@ -82,18 +81,20 @@ def _check(rc: int, what: str) -> None:
 
 # --------------------------------------------------------------------- namespaces of the worker
 def enter_worker_namespaces(lib) -> dict:
-    """Move the worker into new network, mount, IPC and UTS namespaces (through a user namespace when not root).
+    """Move the worker into new network, mount, PID, IPC and UTS namespaces (through a user namespace when not
+    root; the PID namespace applies to the worker's children: see ``_become_init``).
 
-    Returns ``{"network": bool, "mount": bool}``: what the kernel allowed.
+    Returns ``{"network": bool, "mount": bool, "pid": bool}``: what the kernel allowed.
     """
+    none = {"network": False, "mount": False, "pid": False}
     if lib is None or sys.platform != "linux":
-        return {"network": False, "mount": False}
-    for flags in (CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS, CLONE_NEWNET):
+        return none
+    full = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    for flags in (full, CLONE_NEWNET):
         if lib.unshare(flags) == 0:
-            return {"network": True, "mount": bool(flags & CLONE_NEWNS)}
+            return {"network": True, "mount": bool(flags & CLONE_NEWNS), "pid": bool(flags & CLONE_NEWPID)}
     uid, gid = os.getuid(), os.getgid()
-    for flags in (CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS,
-                  CLONE_NEWUSER | CLONE_NEWNET):
+    for flags in (CLONE_NEWUSER | full, CLONE_NEWUSER | CLONE_NEWNET):
         if lib.unshare(flags) == 0:
             try:  # keep our uid/gid inside the user namespace
                 for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
@@ -102,13 +103,8 @@ def enter_worker_namespaces(lib) -> dict:
                         fh.write(text)
             except OSError:
                 pass
-            return {"network": True, "mount": bool(flags & CLONE_NEWNS)}
-    return {"network": False, "mount": False}
-
-
-def set_child_subreaper(lib) -> bool:
-    """Orphans of the worker's children become the worker's (so a call's init can be waited for and killed)."""
-    return lib is not None and lib.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            return {"network": True, "mount": bool(flags & CLONE_NEWNS), "pid": bool(flags & CLONE_NEWPID)}
+    return none
 
 
 # --------------------------------------------------------------------- the view
@@ -201,8 +197,9 @@ class View:
         _check(self.lib.mount(None, self.root.encode(), None, flags, None), "remounting the jail's root")
 
     def enter(self, scratch: str) -> bool:
-        """In a call's init (PID 1 of a new PID and mount namespace): a fresh ``/proc``, pivot into the view, and
-        ``chdir`` to ``scratch`` (a folder under the view's ``/tmp``). Returns whether ``/proc`` could be mounted."""
+        """In a call's child (PID 1 of its own PID namespace, in a mount namespace of its own): a fresh ``/proc``,
+        pivot into the view, ``chdir`` to ``scratch`` (a folder under the view's ``/tmp``). Returns whether
+        ``/proc`` could be mounted (a user namespace in a container whose ``/proc`` is partly masked cannot)."""
         lib = self.lib
         proc = os.path.join(self.root, "proc")
         has_proc = lib.mount(b"proc", proc.encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
@@ -210,7 +207,7 @@ class View:
         _check(lib.syscall(_NR["pivot_root"], b".", b"."), "pivot_root")
         _check(lib.umount2(b".", MNT_DETACH), "detaching the host's root")
         os.chdir("/")
-        os.chdir(scratch[len(self.root):])
+        os.chdir(self.inside(scratch))
         return has_proc
 
     def inside(self, host_path: str) -> str:
@@ -251,11 +248,6 @@ def module_paths(fn) -> list[str]:
 
 
 # --------------------------------------------------------------------- the child's own locks
-def die_with_parent(lib) -> None:
-    if lib is not None:
-        lib.prctl(PR_SET_PDEATHSIG, 9, 0, 0, 0)
-
-
 def drop_capabilities(lib) -> bool:
     """Empty the bounding, effective, permitted and inheritable capability sets."""
     if lib is None or sys.platform != "linux":
