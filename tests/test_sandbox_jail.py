@@ -22,11 +22,15 @@ pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the jail is Lin
 SECRET = "sk-grpolab-test-4f2a9c"
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["hook-on", "hook-off"])
+# the hook on; the hook off (the kernel layers alone); the hook off on the path of a user without root (the
+# namespaces made through a user namespace), forced here even as root
+@pytest.fixture(scope="module", params=[(True, {}), (False, {}), (False, {"GRPOLAB_SANDBOX_USERNS": "1"})],
+                ids=["hook-on", "hook-off", "userns-hook-off"])
 def box(request):
+    hook, env = request.param
     os.environ["GRPOLAB_TEST_API_KEY"] = SECRET  # a key set in the trainer: must never reach the child
     try:
-        with Sandbox(limits=Limits(cpu_s=5, wall_s=8, memory_mb=1024), audit_hook=request.param) as b:
+        with Sandbox(limits=Limits(cpu_s=5, wall_s=8, memory_mb=1024), audit_hook=hook, env=env) as b:
             b.run_python("pass")
             iso = b.isolation
             if iso.get("view") == "host" or iso.get("seccomp") == "none":
@@ -339,3 +343,36 @@ def test_a_scorer_patched_by_one_answer_does_not_score_the_next():
     scores = rg_score(prompts=[r["prompt"] for r in rows], completions=completions,
                       rg_entry=[r["rg_entry"] for r in rows], rg_split=[r["rg_split"] for r in rows])
     assert scores == [0.0, 0.0, 0.0]
+
+
+def test_python_tool_warns_once_without_a_jail():
+    from grpolab.agents import tools
+
+    class NoJail:
+        isolation = {"view": "host", "note": "no jail: the kernel refused new mount and PID namespaces"}
+
+    box = NoJail()
+    with pytest.warns(RuntimeWarning, match="without the sandbox's jail"):
+        tools._warn_without_jail(box)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tools._warn_without_jail(box)  # once per sandbox
+        box.isolation = {"view": "jail"}
+        tools._warn_without_jail(NoJail.__new__(type("Jailed", (), {"isolation": {"view": "jail"}})))
+
+
+def test_seccomp_program_is_well_formed():
+    """Every jump lands inside the program and forward (the kernel refuses the filter otherwise), the
+    architecture is checked first and the program ends in a return."""
+    from grpolab.sandbox import jail
+
+    prog = jail.seccomp_program()
+    assert prog[0] == (0x20, 0, 0, 4) and prog[1][3] == 0xC000003E
+    for i, (code, jt, jf, k) in enumerate(prog):
+        if code & 0x07 == 0x05:  # BPF_JMP
+            assert i + 1 + max(jt, jf) < len(prog)
+    assert prog[-1][0] == 0x06 and len(prog) < 4096
+    denied = {k for code, jt, jf, k in prog if code == 0x15}
+    for name in ("execve", "socket", "ptrace", "mount", "unshare", "keyctl", "bpf", "fork", "vfork"):
+        assert jail._X86_64[name] in denied, name

@@ -30,6 +30,7 @@ import atexit
 import math
 import operator
 import threading
+import warnings
 from fractions import Fraction
 from typing import Callable
 
@@ -84,6 +85,20 @@ def _format_run(res) -> str:
     return "\n".join(parts) if parts else "(no output)"
 
 
+_WARNED: set[int] = set()
+
+
+def _warn_without_jail(box: Sandbox) -> None:
+    """Say once per sandbox when this machine gives model-written code no jail (docs/safety.md)."""
+    iso = box.isolation or {}
+    if iso.get("view") == "jail" or id(box) in _WARNED:
+        return
+    _WARNED.add(id(box))
+    warnings.warn(f"the python tool runs model-written code without the sandbox's jail on this machine "
+                  f"({iso.get('note') or iso}); only resource limits, Landlock and seccomp where the kernel has "
+                  f"them, and a Python audit hook hold it. See docs/safety.md.", RuntimeWarning, stacklevel=3)
+
+
 def make_python_tool(limits: Limits | None = None) -> Callable[[str], str]:
     """A ``python(code) -> str`` tool whose calls run in their own sandbox worker with ``limits``.
 
@@ -108,6 +123,7 @@ def make_python_tool(limits: Limits | None = None) -> Callable[[str], str]:
             res = box.run_python(_RUNNER.format(source=code))
         except Exception as e:  # noqa: BLE001 - the worker itself failed; the caller gets text
             return f"Error: the sandbox failed to run the code ({type(e).__name__}: {e})"
+        _warn_without_jail(box)
         return cut(_format_run(res))
 
     return python

@@ -15,17 +15,24 @@ package (its modules import no other part of grpolab).
     box.close()
 
 How it works. ``Sandbox`` starts one worker process (a fork server running
-only grpolab's own, trusted code; it never runs a request itself). Before it
-reads any request it drops network access (below) and runs the ``preload``
-calls (e.g. building the datasets a scorer needs, so children start warm). For
-each call it forks a fresh child, which
+only grpolab's own, trusted code, with a minimal environment; it never runs a
+request itself). Before it reads any request it enters new network, mount and
+PID namespaces (:mod:`grpolab.sandbox.jail`), builds the jail's read-only view
+and runs the ``preload`` calls (e.g. building the datasets a scorer needs, so
+children start warm). For each call it forks a fresh child, which
 
-* gets its own scratch directory (the working directory, deleted afterwards)
-  and its own session, whose processes are all killed when the call ends;
+* is process 1 of a PID namespace of its own (killed with everything it started
+  when the call ends or times out) and pivots into the view: a minimal
+  read-only root with a scratch directory (its working directory, deleted
+  afterwards), no host path it does not need, no network;
+* drops every capability and loads a seccomp filter that refuses new
+  processes, exec, sockets, ptrace, mounts, namespaces, keyrings, bpf, ...;
+* has a minimal environment and no file descriptor but its stdout, stderr and
+  result pipe;
 * is limited by ``RLIMIT_CPU`` (``cpu_s``), ``RLIMIT_AS`` (``memory_mb`` of
   address space) and ``RLIMIT_FSIZE``, and killed after ``wall_s`` seconds;
-* may write files only inside its scratch directory and may not signal or
-  ptrace processes outside itself (Linux Landlock, where the kernel has it);
+* may write files only inside its scratch directory (Linux Landlock, where the
+  kernel has it);
 * runs the function; its stdout/stderr are captured (``max_output`` bytes each).
 
 Every call runs in a fresh child, so nothing one call does to its process
@@ -35,28 +42,20 @@ over cannot run code in the worker or in the training process. A timeout, a
 crash, a limit hit or a non-JSON result is a ``SandboxResult`` with ``ok=False``
 and ``error`` saying which, never an exception in the caller.
 
-Guarantees on a given machine: :func:`capabilities` reports what the kernel
-allowed (``Sandbox.isolation`` for a running sandbox):
+What the kernel allowed is in ``Sandbox.isolation`` (:func:`capabilities`):
+``view`` (``"jail"`` or ``"host"``), ``processes`` (``"pidns"`` or
+``"session"``), ``network`` (``"netns"``, ``"landlock-tcp"`` or
+``"audit-hook"``), ``seccomp`` (``"filter"`` or ``"none"``), ``filesystem``
+(``"landlock"`` or ``"audit-hook"``), ``environment`` (``"minimal"``) and a
+``note`` where a layer is missing. The namespaces need root or unprivileged
+user namespaces; docs/safety.md says what holds without them.
 
-* ``network``: ``"netns"`` (a new, empty network namespace: no interface but a
-  downed loopback, so no connection of any kind; needs root or unprivileged user
-  namespaces), else ``"landlock-tcp"`` (Landlock ABI >= 4: TCP connect/bind
-  refused; UDP and Unix sockets still work) plus the audit hook, else
-  ``"audit-hook"`` only;
-* ``filesystem``: ``"landlock"`` (writes, deletes, renames, truncation refused by
-  the kernel everywhere except the scratch directory; reading stays allowed, so
-  Python can import) else ``"audit-hook"``;
-* ``signals``: ``"landlock-scoped"`` (ABI >= 6: no signals to processes outside
-  the child) else ``"unrestricted"``.
-
-The audit hook (``sys.addaudithook``, installed in every child as a second
-layer) refuses ``socket.*``, ``open`` for writing outside the scratch directory,
+An audit hook (``sys.addaudithook``, installed in every child as a last layer)
+refuses ``socket.*``, ``open`` for writing outside the scratch directory,
 ``os.remove``/``rename``/``mkdir``/..., ``os.system``, ``subprocess.Popen``,
-``os.exec*``/``posix_spawn``/``fork`` and ``ctypes``. It is a Python-level
-guard that native code can bypass; where it is the only layer, the sandbox is a
-barrier against accidents and naive exploits, not against a determined attacker.
-The grpolab test suite (tests/test_hostile_input.py) checks on the machine it
-runs on that crafted answers write nothing.
+``os.exec*``/``posix_spawn``/``fork`` and ``ctypes`` with a readable message.
+It is not what contains hostile code: tests/test_sandbox_jail.py runs a corpus
+of hostile programs with it on and off.
 """
 from __future__ import annotations
 
