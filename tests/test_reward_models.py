@@ -314,3 +314,37 @@ def test_reward_spec_rm_prefix_goes_to_the_reward_model_loader(tmp_path):
     with pytest.raises(Exception) as e:
         parse_reward_spec(f"rm:{tmp_path / 'missing'}=0.5")
     assert "missing" in str(e.value) and "cannot import module" not in str(e.value)
+
+
+def test_math_verify_runs_without_signal_alarm_in_a_reward_thread(monkeypatch):
+    """Rewards run in a worker thread (reward_timeout); math-verify's own timeouts use signal.alarm, which only
+    the main thread can use: there grpolab turns them off (math-verify would log an error and parse nothing,
+    leaving the fallback to decide quietly). A stand-in math_verify that behaves as the real one does."""
+    import threading
+
+    from grpolab.rewards import answers
+
+    calls = []
+
+    class FakeMathVerify:
+        @staticmethod
+        def parse(text, parsing_timeout=5):
+            calls.append(("parse", parsing_timeout, threading.current_thread() is threading.main_thread()))
+            if parsing_timeout is not None and threading.current_thread() is not threading.main_thread():
+                return []  # what math-verify 0.9 does: logs "doesn't support threaded environment", returns []
+            return [text.strip("$")]
+
+        @staticmethod
+        def verify(gold, pred, timeout_seconds=5):
+            calls.append(("verify", timeout_seconds, threading.current_thread() is threading.main_thread()))
+            return gold == ["\\sqrt{4}"] and pred == ["2"]  # only math-verify knows; the fallback says no
+
+    monkeypatch.setattr(answers, "math_verify_module", lambda: FakeMathVerify)
+    assert answers.fallback_math_equal("2", "\\sqrt{4}") is False
+    assert answers.math_equal("2", "\\sqrt{4}") is True  # main thread: math-verify's own timeouts
+    out = []
+    t = threading.Thread(target=lambda: out.append(answers.math_equal("2", "\\sqrt{4}")))
+    t.start()
+    t.join()
+    assert out == [True]
+    assert [c[1] for c in calls if not c[2]] == [None, None, None]

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 from fractions import Fraction
 
 from ..data import completion_text
@@ -135,12 +136,17 @@ def math_equal(pred, gold, *, use_math_verify: bool = True) -> bool:
         return False
     mv = math_verify_module() if use_math_verify else None
     if mv is not None:
+        # math-verify's own timeouts use signal.alarm, which works only in the main thread; rewards run in a
+        # worker thread under reward_timeout (docs/safety.md), which then bounds the whole call instead
+        main = threading.current_thread() is threading.main_thread()
+        parse_kw = {} if main else {"parsing_timeout": None}
+        verify_kw = {} if main else {"timeout_seconds": None}
         try:
             g = str(gold)
-            gp = mv.parse(g if ("$" in g or "\\boxed" in g) else f"${g}$")
-            pp = mv.parse(str(pred))
+            gp = mv.parse(g if ("$" in g or "\\boxed" in g) else f"${g}$", **parse_kw)
+            pp = mv.parse(str(pred), **parse_kw)
             if gp and pp:
-                return bool(mv.verify(gp, pp))
+                return bool(mv.verify(gp, pp, **verify_kw))
         except Exception:
             pass
     try:
