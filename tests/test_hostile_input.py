@@ -173,10 +173,40 @@ def test_crafted_checkpoint_pickle_is_refused(tiny_args, tmp_path, capsys):
     rc = main(["train", "--resume", str(out), "--steps", "3", "--quiet"])
     err = capsys.readouterr().err
     assert rc == 2 and "refused to load" in err and "state.pt" in err
+    _assert_security_refusal(err, "exec")
     assert not target.exists()
     from grpolab.errors import CheckpointError
     with pytest.raises(CheckpointError, match="refused"):
         ckpt.read_state(state.parent)
+    assert not target.exists()
+
+
+def _assert_security_refusal(err: str, refused: str) -> None:
+    """Issue 23: a security refusal is one clean line that says what was refused and never the unsafe way round."""
+    lines = [ln for ln in err.splitlines() if ln.startswith("grpolab: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    line = lines[0]
+    assert f"refused {refused}" in line or f"'{refused}'" in line or f" {refused} " in line, line
+    for unsafe in ("weights_only=False", "weights_only` set to `False", "add_safe_globals", "safe_globals(",
+                   "can still be loaded", "\x1b["):
+        assert unsafe not in err, (unsafe, err)
+
+
+def test_crafted_model_pickle_is_refused_in_one_line(tiny_args, tmp_path, capsys):
+    """``grpolab eval --model`` on a folder whose weights are a crafted pickle: exit 2, one line naming the file
+    and what the unpickler refused (it was a 30-line traceback ending in PyTorch's weights_only=False advice)."""
+    out = _two_step_run(tiny_args)
+    target = tmp_path / "pwned_by_model"
+    final = out / "final"
+    for f in final.glob("*.safetensors"):
+        f.unlink()
+    torch.save({"model.embed_tokens.weight": _Evil(target)}, final / "pytorch_model.bin")
+    capsys.readouterr()
+    rc = main(["eval", "--model", str(final)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    assert "pytorch_model.bin" in err and "refused" in err
+    _assert_security_refusal(err, "exec")
     assert not target.exists()
 
 

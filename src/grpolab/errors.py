@@ -77,6 +77,29 @@ class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded: corrupt, or holding objects a safe (code-free) load refuses."""
 
 
+def refused_pickle(file, exc: BaseException, advice: str) -> CheckpointError:
+    """The error for a pickle ``torch.load(weights_only=True)`` refused: one line naming ``file`` and what the
+    restricted unpickler refused (the class or function the pickle asks for), followed by ``advice``.
+
+    PyTorch's own message is a screenful that ends in how to load the file anyway (``weights_only=False``,
+    allow-listing the global): a security refusal never suggests the unsafe path, so none of it is repeated.
+    """
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
+    m = (re.search(r"GLOBAL (\S+) (?:was not an allowed global|whose module)", text)
+         or re.search(r"call reduce for unrecognized function (\S+)", text)
+         or re.search(r"unsupported class (\S+)", text, re.IGNORECASE))
+    if m:
+        what = f"the unpickler refused {m.group(1).strip('.,`')!r}, a class or function a weights-only load " \
+               f"does not allow: loading it could run code"
+    else:
+        m = re.search(r"WeightsUnpickler error: ([^\n]+)", text) or re.search(r"(Unsupported operand \S+)", text)
+        detail = m.group(1).split(" Please ")[0].strip() if m else type(exc).__name__
+        what = f"the unpickler refused it ({detail[:200]}): it holds more than tensors and plain data"
+    return CheckpointError(f"{file}: refused to load: {what}. {advice}")
+
+
 class RolloutWorkerDied(RuntimeError):
     """A rollout worker (a Ray actor) died mid-run; the message says which one, the likely cause and the command
     that resumes the run from its last checkpoint."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import pickle
 import sys
 from pathlib import Path
 
@@ -25,6 +26,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import torch  # noqa: E402
+
+from ..errors import refused_pickle  # noqa: E402
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -113,6 +116,14 @@ def build_tiny(texts: list[str], arch: str = "llama", seed: int = 0, hidden: int
     return model, tok
 
 
+def _pickled_weights(path: Path) -> str:
+    """The pickled weight file(s) of a model folder, for an error message: the file, or the folder and their names."""
+    files = sorted(f.name for f in Path(path).iterdir() if f.suffix in (".bin", ".pt", ".pth", ".ckpt"))
+    if len(files) == 1:
+        return str(Path(path) / files[0])
+    return f"{path} ({', '.join(files)})" if files else str(path)
+
+
 def load_policy(name: str, *, task_texts: list[str] | None = None, tiny_arch: str = "llama",
                 seed: int = 0, log=print):
     """Return ``(model, tokenizer)`` for a config ``model`` value."""
@@ -129,13 +140,17 @@ def load_policy(name: str, *, task_texts: list[str] | None = None, tiny_arch: st
                 f"model '{name}': expected 'smollm2', 'tiny' or a local Hugging Face model folder "
                 f"with config.json; {path / 'config.json'} does not exist")
         adapter = path / "adapter_config.json"
-        if adapter.exists():  # a saved LoRA policy: base model + adapter
-            from peft import PeftModel
-            base = json.loads(adapter.read_text())["base_model_name_or_path"]
-            model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-            model = PeftModel.from_pretrained(model, path, is_trainable=True)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        try:
+            if adapter.exists():  # a saved LoRA policy: base model + adapter
+                from peft import PeftModel
+                base = json.loads(adapter.read_text())["base_model_name_or_path"]
+                model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+                model = PeftModel.from_pretrained(model, path, is_trainable=True)
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        except pickle.UnpicklingError as e:  # transformers reads .bin weights with torch.load(weights_only=True)
+            raise refused_pickle(_pickled_weights(path), e, "Model weights are read as tensors only; use a model "
+                                                            "folder you trust (safetensors weights)") from None
         tok = AutoTokenizer.from_pretrained(path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token

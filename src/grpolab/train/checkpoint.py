@@ -38,7 +38,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from ..errors import CheckpointError, WriteError
+from ..errors import CheckpointError, WriteError, refused_pickle
 from .rundir import write_failure
 
 FORMAT = 2  # 1: state.pt pickled NumPy arrays / RolloutBatch objects (grpolab <= 0.x); 2: encoded plain data
@@ -203,11 +203,8 @@ def read_state(path: Path) -> dict:
         with torch.serialization.safe_globals(_legacy_globals()):
             raw = torch.load(file, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise CheckpointError(
-            f"{file}: refused to load: it holds objects a safe load does not allow, so loading it could run "
-            f"code ({first[:300]}). Checkpoints are read with torch.load(weights_only=True) only; use a run "
-            f"folder written by grpolab that you trust, or start a new run") from None
+        raise refused_pickle(file, e, "Checkpoints are read as tensors and plain data only; use a run folder "
+                                      "written by grpolab that you trust, or start a new run") from None
     except Exception as e:  # truncated / corrupt file
         raise CheckpointError(f"{file}: cannot be read ({type(e).__name__}: {str(e)[:300]})") from None
     if isinstance(raw, dict) and raw.get("format") == FORMAT:
