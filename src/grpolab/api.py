@@ -620,7 +620,7 @@ class GRPOTrainer:
         """Train; returns :class:`TrainOutput` (``.global_step``, ``.training_loss``, ``.metrics``)."""
         if resume_from_checkpoint:
             raise ConfigError("train(resume_from_checkpoint=...) not supported by the Python API; resume with "
-                              "`grpolab train --resume --out OUTPUT_DIR`")
+                              "`grpolab train --resume OUTPUT_DIR`")
         t0 = time.perf_counter()
         self.callbacks("on_train_begin")
         summary = self.trainer.train(progress=not self.args.disable_tqdm)

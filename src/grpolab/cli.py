@@ -569,7 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `grpolab` argument parser (``bench`` and ``vllm-serve`` parse their own arguments; ``compare`` too:
+    :func:`grpolab.compare.parser`). `train`, `eval` and `sft` take any config key as ``--key value`` besides."""
     parser = argparse.ArgumentParser(prog="grpolab", description="GRPO and its variants, as small exact components.")
     parser.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                         help="import MODULE first (repeatable): components it registers can then be selected, "
@@ -621,6 +623,11 @@ def _main(argv: list[str] | None = None) -> int:
     sub.add_parser("compare", help="`grpolab compare --recipes a,b --seeds 0,1,2 [train options] --out DIR`: "
                                    "recipes x seeds at one budget, mean ± 95%% CI, paired differences, plots "
                                    "(see `grpolab compare --help`)", add_help=False)
+    return parser
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["bench"]:  # its own argument parser (src/grpolab/bench.py)
         from .bench import main as bench_main
