@@ -55,8 +55,10 @@ def test_records_content_and_table(tmp_path):
 
 def test_cadence_and_seeded_choice(tmp_path):
     log = CompletionsLog(tmp_path, every=3, groups=1, seed=7)
-    assert [s for s in range(1, 10) if log.due(s)] == [3, 6, 9]
+    assert [s for s in range(1, 10) if log.due(s)] == [1, 3, 6, 9]  # the first step too
+    assert log.due(7, last=True) and not log.due(7)
     assert not CompletionsLog(tmp_path, every=0, groups=1).due(3)
+    assert not CompletionsLog(tmp_path, every=0, groups=1).due(1, last=True)
     a = {r["group"] for r in log.records(_batch(), _Tok(), step=3)}
     b = {r["group"] for r in CompletionsLog(tmp_path, every=3, groups=1, seed=7).records(_batch(), _Tok(), step=3)}
     assert len(a) == 1 and a == b  # the same groups for the same seed and step (a resumed run logs the same)
@@ -79,7 +81,8 @@ def test_tiny_run_writes_completions_every_n_steps(tiny_args):
     args = {**tiny_args, "steps": 3, "save_steps": 1, "log_completions_steps": 2, "log_completions_groups": 2}
     _train(args)
     recs = read_completions(args["out"])
-    assert {r["step"] for r in recs} == {2}
+    assert {r["step"] for r in recs} == {1, 2, 3}  # every 2nd step, and the first and the last
+    recs = [r for r in recs if r["step"] == 2]
     assert len(recs) == 2 * args["num_generations"]
     assert len({r["group"] for r in recs}) == 2
     for r in recs:
@@ -93,6 +96,23 @@ def test_tiny_run_writes_completions_every_n_steps(tiny_args):
     off = {**args, "out": args["out"] + "_off", "log_completions_steps": 0}
     _train(off)
     assert read_completions(off["out"]) == []
+
+
+def test_a_run_shorter_than_the_cadence_logs_its_first_and_last_step(tiny_args):
+    """Issue 23: with the default cadence (10) a newcomer's 3-step run logged no completions at all, so neither
+    completions.jsonl nor the report showed any text. The first and the last step are always logged."""
+    args = {**tiny_args, "steps": 3, "log_completions_groups": 1}
+    assert Config.build(args).log_completions_steps == 10
+    _train(args)
+    assert sorted({r["step"] for r in read_completions(args["out"])}) == [1, 3]
+
+
+def test_a_run_stopped_by_its_budget_logs_its_last_step(tiny_args):
+    per_step = tiny_args["prompts_per_step"] * tiny_args["num_generations"]
+    args = {**tiny_args, "steps": 6, "max_completions": 2 * per_step, "log_completions_groups": 1}
+    summary = _train(args)
+    assert summary.get("stopped_by") and [m["step"] for m in read_metrics(args["out"])] == [1, 2]
+    assert sorted({r["step"] for r in read_completions(args["out"])}) == [1, 2]
 
 
 def test_resume_neither_duplicates_nor_loses_lines(tiny_args):

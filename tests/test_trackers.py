@@ -179,18 +179,18 @@ def test_tensorboard_adapter_writes_events_and_none_writes_nothing(tmp_path):
 def test_tiny_run_reports_every_step_and_the_completions_table(tiny_args, monkeypatch):
     calls = fake_wandb(monkeypatch)
     monkeypatch.setenv("WANDB_MODE", "offline")
-    cfg = Config.build({**tiny_args, "steps": STEPS, "report_to": "wandb", "log_completions_steps": 2})
+    cfg = Config.build({**tiny_args, "steps": 4, "report_to": "wandb", "log_completions_steps": 3})
     Trainer(cfg, log=lambda *a: None).train(progress=False)
     logs = [c for c in calls if c[0] == "log"]
     steps = [c[2]["step"] for c in logs if "loss" in c[1][0]]
-    assert steps == [1, 2]
+    assert steps == [1, 2, 3, 4]
     tables = [c for c in logs if "completions" in c[1][0]]
-    assert len(tables) == 1 and tables[0][2]["step"] == 2
-    t = tables[0][1][0]["completions"]
+    assert [t[2]["step"] for t in tables] == [1, 3, 4]  # every 3rd step, and the first and the last
+    t = tables[1][1][0]["completions"]
     assert t.columns[:4] == ["step", "group", "prompt", "completion"] and "advantage" in t.columns
     assert len(t.data) == 2 * tiny_args["num_generations"]
     cfg_logged = [c for c in calls if c[0] == "config.update"][0][1][0]
-    assert cfg_logged["steps"] == STEPS and cfg_logged["report_to"] == "['wandb']"
+    assert cfg_logged["steps"] == 4 and cfg_logged["report_to"] == "['wandb']"
     assert calls[-1][0] == "finish"
 
 

@@ -241,9 +241,9 @@ class Config:
                                           "tensorboard, trackio, wandb, mlflow, or none (docs/tracking.md; "
                                           "trackio/wandb/mlflow need `pip install grpolab[NAME]`)",
                          (list(TRACKER_EXTRAS), "many"))
-    log_completions_steps: int = _f(10, "every N steps append a sample of groups (prompt, completions, rewards, "
-                                        "advantages, token counts) to OUT/completions.jsonl (0 = off; 10 = TRL's "
-                                        "logging_steps default)")
+    log_completions_steps: int = _f(10, "every N steps, and at a run's first and last step, append a sample of "
+                                        "groups (prompt, completions, rewards, advantages, token counts) to "
+                                        "OUT/completions.jsonl (0 = off; 10 = TRL's logging_steps default)")
     log_completions_groups: int = _f(2, "groups per logged step in OUT/completions.jsonl (seeded choice; "
                                         "0 = every group)")
     seed: int = _f(0, "random seed")

@@ -93,8 +93,8 @@ COMPLETION_COLUMNS = ["step", "group", "prompt", "completion", "reward", "advant
 
 
 class CompletionsLog:
-    """OUT/completions.jsonl: every ``every`` steps, one line per completion of ``groups`` seeded-chosen groups
-    (all groups when 0): step, group id, prompt, completion, each reward column (``rewards``), the scalar
+    """OUT/completions.jsonl: every ``every`` steps (and at the first and the last), one line per completion of
+    ``groups`` seeded-chosen groups (all groups when 0): step, group id, prompt, completion, each reward column (``rewards``), the scalar
     reward, the advantage and the token count. ``advantage`` is sequence-level: the mean of the row's
     per-token advantages over its completion tokens (the row's scalar advantage for estimators that give every
     token the same value). A resume drops the lines after its checkpoint's step, as metrics.jsonl does."""
@@ -104,8 +104,10 @@ class CompletionsLog:
         self.every, self.groups, self.seed, self.log = every, groups, seed, log
         truncate_jsonl(self.path, resume_step, log=log)
 
-    def due(self, step: int) -> bool:
-        return self.every > 0 and step % self.every == 0
+    def due(self, step: int, last: bool = False) -> bool:
+        """Whether ``step`` is logged: every ``every`` steps, and the first and the ``last`` step of a run, so that
+        a run shorter than ``every`` shows its text too (``every`` 0: never)."""
+        return self.every > 0 and (step % self.every == 0 or step == 1 or last)
 
     def records(self, batch, tok, step: int) -> list[dict]:
         """The lines for ``step`` from a scored batch with advantages (the groups as generated)."""
@@ -219,5 +221,5 @@ class DiscardLog:
     def close(self) -> None:
         pass
 
-    def due(self, step: int) -> bool:
+    def due(self, step: int, last: bool = False) -> bool:
         return False

@@ -696,7 +696,8 @@ class Trainer:
         if self.cfg.mask_truncated_completions:  # truncated rows leave the loss (after the rewards saw them)
             batch.completion_mask = mask_truncated(batch.completion_mask, batch.truncated)
         batch.advantages = self.compute_advantages(batch)
-        self.scored_batch = batch if self.completions.due(self.step + 1) else None
+        # kept for log_completions (any step may turn out the last: a budget spent, a stall)
+        self.scored_batch = batch if self.completions.due(self.step + 1, last=True) else None
         for stage in self.stages:  # pruning, replay, ...: may change the rows trained on
             batch = stage(batch=batch, rewards=batch.scalar_rewards, ctx=self.ctx, step=self.step)
         scalar = batch.scalar_rewards
@@ -749,10 +750,10 @@ class Trainer:
             m.setdefault(k, v)
         return m
 
-    def log_completions(self) -> None:
-        """Sampled groups of this step to OUT/completions.jsonl (every ``log_completions_steps``), and as a
-        table to the trackers that have tables."""
-        if self.scored_batch is None or not self.completions.due(self.step):
+    def log_completions(self, last: bool = False) -> None:
+        """Sampled groups of this step to OUT/completions.jsonl (every ``log_completions_steps``, and the first
+        and the ``last`` step), and as a table to the trackers that have tables."""
+        if self.scored_batch is None or not self.completions.due(self.step, last=last or self.step == self.cfg.steps):
             return
         records = self.completions.records(self.scored_batch, self.tok, self.step)
         self.completions.write(records)
@@ -794,6 +795,7 @@ class Trainer:
                 if stop is not None:  # a budget is spent: end the run here, as if `steps` were reached
                     if not saved:
                         self.save()
+                    self.log_completions(last=True)
                     self.log(f"[grpolab] stopping after step {self.step}: {stop}")
                     summary["stopped_by"] = stop
                     break
@@ -801,6 +803,7 @@ class Trainer:
                 if stalled is not None:  # nothing can be learned: stop now, with a checkpoint of this step
                     if not saved:
                         self.save()
+                    self.log_completions(last=True)
                     raise checks.RunStalled(stalled)
         finally:
             bar.close()
