@@ -97,7 +97,8 @@ class CompletionsLog:
     ``groups`` seeded-chosen groups (all groups when 0): step, group id, prompt, completion, each reward column
     (``rewards``), the scalar reward, the advantage and the token count. ``advantage`` is sequence-level: the
     mean of the row's per-token advantages over its completion tokens (the row's scalar advantage for estimators
-    that give every token the same value). A resume drops the lines after its checkpoint's step, as metrics.jsonl does."""
+    that give every token the same value). A resume drops the lines after its checkpoint's step, as
+    metrics.jsonl does."""
 
     def __init__(self, out: Path, every: int, groups: int, seed: int = 0, resume_step: int = 0, log=print):
         self.path = Path(out) / "completions.jsonl"
