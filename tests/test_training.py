@@ -32,29 +32,51 @@ def run(layers):
     return t, t.train(progress=False)
 
 
-def test_tiny_model_learns_repeat_task(tiny_args):
-    """Mean reward clearly rises on a task learnable from scratch (seeded)."""
-    # seeded: how far a random-init model gets in 60 steps varies with the seed and the sampler's random
-    # stream (measured: +0.03 to +0.36 over seeds 0-4); the rise is asserted for seed 0, not a particular curve.
-    args = {**tiny_args, "steps": 60, "prompts_per_step": 8, "num_generations": 8, "learning_rate": 1e-2,
-            "save_steps": 60, "micro_batch_size": 64, "eval_before": True, "eval_after": True}
-    t, summary = run(args)
-    rows = read_metrics(args["out"])
-    first = sum(r["reward_mean"] for r in rows[:10]) / 10
-    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
-    assert last > first + 0.25, (first, last)
-    assert summary["after"]["accuracy"] > summary["before"]["accuracy"] + 0.2  # greedy held-out accuracy
-    for key in REQUIRED + ["rewards/match/mean", "rewards/match/unscorable"]:
-        assert key in rows[0], key
-    assert rows[0]["kl"] is None  # beta = 0: no reference model
-    assert t.ref_model is None
-    out = Path(args["out"])
-    assert (out / "reward_curve.png").stat().st_size > 1000
-    assert (out / "final" / "config.json").exists()
-    # grpolab eval on the saved model reproduces the trainer's after-eval
-    res = json.loads(_capture(["eval", "--model", str(out / "final"), "--task", "repeat", "--compact",
-                               "--max_completion_length", "6"]))
-    assert res["accuracy"] == pytest.approx(summary["after"]["accuracy"])
+LEARN_SEEDS = (0, 1, 2)
+
+
+def test_tiny_model_learns_repeat_task(tiny_args, tmp_path):
+    """Mean reward clearly rises on a task learnable from scratch, on average over seeds.
+
+    How far a random-init model gets in a few dozen steps is luck of the seed and of the CPU's kernels (one seed
+    rose +0.17 with AVX512 kernels and +0.27 with AVX2 ones, another +0.06: asserting +0.25 for seed 0 failed on an
+    AVX512-BF16 CPU, issue 22), so the margins are on the mean over LEARN_SEEDS, measured on every code path."""
+    rises, gains = [], []
+    for seed in LEARN_SEEDS:
+        args = {**tiny_args, "steps": 40, "prompts_per_step": 8, "num_generations": 8, "learning_rate": 1e-2,
+                "max_completion_length": 4, "save_steps": 40, "micro_batch_size": 64, "eval_before": True,
+                "eval_after": True, "stall_steps": 0, "seed": seed, "out": str(tmp_path / f"seed{seed}")}
+        t, summary = run(args)
+        rows = read_metrics(args["out"])
+        first = sum(r["reward_mean"] for r in rows[:10]) / 10
+        last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+        rises.append(last - first)
+        gains.append(summary["after"]["accuracy"] - summary["before"]["accuracy"])  # greedy held-out accuracy
+        if seed != LEARN_SEEDS[0]:
+            continue
+        for key in REQUIRED + ["rewards/match/mean", "rewards/match/unscorable"]:
+            assert key in rows[0], key
+        assert rows[0]["kl"] is None  # beta = 0: no reference model
+        assert t.ref_model is None
+        out = Path(args["out"])
+        assert (out / "reward_curve.png").stat().st_size > 1000
+        assert (out / "final" / "config.json").exists()
+        # grpolab eval on the saved model reproduces the trainer's after-eval
+        res = json.loads(_capture(["eval", "--model", str(out / "final"), "--task", "repeat", "--compact",
+                                   "--max_completion_length", "4"]))
+        assert res["accuracy"] == pytest.approx(summary["after"]["accuracy"])
+    # measured (issue 22; reward rise = mean of the last 10 steps - the first 10; accuracy gain = after - before):
+    #                                 seed 0        seed 1        seed 2        mean of 0-2
+    #   float32, AVX512 kernels       +0.161/+0.15  +0.244/+0.175 +0.031/+0.125 +0.145/+0.150
+    #   bf16 autocast (AVX512-BF16)   +0.364/+0.35  +0.215/+0.225 +0.024/+0.10  +0.201/+0.225
+    #   float32, AVX2 kernels         +0.154/+0.15  +0.254/+0.20  +0.031/+0.125 +0.146/+0.158
+    #   (AVX2: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2; float32, seed 3:
+    #   +0.089/+0.10). The suite runs float32 (conftest); the bf16 row is dtype auto on an AVX512-BF16 CPU.
+    # single seeds range from +0.02 to +0.36 (reward) and +0.10 to +0.35 (accuracy): the margins are on the mean
+    # of three, about 3x below the lowest mean measured (+0.145 reward, +0.150 accuracy).
+    mean_rise, mean_gain = sum(rises) / len(rises), sum(gains) / len(gains)
+    assert mean_rise > 0.05, rises
+    assert mean_gain > 0.05, gains
 
 
 def _capture(argv):
