@@ -101,7 +101,9 @@ def test_summary_records_dtype_and_why(tiny_args, monkeypatch):
 
 
 def test_matmul_rate_is_a_positive_rate():
-    assert 1e6 < devices.matmul_rate(32, 32, 32, seconds=0.01, warmups=1) < 1e14
+    # a timing (the bench's): only its sign and scale are checked; under load the 10 ms window can see one product
+    # take a descheduled 0.1 s (measured 1e5 FLOP/s with other jobs on 2 cores), so no lower bound
+    assert 0 < devices.matmul_rate(32, 32, 32, seconds=0.01, warmups=1) < 1e14
 
 
 def _batch():
