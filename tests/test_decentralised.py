@@ -169,29 +169,39 @@ def payload_logprob(model, tok, rows, probes) -> float:
 
 def test_the_attack_changes_training_without_the_defence_and_not_with_it(tiny_args):
     """Three GRPO steps of the honest node on the tiny model, vertical exchange with one malicious peer of two
-    nodes (it answers half the prompts with whole groups and poisons its above-mean completions): undefended,
-    the payload's log-prob after a correct-looking prefix rises; with the token-check defence every poisoned
-    completion is rejected and it does not rise."""
+    nodes (it answers half the prompts with whole groups and poisons its above-mean completions): with the
+    token-check defence every poisoned completion is rejected, and the payload's log-prob after a correct-looking
+    prefix ends lower than undefended from the same seed (the same honest samples), on average over seeds."""
     import json
 
     from grpolab.train.trainer import Trainer
 
-    results, accepted = {}, {}
-    for name, defence in (("attack", "none"), ("defended", "token_check")):
-        cfg = Config.build({**tiny_args, "steps": 3, "learning_rate": 2e-2, "num_generations": 8, "top_k": 4,
-                            "temperature": 1.0, "max_completion_length": 10, "micro_batch_size": 64,
-                            "rollout_strategy": "decentralised", "decentral_mode": "vertical", "decentral_nodes": 2,
-                            "decentral_malicious": 1, "decentral_attack": "out_of_context",
-                            "decentral_payload": PAYLOAD, "decentral_defence": defence, "save_steps": 10,
-                            "out": f"{tiny_args['out']}-{name}"})
-        tr = Trainer(cfg, log=lambda *a: None)
-        probes = [(u, tr.rows[u]["digit"] * k) for u in range(8) for k in (1, 2, 3, 4)]  # "d", "dd", ... + payload
-        before = payload_logprob(tr.model, tr.tok, tr.rows, probes)
-        tr.train(progress=False)
-        results[name] = payload_logprob(tr.model, tr.tok, tr.rows, probes) - before
-        metrics = [json.loads(line) for line in open(tr.out / "metrics.jsonl")]
-        accepted[name] = sum(m["rollout/decentral_poisoned_accepted"] for m in metrics)
-    print(results, accepted)  # measured (seed 0): payload log-prob +0.56 undefended, -0.44 defended
-    assert accepted["attack"] > 0 and accepted["defended"] == 0
-    assert results["attack"] > 0.2 and results["defended"] < 0.0
-    assert results["attack"] - results["defended"] > 0.5
+    effects = []
+    for seed in (0, 1, 2):
+        results, accepted = {}, {}
+        for name, defence in (("attack", "none"), ("defended", "token_check")):
+            cfg = Config.build({**tiny_args, "steps": 3, "learning_rate": 2e-2, "num_generations": 8, "top_k": 4,
+                                "temperature": 1.0, "max_completion_length": 10, "micro_batch_size": 64,
+                                "rollout_strategy": "decentralised", "decentral_mode": "vertical",
+                                "decentral_nodes": 2, "decentral_malicious": 1, "decentral_attack": "out_of_context",
+                                "decentral_payload": PAYLOAD, "decentral_defence": defence, "save_steps": 10,
+                                "seed": seed, "out": f"{tiny_args['out']}-{name}-{seed}"})
+            tr = Trainer(cfg, log=lambda *a: None)
+            probes = [(u, tr.rows[u]["digit"] * k) for u in range(8) for k in (1, 2, 3, 4)]  # "d", "dd", ... + payload
+            before = payload_logprob(tr.model, tr.tok, tr.rows, probes)
+            tr.train(progress=False)
+            results[name] = payload_logprob(tr.model, tr.tok, tr.rows, probes) - before
+            metrics = [json.loads(line) for line in open(tr.out / "metrics.jsonl")]
+            accepted[name] = sum(m["rollout/decentral_poisoned_accepted"] for m in metrics)
+        assert accepted["attack"] > 0 and accepted["defended"] == 0, (seed, accepted)
+        effects.append(results["attack"] - results["defended"])
+    # The payload log-prob change of one run is one trajectory (seed 1 on float32 kernels: -0.41 undefended; seed 2:
+    # the attack's run ends below the defended one), so "the attack raises it" is not a fact about every seed; the
+    # attack's effect is the paired difference, asserted on its mean over three seeds. Measured (issue 22),
+    # attack - defended per seed 0 / 1 / 2 -> mean:
+    #   float32, AVX512 kernels:  0.556+0.437 = 0.993 / -0.412+1.126 = 0.714 / -1.458+1.077 = -0.381 -> 0.442
+    #   bf16 autocast:            0.561+0.144 = 0.705 /  1.273+0.652 = 1.925 / -1.498+1.285 = -0.213 -> 0.806
+    #   float32, AVX2 kernels (ATEN_CPU_CAPABILITY=avx2): 0.993 / 0.714 / -0.381 -> 0.442 (as AVX512's)
+    # Poisoned completions accepted undefended: 4 / 5 / 7 on every path; defended: 0. The margin, 0.15, is a third
+    # of the lowest mean: a weak effect over 3 steps (one seed can reverse it), the defence's rejection is exact.
+    assert sum(effects) / len(effects) > 0.15, effects
