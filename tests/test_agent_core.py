@@ -491,6 +491,8 @@ def test_a_tasks_own_environment_is_used_and_a_users_wins(tmp_path, tiny_args, m
     monkeypatch.setattr(trainer_mod, "get_task", task_with_env)
     tr = _trainer(tmp_path, tiny_args, {"rollout_strategy": "agent", "max_turns": 1}, "task")
     assert "environment" not in tr.eval_extra and tr.ctx.environment is factory
+    assert len(made) == 1  # one environment made at start-up: its tools are in the prompt-length check
+    made.clear()
     tr.ctx.new_step()
     b = tr.rollout()
     assert len(made) == b.num_rows == 4

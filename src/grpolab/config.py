@@ -110,7 +110,10 @@ class Config:
                                 "replay, ...)", _many(BATCH_STAGES))
     update_strategy: str = _f("standard", "how the optimiser consumes a batch", UPDATE_STRATEGIES)
     # generation
-    max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error")
+    max_prompt_length: int = _f(512, "prompts longer than this are rejected with an error, at start-up; a rollout "
+                                     "strategy may set a larger default when no layer sets it (agent and tree "
+                                     "rollouts: room for the tool schemas, grpolab.agents.rollout."
+                                     "AGENT_MAX_PROMPT_LENGTH)")
     max_completion_length: int = _f(20, "maximum new tokens per completion")
     temperature: float = _f(0.7, "sampling temperature (log-probs use logits / temperature)")
     top_k: int = _f(0, "sample from the k most likely tokens (0 = off)")
@@ -289,6 +292,11 @@ class Config:
                 values[key], origin[key] = v, src
         core = {k: _coerce(k, values[k], origin[k]) for k in values if k in CORE_KEYS}
         cfg = cls(**core)
+        if "max_prompt_length" not in core:  # a rollout strategy may size its own default (the agent's tools)
+            own = getattr(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), "max_prompt_length", None) \
+                if cfg.rollout_strategy in ROLLOUT_STRATEGIES else None
+            if own:
+                cfg.max_prompt_length = int(own)
         decl = cfg.component_params(extra)
         params: dict[str, Any] = {}
         dropped = []

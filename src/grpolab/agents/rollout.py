@@ -40,7 +40,7 @@ from ..generation.turns import Continuation, Episode, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES, param
 from .adapters import ENV_KINDS, TOOL_ISOLATION, CallTimeout, ToolLimits, cut, environment_factory, guarded
 from .base import EPISODE_COLUMN, AgentEnv, EpisodeRecord, StepResult, ToolCall, TurnRecord
-from .parsing import TOOL_CALL_CLOSE, Renderer, tool_schemas
+from .parsing import TOOL_CALL_CLOSE, Renderer, hermes_tools_text, tool_schemas
 
 # the agent keys, declared once (other agent strategies reuse these constants)
 MAX_TURNS = param(4, "agent: model turns per episode at most (the episode then ends with ended_by max_turns)")
@@ -62,6 +62,11 @@ TOOL_ISOLATION_KEY = param("thread", "agent: where tool functions run: thread (a
                            "on timeout) or sandbox (grpolab.sandbox child process with CPU/memory limits; "
                            "module-level functions with JSON results only)", list(TOOL_ISOLATION))
 ENDED_SHARES = ("done", "max_turns", "token_budget", "no_action", "error")
+# an agent run's default max_prompt_length (when no layer sets it; Config.build reads the strategy's
+# ``max_prompt_length``): the first prompt carries the tool schemas (about 600 characters for one tool in the
+# Hermes system message) and, in the built-in agent tasks, a worked example; 512 (the single-turn default) is
+# too short for TRL's own `tools=[multiply]` example on a character-level tokenizer
+AGENT_MAX_PROMPT_LENGTH = 2048
 
 
 @dataclass
@@ -118,6 +123,57 @@ def resolve_factory(ctx, *, tools, environment, environment_kind, limits: ToolLi
     return environment_factory(environment=env, kind=environment_kind, limits=limits)
 
 
+def prompt_tools(cfg, environment, row: dict) -> list[dict]:
+    """The tool schemas an episode's first prompt shows, known before any step: those of one environment made
+    for ``row`` (not reset, then closed). ``[]`` when it has no tools or cannot be made: the rollout reports
+    that per episode (or, with no environment at all, as the error naming both options)."""
+    from types import SimpleNamespace
+
+    last = _PROBED[0]
+    if last is not None and last[0] is cfg and last[1] is environment:  # one environment made per run
+        return last[2]
+    p = cfg.params
+    env = None
+    schemas: list[dict] = []
+    try:
+        factory = resolve_factory(SimpleNamespace(environment=environment), tools=p.get("tools"),
+                                  environment=p.get("environment"),
+                                  environment_kind=p.get("environment_kind", "auto"), limits=ToolLimits())
+        env = factory(row)
+        schemas = tool_schemas(getattr(env, "tools", None) or [])
+    except Exception:  # noqa: BLE001 - the rollout raises or reports it, where it happens
+        schemas = []
+    finally:
+        if env is not None:
+            try:
+                guarded(env.close, timeout=float(p.get("tool_timeout", TOOL_TIMEOUT.default)))
+            except Exception:  # noqa: BLE001
+                pass
+    _PROBED[0] = (cfg, environment, schemas)
+    return schemas
+
+
+_PROBED: list = [None]  # (cfg, environment, schemas) of the last prompt_tools call
+
+
+def first_prompts(cfg, environment, tokenizer, rows: list[dict]) -> list[str] | None:
+    """The first prompt of an episode for each row as the rollout renders it, with the tool schemas (the first
+    observation, known only after ``reset``, is not in it); None when the episodes show no tools. The trainer's
+    start-up length check (:func:`grpolab.train.checks.check_lengths`) measures these."""
+    schemas = prompt_tools(cfg, environment, rows[0]) if rows else []
+    if not schemas:
+        return None
+    renderer = Renderer(tokenizer, log=lambda *a: None)
+    return [renderer.prompt(r["prompt"], schemas) for r in rows]
+
+
+def tool_texts(cfg, environment, rows: list[dict]) -> list[str]:
+    """Text the episodes show besides the data (the tools' description), for a tokenizer built from the run's
+    text (``--model tiny``)."""
+    schemas = prompt_tools(cfg, environment, rows[0]) if rows else []
+    return [hermes_tools_text(schemas)] if schemas else []
+
+
 def _configure(env: AgentEnv, limits: ToolLimits) -> None:
     if isinstance(getattr(env, "limits", None), ToolLimits):
         env.limits = limits
@@ -165,9 +221,10 @@ def start_episodes(ctx, rows, uids, group_offset, counts, temps, factory, settin
             text = renderer.prompt(row["prompt"], schemas, first)
             ids = tok(text, add_special_tokens=False)["input_ids"]
             if len(ids) > cfg.max_prompt_length:
-                raise ValueError(f"agent: an episode's prompt (with its tool schemas and first observation) has "
-                                 f"{len(ids)} tokens, more than max_prompt_length={cfg.max_prompt_length}; "
-                                 f"raise max_prompt_length")
+                raise ConfigError(f"agent: an episode's prompt (with its tool schemas and first observation) has "
+                                  f"{len(ids)} tokens, more than max_prompt_length={cfg.max_prompt_length}; "
+                                  f"raise --max_prompt_length (GRPOConfig(max_prompt_length=...)) or shorten "
+                                  f"the prompt or the environment's first observation")
             live = LiveEpisode(env, Episode(ids), rec, row, uid, group_offset + i, float(temp), chat)
             if "error" in rec.info:
                 live.end("error")
@@ -472,3 +529,6 @@ def extra_rewards(cfg) -> list[tuple[str, Callable, float]]:
 agent.extra_rewards = extra_rewards
 agent.eval_rollout = eval_rollout
 agent.columns = (EPISODE_COLUMN, "episode_text")  # reward functions may take them
+agent.max_prompt_length = AGENT_MAX_PROMPT_LENGTH  # this strategy's default (Config.build)
+agent.first_prompts = first_prompts  # measured at start-up (train/checks.py)
+agent.model_texts = tool_texts  # what a tokenizer built from the run's text must cover

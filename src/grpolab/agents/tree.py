@@ -49,7 +49,7 @@ from .rollout import (ENV_REWARD_WEIGHT, ENVIRONMENT as ENVIRONMENT_KEY, ENVIRON
                       MAX_TOOL_CALLS, MAX_TURN_TOKENS, MAX_TURNS, TOOL_ISOLATION_KEY, TOOL_OUTPUT_CHARS,
                       TOOL_TIMEOUT, TOOLS, AgentSettings, LiveEpisode, _Renderers, _check, apply_step,
                       close_all, episode_setup, eval_rollout, extra_rewards, log_metrics, pack, play,
-                      start_episodes)
+                      start_episodes, agent as _agent)
 
 TREE_COLUMN = "tree"  # per row: the id of the tree the row's leaf belongs to (Tree-GRPO's intra-tree group)
 
@@ -327,6 +327,8 @@ def tree_grpo_rollout(ctx, rows, uids, group_offset, budgets=None, temperatures=
 
 tree_grpo_rollout.extra_rewards = extra_rewards
 tree_grpo_rollout.eval_rollout = eval_rollout
+for _hook in ("max_prompt_length", "first_prompts", "model_texts"):  # episodes as the agent rollout's
+    setattr(tree_grpo_rollout, _hook, getattr(_agent, _hook))
 
 
 def _authors_zscore(values: torch.Tensor, ids: torch.Tensor, epsilon: float) -> torch.Tensor:
@@ -487,3 +489,5 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
 
 mcts_staged_rollout.extra_rewards = extra_rewards
 mcts_staged_rollout.eval_rollout = eval_rollout
+for _hook in ("max_prompt_length", "first_prompts", "model_texts"):  # episodes as the agent rollout's
+    setattr(mcts_staged_rollout, _hook, getattr(_agent, _hook))

@@ -7,7 +7,8 @@ Before the first step (and before the "before" evaluation; ``--resume`` runs the
 * every training row has the data columns the selected components declared
   (``register(..., columns=...)``, e.g. ``hints`` for Scaf-GRPO and Guide,
   ``solution`` for GHPO), naming the first row that lacks one;
-* every prompt fits ``max_prompt_length`` (naming the row), and the longest
+* every prompt fits ``max_prompt_length`` (naming the row; an agent run's as the episode shows it, with the
+  tool schemas), and the longest
   prompt plus ``max_completion_length`` fits the model's context.
 
 During the run, :class:`StallGuard` stops a run in which nothing can be learned
@@ -22,6 +23,7 @@ from pathlib import Path
 from ..config import Config, ConfigError
 from ..data import render_prompt, where
 from ..errors import RunStalled
+from ..registry import ROLLOUT_STRATEGIES
 
 
 def check_out(out: str | Path) -> None:
@@ -103,20 +105,51 @@ def model_context(cfg: Config, model) -> int | None:
     return int(n) if n else None
 
 
-def check_lengths(cfg: Config, tokenizer, model, rows: list[dict], eval_rows: list[dict]) -> None:
-    """Every prompt within ``max_prompt_length``; the longest prompt + ``max_completion_length`` within the
-    model's context."""
+def strategy_hook(cfg: Config, name: str):
+    """The run's rollout strategy's attribute ``name`` (e.g. the agent rollout's ``first_prompts``), or None."""
+    if cfg.rollout_strategy not in ROLLOUT_STRATEGIES:
+        return None
+    return getattr(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), name, None)
+
+
+# prompts the strategy renders itself (the agent rollout: with the tool schemas) are measured as rendered for the
+# rows that are longest without: the addition is the same for every row
+RENDERED_ROWS = 8
+
+
+def first_prompt_lengths(cfg: Config, tokenizer, part: list[dict], environment=None) -> tuple[list[int], str]:
+    """``(token counts, what they include)`` of the prompts of ``part`` as the run's rollout strategy shows them
+    (the agent rollout: with the tool schemas; its hook ``first_prompts``), else as :func:`prompt_lengths`."""
+    lengths = prompt_lengths(tokenizer, part)
+    render = strategy_hook(cfg, "first_prompts")
+    if render is None or not part:
+        return lengths, ""
+    longest = sorted(range(len(part)), key=lambda i: -lengths[i])[:RENDERED_ROWS]
+    texts = render(cfg, environment, tokenizer, [part[i] for i in longest])
+    if texts is None:
+        return lengths, ""
+    for i, ids in zip(longest, tokenizer(texts, add_special_tokens=False)["input_ids"]):
+        lengths[i] = len(ids)
+    return lengths, " with its tool schemas"
+
+
+def check_lengths(cfg: Config, tokenizer, model, rows: list[dict], eval_rows: list[dict],
+                  environment=None) -> None:
+    """Every prompt within ``max_prompt_length`` (as the rollout shows it: an agent run's with its tool schemas;
+    ``environment``: the run's objects, see :func:`first_prompt_lengths`); the longest prompt +
+    ``max_completion_length`` within the model's context."""
     context = model_context(cfg, model)
     longest, longest_at = 0, ""
     for label, part in (("", rows), ("held-out ", eval_rows)):
         if not part:
             continue
-        for i, n in enumerate(prompt_lengths(tokenizer, part)):
+        lengths, shown = first_prompt_lengths(cfg, tokenizer, part, environment)
+        for i, n in enumerate(lengths):
             at = f"{_source(cfg)}: {label}{where(part, i)}"
             if n > cfg.max_prompt_length:
                 room = f" (at most {context - cfg.max_completion_length} with this model and max_completion_length)" \
                     if context and context > cfg.max_completion_length else ""
-                raise ConfigError(f"{at}: the prompt has {n} tokens, more than max_prompt_length="
+                raise ConfigError(f"{at}: the prompt{shown} has {n} tokens, more than max_prompt_length="
                                   f"{cfg.max_prompt_length}; shorten or drop that prompt, or raise "
                                   f"--max_prompt_length{room}")
             if n > longest:
@@ -187,4 +220,4 @@ class StallGuard:
 
 
 __all__ = ["RunStalled", "StallGuard", "check_columns", "check_lengths", "check_out", "check_reward_weights",
-           "prompt_lengths", "model_context"]
+           "first_prompt_lengths", "prompt_lengths", "model_context", "strategy_hook"]

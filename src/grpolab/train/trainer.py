@@ -194,7 +194,7 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
         self.model, self.tok = self.load_policy(cfg)
-        checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows)
+        checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows, self.environment)
         self.model.to(self.device)
         self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')} "
                  f"({self.dtype_reason})")
@@ -348,7 +348,9 @@ class Trainer:
 
     def load_policy(self, cfg: Config):
         """``(model, tokenizer)`` of the policy (``self.rows`` / ``self.eval_rows`` are set)."""
-        return load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows),
+        shown = checks.strategy_hook(cfg, "model_texts")  # text the rollout shows besides the data (tools)
+        return load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows) + (
+                               shown(cfg, self.environment, self.rows) if shown and cfg.model == "tiny" else []),
                            tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
 
     def _lr_lambda(self, step: int) -> float:
