@@ -398,10 +398,27 @@ class Config:
             raise ConfigError(f"top_p: must be in (0, 1], got {self.top_p}")
         check_report_to(self.report_to)
         if self.data is not None and not self.reward:
-            raise ConfigError("reward: --data needs at least one --reward module:function")
+            self._check_reward_source()
         self._check_components(extra)
         self._check_rollout_workers()
         self.check_distributed()
+
+    def _check_reward_source(self) -> None:
+        """--data without --reward: the run's environment may be the reward (a gym-style ``step()`` or a TRL
+        environment's ``reward``: the rollout strategy's ``extra_rewards``, e.g. the agent's ``env_reward``);
+        tools alone give none."""
+        strategy = ROLLOUT_STRATEGIES.get(self.rollout_strategy) if self.rollout_strategy in ROLLOUT_STRATEGIES \
+            else None
+        extra = getattr(strategy, "extra_rewards", None)
+        if self.params.get("environment"):
+            if extra is not None and extra(self):
+                return
+            raise ConfigError("reward: --data needs at least one --reward module:function; the environment's "
+                              "rewards count for nothing here (env_reward_weight is 0): give a --reward or a "
+                              "non-zero --env_reward_weight")
+        why = (" (tools give no reward of their own; an --env environment whose step() returns rewards is one)"
+               if self.params.get("tools") else "")
+        raise ConfigError(f"reward: --data needs at least one --reward module:function{why}")
 
     def check_distributed(self) -> None:
         """What FSDP2 cannot train, refused here, before `--nproc_per_node` starts any rank: its sharded copy of
