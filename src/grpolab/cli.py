@@ -278,6 +278,44 @@ def cmd_eval(args, rest: list[str]) -> int:
     return 0
 
 
+# the core keys `grpolab sft` reads (besides --model, --task, --data); its own keys are the parameters of
+# grpolab.train.sft (sft_steps, ...). Any other core key is grpolab train's, which sft would ignore: refused
+SFT_CORE_KEYS = ["seed", "threads", "tiny_arch", "data_split", "prompt_column", "column_map"]
+# a `grpolab train` key given to sft -> sft's own key for the same thing
+SFT_INSTEAD = {"learning_rate": "sft_learning_rate", "prompts_per_step": "sft_batch_size",
+               "micro_batch_size": "sft_batch_size", "max_prompt_length": "sft_max_length",
+               "max_completion_length": "sft_max_length"}
+
+
+def _sft_keys() -> dict:
+    """``{key: help}`` of sft's options: its own parameters, then the core keys it reads."""
+    import dataclasses
+
+    from .config import Config
+    from .registry import declared_params
+    from .train.sft import SFT_COMPONENTS
+
+    out = {}
+    for fn in SFT_COMPONENTS:
+        for name, p in declared_params(fn).items():
+            choices = f"; one of {', '.join(map(str, p.choices))}" if p.choices else ""
+            out[name] = f"{p.help} (default {p.default!r}{choices})"
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for key in SFT_CORE_KEYS:
+        out[key] = f"{fields[key].metadata['help']} (default {fields[key].default!r})"
+    return out
+
+
+def _sft_options(f) -> None:
+    """`grpolab sft --help`: ``--steps`` and every key sft reads, with its own help text."""
+    keys = _sft_keys()
+    f.add_argument("--steps", metavar="N", help="optimiser steps: the same as --sft_steps")
+    for key, help in keys.items():
+        f.add_argument(f"--{key}", metavar=key.upper().rpartition("_")[2] if "_" in key else key.upper(),
+                       default=None, help=help.replace("%", "%%"))
+    f.epilog = "Task options (e.g. --arithmetic_n_train N) are accepted as --key value too (docs/sft.md)."
+
+
 def cmd_sft(args, rest: list[str]) -> int:
     """Supervised cold start (``grpolab sft``): see :mod:`grpolab.train.sft`."""
     from .config import Config, ConfigError
@@ -287,7 +325,19 @@ def cmd_sft(args, rest: list[str]) -> int:
     if "out" in cli or "data" in cli or "model" in cli or "task" in cli:
         raise ConfigError("grpolab sft: give --model, --task, --data and --out as options of the command "
                           "(before other --key value pairs)")
-    layers = {"model": args.model, **cli}
+    for key in cli:
+        if key in Config.field_names():
+            instead = SFT_INSTEAD.get(key)
+            raise ConfigError(f"grpolab sft: --{key} is a key of grpolab train, which sft does not read"
+                              + (f"; sft's is --{instead}" if instead else "")
+                              + "; sft's options: grpolab sft --help")
+    given = {k: getattr(args, k) for k in _sft_keys() if getattr(args, k, None) is not None}
+    if args.steps is not None:
+        if "sft_steps" in given and str(given["sft_steps"]) != str(args.steps):
+            raise ConfigError(f"grpolab sft: --steps {args.steps} and --sft_steps {given['sft_steps']} disagree; "
+                              f"give one (they are the same setting)")
+        given["sft_steps"] = args.steps
+    layers = {"model": args.model, **given, **cli}
     if args.task:
         layers["task"] = args.task
     if args.data and args.task:
@@ -593,9 +643,10 @@ def build_parser() -> argparse.ArgumentParser:
                                    "writes a model folder for --model")
     f.add_argument("--model", required=True, help="'smollm2', 'tiny' or a model folder")
     f.add_argument("--task", help="built-in task whose 'solution' column is the target (default: config task)")
-    f.add_argument("--data", help="JSONL file of prompt / completion rows")
+    f.add_argument("--data", help="prompt / completion rows, in any --data format (docs/data.md)")
     f.add_argument("--out", default="runs/sft", help="folder for the trained model (default runs/sft)")
     f.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
+    _sft_options(f)
     r = sub.add_parser("recipes", help="list recipes with citations (or show one: grpolab recipes NAME)")
     r.add_argument("name", nargs="?", help="show this recipe: paper, description, components, parameters")
     r.add_argument("--json", action="store_true", help="print as JSON")
