@@ -259,7 +259,9 @@ def format_text(result: dict) -> str:
     lines = [f"grpolab doctor: {result['run']} ({result['steps']} steps logged"
              + (f", last step {result['last_step']})" if result["last_step"] is not None else ")")]
     lines += [f"  note: {n}" for n in result["notes"]]
-    if not result["findings"]:
+    if not result["findings"] and not result["steps"]:
+        lines.append("nothing to diagnose yet: the run has logged no step")
+    elif not result["findings"]:
         lines.append("healthy: no known failure pattern found")
     for f in result["findings"]:
         lines += [f"[{f['check']}] {f['title']}", f"  evidence: {f['evidence']}", f"  fix: {f['fix']}"]

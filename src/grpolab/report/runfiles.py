@@ -60,10 +60,16 @@ def check_run_folder(run: Path) -> Path:
     run = Path(run)
     if not run.is_dir():
         raise FileNotFoundError(f"{run}: no such run folder (give the --out folder of a grpolab train run)")
-    if not any((run / n).exists() for n in ("metrics.jsonl", "summary.json", "config.yaml")):
-        raise FileNotFoundError(f"{run}: not a run folder: none of metrics.jsonl, summary.json, config.yaml is "
-                                f"there (give the --out folder of a grpolab train run)")
+    if not any((run / n).exists() for n in RUN_SIGNS):  # a config.yaml alone may be a user's config folder
+        has = " (only a config.yaml)" if (run / "config.yaml").exists() else ""
+        raise FileNotFoundError(f"{run}: not a run folder: none of {', '.join(RUN_SIGNS)} is there{has} (give "
+                                f"the --out folder of a grpolab train run)")
     return run
+
+
+# what only a run folder holds: the marker a run writes when it starts (grpolab.train.rundir.MARKER), or, from
+# runs of grpolab versions before the marker, its metrics or summary
+RUN_SIGNS = ("grpolab_run.json", "metrics.jsonl", "summary.json")
 
 
 def series(rows: list[dict], key: str) -> list[tuple[int, float]]:
