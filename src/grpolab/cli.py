@@ -233,6 +233,45 @@ def _run_settings(model: str) -> tuple[Path | None, dict]:
     return None, {}
 
 
+def _from_run_workdir(keys: dict, run_dir: Path) -> dict:
+    """A run's saved keys with its relative ``data`` / ``eval_data`` paths and ``reward`` files resolved against the
+    working directory the run was started in (:func:`grpolab.train.rundir.run_workdir`), so that evaluating it
+    works from any directory; its reward modules are imported from there. ``config.yaml`` keeps the paths as they
+    were typed."""
+    from .registry import REWARD_SPECS
+    from .train.rundir import run_workdir
+
+    base = run_workdir(run_dir)
+    if base is None or base == Path.cwd():
+        return keys
+
+    def there(path: str) -> str:
+        return str(base / path) if path and not Path(path).is_absolute() and (base / path).exists() else path
+
+    def reward(spec: str) -> str:
+        target, eq, weight = spec.partition("=")
+        if target in REWARD_SPECS:  # rm:PATH, judge:PATH (judge:self / tiny name no file)
+            prefix, sep, path = target.partition(":")
+            return f"{prefix}{sep}{there(path)}{eq}{weight}" if sep else spec
+        module, sep, fn = target.partition(":")
+        if "/" in module or "\\" in module or module.endswith(".py") or module.startswith("."):
+            file = module if module.endswith(".py") else module + ".py"
+            return f"{there(file)}{sep}{fn}{eq}{weight}" if there(file) != file else spec
+        top = module.split(".")[0]
+        if ((base / f"{top}.py").is_file() or (base / top).is_dir()) and str(base) not in sys.path:
+            sys.path.insert(0, str(base))  # a module of the run's directory, as when it trained
+        return spec
+
+    out = dict(keys)
+    for key in ("data", "eval_data"):
+        if isinstance(out.get(key), str):
+            out[key] = there(out[key])
+    specs = out.get("reward")
+    if specs:
+        out["reward"] = [reward(str(s)) for s in (specs if isinstance(specs, list) else [specs])]
+    return out
+
+
 def cmd_eval(args, rest: list[str]) -> int:
     from .config import Config, ConfigError
     from .data import to_json
@@ -247,6 +286,8 @@ def cmd_eval(args, rest: list[str]) -> int:
     if args.data or args.task:  # another data set than the run's: its task / data / rewards do not apply
         for key in ("task", "data", "reward"):
             run.pop(key, None)
+    if saved is not None:
+        run = _from_run_workdir(run, saved.parent)
     layers = {"model": args.model, **cli}
     if args.data:
         layers["data"] = args.data
@@ -266,6 +307,12 @@ def cmd_eval(args, rest: list[str]) -> int:
     rows, eval_rows, rewards, acc, extra = setup_data(cfg)
     if args.data:
         eval_rows = rows[:cfg.eval_problems]
+    if not eval_rows:
+        what = f"the run in {saved.parent}" if saved is not None else f"--model {args.model}"
+        why = (f"it trained on all of --data {cfg.data} (eval_split {cfg.eval_split:g})" if cfg.data and not args.data
+               else f"{f'--data {cfg.data}' if cfg.data else f'task {cfg.task}'} gave none")
+        raise ConfigError(f"eval: {what} has no held-out rows to evaluate ({why}); evaluate it on other data: "
+                          f"grpolab eval --model {args.model} --data FILE --reward module:function (or --task NAME)")
     model, tok = load_policy(cfg.model, task_texts=None if cfg.model != "tiny" else [str(r) for r in rows],
                              tiny_arch=cfg.tiny_arch, seed=cfg.seed,
                              log=lambda *a: print(*a, file=sys.stderr, flush=True))

@@ -3,7 +3,9 @@
 A run folder holds ``grpolab_run.json`` (the run marker, written when a
 :class:`~grpolab.train.trainer.Trainer` first uses the folder) next to
 ``config.yaml``, ``metrics.jsonl``, ``checkpoints/``, ``eval_before.json``,
-``summary.json`` and ``final/``. The marker is also the run's manifest: its
+``summary.json`` and ``final/``. The marker records the working directory the
+run was started in (``cwd``: what relative paths in ``config.yaml`` are relative
+to, :func:`run_workdir`). It is also the run's manifest: its
 ``owned`` list names every file and folder of ``OUT`` that grpolab writes there
 (:func:`run_paths`: the run's files, and each tracker's, e.g. ``tensorboard/``);
 a name enters it only while nothing of that name exists, so what the list names
@@ -196,9 +198,17 @@ def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, l
     out.mkdir(parents=True, exist_ok=True)
     marker = _read_marker(out)
     manifest = sorted(owned | set(writes))
-    if marker.get("owned") != manifest or marker.get("grpolab_run") != 2:
+    if marker.get("owned") != manifest or marker.get("grpolab_run") != 2 or "cwd" not in marker:
         write_atomic(out / MARKER, json.dumps({"grpolab_run": 2, "created": marker.get(
-            "created", time.strftime("%Y-%m-%dT%H:%M:%S%z")), "owned": manifest}) + "\n")
+            "created", time.strftime("%Y-%m-%dT%H:%M:%S%z")), "cwd": marker.get("cwd", os.getcwd()),
+            "owned": manifest}) + "\n")
+
+
+def run_workdir(out: Path) -> Path | None:
+    """The working directory the run in ``out`` was started in (its marker's ``cwd``): what the relative paths
+    of its ``config.yaml`` (``data``, ``eval_data``, ``reward``) are relative to; None when not recorded."""
+    cwd = _read_marker(out).get("cwd")
+    return Path(cwd) if isinstance(cwd, str) and cwd else None
 
 
 def save_eval_before(out: Path, result: dict, log=print) -> None:
