@@ -36,7 +36,7 @@ LEARN_SEEDS = (0, 1, 2)
 
 
 def test_tiny_model_learns_repeat_task(tiny_args, tmp_path):
-    """Mean reward clearly rises on a task learnable from scratch, on average over seeds.
+    """Held-out accuracy improves and mean reward rises on a task learnable from scratch, on average over seeds.
 
     How far a random-init model gets in a few dozen steps is luck of the seed and of the CPU's kernels (one seed
     rose +0.17 with AVX512 kernels and +0.27 with AVX2 ones, another +0.06: asserting +0.25 for seed 0 failed on an
@@ -70,13 +70,15 @@ def test_tiny_model_learns_repeat_task(tiny_args, tmp_path):
     #   float32, AVX512 kernels       +0.161/+0.15  +0.244/+0.175 +0.031/+0.125 +0.145/+0.150
     #   bf16 autocast (AVX512-BF16)   +0.364/+0.35  +0.215/+0.225 +0.024/+0.10  +0.201/+0.225
     #   float32, AVX2 kernels         +0.154/+0.15  +0.254/+0.20  +0.031/+0.125 +0.146/+0.158
-    #   (AVX2: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2; float32, seed 3:
-    #   +0.089/+0.10). The suite runs float32 (conftest); the bf16 row is dtype auto on an AVX512-BF16 CPU.
-    # single seeds range from +0.02 to +0.36 (reward) and +0.10 to +0.35 (accuracy): the margins are on the mean
-    # of three, about 3x below the lowest mean measured (+0.145 reward, +0.150 accuracy).
+    #   (AVX2: ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2.) Seeds 3 and 4, as other
+    #   trajectories a CPU kind not measured here could take: float32 +0.089/+0.10, -0.023/+0.05; bf16 +0.150/+0.125,
+    #   +0.010/+0.05. The suite runs float32 (conftest); the bf16 row is dtype auto on an AVX512-BF16 CPU.
+    # Single seeds range from -0.02 to +0.36 (reward) and +0.05 to +0.35 (accuracy; 0 before training on every
+    # seed). The margins are on the mean of three seeds, about 3x below the lowest mean of any three of the five
+    # seeds measured on any path (+0.032 reward, float32 seeds 2-4; +0.092 accuracy).
     mean_rise, mean_gain = sum(rises) / len(rises), sum(gains) / len(gains)
-    assert mean_rise > 0.05, rises
-    assert mean_gain > 0.05, gains
+    assert mean_rise > 0.01, rises
+    assert mean_gain > 0.03, gains
 
 
 def _capture(argv):
