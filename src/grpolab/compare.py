@@ -442,7 +442,7 @@ def plot(spec: Spec, data: dict, out: Path) -> list[str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="grpolab compare", description=(
         "Run recipes (or config variants) x seeds on one task at one budget, one fresh process per run, "
-        "resumable; write compare.md / compare.json / plots with mean ± 95%% CI and paired differences "
+        "resumable; write compare.md / compare.json / plots with mean ± 95% CI and paired differences "
         "against a baseline. Any other option is a train option given to every run (e.g. --task, --steps, "
         "--eval_steps)."))
     p.add_argument("--recipes", help="comma-separated recipes, one arm each (e.g. grpo,dr_grpo)")

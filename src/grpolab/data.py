@@ -1,6 +1,7 @@
 """Prompt data: JSONL files, prompt formatting, completion text."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import re
@@ -77,7 +78,7 @@ def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> li
     if not p.exists():
         raise DataError(f"--data: file {p} does not exist")
     rows, lines = [], []
-    with p.open(encoding="utf-8") as fh:
+    with io.StringIO(read_text(p), newline=None) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -91,7 +92,40 @@ def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> li
             lines.append(lineno)
     if not rows:
         raise DataError(f"--data: {p} has no rows")
-    return JsonlRows(rows, p, lines)
+    return one_prompt_format(JsonlRows(rows, p, lines))
+
+
+def read_text(p: Path) -> str:
+    """The text of a UTF-8 data file; bytes that are not UTF-8 are a :class:`DataError` naming the file, the
+    line, the column and the byte offset (Python's own error names only a position)."""
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise DataError(f"{p}:{line}: not valid UTF-8: byte 0x{raw[e.start]:02x} at byte {e.start} of the file "
+                        f"(column {col} of line {line}; {e.reason}). Save the file as UTF-8 (e.g. "
+                        f"`iconv -f latin1 -t utf-8`)") from None
+
+
+def one_prompt_format(rows: JsonlRows) -> JsonlRows:
+    """``rows``, when their prompts share one of TRL's two formats (standard: strings; conversational: chat
+    messages); a data set that mixes them is a :class:`DataError` naming the first row of each kind.
+
+    Mixed rows are refused rather than warned about: a `datasets` column has one type, so `datasets` itself
+    cannot load such a file (pyarrow: "changed from string to array"), TRL treats a data set as one or the
+    other, and reward functions would get completions of both shapes (strings and message lists) in one batch.
+    """
+    first: dict[bool, int] = {}
+    for i, row in enumerate(rows):
+        first.setdefault(isinstance(row["prompt"], list), i)
+        if len(first) == 2:
+            plain, chat = first[False], first[True]
+            raise DataError(f"{rows.path}: mixes TRL's two prompt formats: {rows.where(plain)} is standard (a "
+                            f"string) and {rows.where(chat)} is conversational (a list of chat messages). Write "
+                            f"every prompt one way: e.g. a string s as [{{\"role\": \"user\", \"content\": s}}]")
+    return rows
 
 
 # ------------------------------------------------------------------ every format (docs/data.md)
@@ -187,12 +221,12 @@ def _rows_of(raw: list, p: Path, at, column_map) -> JsonlRows:
         labels.append(at(i).rpartition(f"{p}:")[2])
     if not rows:
         raise DataError(f"--data: {p} has no rows")
-    return JsonlRows(rows, p, labels)
+    return one_prompt_format(JsonlRows(rows, p, labels))
 
 
 def _load_json(p: Path, split: str, column_map) -> JsonlRows:
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = json.loads(read_text(p))
     except json.JSONDecodeError as e:
         raise DataError(f"{p}:{e.lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
     key = ""
@@ -215,7 +249,7 @@ def _load_json(p: Path, split: str, column_map) -> JsonlRows:
 def _load_csv(p: Path, column_map) -> JsonlRows:
     import csv
     rows, lines = [], []
-    with p.open(encoding="utf-8", newline="") as fh:
+    with io.StringIO(read_text(p), newline="") as fh:
         reader = csv.DictReader(fh, delimiter="\t" if p.suffix.lower() == ".tsv" else ",")
         start = 2
         for row in reader:

@@ -73,6 +73,22 @@ def stand_in_policy(allow: bool):
                                f"(reported as a warning)") from None
 
 
+def warn_line(*parts) -> None:
+    """Print a warning or error line to stderr, on a line of its own even while a progress bar is drawn there
+    (``tqdm.write`` clears the bar, prints, and draws it again below); the default ``log`` of the trainer and
+    the reward scorer."""
+    import sys
+
+    text = " ".join(map(str, parts))
+    try:
+        from tqdm import tqdm
+    except ImportError:  # pragma: no cover - tqdm is a dependency
+        print(text, file=sys.stderr, flush=True)
+        return
+    tqdm.write(text, file=sys.stderr)
+    sys.stderr.flush()
+
+
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded: corrupt, or holding objects a safe (code-free) load refuses."""
 

@@ -41,6 +41,7 @@ import torch
 
 from ..algorithms.advantages import combine_rewards
 from ..config import Config
+from ..errors import warn_line
 from ..registry import REWARD_SPECS, declared_params
 
 STANDARD_ARGS = {"prompts", "completions", "completion_ids"}
@@ -167,7 +168,7 @@ class RewardScorer:
         self.names = [n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names)]
         self.rewards = rewards
         self.weights = torch.tensor([r.weight for r in rewards], dtype=torch.float32)
-        self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))  # never stdout (eval prints JSON)
+        self.log = log or warn_line  # stderr, never stdout (eval prints JSON); on its own line under a bar
         if timeout is None:  # the core key's default (config.py), written once
             timeout = Config.__dataclass_fields__["reward_timeout"].default
         if not (timeout >= 0 and math.isfinite(timeout)):

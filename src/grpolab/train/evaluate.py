@@ -1,6 +1,7 @@
 """Greedy evaluation on held-out rows."""
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ..algorithms import combine_rewards
@@ -52,15 +53,15 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
     K = len(rewards)
     result = {"n": len(rows)}
     total = combine_rewards(matrix[:, :K], scorer.weights[:K])
-    result["reward_mean"] = float(torch.nanmean(total))
+    result["reward_mean"] = as_meant(torch.nanmean(total.double()))
     for k, name in enumerate(scorer.names):
-        result[f"rewards/{name}/mean"] = float(torch.nanmean(matrix[:, k]))
+        result[f"rewards/{name}/mean"] = as_meant(torch.nanmean(matrix[:, k].double()))
     if accuracy_reward is not None:
         result["accuracy"] = result[f"rewards/{accuracy_reward}/mean"]
         acc, n_tok = matrix[:, scorer.names.index(accuracy_reward)], torch.cat(lengths).float()
         for key, sel in (("len_correct", acc >= 1), ("len_incorrect", acc < 1)):
             if bool(sel.any()):
-                result[key] = float(n_tok[sel].mean())
+                result[key] = as_meant(n_tok[sel].double().mean())
         if pass_k > 0 and rollout is not None:
             raise ValueError("eval_pass_k: pass@K is measured with plain single-turn sampling; it is not "
                              "available with the agent rollout (set eval_pass_k: 0)")
@@ -89,4 +90,12 @@ def pass_at_k(model, tokenizer, rows: list[dict], scorer: RewardScorer, acc_inde
         acc = torch.nan_to_num(m[:, acc_index], nan=0.0).view(len(chunk), k)
         hits.append((acc >= 1).any(-1).float())
         accs.append(acc.mean(-1))
-    return {f"pass@{k}": float(torch.cat(hits).mean()), "sampled_accuracy": float(torch.cat(accs).mean())}
+    return {f"pass@{k}": as_meant(torch.cat(hits).double().mean()),
+            "sampled_accuracy": as_meant(torch.cat(accs).double().mean())}
+
+
+def as_meant(mean: torch.Tensor) -> float:
+    """A mean of float32 rewards as the number it stands for: computed in float64 (1 of 40 is 0.025), then
+    read at float32's precision (rewards of 0.1, stored as float32's 0.100000001..., average to 0.1), so
+    summary.json shows 0.025 rather than 0.02500000037252903."""
+    return float(str(np.float32(float(mean))))

@@ -29,7 +29,7 @@ from ..algorithms.kl import kl_penalty
 from ..batch import SAMPLED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
-from ..errors import WriteError, stand_in_policy
+from ..errors import WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, model_texts, subset, to_json
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
@@ -156,7 +156,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, resume: bool = False, log=None, overwrite: bool = False):
         self.cfg = cfg
-        self.log = log or (lambda *a: print(*a, file=sys.stderr, flush=True))
+        self.log = log or warn_line  # stderr, on a line of its own while a progress bar is drawn
         self.out = Path(cfg.out)
         if self.is_main:
             checks.check_out(self.out)
@@ -859,8 +859,10 @@ class Trainer:
     def _eval(self, when: str) -> dict:
         from tqdm import tqdm
         bar = tqdm(total=len(self.eval_rows), desc=f"eval ({when})", file=sys.stderr, dynamic_ncols=True)
-        res = self.evaluate(progress=bar.update)
-        bar.close()
+        try:
+            res = self.evaluate(progress=bar.update)
+        finally:  # ends the bar's line: an error raised here is printed on a line of its own
+            bar.close()
         shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "samples"}
         self.log(f"[grpolab] eval {when}: {to_json(shown)}")
         return res
