@@ -52,28 +52,51 @@ def resolve(target: str) -> str:
     raise AssertionError(f"cannot resolve {target}")
 
 
+def imports_of(source: str, mod: str, is_package: bool) -> set[str]:
+    """The grpolab modules that module ``mod`` imports, including imports inside functions.
+
+    Read strictly: ``from M import x`` runs ``M`` (a package's ``__init__``) before it takes ``x`` from it, so it
+    is an edge to ``M`` and, when ``M.x`` is a submodule, to ``M.x`` too (``from . import x`` in a package's
+    module imports that package's ``__init__``)."""
+    pkg = mod if is_package else mod.rsplit(".", 1)[0]
+    edges: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "grpolab":
+                continue
+            edges.add(resolve(target))
+            edges.update(resolve(f"{target}.{alias.name}") for alias in node.names)
+        elif isinstance(node, ast.Import):
+            edges.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == "grpolab")
+    edges.discard(mod)
+    return edges
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Every grpolab-internal import of every module, including imports inside functions."""
-    graph: dict[str, set[str]] = {}
-    for path in SRC.rglob("*.py"):
-        mod = module_name(path)
-        pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-        edges = graph.setdefault(mod, set())
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                if target.split(".")[0] != "grpolab":
-                    continue
-                for alias in node.names:
-                    edges.add(resolve(f"{target}.{alias.name}"))
-            elif isinstance(node, ast.Import):
-                edges.update(resolve(a.name) for a in node.names if a.name.split(".")[0] == "grpolab")
-        edges.discard(mod)
-    return graph
+    """Every grpolab-internal import of every module (:func:`imports_of`)."""
+    return {module_name(path): imports_of(path.read_text(), module_name(path), path.name == "__init__.py")
+            for path in SRC.rglob("*.py")}
+
+
+def top_package(module: str) -> str:
+    """The top-level name a module belongs to: ``grpolab.train.trainer`` -> ``train``; ``grpolab`` -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The import graph between grpolab's top-level packages and modules (``train`` -> ``model``, ...)."""
+    out: dict[str, set[str]] = {}
+    for a, targets in graph.items():
+        out.setdefault(top_package(a), set()).update(top_package(b) for b in targets)
+    for a, targets in out.items():
+        targets.discard(a)
+    return out
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -107,6 +130,12 @@ def test_no_import_cycle_anywhere():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
+def test_no_import_cycle_between_packages():
+    """Packages import each other one way too: no ``train`` -> ``distributed`` -> ``train``."""
+    cycle = find_cycle(package_graph(import_graph()))
+    assert cycle is None, "import cycle between packages: " + " -> ".join(cycle)
+
+
 def test_imports_point_down_the_layers():
     upward = [f"{a} (layer {layer_of(a) + 1}) imports {b} (layer {layer_of(b) + 1})"
               for a, targets in import_graph().items() for b in targets if layer_of(b) > layer_of(a)]
@@ -118,6 +147,15 @@ def test_the_checks_can_fail():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
     assert layer_of("grpolab.model.hf") < layer_of("grpolab.generation.sampling") < layer_of("grpolab.train.trainer")
+    # the strict reading: `from . import x` imports the package's __init__ as well as x
+    assert imports_of("from . import repeat", "grpolab.tasks.countdown", False) == {"grpolab.tasks",
+                                                                                   "grpolab.tasks.repeat"}
+    assert imports_of("from .. import catalog", "grpolab.train.trainer", False) == {"grpolab", "grpolab.catalog"}
+    assert imports_of("from .repeat import x", "grpolab.tasks.countdown", False) == {"grpolab.tasks.repeat"}
+    assert imports_of("from . import repeat", "grpolab.tasks", True) == {"grpolab.tasks.repeat"}
+    assert package_graph({"grpolab.train.trainer": {"grpolab.distributed.launch", "grpolab.train.checks"},
+                          "grpolab.distributed.launch": {"grpolab.train.checks"}}) == {
+        "train": {"distributed"}, "distributed": {"train"}}
 
 
 def test_no_private_helper_imported_across_packages():

@@ -9,7 +9,8 @@ from grpolab.algorithms import WEIGHTINGS
 from grpolab.batch import INJECTED, SAMPLED
 from grpolab.config import Config
 from grpolab.data import completion_text, model_texts
-from grpolab.generation.plain import pack_completions, tokenize_prompts
+from grpolab.data import tokenize_prompts
+from grpolab.generation.plain import pack_completions
 from grpolab.model.loading import load_policy
 from grpolab.recipes import recipe_overrides
 from grpolab.registry import ROLLOUT_STRATEGIES

@@ -17,7 +17,7 @@ from grpolab.batch import RolloutBatch
 from grpolab.config import Config, ConfigError
 from grpolab.rollouts.guidance import (GHPO, SOLUTION_HEADER, ScafGRPO, guide, hint_text, solution_prefix,
                                       with_hint)
-from grpolab.generation.plain import tokenize_prompts
+from grpolab.data import tokenize_prompts
 from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES
 from grpolab.train import checkpoint as ckpt
 from grpolab.train.trainer import Trainer

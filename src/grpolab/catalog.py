@@ -21,7 +21,17 @@ import re
 from pathlib import Path
 from typing import Any
 
-from . import agents, algorithms, prompts, rewards, rollouts, stages, tasks
+# the packages by their own names (``from . import agents`` would read them off grpolab's __init__, which imports
+# this module: a cycle)
+import grpolab.agents as agents
+import grpolab.algorithms as algorithms
+import grpolab.prompts as prompts
+import grpolab.rewards as rewards
+import grpolab.rollouts as rollouts
+import grpolab.stages as stages
+import grpolab.tasks as tasks
+
+from .distributed import ray_workers as _ray_workers  # noqa: F401  (registers the Ray generation engine)
 from .errors import UnknownComponentError
 from .registry import ALL_REGISTRIES, declared_params
 

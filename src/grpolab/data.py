@@ -358,6 +358,17 @@ def render_prompt(tokenizer, prompt) -> str:
     return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
 
 
+def tokenize_prompts(tokenizer, prompts: list, max_prompt_length: int):
+    """``(input_ids, attention_mask)`` of the rendered prompts (:func:`render_prompt`), padded as the tokenizer
+    pads (left for grpolab's tokenizers); a prompt longer than ``max_prompt_length`` tokens is a ValueError."""
+    texts = [render_prompt(tokenizer, p) for p in prompts]
+    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    if enc["input_ids"].shape[1] > max_prompt_length:
+        raise ValueError(f"a prompt has {enc['input_ids'].shape[1]} tokens, more than max_prompt_length="
+                         f"{max_prompt_length}; raise max_prompt_length or shorten the prompt")
+    return enc["input_ids"], enc["attention_mask"]
+
+
 _INT = re.compile(r"-?\d+")
 
 

@@ -204,6 +204,8 @@ SAMPLERS: Registry = Registry("prompt sampler", "prompt_sampler")
 ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy", "rollout_strategy")
 BATCH_STAGES: Registry = Registry("batch stage", "batch_stages")
 UPDATE_STRATEGIES: Registry = Registry("update strategy", "update_strategy")
+# builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
+GENERATION_ENGINES: Registry = Registry("generation engine")
 
 ALL_REGISTRIES: dict[str, Registry] = {
     "advantage": ADVANTAGES, "weighting": WEIGHTINGS, "policy_loss": POLICY_LOSSES, "regularizer": REGULARIZERS,

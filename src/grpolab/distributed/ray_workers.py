@@ -48,12 +48,14 @@ import re
 
 import torch
 
+from ..data import tokenize_prompts
 from ..errors import RolloutWorkerDied
 from ..generation.counting import GENERATED
-from ..generation.plain import eos_token_ids, pack_completions, tokenize_prompts
+from ..generation.plain import eos_token_ids, pack_completions
 from ..generation.sampling import completion_counts, per_prompt, sample_completions
 from ..generation.turns import continue_sequences
 from ..generation.vllm_engine import importance_weights
+from ..registry import GENERATION_ENGINES
 from ..rollouts.context import group_seed
 
 
@@ -356,6 +358,12 @@ class RayRolloutEngine:
             for i, r in zip(idx, res["outputs"]):
                 out[i] = r
         return out
+
+
+@GENERATION_ENGINES.register("ray")
+def ray_engine(cfg, model, tokenizer, *, log, rank, world_size) -> RayRolloutEngine:
+    """``generation_workers > 0``: the Ray rollout workers (grpolab/generation/engines.py builds it by name)."""
+    return RayRolloutEngine(cfg, model, tokenizer, log=log)
 
 
 def death_cause(report: str, preempted: bool) -> str:

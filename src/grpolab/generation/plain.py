@@ -4,17 +4,8 @@ from __future__ import annotations
 import torch
 
 from ..batch import RolloutBatch
-from ..data import render_prompt
+from ..data import tokenize_prompts
 from .sampling import completion_counts, sample_completions
-
-
-def tokenize_prompts(tokenizer, prompts: list, max_prompt_length: int):
-    texts = [render_prompt(tokenizer, p) for p in prompts]
-    enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    if enc["input_ids"].shape[1] > max_prompt_length:
-        raise ValueError(f"a prompt has {enc['input_ids'].shape[1]} tokens, more than max_prompt_length="
-                         f"{max_prompt_length}; raise max_prompt_length or shorten the prompt")
-    return enc["input_ids"], enc["attention_mask"]
 
 
 def eos_token_ids(tokenizer, model) -> list[int]:

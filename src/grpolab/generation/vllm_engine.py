@@ -170,7 +170,8 @@ def importance_weights(trainer_logprobs: torch.Tensor, engine_logprobs: torch.Te
 def engine_rollout(engine: VLLMEngine, ctx, rows: list[dict], uids: list[int], *, group_offset: int,
                    num_generations, temperature: float) -> RolloutBatch:
     """A RolloutBatch sampled by vLLM, with trainer behaviour log-probs and truncated IS weights."""
-    from .plain import pack_completions, tokenize_prompts
+    from ..data import tokenize_prompts
+    from .plain import pack_completions
 
     cfg, tok = ctx.cfg, ctx.tokenizer
     counts = num_generations if isinstance(num_generations, list) else [num_generations] * len(rows)

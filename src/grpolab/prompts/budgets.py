@@ -18,8 +18,8 @@ Success rule (all samplers here, as in ``prompts/adaptive.py``): a completion
 succeeds when its combined scalar reward is ``>= <prefix>_success_threshold``;
 NaN rewards are ignored (:func:`~grpolab.prompts.adaptive.prompt_outcomes`).
 
-This module also registers the ``ar3po`` rollout strategy (AR3PO's staged
-generation and response reuse), because it needs generation and rewards.
+AR3PO's staged generation and response reuse (the ``ar3po`` rollout strategy)
+is in ``rollouts/ar3po.py``; it takes its parameters from here.
 """
 from __future__ import annotations
 
@@ -28,10 +28,8 @@ import math
 
 import torch
 
-from ..batch import INJECTED, RolloutBatch
+from ..data import tokenize_prompts
 from ..errors import ConfigError, warn_fallback
-from ..generation.plain import pack_completions, tokenize_prompts
-from ..generation.sampling import per_prompt
 from ..model.hf import model_device
 from ..registry import SAMPLERS
 from .uniform import UniformSampler

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..batch import INJECTED, RolloutBatch
+from ..data import tokenize_prompts
 from ..errors import ConfigError
-from ..generation.plain import pack_completions, tokenize_prompts
+from ..generation.plain import pack_completions
 from ..generation.sampling import per_prompt
 from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param

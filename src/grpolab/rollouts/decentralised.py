@@ -46,8 +46,8 @@ from __future__ import annotations
 
 import torch
 
-from ..data import completion_text
-from ..generation.plain import pack_completions, tokenize_prompts
+from ..data import completion_text, tokenize_prompts
+from ..generation.plain import pack_completions
 from ..model.logprobs import shared_prefix_logits
 from ..config import ConfigError
 from ..registry import ROLLOUT_STRATEGIES, param

@@ -46,8 +46,8 @@ import torch
 
 from ..batch import INJECTED, SAMPLED, RolloutBatch
 from ..errors import ConfigError
-from ..data import render_prompt
-from ..generation.plain import eos_token_ids, tokenize_prompts
+from ..data import render_prompt, tokenize_prompts
+from ..generation.plain import eos_token_ids
 from ..generation.turns import Episode, Segment, continue_sequences, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param

@@ -60,7 +60,7 @@ from ..agents.tools import calculator as calculator_tool
 from ..agents.tools import make_search_tool
 from ..data import completion_text
 from ..registry import TASKS, param
-from . import arithmetic
+from .arithmetic import REWARDS as ARITHMETIC_REWARDS, lenient_accuracy
 from .base import Task, provides_environment
 from .gym import FORMAT, extract_answer
 
@@ -139,12 +139,12 @@ def calculator(n_train: int = 2000, n_eval: int = 200, seed: int = 1234, min_dig
         if row["question"] not in seen:
             seen.add(row["question"])
             rows.append(row)
-    return Task("calculator", rows[n_eval:], rows[:n_eval], rewards=list(arithmetic.REWARDS),
+    return Task("calculator", rows[n_eval:], rows[:n_eval], rewards=list(ARITHMETIC_REWARDS),
                 accuracy_reward="accuracy",
                 description=f"a * b (+/- c) with {min_digits}-{max_digits} digit numbers, calculator tool, "
                             f"'Answer: N' format",
                 extra={"environment": tool_env(calculator_tool),
-                       "lenient_accuracy": arithmetic.lenient_accuracy})
+                       "lenient_accuracy": lenient_accuracy})
 
 
 # --------------------------------------------------------------- search_qa

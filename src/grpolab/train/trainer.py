@@ -31,6 +31,7 @@ from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, model_texts, subset, to_json
+from ..generation.engines import build_engine
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..model.loading import apply_lora, load_policy, save_policy
 from ..model.logprobs import completion_logprobs, group_token_divergence
@@ -245,19 +246,8 @@ class Trainer:
         self.scorer = BatchScorer(RewardScorer(rewards, log=self.log, timeout=cfg.reward_timeout),
                                   self.reward_transforms)
         self.dynamic_sampling_column = self._dynamic_sampling_column()
-        self.engine = None
-        if cfg.generation_workers:  # Ray actors, each a generation engine (distributed/ray_workers.py)
-            from ..distributed.ray_workers import RayRolloutEngine
-            self.engine = RayRolloutEngine(cfg, self.model, self.tok, log=self.log)
-        elif cfg.generation_engine == "vllm":
-            from ..generation.vllm_engine import VLLMEngine, engine_model_path
-            self.engine = VLLMEngine(engine_model_path(cfg), gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                                     max_model_len=cfg.vllm_max_model_len, dtype=cfg.vllm_dtype, seed=cfg.seed,
-                                     enforce_eager=cfg.vllm_enforce_eager)
-        elif cfg.generation_engine == "vllm_server":
-            from ..generation.vllm_server import VLLMServerEngine
-            self.engine = VLLMServerEngine(cfg.vllm_server_url, timeout=cfg.vllm_server_timeout, rank=self.rank,
-                                           world_size=self.world_size)  # this rank's servers (docs/scaling.md)
+        # vLLM, vLLM servers or Ray actors (grpolab/generation/engines.py; None: the trainer samples)
+        self.engine = build_engine(cfg, self.model, self.tok, log=self.log, rank=self.rank, world_size=self.world_size)
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
                                   generator=self.generator, sampling_generator=self.sample_generator,
                                   engine=self.engine, log=self.log,
