@@ -202,6 +202,8 @@ def test_the_attack_changes_training_without_the_defence_and_not_with_it(tiny_ar
     #   float32, AVX512 kernels:  0.556+0.437 = 0.993 / -0.412+1.126 = 0.714 / -1.458+1.077 = -0.381 -> 0.442
     #   bf16 autocast:            0.561+0.144 = 0.705 /  1.273+0.652 = 1.925 / -1.498+1.285 = -0.213 -> 0.806
     #   float32, AVX2 kernels (ATEN_CPU_CAPABILITY=avx2): 0.993 / 0.714 / -0.381 -> 0.442 (as AVX512's)
-    # Poisoned completions accepted undefended: 4 / 5 / 7 on every path; defended: 0. The margin, 0.15, is a third
-    # of the lowest mean: a weak effect over 3 steps (one seed can reverse it), the defence's rejection is exact.
+    #   float32 seeds 3, 4 (other trajectories a CPU kind not measured here could take): 0.331+1.478 = 1.809,
+    #   0.760+0.146 = 0.906; the lowest mean of any three of the five: 0.413 (seeds 1, 2, 4).
+    # Poisoned completions accepted undefended: 4 / 5 / 7 / 6 / 8; defended: 0 on every path. The margin, 0.15, is
+    # about a third of the lowest mean: a noisy effect over 3 steps (one seed reverses it); the rejection is exact.
     assert sum(effects) / len(effects) > 0.15, effects
