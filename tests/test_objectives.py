@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from grpolab.algorithms import AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, StepTotals
-from grpolab.algorithms.objectives import RatioVariance
+from grpolab.algorithms.regularizers import RatioVariance
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.recipes import recipe_overrides

@@ -1,5 +1,5 @@
 """Pure algorithm functions over tensors, each registered by what it does."""
-from . import adv_baselines, adv_shaping, objectives  # noqa: F401  (register the variants)
+from . import adv_baselines, adv_shaping  # noqa: F401  (register the variants)
 from .advantages import ADVANTAGES, combine_rewards, group_mean, group_stats, group_zscore
 from .aggregation import AGGREGATIONS, StepTotals
 from .filters import mask_truncated, zero_variance_groups, zero_variance_groups_count
