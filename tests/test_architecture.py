@@ -168,6 +168,23 @@ def test_no_private_helper_imported_across_packages():
     assert not bad, bad
 
 
+# ------------------------------------------------------------------ one kind of component per module
+
+# the module that holds every built-in component of a kind, and nothing of another kind
+HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algorithms.regularizers",
+        "aggregation": "grpolab.algorithms.aggregation", "kl": "grpolab.algorithms.kl"}
+
+
+def test_each_kind_of_component_lives_in_the_module_named_for_it():
+    built_in = [(kind, name, obj.__module__) for kind, reg in ALL_REGISTRIES.items() for name, obj in reg.items()
+                if obj.__module__.startswith("grpolab.")]
+    wrong = [f"{kind} '{name}' is defined in {mod}, not {HOME[kind]}" for kind, name, mod in built_in
+             if kind in HOME and mod != HOME[kind]]
+    wrong += [f"{mod} (the {home_kind} module) defines {kind} '{name}'" for kind, name, mod in built_in
+              for home_kind, home in HOME.items() if mod == home and kind != home_kind]
+    assert not wrong, "\n".join(wrong)
+
+
 # ------------------------------------------------------------------ parameters: declared once
 
 
