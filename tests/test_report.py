@@ -62,3 +62,84 @@ def test_completions_field_aliases():
 def test_missing_run_is_an_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope"), "--out", str(tmp_path / "r.html")]) == 2
     assert "no such run folder" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ issue 23: what a reader can tell apart
+def _svg(page: str, title: str) -> str:
+    svgs = re.findall(r"<svg class=\"plot\".*?</svg>", page, re.S)
+    return next(s for s in svgs if f'aria-label="{title}"' in s)
+
+
+def test_unscorable_rewards_are_marked_not_blank(tmp_path):
+    import json
+    run = write_run(tmp_path, "run_a")
+    lines = [{"step": 1, "group": 0, "prompt": "p", "completion": "c", "rewards": {"match": None, "format": 0.5},
+              "reward": None, "advantage": 0.0, "tokens": 3, "truncated": False}]
+    (run / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (run / "summary.json").write_text(json.dumps({"before": {"n": 4, "reward_mean": None, "accuracy": 0.5},
+                                                  "after": {"n": 4, "reward_mean": 0.25, "accuracy": 0.5}}))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    mark = '<span class="unscorable" title="unscorable (NaN)">—</span>'
+    assert f"match {mark}" in page and f"reward {mark}" in page  # a reward column and the scalar reward
+    assert re.search(rf"<td>reward_mean</td><td>{re.escape(mark)}</td><td>0.25</td>", page)
+
+
+def test_a_zero_advantage_is_neutral(tmp_path):
+    import json
+    run = write_run(tmp_path, "run_a")
+    lines = [{"step": 1, "group": 0, "prompt": "p", "completion": f"c{a}", "rewards": {"match": 1.0},
+              "reward": 1.0, "advantage": a, "tokens": 3, "truncated": False} for a in (0.0, 0.5, -0.5)]
+    (run / "completions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    classes = dict((v, c) for c, v in re.findall(r'<span class="(\w*)">advantage ([^<]+)</span>', page))
+    assert classes == {"0": "zero", "0.5": "pos", "-0.5": "neg"}, classes
+
+
+def test_ten_reward_columns_have_ten_colours(tmp_path):
+    import json
+    run = write_run(tmp_path, "run_a")
+    names = [f"r{k}" for k in range(10)]
+    rows = [{"step": s, "reward_mean": 0.1 * s, **{f"rewards/{n}/mean": 0.05 * k + 0.01 * s for k, n in
+                                                    enumerate(names)}} for s in range(1, 7)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report([run], tmp_path / "report.html").read_text()
+    svg = _svg(page, "accuracy and reward columns")
+    strokes = re.findall(r'<path class="series"[^>]*stroke="(#[0-9a-f]{6})"', svg)
+    assert len(strokes) == 10 and len(set(strokes)) == 10, strokes
+    caption = page[page.index(svg):].split("</figcaption>")[0]
+    assert all(f"rewards/{n}/mean" in caption for n in names) and len(set(re.findall(r"#[0-9a-f]{6}", caption))) == 10
+
+
+def test_two_runs_differ_by_marker_as_well_as_colour(tmp_path):
+    a, b = write_run(tmp_path, "run_a"), write_run(tmp_path, "run_b", scale=0.5)
+    page = write_report([a, b], tmp_path / "report.html").read_text()
+    svg = _svg(page, "reward")
+    shapes = re.findall(r'class="marker (\w+)"', svg)
+    assert len(set(shapes)) == 2, shapes
+
+
+def _ticks(svg: str, anchor: str) -> list[str]:
+    return re.findall(rf'<text[^>]*text-anchor="{anchor}"[^>]*font-size="10"[^>]*>([^<]+)</text>', svg)
+
+
+def test_axis_ticks_are_round_numbers(tmp_path):
+    import json
+    from decimal import Decimal
+    run = write_run(tmp_path, "run_a", steps=17)
+    rows = [{"step": s, "reward_mean": 0.1123 + (2.312 - 0.1123) * (s - 1) / 16} for s in range(1, 18)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    svg = _svg(write_report([run], tmp_path / "report.html").read_text(), "reward")
+    for labels, lo, hi in ((_ticks(svg, "end"), 0.1123, 2.312), ([t for t in _ticks(svg, "middle") if t != "step"],
+                                                                   1, 17)):
+        values = [Decimal(t) for t in labels]
+        if hi == 17:  # steps: round ticks inside the steps logged (5, 10, 15)
+            assert Decimal(lo) <= values[0] and values[-1] <= Decimal(hi) and values[-1] - values[0] >= 8, labels
+            lo, hi = values[0], values[-1]
+        assert len(values) >= 3, labels
+        steps = {values[i + 1] - values[i] for i in range(len(values) - 1)}
+        assert len(steps) == 1, labels  # evenly spaced
+        step = steps.pop()
+        mantissa = step.scaleb(-step.adjusted()).normalize()
+        assert mantissa in {Decimal(1), Decimal(2), Decimal("2.5"), Decimal(5)}, labels
+        assert all(v % step == 0 for v in values), labels  # multiples of the step: 0.5, 1, 1.5, not 0.612
+        assert values[0] <= Decimal(str(lo)) and values[-1] >= Decimal(str(hi)), labels  # they frame the data

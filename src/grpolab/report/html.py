@@ -19,8 +19,14 @@ from typing import Any
 
 from .runfiles import check_run_folder, read_config, read_jsonl, read_metrics, read_summary, series
 
-COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf"]
+# ten colours told apart at a glance (Tableau 10, red and green apart), then line styles and marker shapes: a plot
+# of one metric gives each run a colour and a marker; a plot of several gives each metric a colour and each run
+# a marker and a line style
+COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#7f7f7f",
+           "#bcbd22"]
 DASHES = ["", "6 3", "2 2", "8 3 2 3"]
+MARKERS = ["circle", "square", "triangle", "diamond", "down", "cross"]
+UNSCORABLE = '<span class="unscorable" title="unscorable (NaN)">—</span>'
 # (title, metric keys; "rewards/*/mean" expands to every reward column of the run)
 CURVES = [("reward", ["reward_mean"]), ("accuracy and reward columns", ["rewards/*/mean"]),
           ("completion length (tokens)", ["completion_len_mean"]), ("KL to the reference", ["kl"]),
@@ -41,7 +47,8 @@ margin-right:.3em;vertical-align:middle}
 .prompt{white-space:pre-wrap;font-family:monospace;background:#eef;padding:.3em;max-height:8em;overflow:auto}
 details{border-top:1px solid #ddd;padding:.2em 0}summary{cursor:pointer;font-size:.9em}
 pre.text{white-space:pre-wrap;word-break:break-word;background:#fff;border:1px solid #eee;padding:.3em;margin:.2em 0}
-.pos{color:#1a7f37}.neg{color:#c62828}.note{color:#666;font-style:italic}
+.pos{color:#1a7f37}.neg{color:#c62828}.zero{color:#555}.note{color:#666;font-style:italic}
+.unscorable{color:#888;cursor:help}
 """
 JS = """
 function grpolabShowStep(sel){
@@ -71,6 +78,49 @@ def fmt(v: Any) -> str:
     if isinstance(v, float) and not math.isfinite(v):
         return esc(v)
     return esc(f"{v:.4g}")
+
+
+def score(v: Any) -> str:
+    """A reward or evaluation value; an unscorable one (NaN, written as null) is marked, never a blank cell."""
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return UNSCORABLE
+    return fmt(v)
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5, integer: bool = False) -> tuple[list[float], int]:
+    """About ``n`` round tick values (a step of 1, 2, 2.5 or 5 times a power of ten) from the first multiple of
+    the step at or below ``lo`` to the first at or above ``hi``, and the decimals their labels need."""
+    raw = (hi - lo) / max(n - 1, 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step, m = next((m * mag, m) for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    if integer and step < 1:
+        step, mag, m = 1.0, 1.0, 1
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9)) + (1 if m == 2.5 and step < 10 else 0)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(k * step, decimals) for k in range(first, last + 1)], decimals
+
+
+def marker(shape: str, colour: str, x: float, y: float, r: float = 3.0) -> str:
+    """One data-point marker (SVG) of ``shape`` (:data:`MARKERS`)."""
+    cls = f'class="marker {shape}" fill="{colour}" stroke="{colour}"'
+    if shape == "circle":
+        return f'<circle {cls} cx="{x:.1f}" cy="{y:.1f}" r="{r}"/>'
+    if shape == "square":
+        return f'<rect {cls} x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r}" height="{2 * r}"/>'
+    if shape == "cross":
+        return (f'<path {cls} stroke-width="1.5" d="M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}'
+                f'M{x - r:.1f},{y + r:.1f}L{x + r:.1f},{y - r:.1f}"/>')
+    pts = {"triangle": [(0, -1.2), (1.1, 0.9), (-1.1, 0.9)], "down": [(0, 1.2), (1.1, -0.9), (-1.1, -0.9)],
+           "diamond": [(0, -1.3), (1.3, 0), (0, 1.3), (-1.3, 0)]}[shape]
+    d = "L".join(f"{x + dx * r:.1f},{y + dy * r:.1f}" for dx, dy in pts)
+    return f'<path {cls} d="M{d}Z"/>'
+
+
+def key_glyph(colour: str, dash: str = "", shape: str = "") -> str:
+    """A legend's sample of a series: its line (colour, dash) and its marker."""
+    da = f' stroke-dasharray="{dash}"' if dash else ""
+    return (f'<svg width="30" height="10"><line x1="0" y1="5" x2="30" y2="5" stroke="{colour}" stroke-width="2"{da}/>'
+            + (marker(shape, colour, 15, 5) if shape else "") + "</svg>")
 
 
 # ---------------------------------------------------------------- config diff
@@ -115,9 +165,10 @@ def expand_keys(keys: list[str], runs: list[dict]) -> list[str]:
     return out
 
 
-def svg_plot(title: str, lines: list[tuple[str, str, list[tuple[int, float]]]], w: int = 440, h: int = 240) -> str:
-    """An SVG line plot; ``lines``: ``(colour, dash, points)``."""
-    pts = [p for _, _, ps in lines for p in ps]
+def svg_plot(title: str, lines: list[tuple], w: int = 440, h: int = 240) -> str:
+    """An SVG line plot; ``lines``: ``(colour, dash, points)`` or ``(colour, dash, points, marker shape)``. The
+    y axis spans round ticks around the data; the x axis (steps) has round ticks inside the steps logged."""
+    pts = [p for line in lines for p in line[2]]
     ml, mr, mt, mb = 56, 12, 24, 30
     xs, ys = [p[0] for p in pts], [p[1] for p in pts]
     x0, x1 = min(xs), max(xs)
@@ -127,6 +178,10 @@ def svg_plot(title: str, lines: list[tuple[str, str, list[tuple[int, float]]]], 
     if y1 == y0:
         pad = abs(y0) * 0.1 or 1.0
         y0, y1 = y0 - pad, y1 + pad
+    yticks, ydec = nice_ticks(y0, y1)
+    y0, y1 = yticks[0], yticks[-1]
+    xticks, xdec = nice_ticks(x0, x1, integer=True)
+    xticks = [v for v in xticks if x0 <= v <= x1] or [x0, x1]
 
     def sx(x):
         return ml + (x - x0) / (x1 - x0) * (w - ml - mr)
@@ -139,26 +194,37 @@ def svg_plot(title: str, lines: list[tuple[str, str, list[tuple[int, float]]]], 
              f'<text x="{w / 2}" y="16" text-anchor="middle" font-size="13">{esc(title)}</text>',
              f'<line x1="{ml}" y1="{h - mb}" x2="{w - mr}" y2="{h - mb}" stroke="#999"/>',
              f'<line x1="{ml}" y1="{mt}" x2="{ml}" y2="{h - mb}" stroke="#999"/>']
-    for v in (y0, (y0 + y1) / 2, y1):
-        parts.append(f'<text x="{ml - 4}" y="{sy(v) + 4:.1f}" text-anchor="end" font-size="10">{fmt(v)}</text>')
-    for v in (x0, x1):
-        parts.append(f'<text x="{sx(v):.1f}" y="{h - mb + 14}" text-anchor="middle" font-size="10">{fmt(v)}</text>')
+    for v in yticks:
+        parts.append(f'<line x1="{ml - 3}" y1="{sy(v):.1f}" x2="{ml}" y2="{sy(v):.1f}" stroke="#999"/>'
+                     f'<text x="{ml - 5}" y="{sy(v) + 4:.1f}" text-anchor="end" font-size="10">{v:.{ydec}f}</text>')
+    for v in xticks:
+        parts.append(f'<line x1="{sx(v):.1f}" y1="{h - mb}" x2="{sx(v):.1f}" y2="{h - mb + 3}" stroke="#999"/>'
+                     f'<text x="{sx(v):.1f}" y="{h - mb + 14}" text-anchor="middle" font-size="10">'
+                     f'{v:.{xdec}f}</text>')
     parts.append(f'<text x="{w / 2}" y="{h - 3}" text-anchor="middle" font-size="10">step</text>')
-    for colour, dash, ps in lines:
+    for colour, dash, ps, *shape in lines:
         if not ps:
             continue
         d = " ".join(f"{'M' if i == 0 else 'L'}{sx(x):.1f},{sy(y):.1f}" for i, (x, y) in enumerate(ps))
         da = f' stroke-dasharray="{dash}"' if dash else ""
         parts.append(f'<path class="series" d="{d}" fill="none" stroke="{colour}" stroke-width="1.8"{da}/>')
-        if len(ps) == 1:
-            parts.append(f'<circle cx="{sx(ps[0][0]):.1f}" cy="{sy(ps[0][1]):.1f}" r="3" fill="{colour}"/>')
+        every = max(1, math.ceil(len(ps) / 12))  # about a dozen markers a line
+        shown = ps[::every] if shape else ps[:1] if len(ps) == 1 else []
+        parts += [marker(shape[0] if shape else "circle", colour, sx(x), sy(y)) for x, y in shown]
     parts.append("</svg>")
     return "".join(parts)
 
 
+def series_style(i: int, j: int, n_keys: int) -> tuple[str, str, str]:
+    """``(colour, dash, marker)`` of run ``i``'s metric ``j`` in a plot of ``n_keys`` metrics: one metric, the
+    run's colour and marker; several, a colour per metric (ten, then line styles) and a marker per run."""
+    if n_keys == 1:
+        return COLOURS[i % len(COLOURS)], DASHES[i // len(COLOURS) % len(DASHES)], MARKERS[i % len(MARKERS)]
+    return (COLOURS[j % len(COLOURS)], DASHES[(j // len(COLOURS) + i) % len(DASHES)], MARKERS[i % len(MARKERS)])
+
+
 def plots_html(runs: list[dict]) -> str:
-    legend = "".join(f'<span><span class="swatch" style="background:{COLOURS[i % len(COLOURS)]}"></span>'
-                     f'{esc(r["name"])}</span>' for i, r in enumerate(runs))
+    legend = "".join(f'<span>{key_glyph(*series_style(i, 0, 1))}{esc(r["name"])}</span>' for i, r in enumerate(runs))
     out = [f'<div class="legend">{legend}</div><div class="plots">']
     for title, keys in CURVES:
         keys = expand_keys(keys, runs)
@@ -167,12 +233,15 @@ def plots_html(runs: list[dict]) -> str:
             for j, k in enumerate(keys):
                 ps = series(r["metrics"], k)
                 if ps:
-                    lines.append((COLOURS[i % len(COLOURS)], DASHES[j % len(DASHES)], ps))
+                    lines.append((*series_style(i, j, len(keys))[:2], ps, series_style(i, j, len(keys))[2]))
         if not lines:
             continue
         if len(keys) > 1:
-            labels = [f'<span>{esc(k)}: <svg width="30" height="6"><line x1="0" y1="3" x2="30" y2="3" stroke="#333" '
-                      f'stroke-dasharray="{DASHES[j % len(DASHES)]}"/></svg></span>' for j, k in enumerate(keys)]
+            labels = [f'<span>{key_glyph(*series_style(0, j, len(keys))[:2])}{esc(k)}</span>'
+                      for j, k in enumerate(keys)]
+            if len(runs) > 1:  # which run: marker and line style
+                labels += [f'<span>{key_glyph("#333", series_style(i, 0, len(keys))[1], MARKERS[i % len(MARKERS)])}'
+                           f'{esc(r["name"])}</span>' for i, r in enumerate(runs)]
         out.append(f'<figure>{svg_plot(title, lines)}<figcaption class="legend">{"".join(labels) or esc(keys[0])}'
                    f'</figcaption></figure>')
     out.append("</div>")
@@ -196,8 +265,8 @@ def eval_html(runs: list[dict]) -> str:
             if isinstance(bv, (int, float)) and isinstance(av, (int, float)):
                 cls = "pos" if av > bv else "neg" if av < bv else ""
                 delta = f'<span class="{cls}">{fmt(av - bv)}</span>'
-            rows.append(f'<tr><td>{esc(r["name"])}</td><td>{esc(k)}</td><td>{fmt(bv)}</td><td>{fmt(av)}</td>'
-                        f'<td>{delta}</td></tr>')
+            cells = "".join(f"<td>{score(d[k]) if k in d else ''}</td>" for d in (b, a))  # null: NaN, unscorable
+            rows.append(f'<tr><td>{esc(r["name"])}</td><td>{esc(k)}</td>{cells}<td>{delta}</td></tr>')
     return ('<table class="eval"><tr><th>run</th><th>metric</th><th>before</th><th>after</th><th>change</th></tr>'
             + "".join(rows) + "</table>")
 
@@ -239,9 +308,10 @@ def completions_html(run: dict, idx: int) -> str:
         for g, members in groups.items():
             items = []
             for c in members:
-                rw = ", ".join(f"{esc(k)} {fmt(v)}" for k, v in c["rewards"].items())
-                cls = "pos" if isinstance(c["advantage"], (int, float)) and c["advantage"] > 0 else "neg"
-                summary = (f'reward {fmt(c["reward"])} · <span class="{cls}">advantage {fmt(c["advantage"])}</span>'
+                rw = ", ".join(f"{esc(k)} {score(v)}" for k, v in c["rewards"].items())
+                adv = c["advantage"]
+                cls = "" if not isinstance(adv, (int, float)) else "pos" if adv > 0 else "neg" if adv < 0 else "zero"
+                summary = (f'reward {score(c["reward"])} · <span class="{cls}">advantage {fmt(adv)}</span>'
                            f' · {fmt(c["tokens"])} tokens{" · truncated" if c["truncated"] else ""}'
                            + (f'<br><small>{rw}</small>' if rw else ""))
                 items.append(f'<details class="completion"><summary>{summary}</summary>'
