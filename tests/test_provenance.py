@@ -30,6 +30,8 @@ def test_parse_provenance_forms():
     assert p["kind"] == "paper equations" and p["source"] == "P (arXiv:1; x), Eq. (3)" and p["notes"] == "notes"
     assert p["url"] is None and p["path"] is None
     assert parse_provenance("T.\n\nProvenance: matches something — x") is None  # unknown kind
+    p = parse_provenance("T.\n\nProvenance: user's own — my team's length bonus; unpublished.")  # a user's method
+    assert p["kind"] == "user's own" and p["source"] == "my team's length bonus" and p["url"] is None
     assert parse_provenance("T.\n\nNo paragraph.") is None
 
 
@@ -39,6 +41,7 @@ def test_every_component_has_a_provenance_paragraph(c):
     assert prov is not None, (f"{c['file']}:{c['line']}: {c['kind']}/{c['name']} has no parseable 'Provenance:' "
                               f"paragraph (kinds: {', '.join(PROVENANCE_KINDS)}; see docs/extending.md)")
     assert prov["kind"] in PROVENANCE_KINDS and prov["source"].strip()
+    assert prov["kind"] != "user's own", f"{c['name']}: a built-in component cites its source"
     if prov["kind"] == "grpolab's own":
         assert c["kind"] in OWN_ALLOWED, f"{c['name']}: a {c['kind']} implements a method; say where it comes from"
     if prov["kind"] == "authors' code":
@@ -84,3 +87,20 @@ def test_authors_code_components_name_their_fidelity_tests(c):
         path, _, name = ref.partition("::")
         assert (ROOT / path).is_file(), f"{c['name']}: {ref}: no such test file"
         assert name.startswith("test") and name in _test_functions(path), f"{c['name']}: {ref}: no such test function"
+
+
+def test_a_recipe_without_citation_shows_none_of_it(monkeypatch, capsys):
+    """A user's recipe may cite nothing (``citation: null``): no "(None)" in the table, the list or the catalogue."""
+    import grpolab.recipes
+    from grpolab.catalog import paper_text
+    from grpolab.cli import recipes_markdown
+
+    mine = {"name": "mine", "title": "My method", "citation": None, "seed": None, "components": {"advantage": "x"},
+            "parameters": {}}
+    assert "(None)" not in recipes_markdown([mine]) and "| My method |" in recipes_markdown([mine])
+    assert "None" not in paper_text({"arxiv": [], "seeds": [], "recipes": [mine]})
+    monkeypatch.setattr(grpolab.recipes, "all_recipes", lambda: [mine])
+    monkeypatch.setattr(grpolab.recipes, "load_recipe", lambda name: mine)
+    assert main(["recipes"]) == 0 and main(["recipes", "mine"]) == 0
+    out = capsys.readouterr().out
+    assert "None" not in out and "mine" in out and "My method" in out

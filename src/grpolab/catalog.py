@@ -58,6 +58,7 @@ PROVENANCE_KINDS = {
     "paper equations": "matches the paper's equations",
     "reconstructed from the abstract": "reconstructed from the abstract",
     "grpolab's own": "grpolab's own (no published method)",
+    "user's own": "a user's own method (not published, or not yet)",
 }
 _PROVENANCE = re.compile(r"^Provenance:\s*(?P<kind>" + "|".join(map(re.escape, PROVENANCE_KINDS))
                          + r")\s*(?:—| - )\s*(?P<rest>.*)$", re.S)
@@ -197,7 +198,8 @@ def paper_text(c: dict, max_recipes: int = 2) -> str:
     parts = [f"arXiv:{a}" for a in c["arxiv"]] + [f"seed {s}" for s in c["seeds"]]
     recipes = c["recipes"]
     if recipes and len(recipes) <= max_recipes:
-        parts += [f"recipe `{r['name']}`: {r['title']} ({r['citation']})" for r in recipes]
+        parts += [f"recipe `{r['name']}`: {r['title']}" + (f" ({r['citation']})" if r.get("citation") else "")
+                  for r in recipes]
     elif recipes:
         parts.append(f"{len(recipes)} recipes: " + ", ".join(f"`{r['name']}`" for r in recipes))
     return "; ".join(parts)

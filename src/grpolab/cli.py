@@ -406,7 +406,8 @@ def recipes_markdown(recipes: list[dict]) -> str:
 
     lines = ["| recipe | paper | seed | components | parameters |", "|---|---|---|---|---|"]
     for r in recipes:
-        lines.append(f"| `{r['name']}` | {r['title']} ({r['citation']}) | {r.get('seed') or '—'} | "
+        cited = f" ({r['citation']})" if r.get("citation") else ""  # a user's own recipe may cite nothing
+        lines.append(f"| `{r['name']}` | {r['title']}{cited} | {r.get('seed') or '—'} | "
                      f"{cell(r['components'])} | {cell(r['parameters'])} |")
     return "\n".join(lines) + "\n"
 
@@ -426,7 +427,7 @@ def cmd_recipes(args, rest: list[str]) -> int:
         return 0
     for r in recipes:
         seed = f" [seed {r['seed']}]" if r.get("seed") else ""
-        print(f"{r['name']:<14} {r['citation']}{seed}")
+        print(f"{r['name']:<14} {r.get('citation') or '(no citation)'}{seed}")
         print(f"{'':<14} {r['title']}")
         comps = ", ".join(f"{k}={v}" for k, v in r["components"].items())
         params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
@@ -445,7 +446,8 @@ def _show_recipe(args) -> int:
                                                  "parameters")}, indent=2))
         return 0
     print(f"{r['name']}: {r['title']}")
-    print(f"  {r['citation']}" + (f" [seed {r['seed']}]" if r.get("seed") else ""))
+    if r.get("citation") or r.get("seed"):
+        print(f"  {r.get('citation') or '(no citation)'}" + (f" [seed {r['seed']}]" if r.get("seed") else ""))
     if r.get("description"):
         print("  " + " ".join(str(r["description"]).split()))
     for title, part in (("components", r["components"]), ("parameters", r["parameters"])):

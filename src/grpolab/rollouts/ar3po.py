@@ -1,4 +1,4 @@
-"""AR3PO's rollout (000-41): staged sampling that stops a prompt once it is solved, and reuse of a stored
+"""AR3PO's rollout (000-70): staged sampling that stops a prompt once it is solved, and reuse of a stored
 correct response for a prompt still unsolved. Its prompt sampler is ``prompts/budgets.py::AR3POSampler``."""
 from __future__ import annotations
 
