@@ -19,7 +19,7 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
-SKIP = {"rollout_s", "train_s", "tokens_per_s", "peak_rss_mb"}
+SKIP = {"rollout_s", "train_s", "tokens_per_s", "peak_rss_mb", "train_seconds_total"}
 RENAMED = {"frac_hinted": "rollout/frac_hinted"}  # metric names that moved (old -> new)
 
 
