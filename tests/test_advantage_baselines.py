@@ -1,4 +1,4 @@
-"""Advantage baselines, normalisations, difficulty and multi-reward weightings (hand-computed)."""
+"""Advantage baselines, normalisations and multi-reward estimators, and the difficulty weightings (hand-computed)."""
 import math
 from types import SimpleNamespace
 

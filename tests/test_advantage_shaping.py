@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpolab.algorithms import ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, WEIGHTINGS, StepTotals, group_zscore
-from grpolab.algorithms.adv_shaping import (SPOValueTracker, AAPOMomentum, asymmetric_soft_reward,
-                                            last_number_key, semantic_entropy, sgrpo_weight,
-                                            shared_prefix_counts)
+from grpolab.algorithms.adv_shaping import SPOValueTracker, AAPOMomentum, asymmetric_soft_reward, sgrpo_weight
+from grpolab.algorithms.answer_keys import last_number_key
+from grpolab.algorithms.weightings import semantic_entropy, shared_prefix_counts
 from grpolab.batch import RolloutBatch
 from grpolab.components import Component
 from grpolab.config import Config

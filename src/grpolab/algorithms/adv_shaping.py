@@ -1,52 +1,26 @@
-"""Advantage shaping: uncertainty, entropy, token-level, stateful and span-decoupled advantages.
+"""Advantage shaping estimators: noise-aware, stateful, soft, gated, pairwise and span-decoupled advantages.
 
-Advantage estimators (``advantage: name``) and weightings (``advantage_weightings:
-[name]``) of the GRPO variants that scale advantages by an uncertainty or entropy
-estimate, give each token its own advantage (``[R, T]``), keep state across
-steps, or treat token spans separately. Every function states its formula, its
-seed id, and the choices made where the paper or abstract leaves one open.
-
-Spans: ``batch.span_ids`` is ``[R, T]`` with 0 = no span. A rollout strategy
-(multi-turn tools, control tokens) writes the ids; the plain rollout leaves
-them all 0. ``span_mark: first_token`` marks the first completion token as span
-1 (a Thinkless-style control token) and the rest as span 2 without any rollout
-support.
+Advantage estimators (``advantage: name``) of the GRPO variants that correct
+for reward noise, keep state across steps, reshape rewards before the group
+baseline, or give each token span its own advantage (``[R, T]``); the
+weightings that rescale an estimator's advantages (uncertainty, entropy,
+token weights, span scales) are in ``weightings.py``. Every function states
+its formula, its seed id, and the choices made where the paper or abstract
+leaves one open. Token spans: :mod:`grpolab.algorithms.spans`.
 """
 from __future__ import annotations
 
-import importlib
 import math
-import os
-import re
-import sys
-from typing import Callable
 
 import torch
 
-from ..batch import SAMPLED
-from ..errors import warn_fallback
-from ..registry import ANSWER_KEYS
-from .losses import per_token
-from ..data import completion_text
-from .advantages import ADVANTAGES, group_stats, group_zscore
-from .agentic import EPISODE_COLUMN
-from .weightings import WEIGHTINGS
 from ..registry import param
+from .advantages import ADVANTAGES, group_stats, group_zscore
+from .groups import group_index, masked_row_mean
+from .spans import SPAN_MARK, span_ids_of
 
-SPAN_MARK = param('batch', "spans from batch.span_ids, 'first_token' (1 = first completion token, 2 = the rest; Thinkless control token), or 'episode' (agent episodes: 1 = model turns with a tool call, 2 = model turns without one, the answer)", ['batch', 'first_token', 'episode'])
 
 # ----------------------------------------------------------------- helpers
-
-
-def _group_index(group_ids: torch.Tensor):
-    """``(inv, n_groups)``: row -> dense group index 0..n_groups-1."""
-    uniq, inv = torch.unique(group_ids, return_inverse=True)
-    return inv, uniq.numel()
-
-
-def _masked_row_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.to(values.dtype)
-    return (values * m).sum(-1) / m.sum(-1).clamp(min=1)
 
 
 def reward_column(reward_matrix: torch.Tensor, names: list[str], spec: str) -> torch.Tensor:
@@ -69,191 +43,6 @@ def reward_column(reward_matrix: torch.Tensor, names: list[str], spec: str) -> t
 def _reward_names(batch, reward_matrix: torch.Tensor) -> list[str]:
     names = list(getattr(batch, "reward_names", []) or []) if batch is not None else []
     return names if len(names) == reward_matrix.shape[1] else []
-
-
-# ------------------------------------------------- answer equivalence (SEED)
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
-
-
-@ANSWER_KEYS.register("final_line")
-def final_line_key(text: str) -> str:
-    """The last non-empty line, stripped ('' for an empty completion).
-
-    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
-    published method.
-    """
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1] if lines else ""
-
-
-@ANSWER_KEYS.register("last_number")
-def last_number_key(text: str) -> str:
-    """The last number in the text (``3``, ``3.0`` and ``3.00`` are one answer; ``a/b`` kept as
-    written); the stripped final line when the text has no number.
-
-    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
-    published method.
-    """
-    found = _NUMBER.findall(text)
-    if not found:
-        return final_line_key(text)
-    s = found[-1]
-    if "/" in s:
-        return s
-    v = float(s)
-    return str(int(v)) if v.is_integer() else repr(v)
-
-
-@ANSWER_KEYS.register("exact")
-def exact_key(text: str) -> str:
-    """The whole completion, stripped.
-
-    Provenance: grpolab's own — a clustering key for answer-based components (SEED-GRPO); implements no
-    published method.
-    """
-    return text.strip()
-
-
-def resolve_answer_key(spec: str) -> Callable[[str], object]:
-    """A registered answer-key name or ``module:function`` (``text -> hashable key``)."""
-    if spec in ANSWER_KEYS:
-        return ANSWER_KEYS.get(spec)
-    module_name, _, func_name = spec.partition(":")
-    if not module_name or not func_name:
-        raise ValueError(f"seed_equivalence: '{spec}' is neither a registered answer key "
-                         f"({', '.join(ANSWER_KEYS.names())}) nor module:function")
-    if os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    try:
-        fn = getattr(importlib.import_module(module_name), func_name)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"seed_equivalence: cannot load '{spec}' ({e})") from None
-    if not callable(fn):
-        raise ValueError(f"seed_equivalence: '{spec}' is not callable")
-    return fn
-
-
-def semantic_entropy(keys: list, group_ids: torch.Tensor,
-                     loglik: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row ``(SE, SE_max)`` of the row's group, clustering rows with equal keys.
-
-    ``SE = -(1/K) sum_k log p(C_k)`` over the group's K clusters (the Monte-Carlo
-    estimator SEED-GRPO uses), ``SE_max = log n`` (n rows: every row its own
-    cluster, each with probability 1/n). With ``loglik`` ``[R]`` (each row's
-    sequence log-likelihood) ``p(C_k) = sum_{i in C_k} exp(loglik_i) /
-    sum_{j in group} exp(loglik_j)``, the cluster's share of the sampled
-    completions' probability mass; without it ``p(C_k) = |C_k| / n`` (the
-    frequency, which is the mass when every completion is equally likely).
-    """
-    inv, n_groups = _group_index(group_ids)
-    se = torch.zeros(n_groups, dtype=torch.float64)
-    se_max = torch.zeros(n_groups, dtype=torch.float64)
-    ll = None if loglik is None else loglik.double()
-    for g in range(n_groups):
-        rows = (inv == g).nonzero().flatten().tolist()
-        n = len(rows)
-        members: dict = {}
-        for r in rows:
-            members.setdefault(keys[r], []).append(r)
-        if ll is None:
-            logp = [math.log(len(m) / n) for m in members.values()]
-        else:
-            total = torch.logsumexp(ll[rows], 0)
-            logp = [float(torch.logsumexp(ll[m], 0) - total) for m in members.values()]
-        se[g] = -sum(logp) / len(logp)
-        se_max[g] = math.log(n) if n > 1 else 0.0
-    return se[inv], se_max[inv]
-
-
-def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
-    """``[R]`` log pi_old(o_i | q) from the batch's behaviour log-probs: the sum over the row's sampled tokens
-    (``token_origin == SAMPLED``, attended to), or their mean with ``length_normalize`` (0 for a row with none)."""
-    sampled = (batch.completion_attention_mask > 0) & (batch.token_origin == SAMPLED)
-    lp = (batch.behavior_logprobs.double() * sampled).sum(-1)
-    return lp / sampled.sum(-1).clamp(min=1) if length_normalize else lp
-
-
-@WEIGHTINGS.register("seed_semantic_entropy")
-def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, batch, *,
-                          seed_alpha: float = param(0.5, 'SEED-GRPO: sensitivity alpha; A * f(alpha * SE / SE_max)'),
-                          seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear) or exp(-x) '
-                                                    '(exponential)', ['linear', 'exponential']),
-                          seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
-                                                        "completions: 'last_number', 'final_line', 'exact' or "
-                                                        "'module:function' (text -> key)"),
-                          seed_cluster_probability: str = param(
-                              'mass', "SEED-GRPO: p(C_k) = the cluster's share of the sampled completions' "
-                              "probability pi_old(o|q) ('mass', the paper's), the same with per-token "
-                              "(length-normalised) probabilities ('token_mass'), or its frequency |C_k|/G "
-                              "('frequency')", ['mass', 'token_mass', 'frequency'])) -> torch.Tensor:
-    """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
-
-    ``A'_i = A_i * f(alpha * min(SE(q) / SE_max(q), 1))`` with ``f(x) = 1 - x``
-    (linear) or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
-    over the K answer clusters of the prompt's group, ``SE_max = log G``, and
-    the cluster probability from the completions' likelihoods under the
-    behaviour (old) policy::
-
-        p(C_k | q) = sum_{i in C_k} pi_old(o_i | q) / sum_{j=1..G} pi_old(o_j | q)
-
-    with ``pi_old(o | q) = exp(sum_t log pi_old(o_t | q, o_<t))`` from
-    ``batch.behavior_logprobs`` (sampled tokens only). A group whose
-    completions all give one answer keeps its advantages; a group where every
-    answer differs is damped most. ``seed_cluster_probability``: ``mass``
-    (above), ``token_mass`` (``pi_old`` replaced by the per-token geometric
-    mean ``exp(mean_t log pi_old)``, the length normalisation commonly used
-    for semantic entropy, so that one short completion does not carry all
-    the mass), ``frequency`` (``|C_k| / G``: the mass when every completion
-    is equally likely; it is not the paper's quantity and not an unbiased
-    estimate of it).
-
-    Clusters are equal *answer keys* of the completion text
-    (``batch.columns['completion']``): ``seed_equivalence`` names a registered
-    key (``last_number``: the last number, else the stripped final line;
-    ``final_line``; ``exact``) or ``module:function`` mapping text to a
-    hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
-    linear f zeroes fully uncertain groups). The paper's third f ("focal") is
-    not implemented. A group of one row has ``SE_max = 0`` and keeps its
-    advantages.
-
-    Provenance: paper equations — SEED-GRPO: Semantic Entropy Enhanced GRPO
-    for Uncertainty-Aware Policy Optimization (arXiv:2505.12346v1), Sec. 3, the
-    semantic entropy ``SE(q) ~= -(1/K) sum_k log p(C_k|q)`` with ``p(C_k|q) =
-    sum_{o_i in C_k} pi_old(o_i|q)`` and ``A'_i = A_i f(alpha SE(q)/SE_max(q))``,
-    read from summaries of the method section (equation numbers not checked,
-    the full text was not available here); the authors' repository
-    github.com/Dreamer312/SEED-GRPO holds only the paper and a README ("we
-    will release our code"), so there is no code to match. Choices: the cluster
-    masses are normalised over the G sampled completions (the paper's
-    unnormalised sum of sequence probabilities makes ``-log p`` grow with
-    length, so even a single-answer group would be damped); ``SE / SE_max`` is
-    clipped at 1 (``SE_max`` is the paper's maximum; with masses a rare
-    cluster can push the estimate above ``log G``), so f stays in ``[1 -
-    alpha, 1]``; answer-key clustering stands in for the paper's semantic
-    equivalence check.
-    """
-    key = resolve_answer_key(seed_equivalence)
-    if "completion" not in batch.columns:
-        raise ValueError("seed_semantic_entropy needs batch.columns['completion'] (the completion texts)")
-    keys = [key(completion_text(c)) for c in batch.columns["completion"]]
-    if seed_cluster_probability == "frequency":
-        loglik = None
-    elif seed_cluster_probability in ("mass", "token_mass"):
-        loglik = sequence_loglik(batch, length_normalize=seed_cluster_probability == "token_mass")
-    else:
-        raise ValueError(f"seed_cluster_probability: '{seed_cluster_probability}' is not valid; valid values: "
-                         "mass, token_mass, frequency")
-    se, se_max = semantic_entropy(keys, group_ids, loglik)
-    x = seed_alpha * torch.where(se_max > 0, (se / se_max.clamp(min=1e-12)).clamp(max=1.0), torch.zeros_like(se))
-    if seed_scaling == "linear":
-        f = 1.0 - x
-    elif seed_scaling == "exponential":
-        f = torch.exp(-x)
-    else:
-        raise ValueError(f"seed_scaling: '{seed_scaling}' is not valid; valid values: linear, exponential")
-    f = f.to(advantages.dtype)
-    return advantages * (f if advantages.dim() == 1 else f[:, None])
 
 
 # ------------------------------------------------------------------ S-GRPO
@@ -299,61 +88,11 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
     """
     adv = group_zscore(rewards, group_ids, advantage_epsilon=advantage_epsilon)
     scored = ~torch.isnan(rewards)
-    inv, n_groups = _group_index(group_ids)
+    inv, n_groups = group_index(group_ids)
     n = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, scored.double())
     succ = (scored & (torch.nan_to_num(rewards, nan=0.0) > sgrpo_success_threshold)).double()
     k = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, succ)
     return adv * sgrpo_weight(n, k, sgrpo_noise_p)[inv].to(adv.dtype)
-
-
-# --------------------------------------------------------------- EDGE-GRPO
-
-
-@WEIGHTINGS.register("edge_entropy_driven")
-def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                        completion_mask: torch.Tensor, *,
-                        edge_normalize: str = param('group', "EDGE-GRPO: divide each row's entropy by the mean over "
-                                                    "its 'group' (paper) or the whole 'batch' (authors' code)",
-                                                    ['group', 'batch']),
-                        edge_min_entropy: float = param(1e-06, 'EDGE-GRPO: floor on the per-row entropy estimate')) -> torch.Tensor:
-    """EDGE-GRPO entropy-driven advantage (Zhang et al., 2025, arXiv:2507.21848, seed 000-25).
-
-    ``A'_i = A_i / P̂_i`` with ``P̂_i = P_i / mean_j P_j``: confident (low-entropy)
-    responses get larger updates, uncertain ones smaller, so responses with tied
-    rewards still differ in their signal.
-
-    Choices: the advantage stage has no logits, so the per-response entropy
-    ``P_i`` is estimated as the mean negative log-prob of the sampled tokens
-    under the behaviour policy, ``P_i = -(1/|o_i|) sum_t log pi_old(o_it)`` (an
-    unbiased estimate of the mean token entropy along the sampled path); the
-    authors compute exact token entropies of the current policy at loss time.
-    ``mean_j`` runs over the row's group (``edge_normalize: group``, the
-    paper's equation) or over the whole batch (``batch``, as in the authors'
-    code, which averages over the gathered micro-batch). ``P_i`` is floored at
-    ``edge_min_entropy``. Guided Error Correction (a rollout-side mechanism that
-    injects text) is not part of this component.
-
-    Provenance: paper equations — EDGE-GRPO (arXiv:2507.21848, seed 000-25), the entropy-driven advantage
-    ``A_i / P̂_i`` with ``P̂_i = P_i / mean_j P_j`` over the group (equation number not recorded); the authors'
-    code (https://github.com/ZhangXJ199/EDGE-GRPO, trl_edge/trainer/grpo_aha_trainer.py, ``_compute_loss`` with
-    EDA) differs in three ways, so it is not claimed: exact token entropies of the current policy at loss time,
-    averaged over every completion position of the micro-batch padding included (``torch.mean(per_entropy,
-    dim=1)``), divided by the mean over the gathered micro-batch (``edge_normalize: batch``); here the
-    sampled-token estimate from the behaviour log-probs, over the completion's own tokens.
-    Test: tests/test_advantage_shaping.py::test_edge_entropy_driven.
-    """
-    P = _masked_row_mean(-behavior_logprobs.double(), completion_mask).clamp(min=edge_min_entropy)
-    if edge_normalize == "group":
-        inv, n_groups = _group_index(group_ids)
-        total = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, P)
-        count = torch.zeros(n_groups, dtype=torch.float64).index_add_(0, inv, torch.ones_like(P))
-        ref = (total / count)[inv]
-    elif edge_normalize == "batch":
-        ref = P.mean().expand_as(P)
-    else:
-        raise ValueError(f"edge_normalize: '{edge_normalize}' is not valid; valid values: group, batch")
-    scale = (ref / P).to(advantages.dtype)
-    return advantages * (scale if advantages.dim() == 1 else scale[:, None])
 
 
 # ------------------------------------------------------ SPO single stream
@@ -428,7 +167,7 @@ class SPOValueTracker:
         r = rewards.double()
         if bool(((r[scored] < 0) | (r[scored] > 1)).any()):
             raise ValueError("spo_single_stream: rewards must lie in [0, 1] (the tracker estimates success rates)")
-        nll = _masked_row_mean(-behavior_logprobs.double(), completion_mask)
+        nll = masked_row_mean(-behavior_logprobs.double(), completion_mask)
         uids = prompt_uids.tolist()
         baseline = torch.tensor([self.value(u) for u in uids], dtype=torch.float64)
         adv = torch.where(scored, r - baseline, torch.zeros_like(r))
@@ -458,161 +197,6 @@ class SPOValueTracker:
 
     def load_state_dict(self, state: dict) -> None:
         self.table = {int(k): tuple(float(x) for x in v) for k, v in state["table"].items()}
-
-
-# --------------------------------------------------------------- lambda-GRPO
-
-
-def shared_prefix_counts(completion_ids: torch.Tensor, completion_mask: torch.Tensor,
-                         group_ids: torch.Tensor) -> torch.Tensor:
-    """``k[i, t]`` = rows of i's group whose first t+1 completion tokens equal row i's
-    (i itself included; only rows that still have a token at t count). 0 on padding."""
-    R, T = completion_ids.shape
-    alive = completion_mask > 0
-    same_group = group_ids[:, None] == group_ids[None, :]                            # [R, R]
-    eq = (completion_ids[:, None, :] == completion_ids[None, :, :]) & alive[:, None, :] & alive[None, :, :]
-    prefix_eq = torch.cumprod(eq.to(torch.int64), dim=-1).bool()                     # [R, R, T]
-    k = (prefix_eq & same_group[:, :, None]).sum(1)
-    return k * alive
-
-
-@WEIGHTINGS.register("lambda_prefix_weight")
-def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
-                         lambda_grpo_power: float = param(1.0, 'lambda-GRPO: token weight k^-lambda, k = group '
-                                                          "completions sharing the token's prefix (0 = GRPO)")) -> torch.Tensor:
-    """λ-GRPO shared-prefix weighting ("GRPO is secretly a PRM", 2025, seed 004-03).
-
-    ``A'_it = A_i * k_it^(-lambda)``, ``k_it`` = number of completions in i's group
-    sharing i's prefix up to and including token t (:func:`shared_prefix_counts`).
-    A shared prefix is one "process step" of GRPO's implicit PRM; vanilla GRPO
-    counts a step shared by k completions k times. With ``lambda = 1`` each
-    step counts once (its tokens' total weight is the mean of the sharing
-    completions' advantages, the step's Monte-Carlo process reward); ``lambda = 0``
-    is GRPO. Output ``[R, T]``.
-
-    Provenance: authors' code — https://github.com/coli-saar/grpo-prm,
-    lambda_grpo/utils.py (InfPRMTree.loss_scales: a prefix tree over the
-    group's trajectories, every token of a node scaled by 1 / the number of
-    trajectories through it, identical trajectories sharing one leaf) and
-    lambda_grpo/trainer.py (LambdaGRPOTrainer._step: the clipped surrogate
-    times the scale, summed per sequence over its token count, mean over
-    sequences = ``seq_mean_token_mean``; defaults in train_utils.py: group 6,
-    beta 0, loss_type grpo, scaling on). ``lambda = 1`` is the authors'
-    method and ``lambda = 0`` their ``--no_loss_scale``; other exponents are
-    grpolab's interpolation. Known difference: with ``beta > 0`` the authors
-    also scale the KL term per token; here the weight scales the advantage
-    only (the recipe, like the authors' default, has beta 0).
-    Test: tests/test_advantage_shaping.py::test_lambda_prefix_weight,
-    tests/test_advantage_shaping.py::test_lambda_grpo_loss_matches_the_authors_trainer.
-    """
-    k = shared_prefix_counts(batch.completion_ids, completion_mask, group_ids).to(torch.float64)
-    w = torch.where(k > 0, k.clamp(min=1) ** (-lambda_grpo_power), torch.zeros_like(k)).to(advantages.dtype)
-    return per_token(advantages, w) * w
-
-
-# ----------------------------------------------------------------- TW-GRPO
-
-
-@WEIGHTINGS.register("tw_token_weight")
-def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, token_group_divergence: torch.Tensor,
-                    *, tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
-                                               "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses "
-                                               '1.7)')) -> torch.Tensor:
-    """TW-GRPO token weights from intra-group divergence (Dang et al., 2025, arXiv:2505.24718, seed 000-95).
-
-    Per group g (its ``G`` rows) and completion position ``t < T_g`` (``T_g`` =
-    the group's longest completion), with ``lp_i,t`` row i's full next-token
-    log-probability vector (a row that has ended before t takes the uniform
-    distribution ``-log V``) and ``m_t = mean_i lp_i,t`` (mean in log space)::
-
-        D_i,t = sum_v k3(m_t,v - lp_i,t,v),   k3(d) = exp(d) - d - 1,  d clamped to [-11, 11]
-        s_t   = mean_i D_i,t                                            (all G rows)
-        n_t   = (s_t - min_t' s_t') / (max_t' s_t' - min_t' s_t' + 1e-8)  (over t' < T_g)
-        w_t   = 1 + (alpha - 1) * n_t                                     (in [1, alpha])
-
-    and every row's advantage at t is multiplied by ``w_t``. Positions where
-    the group's next-token distributions agree get weight 1 — whatever tokens
-    were sampled there — and the most divergent position gets ``alpha``.
-    ``D`` is the input ``token_group_divergence`` ``[R, T]``, which the trainer
-    computes from the policy's full distributions when a selected component
-    asks for it (:func:`grpolab.model.logprobs.group_token_divergence`: a
-    no-grad forward of the batch at the start of the step, reduced to ``D``
-    position-chunk by position-chunk, never a stored ``[R, T, V]``).
-    ``tw_alpha`` must be >= 1; 1 gives GRPO. Output ``[R, T]``.
-
-    Provenance: authors' code — https://github.com/longmalongma/TW-GRPO, src/open_r1/trainer/grpo_trainer.py
-    (compute_token_importance_kl_logs_uniform); matches the weights of
-    ``loss_type tw_grpo`` (scripts/tw-grpo.sh: alpha 1.70, beta 0): full
-    distributions of the current policy (their ``per_logps`` of the training
-    forward, one update per generation batch), uniform padding of ended rows,
-    mean over all G rows, min-max over the group's positions (their ``T`` is
-    the padded width of a one-prompt device batch: the group's longest
-    completion, as here). Known differences: their weights multiply the whole
-    per-token loss (KL included; beta = 0 in their script, where the two
-    coincide) and keep the gradient of ``per_logps`` (not detached), so their
-    gradient has an extra term ``-(1/N) sum_t (sum_{i alive at t} A_i) grad w_t``,
-    zero at positions where all rows of the group are alive (z-scored A sums to
-    0); grpolab's weights are constants (no_grad) computed once per step, so
-    with ``num_iterations > 1`` later passes keep the first pass's weights
-    (their trainer has one pass). The soft multi-choice reward and Q/A
-    inversion are task-side, not here.
-    Test: tests/test_advantage_shaping.py::test_tw_token_weight_issue_example,
-    tests/test_advantage_shaping.py::test_tw_token_weight_uniform_padding_ragged_groups.
-    """
-    if tw_alpha < 1.0:
-        raise ValueError(f"tw_alpha: the maximum token weight must be >= 1, got {tw_alpha}")
-    inv, n_groups = _group_index(group_ids)
-    alive = batch.completion_attention_mask > 0
-    D = token_group_divergence.to(torch.float64)
-    w = torch.ones_like(D)
-    for g in range(n_groups):
-        rows = (inv == g).nonzero().squeeze(-1)
-        Tg = int(alive[rows].sum(-1).max())
-        if Tg == 0:
-            continue
-        s = D[rows, :Tg].mean(0)
-        norm = (s - s.min()) / (s.max() - s.min() + 1e-8)
-        w[rows, :Tg] = (1.0 + (tw_alpha - 1.0) * norm)[None, :]
-    w = w.to(advantages.dtype)
-    return per_token(advantages, w) * w
-
-
-# ----------------------------------------------------------------- LC-R1
-
-
-@WEIGHTINGS.register("lc_compress_bonus")
-def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
-                      lc_compress_weight: float = param(1.0, "LC-R1: weight of the compress reward added to the "
-                                                        "advantage at the end-of-thinking token (the authors' "
-                                                        "add_adv, 1)")) -> torch.Tensor:
-    """LC-R1 compress reward, a token-level advantage term (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
-
-    ``A_i,t = A_i + w * c_i * [t = p_i]``: the row's compress reward
-    ``c_i = 1 - |R'|/(|R| + 1e-4)`` (``-1`` when the answer is not in the
-    reasoning; 0 for wrong rows) is added, unnormalised, to the advantage of
-    the one token ``p_i`` where the reasoning ends (the end-of-thinking marker
-    of the cropped sequence), after the group baseline. ``c`` and ``p`` are the
-    columns ``lc_compress`` and ``lc_think_end`` written by the ``lc_r1``
-    rollout strategy (an error names it when they are missing). Output ``[R, T]``.
-
-    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
-    (_generate_and_score_completions); matches ``advantages = torch.where(inf_mask,
-    advantages + self.add_adv * length_compress_ratio, advantages)`` with
-    ``inf_mask`` the ``</think>`` position ``max_lengths`` of right rows, after
-    the group mean is subtracted.
-    Test: tests/test_lc_r1.py::test_lc_compress_bonus_is_added_at_one_token.
-    """
-    cols = batch.columns
-    missing = [c for c in ("lc_compress", "lc_think_end") if c not in cols]
-    if missing:
-        raise ValueError(f"lc_compress_bonus needs the batch columns {missing}, written by rollout_strategy: lc_r1 "
-                         f"(the valid-thinking crop); select it (recipe lc_r1)")
-    adv = per_token(advantages, completion_mask).clone()
-    T = adv.shape[1]
-    for i, (c, p) in enumerate(zip(cols["lc_compress"], cols["lc_think_end"])):
-        if c != 0 and 0 <= p < T:
-            adv[i, p] = adv[i, p] + lc_compress_weight * c
-    return adv
 
 
 # -------------------------------------------------------------- TempSamp-R1
@@ -886,89 +470,6 @@ def dagrpo_distinct_pairs(rewards: torch.Tensor, group_ids: torch.Tensor, *,
 
 
 # ---------------------------------------------------------- span-decoupled
-
-
-def span_ids_of(batch, completion_mask: torch.Tensor, span_mark: str) -> torch.Tensor:
-    """Span id per token ``[R, T]`` (0 = none) from ``batch.span_ids`` or ``first_token`` marking."""
-    alive = completion_mask > 0
-    if span_mark == "batch":
-        ids = batch.span_ids.long() * alive
-        if not bool((ids > 0).any()):
-            warn_fallback("span_mark: batch", "span ids (the rollout marked no token span)",
-                          "one span for every token (span 0)")
-        return ids
-    if span_mark == "first_token":
-        ids = torch.full(completion_mask.shape, 2, dtype=torch.long)
-        ids[:, 0] = 1
-        return ids * alive
-    if span_mark == "episode":
-        return tool_answer_spans(batch, completion_mask)
-    raise ValueError(f"span_mark: '{span_mark}' is not valid; valid values: batch, first_token, episode")
-
-
-def tool_answer_spans(batch, completion_mask: torch.Tensor) -> torch.Tensor:
-    """Agent episodes: span 1 on the tokens of model turns that made a tool call, 2 on model turns that made
-    none (the answer), 0 elsewhere (observations), from ``batch.span_ids`` and the episode record."""
-    alive = completion_mask > 0
-    episodes = batch.columns.get(EPISODE_COLUMN) if batch is not None else None
-    if episodes is None:
-        warn_fallback("span_mark: episode", "span ids of tool-call / answer turns (batch.columns['episode'], "
-                      "written by rollout_strategy: agent)", "one span for every token (span 0)")
-        return torch.zeros(completion_mask.shape, dtype=torch.long)
-    spans = batch.span_ids[:, :completion_mask.shape[1]].long()
-    ids = torch.zeros(completion_mask.shape, dtype=torch.long)
-    for i, ep in enumerate(episodes):
-        for turn in ep["turns"]:
-            ids[i][spans[i] == int(turn["span"])] = 1 if turn.get("tool_calls") else 2
-    return ids * alive
-
-
-@WEIGHTINGS.register("span_scale")
-def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
-               span_mark: str = SPAN_MARK,
-               span_scales: list = param([1.0], 'coefficient per span id (list index = span id; missing ids = 1.0)'),
-               span_normalize: str = param('none', "'per_span_tokens': scale span s by N/N_s so that token_mean "
-                                           'averages each span separately (DeGRPO)',
-                                           ['none', 'per_span_tokens'])) -> torch.Tensor:
-    """Per-span advantage scaling and normalisation (DeGRPO / Thinkless, Fang et al., 2025,
-    arXiv:2505.13379, seed 004-12).
-
-    ``A'_it = A_i * c_s * n_s`` for token t in span ``s = span_id[i, t]``, with
-    ``c_s = span_scales[s]`` (1.0 for ids past the list) and ``n_s = 1`` or, with
-    ``span_normalize: per_span_tokens``, ``n_s = N / N_s`` (``N`` = loss tokens
-    of the step batch, ``N_s`` = those in span s). Under ``loss_aggregation:
-    token_mean`` (``(1/N) sum l``) this turns the loss into
-    ``sum_s c_s * (1/N_s) sum_{t in s} l_t``: each span is averaged on its own,
-    exactly DeGRPO's ``alpha * mean(control-token loss) + mean(response loss)``
-    (authors' ``compute_policy_loss`` with ``thinkless_alpha``), so a single
-    control token is not swamped by long responses. Scaling an advantage by a
-    positive constant scales the clipped surrogate by the same constant, so
-    this equals the decoupled loss for ``clipped_ratio``. Output ``[R, T]``.
-
-    Spans: ``span_mark: first_token`` marks the first completion token as span
-    1 (the Thinkless ``<short>``/``<think>`` control token) and the rest as
-    span 2; ``batch`` uses ``batch.span_ids`` as written by the rollout.
-
-    Provenance: authors' code — https://github.com/VainF/Thinkless, verl/verl/trainer/ppo/core_algos.py
-    (compute_policy_loss with thinkless_alpha: alpha * mean(control-token loss) + mean(response loss)); equal to
-    the decoupled loss for clipped_ratio under token_mean.
-    Test: tests/test_advantage_shaping.py::test_span_scale_degrpo_hand_computed.
-    """
-    ids = span_ids_of(batch, completion_mask, span_mark)
-    scales = [float(c) for c in span_scales]
-    if span_normalize not in ("none", "per_span_tokens"):
-        raise ValueError(f"span_normalize: '{span_normalize}' is not valid; valid values: none, per_span_tokens")
-    alive = completion_mask > 0
-    coef = torch.ones(ids.shape, dtype=torch.float64)
-    n_total = float(alive.sum())
-    for s in torch.unique(ids[alive]).tolist():
-        in_s = alive & (ids == s)
-        c = scales[s] if s < len(scales) else 1.0
-        if span_normalize == "per_span_tokens":
-            c = c * n_total / float(in_s.sum())
-        coef[in_s] = c
-    coef = (coef * alive).to(advantages.dtype)
-    return per_token(advantages, coef) * coef
 
 
 @ADVANTAGES.register("span_decoupled_advantage", min_group_size=2)

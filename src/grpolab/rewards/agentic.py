@@ -15,7 +15,8 @@ see :mod:`grpolab.agents.base`) plus the task's data columns. Two kinds of compo
   (default ``accuracy``, every built-in task's accuracy reward) ``>= shaping_correct_threshold``, as for the
   other shaping transforms.
 
-and one advantage weighting, ``fc_entropy_bonus`` (the entropy-guided exploration of seed 000-106).
+The entropy-guided exploration of seed 000-106 is an advantage weighting, ``fc_entropy_bonus``
+(``grpolab/algorithms/weightings.py``).
 
 A reward that needs the episode and gets a batch without one (a single-turn rollout) raises an error naming
 the fix (``rollout_strategy: agent``); a reward that needs a data column the task does not have raises an
@@ -33,7 +34,7 @@ from collections import Counter, deque
 import torch
 
 from ..data import completion_text
-from ..registry import REWARD_SPECS, REWARD_TRANSFORMS, WEIGHTINGS, declared_params, param
+from ..registry import REWARD_SPECS, REWARD_TRANSFORMS, declared_params, param
 from .answers import extract_answer, math_equal
 from .scoring import RewardFn
 from .shaping import CORRECT_REWARD, CORRECT_THRESHOLD, correct_rows
@@ -816,43 +817,6 @@ class FunctionCallASTReward:
 
 
 _spec("fc_ast", FunctionCallASTReward)
-
-
-@WEIGHTINGS.register("fc_entropy_bonus")
-def fc_entropy_bonus(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                     completion_mask: torch.Tensor, *,
-                     fc_entropy_beta: float = param(0.5, 'entropy-guided exploration: strength beta of the '
-                                                    'entropy bonus on positive advantages'),
-                     fc_entropy_max_scale: float = param(2.0, 'entropy-guided exploration: cap on the advantage '
-                                                         'scale')) -> torch.Tensor:
-    """Entropy-guided exploration for function calling (seed 000-106): positive advantages of exploratory
-    (higher-entropy) episodes are enlarged.
-
-    With ``H_i`` the episode's mean negative behaviour log-prob over its model tokens (``completion_mask``: tool
-    outputs excluded; the sampled-token estimate of the policy entropy the rollout already has) and
-    ``Hbar_g`` the mean over its group::
-
-        A'_i = A_i * clip(1 + beta (H_i / Hbar_g - 1), 0, max_scale)   if A_i > 0
-             = A_i                                                    otherwise
-
-    so among the successful calls of a group, those reached along less certain paths (an argument or a
-    function the policy was unsure of) are reinforced more, which keeps exploring the large action space of
-    structured calls; failures are not amplified. Equal entropies give ``A' = A`` (GRPO).
-
-    Provenance: reconstructed from the abstract — "strategic entropy-based exploration" as an advantage
-    weighting (grpolab's choice of component kind, rather than a rollout temperature schedule, so it needs no
-    extra sampling); the form 1 + beta (H / Hbar - 1) on positive advantages, the cap and the sampled-token
-    entropy estimate are grpolab's.
-    """
-    m = completion_mask.to(torch.float64)
-    H = (-behavior_logprobs.double() * m).sum(-1) / m.sum(-1).clamp(min=1)
-    ref = torch.zeros_like(H)
-    for idx in _groups(group_ids):
-        ref[idx] = H[idx].mean()
-    scale = (1 + fc_entropy_beta * (H / ref.clamp(min=1e-8) - 1)).clamp(0.0, fc_entropy_max_scale)
-    rows = advantages if advantages.dim() == 1 else advantages.mean(-1)
-    scale = torch.where(rows > 0, scale.to(advantages.dtype), torch.ones_like(scale, dtype=advantages.dtype))
-    return advantages * (scale if advantages.dim() == 1 else scale[:, None])
 
 
 # ----------------------------------------------------------------------------- PTA-GRPO (000-108)
