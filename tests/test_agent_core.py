@@ -10,7 +10,7 @@ from grpolab.agents import rollout as agent_rollout
 from grpolab.agents.adapters import GymTextEnv, ToolLimits, ToolsEnv, TRLEnvironment, environment_factory
 from grpolab.agents.base import EPISODE_COLUMN
 from grpolab.agents.parsing import parse_tool_calls, tool_schema
-from grpolab.batch import ENVIRONMENT, SAMPLED
+from grpolab.batch import ENVIRONMENT, INJECTED, SAMPLED
 from grpolab.config import Config
 from grpolab.generation.turns import Continuation, Episode, pack_episodes
 from grpolab.model.logprobs import completion_logprobs
@@ -416,6 +416,29 @@ def test_scripted_tool_policy_trains_two_steps(tmp_path, tiny_args, monkeypatch)
     m = _metrics(tmp_path, "scripted")
     assert m[0]["rollout/agent/tool_calls/add"] == 2 and m[0]["rollout/agent/tool_errors"] == 4  # 1 malformed each
     assert all(x["loss"] is not None for x in m)
+
+
+def test_tool_output_tokens_are_environment_tokens_not_injected(tmp_path, tiny_args, monkeypatch):
+    """A tool call's output is ENVIRONMENT (never INJECTED) in the batch, and the step's metrics count it as
+    ``frac_environment_tokens``; ``frac_injected_tokens`` (hints, references) is absent from an agent run."""
+    monkeypatch.setattr(agent_rollout, "sample_turns", scripted([
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "3"]))
+    tr = _trainer(tmp_path, tiny_args, {"rollout_strategy": "agent", "tools": ["test_agent_core:add"],
+                                        "max_turns": 3, "max_episode_tokens": 400, "max_turn_tokens": 80,
+                                        "steps": 1}, "env_tokens", data=True)
+    tr.ctx.new_step()
+    batch = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=0, budgets=None, temperatures=None)
+    present = batch.completion_attention_mask > 0
+    assert not bool((batch.token_origin[present] == INJECTED).any())
+    for i, ep in enumerate(batch.columns[EPISODE_COLUMN]):
+        obs = present[i] & (batch.span_ids[i] == ep["turns"][0]["obs_span"])
+        assert obs.any() and bool((batch.token_origin[i][obs] == ENVIRONMENT).all())
+    monkeypatch.setattr(agent_rollout, "sample_turns", scripted([  # the same episodes again, in a training step
+        '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>', "3"]))
+    tr.train(progress=False)
+    m = _metrics(tmp_path, "env_tokens")[0]
+    assert "frac_injected_tokens" not in m
+    assert 0 < m["frac_environment_tokens"] < 1
 
 
 # ------------------------------------------------------------------ log-prob equality

@@ -34,7 +34,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..batch import ENVIRONMENT, INJECTED, SAMPLED, RolloutBatch
+from ..batch import ENVIRONMENT, SAMPLED, RolloutBatch
 from .plain import eos_token_ids
 from .sampling import per_prompt, sample_completions
 
@@ -220,13 +220,17 @@ def _engine_continue(engine, contexts, limits, temperature, top_k, top_p, genera
 class Segment:
     """A run of completion tokens with one origin, loss mask, span and (maybe) known log-probs.
 
+    ``origin`` is stated by every caller (no default): ``SAMPLED`` for the
+    policy's own tokens, ``ENVIRONMENT`` for tool / environment output (use
+    :meth:`Episode.add_observation`), ``INJECTED`` only for tokens put there
+    from outside the episode (hints, reference answers, teacher corrections).
     ``logprobs`` are the behaviour log-probs when known (sampled in this very
     context); ``None`` means "teacher-force them at packing". ``engine``: the
     log-probs came from the vLLM engine (recomputed by the trainer at packing,
     the engine's kept for the importance weight). ``span``: 0 = none.
     """
     ids: list[int]
-    origin: int = INJECTED
+    origin: int
     train: bool = False
     logprobs: list[float] | None = None
     span: int = 0

@@ -26,7 +26,7 @@ import torch
 from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, mask_truncated,
                           zero_variance_groups, zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
-from ..batch import SAMPLED, RolloutBatch
+from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import WriteError, stand_in_policy, warn_line
@@ -731,9 +731,11 @@ class Trainer:
                   "tokens_per_s": float(lengths.sum()) / max(rollout_s + train_s, 1e-9),
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "prompt_len": int(batch.prompt_mask.sum(-1).max())})
-        injected = (batch.token_origin != SAMPLED) & (batch.completion_attention_mask > 0)
-        if injected.any():  # injection strategies: share of completion tokens that were not sampled
-            m["frac_injected_tokens"] = float(injected.sum()) / max(float(batch.completion_attention_mask.sum()), 1.0)
+        present = batch.completion_attention_mask > 0
+        for origin, key in ((INJECTED, "frac_injected_tokens"), (ENVIRONMENT, "frac_environment_tokens")):
+            share = (batch.token_origin == origin) & present  # injection strategies; agent observations
+            if share.any():
+                m[key] = float(share.sum()) / max(float(present.sum()), 1.0)
         m.update({f"rollout/{k}": v for k, v in self.ctx.metrics.items()})
         for key in ("engine_logprob_mismatch", "rollout_staleness"):  # engine rollouts (vLLM, Ray workers)
             if key in batch.columns:
