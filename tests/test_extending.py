@@ -1,5 +1,5 @@
-"""docs/extending.md, followed to the letter: the user-code estimator and the rollout strategy it prints are
-written to a temporary folder, imported, listed, configured (Python, command line, YAML) and trained."""
+"""docs/extending.md, followed to the letter: the user-code estimator, reward transform and rollout strategy it
+prints are written to a temporary folder, imported, listed, configured (Python, command line, YAML) and trained."""
 import importlib
 import json
 import re
@@ -11,7 +11,7 @@ import torch
 
 from grpolab.cli import main
 from grpolab.config import Config, ConfigError
-from grpolab.registry import ADVANTAGES, ROLLOUT_STRATEGIES
+from grpolab.registry import ADVANTAGES, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
 
@@ -43,6 +43,15 @@ def toy(tmp_path, monkeypatch):
     yield path
     ADVANTAGES._items.pop("toy_centered", None)
     sys.modules.pop("toy_estimator", None)
+
+
+@pytest.fixture
+def toy_transform(tmp_path, monkeypatch):
+    """toy_transform.py as printed in section 4, imported; unregistered afterwards."""
+    path, module = _import_from_doc(tmp_path, monkeypatch, "toy_transform", REWARD_TRANSFORMS, "toy_length_cost")
+    yield path
+    REWARD_TRANSFORMS._items.pop("toy_length_cost", None)
+    sys.modules.pop("toy_transform", None)
 
 
 @pytest.fixture
@@ -136,3 +145,38 @@ def test_doc_rollout_strategy_trains(self_check, tiny_args, tmp_path):
     assert batch.group_ids.tolist() == sorted(batch.group_ids.tolist())
     row = read_metrics(args["out"])[0]
     assert "rollout/self_check_solved" in row
+
+
+def test_doc_reward_transform_is_listed_configured_and_trains(toy_transform, tiny_args, tmp_path, capsys):
+    """Section 4: the user's reward transform is listed with its parameter, is a key only of runs that select it,
+    and lowers the logged reward_mean by exactly toy_cost * completion_len_mean / max_completion_length."""
+    assert main(["components", "reward_transform", "--json"]) == 0
+    (c,) = [c for c in json.loads(capsys.readouterr().out) if c["name"] == "toy_length_cost"]
+    assert Path(c["file"]) == toy_transform.resolve() and [p["key"] for p in c["params"]] == ["toy_cost"]
+    assert Config.build({"reward_transforms": ["toy_length_cost"]}).toy_cost == 0.5
+    with pytest.raises(ConfigError, match="toy_length_cost"):  # not selected: the error names its owner
+        Config.build({"toy_cost": 0.25})
+
+    base_args = one_step(tiny_args, tmp_path / "base")
+    Trainer(Config.build(base_args), log=lambda *a: None).train(progress=False)
+    base = read_metrics(base_args["out"])[0]
+    args = one_step(tiny_args, tmp_path / "py", reward_transforms=["toy_length_cost"], toy_cost=0.25)
+    Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
+    run = read_metrics(args["out"])[0]
+    assert run["completion_len_mean"] == base["completion_len_mean"] > 0  # same seed, same rollouts
+    cost = 0.25 * base["completion_len_mean"] / tiny_args["max_completion_length"]
+    assert run["reward_mean"] == pytest.approx(base["reward_mean"] - cost, abs=1e-6)
+    assert {k: v for k, v in run.items() if k.startswith("rewards/")} == \
+        {k: v for k, v in base.items() if k.startswith("rewards/")}  # the reward functions' own columns
+
+    # the command line the section prints, through --import
+    REWARD_TRANSFORMS._items.pop("toy_length_cost")
+    sys.modules.pop("toy_transform")
+    tiny_cli = []
+    for k, v in one_step(tiny_args, tmp_path / "cli").items():
+        tiny_cli += [f"--{k}", str(v)]
+    assert main(["--import", "toy_transform", "train", "--quiet", "--reward_transforms", "toy_length_cost",
+                 "--toy_cost", "0.25", *tiny_cli]) == 0
+    assert read_metrics(tmp_path / "cli")[0]["reward_mean"] == pytest.approx(run["reward_mean"], abs=1e-6)
+    doc = DOC.read_text()
+    assert "grpolab --import toy_transform train --reward_transforms toy_length_cost --toy_cost 0.25" in doc
