@@ -173,7 +173,8 @@ def test_no_private_helper_imported_across_packages():
 # the module that holds every built-in component of a kind, and nothing of another kind
 HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algorithms.regularizers",
         "aggregation": "grpolab.algorithms.aggregation", "kl": "grpolab.algorithms.kl",
-        "weighting": "grpolab.algorithms.weightings", "answer_key": "grpolab.algorithms.answer_keys"}
+        "weighting": "grpolab.algorithms.weightings", "answer_key": "grpolab.algorithms.answer_keys",
+        "reward_transform": "grpolab.rewards.transforms"}
 
 
 def test_each_kind_of_component_lives_in_the_module_named_for_it():

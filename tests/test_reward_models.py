@@ -11,8 +11,7 @@ from grpolab.recipes import recipe_overrides
 from grpolab.rewards import RewardFn, RewardScorer, check_signature
 from grpolab.rewards.answers import (extract_answer, fallback_math_equal, last_boxed, math_accuracy, math_equal,
                                      math_verify_module)
-from grpolab.rewards.shaping import entity_match_rate
-from grpolab.rewards.transforms import REWARD_TRANSFORMS
+from grpolab.rewards.transforms import REWARD_TRANSFORMS, entity_match_rate
 
 from _helpers import close, tr  # noqa: E402
 

@@ -4,19 +4,14 @@ tool-call accuracy, function-call validation, plan quality and DAG tool plans.
 Every reward here reads the episode record that the agent rollout (``rollout_strategy: agent``) writes into
 ``batch.columns["episode"]`` (one :meth:`grpolab.agents.base.EpisodeRecord.as_dict` per row: ``turns`` with
 their ``tool_calls`` ``[{name, arguments, output, error, timed_out}]``, ``ended_by``, ``env_reward``, ``info``;
-see :mod:`grpolab.agents.base`) plus the task's data columns. Two kinds of component:
+see :mod:`grpolab.agents.base`) plus the task's data columns. They are **reward specs** (``--reward NAME`` / a
+recipe's ``reward: [NAME]``): one value per row, the TRL reward contract; the episode arrives as the keyword
+``episode``. ``carr``, ``hc_cost``, ``tool_call_accuracy``, ``fc_ast``, ``pta_plan``, ``dag_plan``.
 
-* **reward specs** (``--reward NAME`` / a recipe's ``reward: [NAME]``): one value per row, the TRL reward
-  contract; the episode arrives as the keyword ``episode``. ``carr``, ``hc_cost``, ``tool_call_accuracy``,
-  ``fc_ast``, ``pta_plan``, ``dag_plan``.
-* **reward transforms** (``reward_transforms: [NAME]``): they need the *group* (the G episodes of one task
-  instance) together with the task's correctness column, or the training ``step``: ``otc_tool_reward``,
-  ``sem_search_reward``, ``graphrag_r1_phases``. Correctness = the reward column ``shaping_correct_reward``
-  (default ``accuracy``, every built-in task's accuracy reward) ``>= shaping_correct_threshold``, as for the
-  other shaping transforms.
-
-The entropy-guided exploration of seed 000-106 is an advantage weighting, ``fc_entropy_bonus``
-(``grpolab/algorithms/weightings.py``).
+The agent reward transforms that need the *group* (the G episodes of one task instance) or the training
+``step`` (``otc_tool_reward``, ``sem_search_reward``, ``graphrag_r1_phases``) are in ``transforms.py`` with
+every other transform and use the episode helpers here; the entropy-guided exploration of seed 000-106 is an
+advantage weighting, ``fc_entropy_bonus`` (``grpolab/algorithms/weightings.py``).
 
 A reward that needs the episode and gets a batch without one (a single-turn rollout) raises an error naming
 the fix (``rollout_strategy: agent``); a reward that needs a data column the task does not have raises an
@@ -31,13 +26,10 @@ import string
 from string import Template
 from collections import Counter, deque
 
-import torch
-
 from ..data import completion_text
-from ..registry import REWARD_SPECS, REWARD_TRANSFORMS, declared_params, param
+from ..registry import REWARD_SPECS, declared_params, param
 from .answers import extract_answer, math_equal
 from .scoring import RewardFn
-from .shaping import CORRECT_REWARD, CORRECT_THRESHOLD, correct_rows
 
 EPISODE = "episode"  # grpolab.agents.base.EPISODE_COLUMN (the agents package sits above rewards in the layers)
 
@@ -60,10 +52,6 @@ def episodes_of(columns: dict, who: str) -> list[dict]:
                          f"writes; set rollout_strategy: agent (with a task that has an environment, or --tools / "
                          f"--env)")
     return eps
-
-
-def _episode_column(batch, who: str) -> list[dict]:
-    return episodes_of(batch.columns, who)
 
 
 def tool_names(spec: str) -> set[str] | None:
@@ -110,16 +98,13 @@ def token_f1(pred, gold) -> float:
     return 2 * prec * rec / (prec + rec)
 
 
-def _column(columns: dict, name: str, who: str, param_name: str) -> list:
+def data_column(columns: dict, name: str, who: str, param_name: str) -> list:
+    """The data column ``name`` of a batch's ``columns``, or an error naming component ``who``, the columns there
+    are and the parameter ``param_name`` that chooses the column."""
     if name not in columns:
         raise ValueError(f"{who}: no data column '{name}' (columns: {', '.join(sorted(columns)) or 'none'}); set "
                          f"{param_name} or use a task that has it")
     return columns[name]
-
-
-def _groups(group_ids: torch.Tensor):
-    for g in torch.unique(group_ids):
-        yield (group_ids == g).nonzero().squeeze(-1).tolist()
 
 
 def _spec(name: str, cls):
@@ -141,212 +126,6 @@ def _spec(name: str, cls):
     parse.__grpolab_params__ = declared_params(cls)
     REWARD_SPECS.register(name)(parse)
     return parse
-
-
-# ----------------------------------------------------------------------------- OTC (000-68)
-
-def otc_ppo_tool_reward(m: int, c: float = 1.0) -> float:
-    """OTC-PPO tool reward ``cos(m pi / (2m + c))`` (1 for ``m = 0``, falling towards 0 as ``m`` grows)."""
-    return math.cos(m * math.pi / (2 * m + c))
-
-
-def otc_grpo_tool_reward(m: int, n: int, c: float = 1.0) -> float:
-    """OTC-GRPO tool reward for ``m`` calls when the group's optimal count is ``n``::
-
-        f(m, n) = 0 if m = n = 0;  m if n = 0;  2 n m / (m + n) otherwise
-        r_tool  = 1 if f(m, n) = n = 0;  cos(m pi / (2m + c)) if n = 0;  sin(f(m, n) pi / (2n)) otherwise
-    """
-    if n == 0:
-        return 1.0 if m == 0 else otc_ppo_tool_reward(m, c)
-    f = 2.0 * n * m / (m + n)
-    return math.sin(f * math.pi / (2 * n))
-
-
-@REWARD_TRANSFORMS.register("otc_tool_reward")
-def otc_tool_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-                    reward_names: list[str], batch, *,
-                    otc_variant: str = param('grpo', 'OTC: grpo (optimal count n = fewest calls among the '
-                                             "group's correct episodes) or ppo (n = 0: every call costs)",
-                                             ['grpo', 'ppo']),
-                    otc_c: float = param(1.0, 'OTC: smoothing constant c in cos(m pi / (2m + c))'),
-                    otc_alpha: float = param(1.0, 'OTC: scale alpha of the tool-integrated reward'),
-                    otc_tools: str = param('', 'OTC: comma-separated tool names whose calls count (empty: every '
-                                           'tool call)'),
-                    shaping_correct_reward: str = CORRECT_REWARD,
-                    shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
-    """OTC tool-integrated reward (Wang et al., 2025, "Acting Less is Reasoning More! Teaching Model to Act
-    Efficiently" / "OTC: Optimal Tool Calls via Reinforcement Learning", arXiv:2504.14870; seed 000-68).
-
-    ``r' = alpha * r_tool(m, n) * r``: the task reward ``r`` (the combined reward of the row) scaled by the
-    tool productivity term, with ``m`` the number of tool calls of the episode::
-
-        OTC-PPO:   r_tool = cos(m pi / (2m + c))
-        OTC-GRPO:  f(m, n) = 0 if m = n = 0;  m if n = 0;  2nm / (m + n) otherwise
-                   r_tool = 1 if f(m, n) = n = 0;  cos(m pi / (2m + c)) if n = 0;  sin(f(m, n) pi / (2n)) otherwise
-
-    OTC-GRPO's optimal count ``n`` is the fewest tool calls among the *correct* episodes of the row's group
-    (the G episodes of one question); ``sin(f pi / 2n)`` is 1 at ``m = n`` and falls on both sides (too few
-    and too many calls), ``cos`` punishes any call when the question needs none. Because ``r_tool``
-    multiplies ``r``, a wrong answer (``r = 0``) earns nothing whatever its calls. Choices: a group with no
-    correct episode has no optimal count; its rows are left unchanged (``r_tool = 1``). ``otc_tools`` limits
-    the count to some tools (default every call). NaN rows stay NaN.
-
-    Provenance: paper equations — OTC (Wang et al., 2025, arXiv:2504.14870), the OTC-PPO and OTC-GRPO tool
-    rewards and r = alpha * r_tool * r_phi (equation numbers not recorded); no authors' code was found (the code
-    index has only third-party reimplementations, which agree on these formulas); the unchanged group without a
-    correct episode is grpolab's choice. Test: tests/test_agent_rewards.py::test_otc_tool_reward_hand_computed.
-    """
-    if otc_variant not in ("grpo", "ppo"):
-        raise ValueError(f"otc_variant: expected grpo or ppo, got '{otc_variant}'")
-    eps = _episode_column(batch, "otc_tool_reward")
-    names = tool_names(otc_tools)
-    m = [count_tool_calls(e, names) for e in eps]
-    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
-    factor = torch.ones(len(rewards), dtype=torch.float64)
-    for idx in _groups(group_ids):
-        if otc_variant == "ppo":
-            for i in idx:
-                factor[i] = otc_ppo_tool_reward(m[i], otc_c)
-            continue
-        good = [m[i] for i in idx if correct[i]]
-        if not good:
-            continue
-        n = min(good)
-        for i in idx:
-            factor[i] = otc_grpo_tool_reward(m[i], n, otc_c)
-    return rewards * (otc_alpha * factor).to(rewards.dtype)
-
-
-# ----------------------------------------------------------------------------- SEM (000-71)
-
-@REWARD_TRANSFORMS.register("sem_search_reward")
-def sem_search_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
-                      reward_names: list[str], batch, *,
-                      sem_search_tools: str = param('search', 'SEM: comma-separated names of the search tools'),
-                      sem_unnecessary_penalty: float = param(0.5, 'SEM: subtracted from a correct answer that '
-                                                             'searched when the question needed no search'),
-                      sem_missing_penalty: float = param(0.0, 'SEM: subtracted from a wrong answer that did not '
-                                                         'search when the question needed it'),
-                      sem_need_column: str = param('', "SEM: boolean data column 'this question needs retrieval' "
-                                                   "(empty: decided from the group, see the docstring)"),
-                      shaping_correct_reward: str = CORRECT_REWARD,
-                      shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
-    """SEM search-efficiency reward (Sha, Cui and Wang, 2025, "SEM: Reinforcement Learning for Search-Efficient
-    Large Language Models", arXiv:2505.07903; seed 000-71).
-
-    The reward "encourages accurate answering without unnecessary search while promoting effective retrieval
-    when needed". With ``s_i`` = the episode called a search tool, ``c_i`` = correct and ``need`` = the
-    question needs retrieval::
-
-        r'_i = r_i - sem_unnecessary_penalty   if c_i and s_i and not need   (redundant search)
-             = r_i - sem_missing_penalty       if not c_i and not s_i and need  (should have searched)
-             = r_i                             otherwise (correct without search, or with a needed search)
-
-    ``need`` comes from the boolean data column ``sem_need_column`` when set (the paper's data mixes MuSiQue,
-    which needs retrieval, and MMLU, which does not); otherwise from the group: the question needs no search
-    when at least one *correct* episode of its group used none (the model showed it can answer from its own
-    knowledge), and needs it otherwise. NaN rows stay NaN.
-
-    Provenance: reconstructed from the abstract — the penalty for a correct answer reached with an unnecessary
-    search, the optional penalty for a missing needed search, and the group-based decision of "needed" (or a
-    data column) are grpolab's; the paper's exact reward, template and constants are not reproduced.
-    """
-    eps = _episode_column(batch, "sem_search_reward")
-    names = tool_names(sem_search_tools)
-    searched = [count_tool_calls(e, names) > 0 for e in eps]
-    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold).tolist()
-    need = [True] * len(rewards)
-    if sem_need_column:
-        col = _column(batch.columns, sem_need_column, "sem_search_reward", "sem_need_column")
-        need = [bool(v) for v in col]
-    else:
-        for idx in _groups(group_ids):
-            direct = any(correct[i] and not searched[i] for i in idx)
-            for i in idx:
-                need[i] = not direct
-    out = rewards.clone()
-    for i in range(len(rewards)):
-        if correct[i] and searched[i] and not need[i]:
-            out[i] = rewards[i] - sem_unnecessary_penalty
-        elif not correct[i] and not searched[i] and need[i]:
-            out[i] = rewards[i] - sem_missing_penalty
-    return out
-
-
-# ----------------------------------------------------------------------------- GraphRAG-R1 (000-63)
-
-def pra_reward(n: int, gamma: float) -> float:
-    """Progressive retrieval attenuation: the k-th retrieval earns ``(1 - gamma) gamma^(k-1)``, so ``n``
-    retrievals earn ``1 - gamma^n`` (0 for none, rising with diminishing steps towards 1)."""
-    return 1.0 - gamma ** n
-
-
-def caf_reward(f1: float, n: int, lam: float) -> float:
-    """Cost-aware F1: ``F1 * exp(-lambda n)`` for ``n`` retrievals."""
-    return f1 * math.exp(-lam * n)
-
-
-def graphrag_phase(step: int, pra_start: int, caf_start: int) -> int:
-    """Training phase at ``step``: 1 cold start (``step < pra_start``), 2 PRA, 3 CAF (``step >= caf_start``)."""
-    if caf_start < pra_start:
-        raise ValueError(f"graphrag_caf_start ({caf_start}) must be >= graphrag_pra_start ({pra_start})")
-    return 1 if step < pra_start else (2 if step < caf_start else 3)
-
-
-@REWARD_TRANSFORMS.register("graphrag_r1_phases")
-def graphrag_r1_phases(rewards: torch.Tensor, batch, step: int, *,
-                       graphrag_pra_start: int = param(20, 'GraphRAG-R1: first step of phase 2 (PRA reward); '
-                                                       'steps before it are the cold start'),
-                       graphrag_caf_start: int = param(40, 'GraphRAG-R1: first step of phase 3 (CAF reward '
-                                                       'instead of PRA)'),
-                       graphrag_pra_gamma: float = param(0.5, 'GraphRAG-R1: attenuation gamma of each further '
-                                                         'retrieval in PRA'),
-                       graphrag_pra_weight: float = param(0.5, 'GraphRAG-R1: weight of the PRA reward in phase 2'),
-                       graphrag_caf_lambda: float = param(0.1, 'GraphRAG-R1: cost rate lambda of CAF, '
-                                                          'F1 * exp(-lambda n)'),
-                       graphrag_caf_weight: float = param(1.0, 'GraphRAG-R1: weight of the CAF reward in phase 3'),
-                       graphrag_retrieval_tools: str = param('search', 'GraphRAG-R1: comma-separated names of '
-                                                             'the retrieval tools (empty: every tool call)'),
-                       agent_answer_column: str = ANSWER_COLUMN) -> torch.Tensor:
-    """GraphRAG-R1 PRA and CAF rewards with the phase-dependent schedule (Yu et al., 2025, "GraphRAG-R1:
-    Graph Retrieval-Augmented Generation with Process-Constrained Reinforcement Learning", arXiv:2507.23581;
-    seed 000-63).
-
-    Three training phases by the training ``step`` (the scorer passes it; the schedule is a pure function of
-    it, so a resumed run continues in the right phase), with ``n`` = retrieval calls of the episode and
-    ``F1`` = token F1 of the final answer (``Answer:`` line or ``\\boxed{}``) against ``agent_answer_column``::
-
-        phase 1, step < pra_start:              r' = r                                (cold start: task rewards)
-        phase 2, pra_start <= step < caf_start: r' = r + w_pra * PRA(n),  PRA(n) = 1 - gamma^n
-        phase 3, step >= caf_start:             r' = r + w_caf * CAF,     CAF = F1 * exp(-lambda n)
-
-    PRA ("encourage essential retrievals", against shallow retrieval): each further retrieval is worth
-    ``gamma`` times the previous one, so the first calls pay and extra calls pay less and less. CAF ("balance
-    performance with computational cost", against over-thinking): the answer's F1 discounted by the number of
-    retrievals. ``r`` is the task's own reward (accuracy, format). NaN rows stay NaN.
-
-    Provenance: reconstructed from the abstract — the three phases and the two reward names are the paper's;
-    the functional forms 1 - gamma^n and F1 * exp(-lambda n), adding them to the task reward, the phase
-    boundaries and constants are grpolab's (the authors' repository, https://github.com/ycygit/GraphRAG-R1,
-    holds evaluation and retrieval-server code but no training reward).
-    """
-    phase = graphrag_phase(int(step), graphrag_pra_start, graphrag_caf_start)
-    if phase == 1:
-        return rewards
-    eps = _episode_column(batch, "graphrag_r1_phases")
-    names = tool_names(graphrag_retrieval_tools)
-    n = [count_tool_calls(e, names) for e in eps]
-    if phase == 2:
-        bonus = [graphrag_pra_weight * pra_reward(k, graphrag_pra_gamma) for k in n]
-    else:
-        gold = _column(batch.columns, agent_answer_column, "graphrag_r1_phases", "agent_answer_column")
-        comps = batch.columns.get("completion", [None] * len(eps))
-        bonus = []
-        for e, k, g, c in zip(eps, n, gold, comps):
-            pred = extract_answer(final_text(e, c))
-            bonus.append(graphrag_caf_weight * caf_reward(token_f1(pred, g) if pred is not None else 0.0, k,
-                                                          graphrag_caf_lambda))
-    return rewards + torch.tensor(bonus, dtype=rewards.dtype)
 
 
 # ----------------------------------------------------------------------------- CaRR / C-GRPO (000-96)
@@ -491,17 +270,17 @@ class CaRRReward:
 
     def __call__(self, prompts=None, completions=None, **columns) -> list[float]:
         eps = episodes_of(columns, "carr")
-        answers = _column(columns, self.answer_col, "carr", "agent_answer_column")
+        answers = data_column(columns, self.answer_col, "carr", "agent_answer_column")
         if self.ratio == 0:
             rubrics, ents = [[]] * len(eps), [{}] * len(eps)
         elif self.source == "chain":
             chains = [chain_rubrics(x, r, p) for x, r, p in zip(
-                *(_column(columns, c, "carr", "carr_rubric_source") for c in ("entity", "relations", "path")))]
+                *(data_column(columns, c, "carr", "carr_rubric_source") for c in ("entity", "relations", "path")))]
             rubrics, ents = [c[0] for c in chains], [c[1] for c in chains]
         else:
-            rubrics = _column(columns, self.rubrics_col, "carr", "carr_rubrics_column")
+            rubrics = data_column(columns, self.rubrics_col, "carr", "carr_rubrics_column")
             hidden = any(e != "E0" for r in rubrics for x in _as_list(r) for e in _ENTITY.findall(str(x)))
-            ents = (_column(columns, self.entities_col, "carr", "carr_entities_column") if hidden
+            ents = (data_column(columns, self.entities_col, "carr", "carr_entities_column") if hidden
                     else [None] * len(eps))
         out = []
         for ep, ans, rub, ent, comp in zip(eps, answers, rubrics, ents, completions or [None] * len(eps)):
@@ -645,7 +424,7 @@ def reference_calls(columns: dict, column: str, template: str, who: str) -> list
     """Each row's reference calls: from ``template`` (``$col`` -> the row's value, JSON-escaped) when set, else
     from the data column ``column``."""
     if not template:
-        return [gold_calls(g) for g in _column(columns, column, who, "gold_tool_calls_column")]
+        return [gold_calls(g) for g in data_column(columns, column, who, "gold_tool_calls_column")]
     names = set(re.findall(r"\$\{?(\w+)", template))
     missing = sorted(n for n in names if n not in columns)
     if missing:
@@ -896,7 +675,7 @@ class PTAPlanReward:
         self.__name__ = "pta_plan"
 
     def __call__(self, prompts=None, completions=None, **columns) -> list[float]:
-        answers = _column(columns, self.column, "pta_plan", "agent_answer_column")
+        answers = data_column(columns, self.column, "pta_plan", "agent_answer_column")
         eps = columns.get(EPISODE) or [None] * len(completions)
         out = []
         for c, a, e in zip(completions, answers, eps):
@@ -1029,7 +808,7 @@ class DAGPlanReward:
 
     def __call__(self, prompts=None, completions=None, **columns) -> list[float]:
         eps = columns.get(EPISODE) or [None] * len(completions)
-        gold = (_column(columns, self.column, "dag_plan", "dag_gold_tools_column") if self.column
+        gold = (data_column(columns, self.column, "dag_plan", "dag_gold_tools_column") if self.column
                 else [None] * len(completions))
         out = []
         for c, e, g in zip(completions, eps, gold):

@@ -1,19 +1,70 @@
-"""Reward transforms: the combined scalar reward per row -> a shaped reward.
+"""Reward transforms (``REWARD_TRANSFORMS``): the combined scalar reward per row -> a shaped reward.
 
 Signature: ``fn(rewards [R], **inputs, *, params) -> [R]`` with inputs
 ``lengths`` (completion tokens), ``truncated``, ``group_ids``, ``prompt_uids``,
 ``reward_matrix``, ``reward_names``, ``batch`` (completion texts and data
 columns in ``batch.columns``), ``step`` resolved by name; keyword-only parameters come from
-config keys of the same name. Listed as ``reward_transforms: [name, ...]`` and
-applied in order, before advantages (and before dynamic sampling's filter).
+config keys of the same name (declared in each transform's signature with ``param()``).
+Listed as ``reward_transforms: [name, ...]`` and applied in order, before advantages
+(and before dynamic sampling's filter). Unscorable rows (NaN) stay NaN.
+
+Every built-in transform is here (tests/test_architecture.py keeps it so): overlong
+shaping (DAPO), noise (ReDit, reward flips), length terms (GRPO-LEAD, LC-R1,
+GCPO), partial credit (FGRPR, E-GRPO), rarity (unlikeliness), IDK (BAPO),
+Bradley-Terry scoring (IRPO), paraphrase consistency, the Thinkless mode reward
+and the agent transforms that need the group's episodes or the step (OTC, SEM,
+GraphRAG-R1; the episode helpers are in ``agentic.py``).
+
+"Correct" means: the reward column named ``shaping_correct_reward`` (default
+``accuracy``, the built-in tasks' accuracy reward) is ``>= shaping_correct_threshold``.
+Transforms that read the answer use the data column ``answer`` through
+``batch.columns`` (tasks ``arithmetic`` and ``countdown`` have one).
 """
 from __future__ import annotations
 
+import math
+import re
+from fractions import Fraction
+
 import torch
 
-from ..registry import REWARD_TRANSFORMS
+from ..data import completion_text
+from ..errors import warn_fallback
+from ..registry import REWARD_TRANSFORMS, param
+from .agentic import ANSWER_COLUMN, count_tool_calls, data_column, episodes_of, final_text, token_f1, tool_names
+from .answers import extract_answer
+
+CORRECT_REWARD = param('accuracy', 'reward shaping: reward column whose value marks a correct row')
+CORRECT_THRESHOLD = param(0.5, 'reward shaping: that column >= this value counts as correct')
+
+def correct_rows(reward_matrix: torch.Tensor, reward_names: list[str], column: str,
+                 threshold: float) -> torch.Tensor:
+    """Bool ``[R]``: the reward column ``column`` is scored and ``>= threshold``."""
+    if column not in reward_names:
+        raise ValueError(f"shaping_correct_reward: no reward column '{column}' (reward functions: "
+                         f"{', '.join(reward_names) or 'none'})")
+    v = reward_matrix[:, reward_names.index(column)]
+    return torch.nan_to_num(v, nan=-math.inf) >= threshold
 
 
+def _groups(group_ids: torch.Tensor):
+    """The row indices (a ``[n]`` tensor) of each group, in ``torch.unique`` order of the group ids."""
+    for g in torch.unique(group_ids):
+        yield (group_ids == g).nonzero().squeeze(-1)
+
+
+def _texts(batch) -> list[str]:
+    return [completion_text(c) for c in batch.columns["completion"]]
+
+
+def _to_number(text) -> float | None:
+    try:
+        return float(Fraction(str(text).strip()))
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+# ---------------------------------------------------------------- DAPO overlong shaping
 
 @REWARD_TRANSFORMS.register("overlong_penalty")
 def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_completion_length: int,
@@ -42,3 +93,873 @@ def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_comple
     pen = torch.where(y > max_completion_length, torch.full_like(y, -1.0), pen)
     return rewards + overlong_penalty_factor * pen
 
+
+# ---------------------------------------------------------------- ReDit (004-06)
+
+def _row_seed(seed: int, step: int, uid: int, k: int) -> int:
+    h = 1469598103934665603
+    for x in (seed, step, uid, k):  # FNV-1a over the four integers: no global RNG, stable across runs
+        h = ((h ^ (x & 0xFFFFFFFFFFFF)) * 1099511628211) % (1 << 63)
+    return h
+
+
+@REWARD_TRANSFORMS.register("redit")
+def redit(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: int = 0,
+          redit_distribution: str = param('gaussian', 'ReDit: noise distribution', ['gaussian', 'uniform']),
+          redit_scale: float = param(0.05, 'ReDit: noise std (gaussian) or half-width (uniform)')) -> torch.Tensor:
+    """ReDit reward dithering (Wei et al., 2025, arXiv:2506.18631; seed 004-06).
+
+    ``r~_i = r_i + eps_i`` with zero-mean noise: ``eps ~ N(0, scale^2)``
+    (``redit_distribution: gaussian``) or ``eps ~ U(-scale, scale)`` (``uniform``),
+    the two dithers the paper studies. Dithering breaks ties in flat reward
+    regions, so a group of equal discrete rewards still gets (small) advantages.
+
+    Deterministic without hidden RNG state: ``eps_i`` is drawn from a generator
+    seeded by (config ``seed``, ``step``, the row's prompt uid, the row's
+    occurrence index among rows of that uid), so a resumed run dithers exactly
+    as an uninterrupted one, and the same row gets the same noise when the
+    transform is evaluated twice in a step (dynamic sampling's filter and the
+    advantages). Note that noisy rewards are never tied, so DAPO's dynamic
+    sampling drops no group after ReDit. NaN rows stay NaN.
+
+    Provenance: paper equations — ReDit (Wei et al., 2025, arXiv:2506.18631), additive zero-mean Gaussian or
+    uniform dithering of the discrete reward (equation number not recorded); the deterministic per-row seeding
+    is grpolab's.
+    """
+    if redit_distribution not in ("gaussian", "uniform"):
+        raise ValueError(f"redit_distribution: expected gaussian or uniform, got '{redit_distribution}'")
+    seen: dict[int, int] = {}
+    eps = torch.empty(len(rewards), dtype=torch.float64)
+    for i, uid in enumerate(prompt_uids.tolist()):
+        k = seen.get(uid, 0)
+        seen[uid] = k + 1
+        gen = torch.Generator().manual_seed(_row_seed(int(seed), int(step), int(uid), k))
+        if redit_distribution == "gaussian":
+            eps[i] = torch.randn(1, generator=gen, dtype=torch.float64)[0]
+        else:
+            eps[i] = torch.rand(1, generator=gen, dtype=torch.float64)[0] * 2 - 1
+    return rewards + (redit_scale * eps).to(rewards.dtype)
+
+
+@REWARD_TRANSFORMS.register("reward_flip")
+def reward_flip(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, seed: int = 0,
+                flip_prob: float = param(0.2, 'reward_flip: probability that a row\'s 0/1 reward is flipped')
+                ) -> torch.Tensor:
+    """Synthetic reward noise: each row's 0/1 reward is flipped (``r -> 1 - r``) with probability ``flip_prob``.
+
+    The noise model of S-GRPO's headline experiment (seed 000-32: "standard GRPO fails under 20% synthetic
+    reward noise"), for testing a method's robustness (docs/science.md). The draw is a pure function of
+    (config ``seed``, ``step``, prompt uid, the row's occurrence index), as ReDit's, salted so the two never
+    share noise; a resumed run flips exactly as an uninterrupted one. Rewards must lie in [0, 1] (a shaped or
+    fractional reward is flipped as ``1 - r`` too); NaN rows stay NaN. Held-out evaluation is never flipped.
+
+    Provenance: reconstructed from the abstract — S-GRPO (Shen et al., 2025, seed 000-32) names "20% synthetic
+    reward noise" on a binary verifier reward without the exact process; the symmetric, independent per-row
+    flip is grpolab's choice.
+    """
+    if not 0.0 <= flip_prob <= 1.0:
+        raise ValueError(f"flip_prob: must be in [0, 1], got {flip_prob}")
+    finite = rewards[~torch.isnan(rewards)]
+    if bool(((finite < 0) | (finite > 1)).any()):
+        raise ValueError("reward_flip: rewards must lie in [0, 1] (a 0/1 verifier reward); got "
+                         f"{finite.min().item():g}..{finite.max().item():g}")
+    seen: dict[int, int] = {}
+    flip = torch.zeros(len(rewards), dtype=torch.bool)
+    for i, uid in enumerate(prompt_uids.tolist()):
+        k = seen.get(uid, 0)
+        seen[uid] = k + 1
+        gen = torch.Generator().manual_seed(_row_seed(int(seed) + 0x5F11, int(step), int(uid), k))
+        flip[i] = bool(torch.rand(1, generator=gen, dtype=torch.float64)[0] < flip_prob)
+    return torch.where(flip, 1 - rewards, rewards)
+
+
+# ---------------------------------------------------------------- GRPO-LEAD (000-03)
+
+@REWARD_TRANSFORMS.register("lead_length_reward")
+def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
+                       reward_matrix: torch.Tensor, reward_names: list[str], *,
+                       lead_len_alpha: float = param(0.05, 'GRPO-LEAD: length penalty strength alpha in exp(-alpha z)'),
+                       lead_len_wrong_penalty: float = param(1.0, 'GRPO-LEAD: reward of a wrong answer is -this'),
+                       lead_len_epsilon: float = param(1e-06, 'GRPO-LEAD: epsilon in z = (L - mu) / (sigma + eps)'),
+                       lead_len_threshold: float = param(4000.0, "GRPO-LEAD: the length term applies only to groups "
+                                                         "whose three shortest completions average more than this "
+                                                         "many tokens (the authors' 4000)"),
+                       shaping_correct_reward: str = CORRECT_REWARD,
+                       shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """GRPO-LEAD length-dependent accuracy and explicit penalty (Zhang & Zuo, 2025, arXiv:2504.09696; 000-03).
+
+    Paper (Sec. 3): with ``mu, sigma`` the mean and std of the token lengths of
+    the *correct* responses of the group, ``z_i = (|o_i| - mu) / (sigma + eps)``::
+
+        R_acc(o_i) = exp(-alpha z_i)   if o_i is correct
+                   = -1                if o_i is wrong   (explicit penalty, ``lead_len_wrong_penalty``)
+
+    Matches the authors' code (github.com/aeroplanepaper/GRPO-LEAD,
+    ``verl/verl/trainer/main_ppo.py``, ``RewardManager.get_reweight_rewards``):
+
+    * ``sigma`` is the sample (Bessel, ``n - 1``) std of the correct lengths;
+      with a single correct row the code uses ``sigma = 1``, so ``z = 0`` and
+      the row is unchanged (equal lengths also give ``z = 0``);
+    * gate: the length term is applied only when the mean of the group's
+      three shortest completions (over *all* rows of the group, correct or
+      not, as the code tracks ``min1..min3`` before testing correctness)
+      exceeds ``lead_len_threshold`` (strict ``>``; the code skips the group
+      when it is ``<= 4000``). A group of fewer than three rows has
+      ``min3 = inf`` in the code, so it always passes the gate;
+    * the wrong-answer penalty is applied to every group, gated or not.
+
+    As a transform of the combined reward this is added as
+    ``r + (exp(-alpha z) - 1)`` for correct rows and ``r - penalty`` for wrong
+    ones: with the task's 0/1 accuracy reward at weight 1 that is exactly the
+    code's ``1 * exp(-alpha z)`` / ``-1`` and keeps the other terms (format).
+    NaN rows (and rows whose accuracy is unscorable) are left unchanged.
+
+    Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/main_ppo.py
+    (RewardManager.get_reweight_rewards); Bessel std, the 4000-token gate (lead_len_threshold) and the -1
+    penalty as there.
+    Test: tests/test_rewards_shaping.py::test_lead_length_reward_hand_computed.
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    out = rewards.clone()
+    y = lengths.to(torch.float64)
+    for idx in _groups(group_ids):
+        c = idx[correct[idx]]
+        shortest = torch.sort(y[idx]).values[:3]
+        gated_on = len(idx) < 3 or float(shortest.mean()) > lead_len_threshold
+        if len(c) and gated_on:
+            mu = y[c].mean()
+            sigma = y[c].std(unbiased=True) if len(c) > 1 else torch.ones((), dtype=torch.float64)
+            z = (y[c] - mu) / (sigma + lead_len_epsilon)
+            out[c] = rewards[c] + (torch.exp(-lead_len_alpha * z) - 1).to(rewards.dtype)
+        w = idx[~correct[idx] & ~torch.isnan(acc[idx])]
+        out[w] = rewards[w] - lead_len_wrong_penalty
+    return out
+
+
+# ---------------------------------------------------------------- FGRPR fuzzy numeric (000-66)
+
+def fuzzy_score(pred: float | None, target: float, floor: float = 1.0, top: float = 1.5,
+                max_error: float = 0.5) -> float:
+    """``top - e`` if ``e < max_error`` else 0, ``e = |pred - target| / max(|target|, floor)``; 0 when nothing
+    was parsed (FGRPR authors: ``1.5 - gap`` for ``gap < 0.5``)."""
+    if pred is None or not math.isfinite(pred):
+        return 0.0
+    e = abs(pred - target) / max(abs(target), floor)
+    return top - e if e < max_error else 0.0
+
+
+@REWARD_TRANSFORMS.register("fuzzy_numeric")
+def fuzzy_numeric(rewards: torch.Tensor, batch, *,
+                  fuzzy_weight: float = param(1.0, 'FGRPR: weight of the fuzzy closeness reward'),
+                  fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first '
+                                             'group (last match) is the predicted number'),
+                  fuzzy_floor: float = param(1.0, 'FGRPR: relative error is |y_hat - y| / max(|y|, floor)'),
+                  fuzzy_max_reward: float = param(1.5, 'FGRPR: reward of an exact answer; it falls by the relative '
+                                                  "error (authors: 1.5)"),
+                  fuzzy_max_error: float = param(0.5, 'FGRPR: relative errors at or above this get 0 (authors: 0.5)'),
+                  fuzzy_answer_column: str = param('answer', 'FGRPR: data column with the reference number')) -> torch.Tensor:
+    """FGRPR fuzzy numeric reward (Wang et al., 2025, CrowdVLM-R1, arXiv:2504.03724; seed 000-66).
+
+    Instead of 0/1 exact match, a numeric answer earns credit by closeness::
+
+        e = |y_hat - y| / max(|y|, floor)
+        R_fuzzy = 1.5 - e   if e < 0.5,   else 0
+
+    (1.5 for the exact answer, 1.0 just inside 50 % relative error, 0 from
+    there on). ``y_hat`` = the number captured by the last match of
+    ``fuzzy_pattern`` in the completion (none -> 0); ``y`` = the data column
+    ``fuzzy_answer_column``. Added as ``r + fuzzy_weight * R_fuzzy``; to
+    *replace* the 0/1 accuracy as the paper does, give the accuracy reward
+    weight 0 (``reward_weights``), as the ``fgrpr`` recipe does.
+
+    Provenance: authors' code — https://github.com/yeyimilk/CrowdVLM-R1,
+    VLM-R1/src/open-r1-multimodal/src/open_r1/grpo_rec.py (count_reward,
+    registered as the "accuracy" reward: ``abs_gap = abs(sol - answer) / sol``,
+    ``reward = 1.5 - abs_gap`` if ``abs_gap < 0.5`` else 0). Known
+    differences: the authors parse ``<answer>(\\d+)</answer>`` (an integer
+    count) where ``fuzzy_pattern`` is configurable; their target 0 raises a
+    division by zero that gives reward 0, here ``floor`` (1) divides instead.
+    Test: tests/test_rewards_shaping.py::test_fuzzy_numeric_hand_computed.
+    """
+    answers = data_column(batch.columns, fuzzy_answer_column, "fuzzy_numeric", "fuzzy_answer_column")
+    pat = re.compile(fuzzy_pattern)
+    bonus = []
+    for text, a in zip(_texts(batch), answers):
+        found = pat.findall(text)
+        target = _to_number(a)
+        pred = _to_number(found[-1]) if found else None
+        bonus.append(0.0 if target is None else fuzzy_score(pred, target, fuzzy_floor, fuzzy_max_reward,
+                                                             fuzzy_max_error))
+    return rewards + fuzzy_weight * torch.tensor(bonus, dtype=rewards.dtype)
+
+
+# ---------------------------------------------------------------- LC-R1 (000-100)
+
+LC_THINK_END = param('</think>', "LC-R1: end-of-thinking marker; the reasoning R is the text before its first "
+                     "occurrence, and a row counts as correct only if it appears exactly once (the authors' "
+                     "'</think>' and format reward)")
+LC_EPS = 1e-4  # the authors' denominators: max correct length + 1e-4, |R| + 1e-4
+
+
+def lc_correct(reward_matrix: torch.Tensor, reward_names: list[str], texts: list[str], column: str,
+               threshold: float, marker: str) -> torch.Tensor:
+    """Bool ``[R]``: LC-R1's correct rows, as the authors' ``rewards == 2`` (format and accuracy both 1).
+
+    The reward column ``column`` is ``>= threshold`` (:func:`correct_rows`) and the
+    completion contains the end-of-thinking ``marker`` exactly once (the
+    authors' format reward: ``completion.count('</think>') == 1``).
+    """
+    if not marker:
+        raise ValueError("lc_think_end: LC-R1 needs a non-empty end-of-thinking marker (the authors' '</think>'; "
+                         "'Answer:' for the arithmetic task)")
+    ok = correct_rows(reward_matrix, reward_names, column, threshold)
+    once = torch.tensor([t.count(marker) == 1 for t in texts], dtype=torch.bool)
+    return ok & once
+
+
+@REWARD_TRANSFORMS.register("lc_length")
+def lc_length(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, group_ids: torch.Tensor,
+              reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
+              lc_length_weight: float = param(1.0, "LC-R1: weight of the length reward (the authors' "
+                                              "len_penalty_coef, 1.0 in their train.py)"),
+              lc_think_end: str = LC_THINK_END,
+              shaping_correct_reward: str = CORRECT_REWARD,
+              shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """LC-R1 length reward (Cheng et al., 2025, arXiv:2506.14755; seed 000-100).
+
+    In every group that has at least one correct row (:func:`lc_correct`), *every*
+    row, correct or not, gets::
+
+        r_i + w * (1 - L_i / (max_{j correct in group} L_j + 1e-4))
+
+    with ``L`` the number of completion tokens before the EOS (all tokens of a
+    truncated row) of the sequence that is trained on (after the ``lc_r1``
+    rollout's crop). A wrong row longer than the longest correct one gets a
+    negative term (max correct 200: a wrong row of 50 tokens gets +0.75, one of
+    400 gets -1.0). Groups without a correct row are unchanged. The group
+    mean is then subtracted by the advantage (``advantage: group_mean``; the
+    authors run ``scale_rewards=False``: no std). Unscorable (NaN) rows stay NaN.
+
+    Provenance: authors' code — https://github.com/zxiangx/LC-R1, trl/trainer/grpo_trainer.py
+    (_generate_and_score_completions); matches the ``len_penalty_coef`` block
+    (``_lengths = 1 - eos_idx / (max over right rows + 1e-4)`` for all rows of a
+    group with a right row, else 0, added to the summed rewards before the
+    group mean is subtracted), including the 1e-4. Known differences:
+    "correct" is the reward column ``shaping_correct_reward`` plus the marker
+    condition instead of their ``format + accuracy == 2``; groups are
+    ``group_ids`` (ragged groups allowed) instead of ``view(-1, num_generations)``;
+    for a truncated row ``L`` is its own token count, where their ``eos_idx`` is
+    the padded width of the local batch.
+    Test: tests/test_rewards_shaping.py::test_lc_length_hand_computed.
+    """
+    correct = lc_correct(reward_matrix, reward_names, _texts(batch), shaping_correct_reward,
+                         shaping_correct_threshold, lc_think_end)
+    y = (lengths.to(torch.float64) - (~truncated.bool()).to(torch.float64)).clamp(min=0)
+    term = torch.zeros(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        c = idx[correct[idx]]
+        if len(c):
+            term[idx] = 1 - y[idx] / (y[c].max() + LC_EPS)
+    return rewards + (lc_length_weight * term).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- Unlikeliness reward (000-62)
+
+@REWARD_TRANSFORMS.register("unlikeliness")
+def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
+                 unlikely_beta: float = param(0.25, 'Unlikeliness: beta_rank, the reward cut of the most likely '
+                                              'sample')) -> torch.Tensor:
+    """Unlikeliness reward (He et al., 2025, "Rewarding the Unlikely", arXiv:2506.02355; seed 000-62).
+
+    Within each group, rank the rows by the mean token log-probability of the
+    completion under the sampling policy (``behavior_logprobs`` over
+    ``completion_mask``), ascending: rank 0 = least likely. Then::
+
+        r~_i = r_i * (1 - beta_rank * rank_i / G)
+
+    so the most likely correct sample loses most and a rare correct sample
+    keeps its reward; wrong samples (r = 0) are unchanged. Exactly the authors'
+    code (``rank_penalty``, ``argsort(argsort(mean logprob)) / G``, all rows of
+    the group ranked). NaN rows stay NaN and still take a rank, as there.
+
+    Provenance: authors' code — https://github.com/AndreHe02/rewarding-unlikely-release,
+    verl/trainer/ppo/ray_lean_trainer.py (rank_penalty: scores * (1 - rank * penalty), ranks by
+    argsort(argsort(mean logprob)) / G).
+    Test: tests/test_rewards_shaping.py::test_unlikeliness_hand_computed.
+    """
+    m = batch.completion_mask
+    mean_lp = (batch.behavior_logprobs * m).sum(-1) / m.sum(-1).clamp_min(1)
+    out = rewards.clone()
+    for idx in _groups(group_ids):
+        ranks = torch.argsort(torch.argsort(mean_lp[idx], stable=True), stable=True).to(rewards.dtype)
+        out[idx] = rewards[idx] * (1 - unlikely_beta * ranks / len(idx))
+    return out
+
+
+# ---------------------------------------------------------------- GCPO-geometry length reward (000-56)
+
+@REWARD_TRANSFORMS.register("gcpo_length")
+def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], *,
+                gcpo_len_weight: float = param(0.5, 'GCPO-geometry: weight of the length reward'),
+                gcpo_len_sign: float = param(1.0, 'GCPO-geometry: +1 rewards longer completions, -1 shorter'),
+                gcpo_len_target: int = param(64, 'GCPO-geometry: token length at which the length reward saturates'),
+                gcpo_len_correct_only: bool = param(True, 'GCPO-geometry: give the length reward to correct rows only'),
+                shaping_correct_reward: str = CORRECT_REWARD,
+                shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """GCPO length reward (Wang et al., 2025, GeometryZero, arXiv:2506.07160; seed 000-56).
+
+    GeometryZero adds a length reward that *promotes longer* reasoning chains::
+
+        R_len = sign * weight * min(L / L_target, 1)
+
+    with ``L`` the completion's token count, ``L_target = gcpo_len_target``,
+    ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
+    into a brevity reward), added to the reward — by default only for correct
+    rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
+    answers. The paper's Group Contrastive Masking of the
+    auxiliary-construction reward is geometry specific and not implemented.
+
+    Provenance: reconstructed from the abstract — "a length reward that
+    promotes longer reasoning chains"; the saturating linear ramp, its
+    target length, weight and the correct-only gate are grpolab's choices.
+    The authors' code (github.com/ekonwang/GeometryZero, named in the paper)
+    is not in the searched store (index, snapshot fetch); the stored paper
+    pages (arXiv html v2, themoonlight review) show the auxiliary reward (Eq.
+    3) but not the length reward's formula.
+    """
+    if gcpo_len_target <= 0:
+        raise ValueError(f"gcpo_len_target: must be positive, got {gcpo_len_target}")
+    term = (lengths.to(torch.float64) / gcpo_len_target).clamp(max=1.0)
+    if gcpo_len_correct_only:
+        term = term * correct_rows(reward_matrix, reward_names, shaping_correct_reward,
+                                   shaping_correct_threshold)
+    return rewards + (gcpo_len_sign * gcpo_len_weight * term).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- BAPO IDK boundary reward (000-109)
+
+@REWARD_TRANSFORMS.register("bapo_idk")
+def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
+             batch, step: int, *,
+             bapo_idk_reward: float = param(0.5, 'BAPO: reward of an IDK answer in a group with no correct answer'),
+             bapo_idk_pattern: str = param("I DON'?T KNOW", 'BAPO: regex (case-insensitive) marking an IDK answer'),
+             bapo_exploration_steps: int = param(0, 'BAPO: steps of the exploration stage (modulator active)'),
+             bapo_max_idk_ratio: float = param(0.3, 'BAPO: in exploration, IDK reward is off when the batch IDK '
+                                               'ratio exceeds this'),
+             shaping_correct_reward: str = CORRECT_REWARD,
+             shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """BAPO group-based boundary-aware IDK reward (Liu et al., 2026, arXiv:2601.11037; seed 000-109).
+
+    A completion that answers "I DON'T KNOW" (regex ``bapo_idk_pattern``,
+    case-insensitive) earns ``R_IDK = bapo_idk_reward`` (paper: 0.5) **only if no
+    completion of its group is correct** — the group's outcomes say the question
+    is beyond the model's boundary; otherwise it gets nothing extra (it is wrong).
+
+    Adaptive reward modulator: during the exploration stage
+    (``step < bapo_exploration_steps``) R_IDK is suspended for the whole batch
+    when the batch's IDK ratio exceeds ``bapo_max_idk_ratio``, so IDK cannot
+    become a shortcut before the model has explored. The paper's plateau-stage
+    rule (suspending by rollout diversity) is not specified in the available
+    sources and is not implemented: after exploration R_IDK is always on.
+
+    Provenance: paper equations — BAPO (Liu et al., 2026, arXiv:2601.11037), the group-based IDK reward R_IDK =
+    0.5 when no completion is correct and the exploration-stage modulator (equation numbers not recorded); the
+    plateau-stage rule is not specified in the sources read and not implemented.
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    pat = re.compile(bapo_idk_pattern, re.IGNORECASE)
+    idk = torch.tensor([bool(pat.search(t)) for t in _texts(batch)])
+    if step < bapo_exploration_steps and float(idk.float().mean()) > bapo_max_idk_ratio:
+        return rewards.clone()
+    bonus = torch.zeros(len(rewards), dtype=rewards.dtype)
+    for idx in _groups(group_ids):
+        if not correct[idx].any():
+            bonus[idx] = bapo_idk_reward * idk[idx].to(rewards.dtype)
+    return rewards + bonus
+
+
+# ---------------------------------------------------------------- IRPO Bradley-Terry scoring (000-21)
+
+@REWARD_TRANSFORMS.register("irpo_bradley_terry")
+def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                       reward_names: list[str], *,
+                       irpo_reward_column: str = param('rm', 'IRPO: reward column with the pointwise reward-model '
+                                                       'scores'),
+                       irpo_weight: float = param(1.0, 'IRPO: weight of the Bradley-Terry win probability added to '
+                                                  'the reward'),
+                       irpo_scale: float = param(1.0, 'IRPO: k in P(i beats j) = sigmoid(k (s_i - s_j))')) -> torch.Tensor:
+    """IRPO pointwise Bradley-Terry scoring (Song et al., 2026, arXiv:2601.00677; seed 000-21).
+
+    A pointwise reward model gives each completion a score ``s_i`` (the reward
+    column ``irpo_reward_column``, e.g. a :class:`grpolab.rewards.models.RewardModelFn`
+    named ``rm``). Under Bradley-Terry, ``P(i > j) = sigmoid(k (s_i - s_j))`` with
+    ``k = irpo_scale``; the reward of row i is its mean win probability against
+    the *other* scored rows of its group::
+
+        p_i = 1/(n-1) * sum_{j in group, j != i, s_j scored} sigmoid(k (s_i - s_j))
+
+    (``p_i = 0.5`` when i is the only scored row). This needs only n pointwise
+    scores per group instead of n(n-1)/2 pairwise judgements — the point of
+    IRPO. Added as ``r + irpo_weight * p_i``; to make the BT probability *the*
+    reward, give the raw reward-model column weight 0 (``reward_weights``), as
+    fgrpr does for its accuracy. Rows whose score is unscorable (NaN) get no
+    bonus and are left out of the others' means. Choices: j = i is excluded
+    (a self-comparison is always 0.5 and only shrinks the spread); the scale
+    ``k`` is grpolab's knob (1 = plain BT on the model's logits).
+
+    Provenance: reconstructed from the abstract — pointwise scores turned into each row's mean Bradley-Terry win
+    probability against the other scored rows of its group (j = i excluded), with a scale k; the paper's exact
+    aggregation was not available.
+    """
+    if irpo_reward_column not in reward_names:
+        raise ValueError(f"irpo_reward_column: no reward column '{irpo_reward_column}' (reward functions: "
+                         f"{', '.join(reward_names) or 'none'}); add a reward model, e.g. --reward rm:PATH")
+    s = reward_matrix[:, reward_names.index(irpo_reward_column)].to(torch.float64)
+    p = torch.zeros(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        ok = idx[~torch.isnan(s[idx])]
+        if len(ok) == 1:
+            p[ok] = 0.5
+        elif len(ok) > 1:
+            d = torch.sigmoid(irpo_scale * (s[ok][:, None] - s[ok][None, :]))  # [n, n], P(i beats j)
+            p[ok] = (d.sum(1) - 0.5) / (len(ok) - 1)  # drop the diagonal sigmoid(0) = 0.5
+    return rewards + (irpo_weight * p).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- E-GRPO entity-match partial reward (000-54)
+
+def entity_match_rate(text: str, entities) -> float:
+    """Fraction of the gold entities mentioned in ``text`` (case-insensitive, whole words).
+
+    An entity matches when it occurs with no letter/digit/underscore directly
+    before or after it (word boundaries that also work for entities that start
+    or end with punctuation). Duplicates count once; empty entities are ignored;
+    no entities -> 0.
+    """
+    if entities is None or isinstance(entities, (str, bytes)):
+        entities = [] if entities is None else [entities]
+    ents = {str(e).strip().casefold() for e in entities if str(e).strip()}
+    if not ents:
+        return 0.0
+    low = text.casefold()
+    hit = sum(1 for e in ents if re.search(r"(?<!\w)" + re.escape(e) + r"(?!\w)", low))
+    return hit / len(ents)
+
+
+@REWARD_TRANSFORMS.register("egrpo_entity")
+def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
+                 batch, *,
+                 egrpo_alpha: float = param(0.3, 'E-GRPO: wrong rows earn alpha * normalised entity match rate'),
+                 egrpo_entity_column: str = param('entities', 'E-GRPO: data column with the gold entities (list of '
+                                                  'strings)'),
+                 egrpo_normalize: str = param('group_max', "E-GRPO: normalise the match rate by the group's maximum, "
+                                              'or not',
+                                              ['group_max', 'none']),
+                 shaping_correct_reward: str = CORRECT_REWARD,
+                 shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """E-GRPO entity-aware partial reward (Zhao et al., 2025, arXiv:2510.24694; seed 000-54).
+
+    With ``gamma_i`` the entity match rate of completion i (fraction of the
+    data column ``egrpo_entity_column``'s gold entities mentioned in it, see
+    :func:`entity_match_rate`) and ``gamma_hat_i`` its group-normalised form,
+    the paper's reward is::
+
+        R_i = 1                       if o_i is correct
+            = alpha * gamma_hat_i     if o_i is wrong
+            = 0                       on an error (format / overlength)
+
+    Here: ``r + alpha * gamma_hat_i`` on wrong rows (accuracy column scored and
+    below ``shaping_correct_threshold``), nothing on correct or unscorable rows;
+    with the 0/1 accuracy reward that is exactly the paper's ``R``. Normalisation
+    (``egrpo_normalize``): ``group_max`` -> ``gamma_hat_i = gamma_i / max_{j in
+    group} gamma_j`` (0 when no row of the group matches anything) — our reading
+    of the paper's "normalised entity match rate" (the exact normaliser is not
+    in the sources we could read); ``none`` -> ``gamma_hat = gamma``. Default
+    ``alpha = 0.3``, the paper's best value. Entities are matched as whole
+    words, case-insensitively, in the whole completion (the paper matches in
+    the agent's reasoning; a plain reply has no separate trace).
+
+    Provenance: paper equations — E-GRPO (Zhao et al., 2025, arXiv:2510.24694), the entity-aware reward R = 1 /
+    alpha gamma_hat / 0 (equation number not recorded); the normaliser of gamma_hat (group max) and
+    whole-completion matching are grpolab's reading.
+    """
+    if egrpo_normalize not in ("group_max", "none"):
+        raise ValueError(f"egrpo_normalize: expected group_max or none, got '{egrpo_normalize}'")
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    entities = data_column(batch.columns, egrpo_entity_column, "egrpo_entity", "egrpo_entity_column")
+    gamma = torch.tensor([entity_match_rate(t, e) for t, e in zip(_texts(batch), entities)], dtype=torch.float64)
+    if egrpo_normalize == "group_max":
+        for idx in _groups(group_ids):
+            m = gamma[idx].max()
+            gamma[idx] = gamma[idx] / m if m > 0 else torch.zeros_like(gamma[idx])
+    wrong = ~correct & ~torch.isnan(acc)
+    return rewards + (egrpo_alpha * gamma * wrong).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- paraphrase-set consistency (000-77, 000-30)
+
+def _final_answer(text: str, pattern: re.Pattern) -> str | None:
+    from .answers import last_boxed
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed.strip()
+    found = pattern.findall(text)
+    return found[-1].strip() if found else None
+
+
+@REWARD_TRANSFORMS.register("paraphrase_consistency")
+def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, batch, *,
+                           paraphrase_weight: float = param(0.5, 'paraphrase consistency: weight of the consistency '
+                                                            'reward'),
+                           paraphrase_mode: str = param('agreement', 'paraphrase consistency: agreement with the '
+                                                        'other paraphrases (PS-GRPO) or 1 - normalised answer '
+                                                        'entropy over the set (000-30)', ['agreement', 'entropy']),
+                           paraphrase_group_column: str = param('paraphrase_group', 'paraphrase consistency: data '
+                                                                "column naming each row's paraphrase set"),
+                           paraphrase_answer_pattern: str = param('Answer:\\s*([^\\n]+)', 'paraphrase consistency: '
+                                                                  'regex whose first group (last match) is the final '
+                                                                  'answer when there is no \\boxed{}')) -> torch.Tensor:
+    """Paraphrase-set consistency reward (PS-GRPO / Con-RAG, Hamman et al., 2025, arXiv:2510.04392,
+    seed 000-77; information-consistency GRPO, seed 000-30).
+
+    Rows whose data column ``paraphrase_group_column`` holds the same value form
+    a *paraphrase set*: completions of semantically equivalent prompts (each
+    paraphrase is its own prompt, ``prompt_uids``). The final answer ``a_i`` of a
+    row is the last ``\\boxed{}`` or else the last match of
+    ``paraphrase_answer_pattern``; answers are compared with
+    :func:`grpolab.rewards.answers.math_equal` (numeric / LaTeX aware,
+    string equality otherwise); ``sim = 0`` when either answer is missing.
+
+    ``paraphrase_mode: agreement`` (PS-GRPO's group similarity reward, 000-77)::
+
+        c_i = mean_{j in set, prompt(j) != prompt(i)} sim(a_i, a_j)
+
+    — each output is rewarded by its similarity to the outputs for the *other*
+    paraphrases; rows with no other paraphrase in the batch get 0. PS-GRPO uses
+    a text-similarity metric on free-form RAG answers and subsamples pairs for
+    scale; grpolab's generic part uses final-answer equality over all pairs
+    present in the batch (exact for small sets).
+
+    ``paraphrase_mode: entropy`` (000-30's stability reward): with ``H`` the
+    entropy of the distribution of final answers over the set (missing answers
+    each count as their own class) and ``n`` its size,
+    ``c_i = 1 - H / log(n)`` for every row of the set (1 = all agree, 0 = all
+    differ; a set of one row gets 0). The paper's entropy-based helpfulness
+    term needs an information model and is not implemented.
+
+    Added as ``r + paraphrase_weight * c_i``; NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — agreement mode: mean final-answer equality with the other
+    paraphrases' outputs (PS-GRPO uses a text-similarity metric on free-form answers and subsamples pairs);
+    entropy mode: 1 - H / log n of the set's final answers (000-30's helpfulness term is not implemented).
+    """
+    if paraphrase_mode not in ("agreement", "entropy"):
+        raise ValueError(f"paraphrase_mode: expected agreement or entropy, got '{paraphrase_mode}'")
+    from .answers import math_equal
+
+    sets = data_column(batch.columns, paraphrase_group_column, "paraphrase_consistency",
+                       "paraphrase_group_column")
+    pat = re.compile(paraphrase_answer_pattern)
+    answers = [_final_answer(t, pat) for t in _texts(batch)]
+    uids = prompt_uids.tolist()
+    members: dict = {}
+    for i, key in enumerate(sets):
+        members.setdefault(str(key), []).append(i)
+    c = torch.zeros(len(rewards), dtype=torch.float64)
+    lone = [k for k, rows in members.items() if len({uids[i] for i in rows}) < 2]
+    if lone:
+        warn_fallback("paraphrase_consistency", f"other paraphrases of {len(lone)} set(s) in the batch "
+                      f"(e.g. '{lone[0]}')", "0 (agreement) or the agreement of one wording's own completions "
+                      "(entropy); draw whole sets with prompt_sampler: paraphrase_sets")
+    for rows in members.values():
+        if paraphrase_mode == "agreement":
+            for i in rows:
+                others = [j for j in rows if uids[j] != uids[i]]
+                if others and answers[i] is not None:
+                    c[i] = sum(answers[j] is not None and math_equal(answers[i], answers[j])
+                               for j in others) / len(others)
+        else:
+            n = len(rows)
+            if n < 2:
+                continue
+            classes: list[list[int]] = []  # answer-equivalence classes (math_equal), missing = singleton
+            for i in rows:
+                for cl in classes:
+                    j = cl[0]
+                    if answers[i] is not None and answers[j] is not None and math_equal(answers[i], answers[j]):
+                        cl.append(i)
+                        break
+                else:
+                    classes.append([i])
+            probs = [len(cl) / n for cl in classes]
+            h = -sum(p * math.log(p) for p in probs)
+            c[rows] = 1.0 - h / math.log(n)
+    return rewards + (paraphrase_weight * c).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- Thinkless mode reward (004-12)
+
+THINKLESS_SHORT_TOKEN = param('<short>', 'Thinkless: control token of the short mode')
+THINKLESS_THINK_TOKEN = param('<think>', 'Thinkless: control token of the thinking mode')
+
+
+def control_mode(text: str, short_token: str = "<short>", think_token: str = "<think>") -> str | None:
+    """``"short"`` / ``"think"`` when the completion starts with that control token, else ``None``."""
+    t = text.lstrip()
+    if t.startswith(short_token):
+        return "short"
+    if t.startswith(think_token):
+        return "think"
+    return None
+
+
+@REWARD_TRANSFORMS.register("thinkless_mode_reward")
+def thinkless_mode_reward(rewards: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
+                          thinkless_gamma: float = param(0.1, 'Thinkless reward: a correct <think> answer earns 1 - '
+                                                         'gamma, a correct <short> one 1, a wrong one -1'),
+                          thinkless_short_token: str = THINKLESS_SHORT_TOKEN,
+                          thinkless_think_token: str = THINKLESS_THINK_TOKEN,
+                          shaping_correct_reward: str = CORRECT_REWARD,
+                          shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """Thinkless reward (Fang, Ma and Wang, 2025, arXiv:2505.13379; seed 004-12)::
+
+        r = 1          if the completion starts with <short> and is correct
+          = 1 - gamma  if it starts with <think> and is correct
+          = -1         if it is wrong
+
+    so that, at equal correctness, the short mode is preferred. It *replaces*
+    the combined reward (as in the paper, where it is the only reward). A
+    completion without a control token counts as ``<think>`` (no brevity
+    bonus). "Correct" is the reward column ``shaping_correct_reward`` >=
+    ``shaping_correct_threshold``; rows whose correctness is unscorable stay NaN.
+    The control tokens are added to the vocabulary by ``grpolab sft
+    --sft_mode thinkless`` as atomic added tokens that decoding keeps, so the
+    mode is read from the completion text. The paper's gamma was not
+    available to us; 0.1 is grpolab's default (``thinkless_gamma``).
+
+    Provenance: paper equations — Thinkless (Fang, Ma and Wang, 2025, arXiv:2505.13379), the mode-dependent
+    reward 1 / 1 - gamma / -1 (equation number not recorded); gamma = 0.1 is grpolab's default (the paper's
+    value was not available).
+    """
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    out = torch.empty_like(rewards)
+    for i, c in enumerate(batch.columns["completion"]):
+        if math.isnan(float(acc[i])):
+            out[i] = float("nan")
+        elif not correct[i]:
+            out[i] = -1.0
+        else:
+            mode = control_mode(completion_text(c), thinkless_short_token, thinkless_think_token)
+            out[i] = 1.0 if mode == "short" else 1.0 - thinkless_gamma
+    return out
+
+
+# ---------------------------------------------------------------- OTC tool-integrated reward (000-68)
+
+def otc_ppo_tool_reward(m: int, c: float = 1.0) -> float:
+    """OTC-PPO tool reward ``cos(m pi / (2m + c))`` (1 for ``m = 0``, falling towards 0 as ``m`` grows)."""
+    return math.cos(m * math.pi / (2 * m + c))
+
+
+def otc_grpo_tool_reward(m: int, n: int, c: float = 1.0) -> float:
+    """OTC-GRPO tool reward for ``m`` calls when the group's optimal count is ``n``::
+
+        f(m, n) = 0 if m = n = 0;  m if n = 0;  2 n m / (m + n) otherwise
+        r_tool  = 1 if f(m, n) = n = 0;  cos(m pi / (2m + c)) if n = 0;  sin(f(m, n) pi / (2n)) otherwise
+    """
+    if n == 0:
+        return 1.0 if m == 0 else otc_ppo_tool_reward(m, c)
+    f = 2.0 * n * m / (m + n)
+    return math.sin(f * math.pi / (2 * n))
+
+
+@REWARD_TRANSFORMS.register("otc_tool_reward")
+def otc_tool_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                    reward_names: list[str], batch, *,
+                    otc_variant: str = param('grpo', 'OTC: grpo (optimal count n = fewest calls among the '
+                                             "group's correct episodes) or ppo (n = 0: every call costs)",
+                                             ['grpo', 'ppo']),
+                    otc_c: float = param(1.0, 'OTC: smoothing constant c in cos(m pi / (2m + c))'),
+                    otc_alpha: float = param(1.0, 'OTC: scale alpha of the tool-integrated reward'),
+                    otc_tools: str = param('', 'OTC: comma-separated tool names whose calls count (empty: every '
+                                           'tool call)'),
+                    shaping_correct_reward: str = CORRECT_REWARD,
+                    shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """OTC tool-integrated reward (Wang et al., 2025, "Acting Less is Reasoning More! Teaching Model to Act
+    Efficiently" / "OTC: Optimal Tool Calls via Reinforcement Learning", arXiv:2504.14870; seed 000-68).
+
+    ``r' = alpha * r_tool(m, n) * r``: the task reward ``r`` (the combined reward of the row) scaled by the
+    tool productivity term, with ``m`` the number of tool calls of the episode::
+
+        OTC-PPO:   r_tool = cos(m pi / (2m + c))
+        OTC-GRPO:  f(m, n) = 0 if m = n = 0;  m if n = 0;  2nm / (m + n) otherwise
+                   r_tool = 1 if f(m, n) = n = 0;  cos(m pi / (2m + c)) if n = 0;  sin(f(m, n) pi / (2n)) otherwise
+
+    OTC-GRPO's optimal count ``n`` is the fewest tool calls among the *correct* episodes of the row's group
+    (the G episodes of one question); ``sin(f pi / 2n)`` is 1 at ``m = n`` and falls on both sides (too few
+    and too many calls), ``cos`` punishes any call when the question needs none. Because ``r_tool``
+    multiplies ``r``, a wrong answer (``r = 0``) earns nothing whatever its calls. Choices: a group with no
+    correct episode has no optimal count; its rows are left unchanged (``r_tool = 1``). ``otc_tools`` limits
+    the count to some tools (default every call). NaN rows stay NaN.
+
+    Provenance: paper equations — OTC (Wang et al., 2025, arXiv:2504.14870), the OTC-PPO and OTC-GRPO tool
+    rewards and r = alpha * r_tool * r_phi (equation numbers not recorded); no authors' code was found (the code
+    index has only third-party reimplementations, which agree on these formulas); the unchanged group without a
+    correct episode is grpolab's choice. Test: tests/test_agent_rewards.py::test_otc_tool_reward_hand_computed.
+    """
+    if otc_variant not in ("grpo", "ppo"):
+        raise ValueError(f"otc_variant: expected grpo or ppo, got '{otc_variant}'")
+    eps = episodes_of(batch.columns, "otc_tool_reward")
+    names = tool_names(otc_tools)
+    m = [count_tool_calls(e, names) for e in eps]
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    factor = torch.ones(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        idx = idx.tolist()
+        if otc_variant == "ppo":
+            for i in idx:
+                factor[i] = otc_ppo_tool_reward(m[i], otc_c)
+            continue
+        good = [m[i] for i in idx if correct[i]]
+        if not good:
+            continue
+        n = min(good)
+        for i in idx:
+            factor[i] = otc_grpo_tool_reward(m[i], n, otc_c)
+    return rewards * (otc_alpha * factor).to(rewards.dtype)
+
+
+# ---------------------------------------------------------------- SEM search efficiency (000-71)
+
+@REWARD_TRANSFORMS.register("sem_search_reward")
+def sem_search_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                      reward_names: list[str], batch, *,
+                      sem_search_tools: str = param('search', 'SEM: comma-separated names of the search tools'),
+                      sem_unnecessary_penalty: float = param(0.5, 'SEM: subtracted from a correct answer that '
+                                                             'searched when the question needed no search'),
+                      sem_missing_penalty: float = param(0.0, 'SEM: subtracted from a wrong answer that did not '
+                                                         'search when the question needed it'),
+                      sem_need_column: str = param('', "SEM: boolean data column 'this question needs retrieval' "
+                                                   "(empty: decided from the group, see the docstring)"),
+                      shaping_correct_reward: str = CORRECT_REWARD,
+                      shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """SEM search-efficiency reward (Sha, Cui and Wang, 2025, "SEM: Reinforcement Learning for Search-Efficient
+    Large Language Models", arXiv:2505.07903; seed 000-71).
+
+    The reward "encourages accurate answering without unnecessary search while promoting effective retrieval
+    when needed". With ``s_i`` = the episode called a search tool, ``c_i`` = correct and ``need`` = the
+    question needs retrieval::
+
+        r'_i = r_i - sem_unnecessary_penalty   if c_i and s_i and not need   (redundant search)
+             = r_i - sem_missing_penalty       if not c_i and not s_i and need  (should have searched)
+             = r_i                             otherwise (correct without search, or with a needed search)
+
+    ``need`` comes from the boolean data column ``sem_need_column`` when set (the paper's data mixes MuSiQue,
+    which needs retrieval, and MMLU, which does not); otherwise from the group: the question needs no search
+    when at least one *correct* episode of its group used none (the model showed it can answer from its own
+    knowledge), and needs it otherwise. NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — the penalty for a correct answer reached with an unnecessary
+    search, the optional penalty for a missing needed search, and the group-based decision of "needed" (or a
+    data column) are grpolab's; the paper's exact reward, template and constants are not reproduced.
+    """
+    eps = episodes_of(batch.columns, "sem_search_reward")
+    names = tool_names(sem_search_tools)
+    searched = [count_tool_calls(e, names) > 0 for e in eps]
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold).tolist()
+    need = [True] * len(rewards)
+    if sem_need_column:
+        col = data_column(batch.columns, sem_need_column, "sem_search_reward", "sem_need_column")
+        need = [bool(v) for v in col]
+    else:
+        for idx in _groups(group_ids):
+            idx = idx.tolist()
+            direct = any(correct[i] and not searched[i] for i in idx)
+            for i in idx:
+                need[i] = not direct
+    out = rewards.clone()
+    for i in range(len(rewards)):
+        if correct[i] and searched[i] and not need[i]:
+            out[i] = rewards[i] - sem_unnecessary_penalty
+        elif not correct[i] and not searched[i] and need[i]:
+            out[i] = rewards[i] - sem_missing_penalty
+    return out
+
+
+# ---------------------------------------------------------------- GraphRAG-R1 phases (000-63)
+
+def pra_reward(n: int, gamma: float) -> float:
+    """Progressive retrieval attenuation: the k-th retrieval earns ``(1 - gamma) gamma^(k-1)``, so ``n``
+    retrievals earn ``1 - gamma^n`` (0 for none, rising with diminishing steps towards 1)."""
+    return 1.0 - gamma ** n
+
+
+def caf_reward(f1: float, n: int, lam: float) -> float:
+    """Cost-aware F1: ``F1 * exp(-lambda n)`` for ``n`` retrievals."""
+    return f1 * math.exp(-lam * n)
+
+
+def graphrag_phase(step: int, pra_start: int, caf_start: int) -> int:
+    """Training phase at ``step``: 1 cold start (``step < pra_start``), 2 PRA, 3 CAF (``step >= caf_start``)."""
+    if caf_start < pra_start:
+        raise ValueError(f"graphrag_caf_start ({caf_start}) must be >= graphrag_pra_start ({pra_start})")
+    return 1 if step < pra_start else (2 if step < caf_start else 3)
+
+
+@REWARD_TRANSFORMS.register("graphrag_r1_phases")
+def graphrag_r1_phases(rewards: torch.Tensor, batch, step: int, *,
+                       graphrag_pra_start: int = param(20, 'GraphRAG-R1: first step of phase 2 (PRA reward); '
+                                                       'steps before it are the cold start'),
+                       graphrag_caf_start: int = param(40, 'GraphRAG-R1: first step of phase 3 (CAF reward '
+                                                       'instead of PRA)'),
+                       graphrag_pra_gamma: float = param(0.5, 'GraphRAG-R1: attenuation gamma of each further '
+                                                         'retrieval in PRA'),
+                       graphrag_pra_weight: float = param(0.5, 'GraphRAG-R1: weight of the PRA reward in phase 2'),
+                       graphrag_caf_lambda: float = param(0.1, 'GraphRAG-R1: cost rate lambda of CAF, '
+                                                          'F1 * exp(-lambda n)'),
+                       graphrag_caf_weight: float = param(1.0, 'GraphRAG-R1: weight of the CAF reward in phase 3'),
+                       graphrag_retrieval_tools: str = param('search', 'GraphRAG-R1: comma-separated names of '
+                                                             'the retrieval tools (empty: every tool call)'),
+                       agent_answer_column: str = ANSWER_COLUMN) -> torch.Tensor:
+    """GraphRAG-R1 PRA and CAF rewards with the phase-dependent schedule (Yu et al., 2025, "GraphRAG-R1:
+    Graph Retrieval-Augmented Generation with Process-Constrained Reinforcement Learning", arXiv:2507.23581;
+    seed 000-63).
+
+    Three training phases by the training ``step`` (the scorer passes it; the schedule is a pure function of
+    it, so a resumed run continues in the right phase), with ``n`` = retrieval calls of the episode and
+    ``F1`` = token F1 of the final answer (``Answer:`` line or ``\\boxed{}``) against ``agent_answer_column``::
+
+        phase 1, step < pra_start:              r' = r                                (cold start: task rewards)
+        phase 2, pra_start <= step < caf_start: r' = r + w_pra * PRA(n),  PRA(n) = 1 - gamma^n
+        phase 3, step >= caf_start:             r' = r + w_caf * CAF,     CAF = F1 * exp(-lambda n)
+
+    PRA ("encourage essential retrievals", against shallow retrieval): each further retrieval is worth
+    ``gamma`` times the previous one, so the first calls pay and extra calls pay less and less. CAF ("balance
+    performance with computational cost", against over-thinking): the answer's F1 discounted by the number of
+    retrievals. ``r`` is the task's own reward (accuracy, format). NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — the three phases and the two reward names are the paper's;
+    the functional forms 1 - gamma^n and F1 * exp(-lambda n), adding them to the task reward, the phase
+    boundaries and constants are grpolab's (the authors' repository, https://github.com/ycygit/GraphRAG-R1,
+    holds evaluation and retrieval-server code but no training reward).
+    """
+    phase = graphrag_phase(int(step), graphrag_pra_start, graphrag_caf_start)
+    if phase == 1:
+        return rewards
+    eps = episodes_of(batch.columns, "graphrag_r1_phases")
+    names = tool_names(graphrag_retrieval_tools)
+    n = [count_tool_calls(e, names) for e in eps]
+    if phase == 2:
+        bonus = [graphrag_pra_weight * pra_reward(k, graphrag_pra_gamma) for k in n]
+    else:
+        gold = data_column(batch.columns, agent_answer_column, "graphrag_r1_phases", "agent_answer_column")
+        comps = batch.columns.get("completion", [None] * len(eps))
+        bonus = []
+        for e, k, g, c in zip(eps, n, gold, comps):
+            pred = extract_answer(final_text(e, c))
+            bonus.append(graphrag_caf_weight * caf_reward(token_f1(pred, g) if pred is not None else 0.0, k,
+                                                          graphrag_caf_lambda))
+    return rewards + torch.tensor(bonus, dtype=rewards.dtype)

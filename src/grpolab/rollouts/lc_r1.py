@@ -8,7 +8,7 @@ import torch
 from ..batch import INJECTED, RolloutBatch
 from ..data import completion_text
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..rewards.shaping import CORRECT_REWARD, CORRECT_THRESHOLD, LC_EPS, LC_THINK_END, lc_correct
+from ..rewards.transforms import CORRECT_REWARD, CORRECT_THRESHOLD, LC_EPS, LC_THINK_END, lc_correct
 
 _SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
 
@@ -107,7 +107,7 @@ def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 
     1. ``G`` completions per prompt are sampled and scored (the rewards of the
        *uncropped* completion are the rows' rewards, as in the authors' code).
-    2. For each correct row (:func:`~grpolab.rewards.shaping.lc_correct`) the
+    2. For each correct row (:func:`~grpolab.rewards.transforms.lc_correct`) the
        reasoning ``R`` is the tokens before the first end-of-thinking marker
        ``lc_think_end`` and the valid thinking ``R'`` its prefix up to and
        including the first sentence that states the reference answer

@@ -55,7 +55,7 @@ import torch
 from ..data import to_json
 from ..registry import declared_params, param
 from ..rewards.agentic import PLAN_TAG, compact_plan
-from ..rewards.modes import THINKLESS_SHORT_TOKEN, THINKLESS_THINK_TOKEN
+from ..rewards.transforms import THINKLESS_SHORT_TOKEN, THINKLESS_THINK_TOKEN
 
 _THINK = re.compile(r"<think>(.*?)</think>\s*(.*)", re.S)
 
