@@ -15,12 +15,13 @@ from grpolab import cli
 from grpolab.config import Config
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [ROOT / "docs" / "python_api.md", ROOT / "src" / "grpolab" / "api.py"]
+SOURCES = [ROOT / "docs" / "python_api.md", ROOT / "src" / "grpolab" / "api.py", ROOT / "docs" / "science.md"]
 
 
 def _quoted_commands(text: str) -> list[str]:
     """`grpolab ...` in backticks, and the lines of fenced code blocks that start with ``grpolab``."""
-    out = re.findall(r"`(grpolab [a-z][^`]*)`", text)
+    out = [c for c in re.findall(r"`(grpolab [a-z][^`]*)`", text) if " " in c.strip()[len("grpolab "):]]
+    # (a bare `grpolab compare` names the subcommand; it is not a command line)
     for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
         for line in re.sub(r"\\\n\s*", " ", block).splitlines():
             line = line.strip().removeprefix("$ ")
@@ -82,3 +83,29 @@ def test_every_quoted_command_parses(source, capsys):
     bad = {c: parse_error(c) for c in commands}
     capsys.readouterr()
     assert not {c: e for c, e in bad.items() if e}, f"{source.name}: command lines that do not parse"
+
+
+# Folders that exist only on the machine a document was written on (its temp dir, a home, a work tree). A
+# document gives the command that reproduces a result, and the relative folder that command writes
+# (`science_runs/...`, `runs/...`), never where a run happened to land. Placeholders a reader substitutes
+# (`/shared/runs/...` for a shared file system, `/path/to/...`) and per-user folders every machine has
+# (`~/.cache/grpolab`) are not machine folders.
+MACHINE_PATH = re.compile(r"(?<![\w.~:/-])(?:/(?:tmp|work|home|root|Users|mnt|scratch|private|var/folders)/\S*"
+                          r"|[A-Za-z]:\\\S*)")
+MACHINE_PATH_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_machine_path_check_finds_what_it_should():
+    found = MACHINE_PATH.findall("in `/work/science/`; (`/tmp/sci/show/compare.md` there); C:\\runs\\x")
+    assert found == ["/work/science/`;", "/tmp/sci/show/compare.md`", "C:\\runs\\x"]
+    assert not MACHINE_PATH.findall("science_runs/c1/compare.md, runs/dapo, --out /shared/runs/dapo32, "
+                                    "https://example.org/tmp/x, /path/to/model, tokens/s, OUT/final, "
+                                    "~/.cache/grpolab")
+
+
+@pytest.mark.parametrize("doc", MACHINE_PATH_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_docs_name_no_folder_of_the_machine_they_were_written_on(doc):
+    lines = [f"{i}: {line.strip()}" for i, line in enumerate(doc.read_text().splitlines(), 1)
+             if MACHINE_PATH.search(line)]
+    assert not lines, (f"{doc.relative_to(ROOT)} names folders of one machine; give the command that reproduces "
+                       f"the result and the relative folder it writes instead:\n" + "\n".join(lines))
