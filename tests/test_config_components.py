@@ -56,6 +56,24 @@ def test_values_from_the_command_line_are_converted_by_the_declared_type():
     assert cfg.cispo_epsilon_low is None
 
 
+def test_dapo_overlong_settings_are_parameters_of_its_transform():
+    """overlong_buffer / overlong_penalty_factor belong to reward transform overlong_penalty (one default, declared
+    next to it), not to the core keys; the dapo recipe's YAML keys and the command-line flags still set them."""
+    from grpolab.registry import REWARD_TRANSFORMS
+    decl = REWARD_TRANSFORMS.params("overlong_penalty")
+    assert decl["overlong_buffer"].default == 4 and decl["overlong_penalty_factor"].default == 1.0
+    assert "overlong_buffer" not in CORE_KEYS and "overlong_penalty_factor" not in CORE_KEYS
+    cfg = Config.build(recipe_overrides("dapo"))
+    assert cfg.overlong_buffer == 4 and cfg.overlong_penalty_factor == 1.0
+    cfg = Config.build({"reward_transforms": "overlong_penalty", "overlong_buffer": "3",
+                        "overlong_penalty_factor": "0.5"})  # as typed on the command line
+    assert cfg.overlong_buffer == 3 and cfg.overlong_penalty_factor == 0.5
+    out = yaml.safe_load(capture(["config", "--recipe", "dapo", "--overlong_buffer=2"]))
+    assert out["overlong_buffer"] == 2 and out["overlong_penalty_factor"] == 1.0
+    with pytest.raises(ConfigError, match="parameter of reward transform/overlong_penalty, which this run does not"):
+        Config.build({"overlong_buffer": 3})
+
+
 def test_config_command_shows_core_keys_then_the_recipes_component_keys():
     out = yaml.safe_load(capture(["config", "--recipe", "vade"]))
     keys = list(out)

@@ -161,9 +161,6 @@ class Config:
                                        "with kl_estimator k3 = verl's k3+); default: kl_estimator's own")
     reward_transforms: list = _f([], "transforms of the combined reward, in order (e.g. overlong_penalty)",
                                  _many(REWARD_TRANSFORMS))
-    overlong_buffer: int = _f(4, "overlong_penalty: the last L_cache tokens before max_completion_length "
-                                 "are penalised linearly (DAPO)")
-    overlong_penalty_factor: float = _f(1.0, "overlong_penalty: scale of the penalty (DAPO)")
     mask_truncated_completions: bool = _f(False, "leave completions that hit max_completion_length out of the "
                                                  "loss (DAPO overlong filtering; TRL's name)")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")

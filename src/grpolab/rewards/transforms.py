@@ -68,7 +68,10 @@ def _to_number(text) -> float | None:
 
 @REWARD_TRANSFORMS.register("overlong_penalty")
 def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_completion_length: int,
-                     overlong_buffer: int = 4, overlong_penalty_factor: float = 1.0) -> torch.Tensor:
+                     overlong_buffer: int = param(4, "overlong_penalty: the last L_cache tokens before "
+                                                  "max_completion_length are penalised linearly (DAPO)"),
+                     overlong_penalty_factor: float = param(1.0, "overlong_penalty: scale of the penalty (DAPO)")
+                     ) -> torch.Tensor:
     """DAPO soft overlong punishment (Yu et al., 2025, arXiv:2503.14476, Eq. 13).
 
     With ``L_max = max_completion_length`` and ``L_cache = overlong_buffer``::
