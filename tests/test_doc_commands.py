@@ -109,3 +109,16 @@ def test_docs_name_no_folder_of_the_machine_they_were_written_on(doc):
              if MACHINE_PATH.search(line)]
     assert not lines, (f"{doc.relative_to(ROOT)} names folders of one machine; give the command that reproduces "
                        f"the result and the relative folder it writes instead:\n" + "\n".join(lines))
+
+
+def test_config_keeps_each_value_with_its_name(capsys):
+    """`grpolab config --advantage X` (docs/extending.md): argparse took X as the KEY to explain and left
+    `--advantage` without a value; the KEY may come before, after or between the options."""
+    from grpolab.cli import main
+
+    assert main(["config", "--advantage", "leave_one_out", "--beta", "0.1"]) == 0
+    out = capsys.readouterr().out
+    assert "advantage: leave_one_out" in out and "\nbeta: 0.1" in out
+    for argv in (["config", "beta", "--advantage", "leave_one_out"], ["config", "--advantage", "leave_one_out", "beta"]):
+        assert main(argv) == 0
+        assert capsys.readouterr().out.startswith("beta: 0.0")

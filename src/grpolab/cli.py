@@ -726,6 +726,32 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _config_key_first(argv: list[str]) -> list[str]:
+    """``grpolab config [KEY] --name value ...``: argparse would take the first value (``--advantage X``'s X) as
+    KEY. Find KEY the way the options are read (``--name value`` / ``--name=value``; ``--markdown`` takes no
+    value) and put it right after ``config`` ("" when there is none), so every value stays with its name."""
+    i = 0
+    while i < len(argv) and argv[i].startswith("--import"):
+        i += 1 if "=" in argv[i] else 2
+    if argv[i:i + 1] != ["config"]:
+        return argv
+    head, tail = argv[:i + 1], argv[i + 1:]
+    key, rest, j = None, [], 0
+    while j < len(tail):
+        tok = tail[j]
+        if tok.startswith("--") and "=" not in tok and tok not in ("--markdown", "--help", "-h") \
+                and j + 1 < len(tail) and (not tail[j + 1].startswith("--") or _is_number(tail[j + 1])):
+            rest += tail[j:j + 2]
+            j += 2
+            continue
+        if key is None and not tok.startswith("-"):
+            key = tok
+        else:
+            rest.append(tok)
+        j += 1
+    return head + [key or ""] + rest
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -735,7 +761,7 @@ def _main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["vllm-serve"]:  # its own argument parser (src/grpolab/generation/vllm_server.py)
         from .generation.vllm_server import main as serve_main
         return serve_main(argv[1:])
-    args, rest = parser.parse_known_args(argv)
+    args, rest = parser.parse_known_args(_config_key_first(argv))
     args.argv = argv
     from .errors import CheckpointError, ConfigError, RolloutWorkerDied, RunStalled
     from .data import DataError
