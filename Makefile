@@ -41,13 +41,16 @@ install-dev: $(DEVSTAMP)
 train: $(STAMP)
 	$(BIN)/grpolab train $(ARGS)
 
+# both cores: pytest-xdist, one worker per core, a test file's tests in one worker (they share fixtures)
+PYTEST  := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 test: $(DEVSTAMP)
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PYTEST) tests
 
 # the suite as an AVX2-only machine runs it (the variables are inherited by the processes the tests start)
 test-avx2: $(DEVSTAMP)
 	ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 ONEDNN_MAX_CPU_ISA=AVX2 GRPOLAB_CPU_KIND=avx2 \
-		HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q tests $(ARGS)
+		HF_HUB_OFFLINE=1 $(PYTEST) tests $(ARGS)
 
 # grpolab report in a real headless browser: Debian's chromium (apt-get, as root) + playwright (the `browser`
 # extra; it drives the system chromium, downloads no browser); keeps docs/report_screenshot.png
