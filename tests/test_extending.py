@@ -27,39 +27,36 @@ def doc_module(name: str) -> str:
 
 
 def _import_from_doc(tmp_path, monkeypatch, name: str, registry, key: str):
+    """Write the docs' ``NAME.py`` block to a temporary folder and import it; yield its path, then unregister
+    ``key`` from ``registry`` and forget the module (registries are global)."""
     path = tmp_path / "user" / f"{name}.py"
     path.parent.mkdir(exist_ok=True)
     path.write_text(doc_module(f"{name}.py"))
     monkeypatch.syspath_prepend(str(path.parent))
     sys.modules.pop(name, None)
-    module = importlib.import_module(name)
-    return path, module
+    importlib.import_module(name)
+    try:
+        yield path
+    finally:
+        registry._items.pop(key, None)
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
-    """toy_estimator.py as printed in the docs, imported; unregistered afterwards (registries are global)."""
-    path, module = _import_from_doc(tmp_path, monkeypatch, "toy_estimator", ADVANTAGES, "toy_centered")
-    yield path
-    ADVANTAGES._items.pop("toy_centered", None)
-    sys.modules.pop("toy_estimator", None)
+    """toy_estimator.py as printed in the docs."""
+    yield from _import_from_doc(tmp_path, monkeypatch, "toy_estimator", ADVANTAGES, "toy_centered")
 
 
 @pytest.fixture
 def toy_transform(tmp_path, monkeypatch):
-    """toy_transform.py as printed in section 4, imported; unregistered afterwards."""
-    path, module = _import_from_doc(tmp_path, monkeypatch, "toy_transform", REWARD_TRANSFORMS, "toy_length_cost")
-    yield path
-    REWARD_TRANSFORMS._items.pop("toy_length_cost", None)
-    sys.modules.pop("toy_transform", None)
+    """toy_transform.py as printed in section 4."""
+    yield from _import_from_doc(tmp_path, monkeypatch, "toy_transform", REWARD_TRANSFORMS, "toy_length_cost")
 
 
 @pytest.fixture
 def self_check(tmp_path, monkeypatch):
-    path, module = _import_from_doc(tmp_path, monkeypatch, "self_check", ROLLOUT_STRATEGIES, "self_check")
-    yield path
-    ROLLOUT_STRATEGIES._items.pop("self_check", None)
-    sys.modules.pop("self_check", None)
+    yield from _import_from_doc(tmp_path, monkeypatch, "self_check", ROLLOUT_STRATEGIES, "self_check")
 
 
 def one_step(tiny_args, out, **kw):

@@ -73,7 +73,7 @@ import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import jail
@@ -376,11 +376,10 @@ def _run_one(req: dict, base: str, view, lib, pidns_fd: int) -> dict:
         if time.monotonic() > deadline:
             timed_out = True
             break
-    for kill in (os.killpg, os.kill):  # jailed: killing the call's init ends its whole PID namespace
-        try:
-            kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+    try:  # jailed: killing the call's init ends its whole PID namespace; else the call's session
+        (os.kill if view is not None else os.killpg)(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
     if status is None:
         _, status, usage = os.wait4(pid, 0)
     os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
@@ -475,6 +474,7 @@ def _worker_main() -> None:
             iso.signals = "landlock-scoped"
     if jail.seccomp_supported() and lib is not None:
         iso.seccomp = "filter"
+        jail._compiled_filter()  # once here, not in every child
     base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
     view, pidns_fd = None, -1
     try:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import os
 import platform
 import struct
@@ -342,11 +343,17 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(_SockFilter))]
 
 
+@functools.lru_cache(maxsize=1)
+def _compiled_filter():
+    """:func:`seccomp_program` as the kernel's ``sock_fprog``: built once in the worker, inherited by every child."""
+    prog = seccomp_program()
+    arr = (_SockFilter * len(prog))(*[_SockFilter(*p) for p in prog])
+    return arr, _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+
+
 def install_seccomp(lib) -> bool:
     """Load :func:`seccomp_program` into this process (needs ``no_new_privs`` or CAP_SYS_ADMIN); True if loaded."""
     if lib is None or not seccomp_supported():
         return False
-    prog = seccomp_program()
-    arr = (_SockFilter * len(prog))(*[_SockFilter(*p) for p in prog])
-    fprog = _SockFprog(len(prog), ctypes.cast(arr, ctypes.POINTER(_SockFilter)))
+    _, fprog = _compiled_filter()
     return lib.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) == 0
