@@ -31,3 +31,21 @@ def _float32_on_cpu(monkeypatch):
     numeric thresholds are for float32, so it runs in float32 on every CPU: the CPU kind is pinned to `avx2`
     (no native bf16) for the tests and the processes they start. Tests of the bf16 path set dtype bfloat16."""
     monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")
+
+
+@pytest.fixture(autouse=True)
+def _forget_test_components():
+    """Registries are process-wide: a component a test registers (one not defined in grpolab itself) is
+    removed when the test ends, so the tests after it in the same process (``make test`` runs files on two
+    workers in an order that varies) see only the built-in catalogue, e.g. test_components_doc_is_current."""
+    from grpolab.registry import ALL_REGISTRIES, GENERATION_ENGINES
+
+    registries = [*ALL_REGISTRIES.values(), GENERATION_ENGINES]
+    before = [set(r._items) for r in registries]
+    yield
+    for registry, names in zip(registries, before):
+        for name in set(registry._items) - names:
+            if not getattr(registry._items[name], "__module__", "").startswith("grpolab"):
+                for table in (registry._items, registry._checks, registry._prefixes, registry._min_group,
+                              registry._columns):
+                    table.pop(name, None)

@@ -185,11 +185,11 @@ def test_malformed_data_cli(tmp_path, capsys):
 
 
 def test_nan_loss_skips_step_weights_untouched(tiny_args):
-    name = "nan_for_test"
-    if name not in POLICY_LOSSES:
-        @POLICY_LOSSES.register(name)
-        def nan_loss(logprobs, old_logprobs, advantages, mask):
-            return logprobs * float("nan"), {}
+    name = "nan_for_test"  # registered for this test only (conftest's _forget_test_components removes it)
+
+    @POLICY_LOSSES.register(name)
+    def nan_loss(logprobs, old_logprobs, advantages, mask):
+        return logprobs * float("nan"), {}
     args = {**tiny_args, "policy_loss": name, "steps": 2}
     cfg = Config.build(args)
     t = Trainer(cfg, log=lambda *a: None)
