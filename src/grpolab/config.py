@@ -164,6 +164,10 @@ class Config:
     mask_truncated_completions: bool = _f(False, "leave completions that hit max_completion_length out of the "
                                                  "loss (DAPO overlong filtering; TRL's name)")
     reward_weights: list | None = _f(None, "one weight per reward function (overrides task / =weight)")
+    success_threshold: float = _f(1.0, "a completion counts as a success (correct) when its scalar reward >= this: "
+                                       "the one threshold of every component that counts successes (prompt "
+                                       "samplers, budgets, hints, injected references); a component whose paper "
+                                       "sets its own keeps its own key (e.g. dcpo_success_threshold)")
     # 300 s: a call scores a whole step's completions; verifiers take milliseconds, a reward model or judge on
     # a CPU up to about a minute: far below this, while a hung call costs minutes instead of the run
     reward_timeout: float = _f(300.0, "seconds one reward function call may run; a call still running then is "
