@@ -174,7 +174,7 @@ def test_no_private_helper_imported_across_packages():
 HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algorithms.regularizers",
         "aggregation": "grpolab.algorithms.aggregation", "kl": "grpolab.algorithms.kl",
         "weighting": "grpolab.algorithms.weightings", "answer_key": "grpolab.algorithms.answer_keys",
-        "reward_transform": "grpolab.rewards.transforms"}
+        "reward_transform": "grpolab.rewards.transforms", "collector": "grpolab.stages.collectors"}
 
 
 def test_each_kind_of_component_lives_in_the_module_named_for_it():
@@ -256,6 +256,8 @@ def test_each_component_resolves_from_its_defaults(kind):
     for name in reg.names():
         value = [name] if reg.key in ("advantage_weightings", "regularizers", "reward_transforms", "batch_stages") \
             else name
+        if reg.switch:  # `dynamic_sampling: true` selects the collector of that name
+            value = True
         layers = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
         if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
             layers["beta"] = 0.1

@@ -220,14 +220,16 @@ def test_dynamic_sampling_filters_on_accuracy_not_shaped_reward(tiny_args):
     # the issue's example: lengths [10, 10, 10, 18], max 20, overlong buffer 4 -> shaped [1, 1, 1, 0.5]
     args = {**tiny_args, **recipe_overrides("dapo"), "max_completion_length": 20, "overlong_buffer": 4}
     t = _trainer(args)
-    assert t.cfg.dynamic_sampling_metric == "accuracy" and t.dynamic_sampling_column == 0  # repeat's "match"
+    assert t.cfg.dynamic_sampling_metric == "accuracy" and t.collector.fn.column == 0  # repeat's "match"
     batch = _all_correct_batch([10, 10, 10, 18], 20)
     assert torch.allclose(t.scorer.scalar(batch), torch.tensor([1.0, 1.0, 1.0, 0.5]))
-    assert not zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).any()  # DAPO drops it
+    values = t.collector.fn.values  # the collector's filter quantity
+    assert not zero_variance_groups(values(batch, t.scorer.scalar), batch.group_ids).any()  # DAPO drops it
     t = _trainer({**args, "dynamic_sampling_metric": "reward"})
-    assert zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).all()  # shaped reward keeps it
+    values = t.collector.fn.values
+    assert zero_variance_groups(values(batch, t.scorer.scalar), batch.group_ids).all()  # shaped reward keeps it
     t = _trainer({**args, "dynamic_sampling_metric": "match"})  # a reward function by name
-    assert not zero_variance_groups(t.dynamic_sampling_values(batch), batch.group_ids).any()
+    assert not zero_variance_groups(t.collector.fn.values(batch, t.scorer.scalar), batch.group_ids).any()
 
 
 def test_dynamic_sampling_metric_errors_name_the_fix(tiny_args, tmp_path, monkeypatch):
@@ -252,13 +254,13 @@ def test_dynamic_sampling_metric_errors_name_the_fix(tiny_args, tmp_path, monkey
         "    return [float(len(str(c)) < 5) for c in completions]\n")
     # one user reward: 'accuracy' is that reward (recipes on user data, stated in the log)
     user = {**tiny_args, "data": str(data), "reward": ["ds_rewards:exact"], "dynamic_sampling": True}
-    assert _trainer(user).dynamic_sampling_column == 0
+    assert _trainer(user).collector.fn.column == 0
     # several: which one is the accuracy is not knowable, so the error names the choices
     two = {**user, "reward": ["ds_rewards:exact", "ds_rewards:short"]}
     with pytest.raises(ConfigError, match="dynamic_sampling_metric.*exact.*short"):
         _trainer(two)
-    assert _trainer({**two, "dynamic_sampling_metric": "short"}).dynamic_sampling_column == 1
-    assert _trainer({**two, "dynamic_sampling_metric": "reward"}).dynamic_sampling_column is None
+    assert _trainer({**two, "dynamic_sampling_metric": "short"}).collector.fn.column == 1
+    assert _trainer({**two, "dynamic_sampling_metric": "reward"}).collector.fn.column is None
 
 
 def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
@@ -280,7 +282,9 @@ def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
     assert calls == [8] and len(torch.unique(batch.group_ids)) == 4
     assert stats["dynamic_sampling/generated_groups"] == 8 and stats["dynamic_sampling/dropped_groups"] == 4
     # factor 3: 12 prompts, 6 vary, the first 4 are kept (verl truncates to the train batch)
-    t.cfg.dynamic_sampling_oversample = 3.0
+    t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 3.0, "steps": 1})
+    real_score = t.scorer.score
+    monkeypatch.setattr(t.scorer, "score", score)
     calls.clear()
     batch, _, stats = t.collect()
     assert calls == [12] and len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 1
@@ -318,3 +322,20 @@ def test_dapo_recipe_trains_end_to_end(tiny_args):
     rows = read_metrics(tiny_args["out"])
     assert len(rows) == 2
     assert all("dynamic_sampling/rounds" in r or r.get("skipped") for r in rows)
+
+
+def test_dynamic_sampling_keys_belong_to_its_collector():
+    """The dynamic_sampling_* keys are the collector's parameters: refused (naming the switch) when
+    dynamic sampling is off, checked before the run when it is on."""
+    import pytest
+
+    from grpolab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"parameter of collector/dynamic_sampling.*dynamic_sampling: true"):
+        Config.build({"model": "tiny", "dynamic_sampling_metric": "reward"})
+    for key in ("dynamic_sampling_max_rounds", "dynamic_sampling_oversample"):
+        with pytest.raises(ConfigError, match=f"{key}: must be >= 1"):
+            Config.build({"model": "tiny", "dynamic_sampling": True, key: 0})
+    cfg = Config.build({"model": "tiny", "dynamic_sampling": True})
+    assert cfg.dynamic_sampling_metric == "accuracy" and cfg.dynamic_sampling_max_rounds == 4
+    assert "dynamic_sampling_metric" not in Config.build({"model": "tiny"}).to_dict()

@@ -145,6 +145,8 @@ def _recipes_by_component() -> dict[tuple[str, str], list[dict]]:
             if reg is None:
                 continue
             for v in value if isinstance(value, list) else [value]:
+                if reg.switch:  # `dynamic_sampling: true` selects the component named like the key
+                    v = key if v is True else None
                 if not isinstance(v, str):
                     continue
                 name = reg.split(v.partition("=")[0])[0]

@@ -23,16 +23,17 @@ import yaml
 
 from .devices import check_device_spec
 from .errors import ConfigError
-from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, KL_ESTIMATORS, POLICY_LOSSES,
-                       REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS, TASKS,
-                       UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params)
+from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, COLLECTORS, KL_ESTIMATORS,
+                       POLICY_LOSSES, REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS,
+                       TASKS, UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params)
 
 
-def _f(default, help: str, choices: Any = None):
+def _f(default, help: str, choices: Any = None, switch: Registry | None = None):
     """A core config field with its help text and (optional) choices: a list, or a Registry (``many``: a list
-    of names from it)."""
+    of names from it). ``switch``: a bool field whose ``true`` selects the registry's component named like
+    the field (the registry's key)."""
     kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
-    return field(metadata={"help": help, "choices": choices}, **kw)
+    return field(metadata={"help": help, "choices": choices, "switch": switch}, **kw)
 
 
 # report_to's trackers and the pip extra each needs (None: a core dependency)
@@ -86,18 +87,11 @@ class Config:
     prompts_per_step: int = _f(4, "prompts per optimiser step")
     num_generations: int = _f(8, "completions per prompt (G)")
     num_iterations: int = _f(1, "optimiser passes over each batch (mu)")
-    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop zero-variance groups and generate more "
-                                       "prompts until prompts_per_step groups are kept")
-    dynamic_sampling_max_rounds: int = _f(4, "generation rounds per step before dynamic sampling gives up "
-                                             "and trains on the groups it has (with a warning; verl "
-                                             "max_num_gen_batches, where it is an error)")
-    dynamic_sampling_metric: str = _f("accuracy", "quantity whose constant groups dynamic sampling drops: "
-                                                  "'accuracy' (the task's accuracy reward column, as DAPO / verl "
-                                                  "filter_groups.metric=acc), 'reward' (the combined reward after "
-                                                  "transforms such as overlong_penalty) or a reward function name")
-    dynamic_sampling_oversample: float = _f(1.0, "dynamic sampling generates ceil(factor x prompts_per_step) "
-                                                 "prompts per round and keeps the first groups with signal "
-                                                 "(verl gen_batch_size / train_batch_size; 1 = no over-sampling)")
+    dynamic_sampling: bool = _f(False, "DAPO dynamic sampling: drop groups whose accuracy does not vary and generate "
+                                       "more prompts until prompts_per_step groups are kept (the collector "
+                                       "grpolab/stages/collectors.py; its keys: dynamic_sampling_metric, "
+                                       "dynamic_sampling_oversample, dynamic_sampling_max_rounds)",
+                                switch=COLLECTORS)
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
@@ -322,6 +316,9 @@ class Config:
         """``(kind/name, component)`` for every component this config selects (plus ``extra``)."""
         out = []
         for f in dataclasses.fields(self):
+            switch = f.metadata.get("switch")
+            if switch is not None and getattr(self, f.name):
+                out.append((f"{switch.kind}/{f.name}", switch.get(f.name)))
             choices = f.metadata.get("choices")
             many = isinstance(choices, tuple)
             reg = choices[0] if many else choices
@@ -372,7 +369,7 @@ class Config:
             if p is not None and p.choices is not None and value not in p.choices:
                 raise ConfigError(f"{key}: '{value}' is not valid; valid values: {', '.join(map(str, p.choices))} "
                                   f"({p.help})")
-        positive = ["dynamic_sampling_max_rounds", "off_policy_refresh_steps", "steps", "prompts_per_step",
+        positive = ["off_policy_refresh_steps", "steps", "prompts_per_step",
                     "num_generations", "num_iterations", "micro_batch_size", "max_completion_length",
                     "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:
@@ -587,11 +584,14 @@ def _unknown_key(key: str, source: str, decl: dict[str, Param]) -> str:
     valid = CORE_KEYS + sorted(decl)
     close = difflib.get_close_matches(key, valid, n=3)
     msg = f"{source}: unknown key '{key}'"
-    owners = sorted({o for reg in ALL_REGISTRIES.values() for name, obj in reg.items()
-                     for o in (declared_params(obj).get(key).owners if key in declared_params(obj) else [])})
+    owners = sorted({(o, reg.selection(name)) for reg in ALL_REGISTRIES.values() for name, obj in reg.items()
+                     for o in (declared_params(obj).get(key).owners if key in declared_params(obj) else [])},
+                    key=lambda t: t[0])
     if owners:
-        msg += (f": it is a parameter of {', '.join(owners)}, which this run does not select (select the "
-                f"component first, e.g. with its recipe)")
+        how = [s for _, s in owners if s]
+        msg += (f": it is a parameter of {', '.join(o for o, _ in owners)}, which this run does not select "
+                f"(select the component first" + (f": {' or '.join(how[:3])}" if how else "")
+                + ", or with a recipe that does)")
     elif close:
         msg += f" (did you mean {', '.join(close)}?)"
     return msg + f"; valid keys for this run: {', '.join(valid)}"

@@ -114,9 +114,11 @@ class Registry(Generic[T]):
     parameters).
     """
 
-    def __init__(self, kind: str, key: str | None = None):
+    def __init__(self, kind: str, key: str | None = None, switch: bool = False):
         self.kind = kind
         self.key = key  # the config key that selects from this registry (for messages and docs)
+        # a switch registry: its key is a bool, and ``key: true`` selects the component named like the key
+        self.switch = switch
         self._items: dict[str, T] = {}
         self._checks: dict[str, Callable] = {}
         self._prefixes: dict[str, str] = {}  # "rg:" -> how the rest of the name is read, for messages
@@ -144,6 +146,13 @@ class Registry(Generic[T]):
             return obj
 
         return deco
+
+    def selection(self, name: str) -> str | None:
+        """The config setting that selects ``name`` (``advantage: NAME``; a switch: ``dynamic_sampling: true``),
+        or None for a registry no config key selects from."""
+        if self.key is None:
+            return None
+        return f"{self.key}: true" if self.switch else f"{self.key}: {name}"
 
     def split(self, name: str) -> tuple[str, str | None]:
         """``(registered name, rest)``: ``("rg:", "chain_sum")`` for a prefix entry, else ``(name, None)``."""
@@ -204,6 +213,9 @@ SAMPLERS: Registry = Registry("prompt sampler", "prompt_sampler")
 ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy", "rollout_strategy")
 BATCH_STAGES: Registry = Registry("batch stage", "batch_stages")
 UPDATE_STRATEGIES: Registry = Registry("update strategy", "update_strategy")
+# how a step's batch is gathered when one rollout round is not enough (grpolab/stages/collectors.py);
+# `dynamic_sampling: true` selects the component of that name (DAPO)
+COLLECTORS: Registry = Registry("collector", "dynamic_sampling", switch=True)
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")
 
@@ -211,5 +223,5 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "advantage": ADVANTAGES, "weighting": WEIGHTINGS, "policy_loss": POLICY_LOSSES, "regularizer": REGULARIZERS,
     "aggregation": AGGREGATIONS, "kl": KL_ESTIMATORS, "answer_key": ANSWER_KEYS, "reward_transform": REWARD_TRANSFORMS,
     "reward_spec": REWARD_SPECS, "task": TASKS, "prompt_sampler": SAMPLERS, "rollout": ROLLOUT_STRATEGIES,
-    "stage": BATCH_STAGES, "update": UPDATE_STRATEGIES,
+    "stage": BATCH_STAGES, "update": UPDATE_STRATEGIES, "collector": COLLECTORS,
 }

@@ -11,10 +11,13 @@ rows it adds must carry rewards and advantages).
 ``UPDATE_STRATEGIES`` (config ``update_strategy``): called with ``update`` (the
 trainer's standard update: ``update(batch) -> metrics dict``), ``batch``,
 ``model``, ``optimizer``, ``ctx`` and ``step``; returns the metrics dict.
+
+``COLLECTORS`` (switched on by ``dynamic_sampling: true``): gather the step's
+scored batch over several rollout rounds (collectors.py).
 """
 from __future__ import annotations
 
-from ..registry import BATCH_STAGES, UPDATE_STRATEGIES
-from . import dcpo, pruning, replay, sfpo, updates  # noqa: F401  (register stages and update strategies)
+from ..registry import BATCH_STAGES, COLLECTORS, UPDATE_STRATEGIES
+from . import collectors, dcpo, pruning, replay, sfpo, updates  # noqa: F401  (register stages, updates, collectors)
 
-__all__ = ["BATCH_STAGES", "UPDATE_STRATEGIES"]
+__all__ = ["BATCH_STAGES", "COLLECTORS", "UPDATE_STRATEGIES"]

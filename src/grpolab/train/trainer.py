@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, mask_truncated,
-                          zero_variance_groups, zero_variance_groups_count)
+                          zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
 from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
 from ..components import Component
@@ -40,7 +40,7 @@ from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
 from ..rollouts.strategies import ROLLOUT_STRATEGIES
 from ..prompts import SAMPLERS
-from ..stages import BATCH_STAGES, UPDATE_STRATEGIES
+from ..stages import BATCH_STAGES, COLLECTORS, UPDATE_STRATEGIES
 from ..tasks import get_task
 from . import checkpoint as ckpt
 from . import checks
@@ -168,7 +168,14 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
+        self._setup_data_and_rewards(cfg)
+        self._prepare_model(cfg)
+        self._setup_optimizer(cfg)
+        self._wire_pipeline(cfg)
+        self._open_run(resume, overwrite)
 
+    def _setup_data_and_rewards(self, cfg: Config) -> None:
+        """Training and held-out rows, the environment, the reward functions (weighted, checked)."""
         self.rows, self.eval_rows, rewards, self.accuracy_reward, self.eval_extra = self.setup_data(cfg)
         self.eval_extra = dict(self.eval_extra)  # a task's environment is no eval reward (grpolab.agents)
         self.environment = getattr(self, "user_environment", None) or self.eval_extra.pop("environment", None)
@@ -191,6 +198,8 @@ class Trainer:
         checks.check_columns(cfg, self.rows)
         self.rewards = rewards
 
+    def _prepare_model(self, cfg: Config) -> None:
+        """Device and precision, the policy and tokenizer, the frozen reference, LoRA, checkpointing."""
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
@@ -213,6 +222,9 @@ class Trainer:
             else:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.config.use_cache = False
+
+    def _setup_optimizer(self, cfg: Config) -> None:
+        """The training module (DDP / FSDP2 wrap it), AdamW over its trainable parameters, the LR schedule."""
         self.train_module = self.wrap_for_training()  # what the update's forward runs through (DDP / FSDP2)
         params = [p for p in self.train_module.parameters() if p.requires_grad]
         # the fused AdamW kernel: the same update in one pass per tensor (measured on SmolLM2-135M, 2 CPU
@@ -222,6 +234,10 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay, fused=fused or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+
+    def _wire_pipeline(self, cfg: Config) -> None:
+        """The prompt sampler, random streams, the selected components, the scorer, the generation engine and
+        the rollout context."""
         self.sampler = build_sampler(cfg, self.rows)
         self.generator = torch.Generator().manual_seed(cfg.seed + 1)
         # token draws happen where the logits are: on an accelerator, from a generator on that device
@@ -234,18 +250,23 @@ class Trainer:
         self.regularizers = [Component(REGULARIZERS.get(n), cfg, n) for n in cfg.regularizers]
         self.aggregate = AGGREGATIONS.get(cfg.loss_aggregation)
         self.reward_transforms = [Component(REWARD_TRANSFORMS.get(n), cfg, n) for n in cfg.reward_transforms]
-        self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
-        self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
-        self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
         self.strategy = Component(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), cfg, cfg.rollout_strategy)
         self.stages = [Component(BATCH_STAGES.get(n), cfg, n) for n in cfg.batch_stages]
         self.update_strategy = Component(UPDATE_STRATEGIES.get(cfg.update_strategy), cfg, cfg.update_strategy)
+        self.scorer = BatchScorer(RewardScorer(self.rewards, log=self.log, timeout=cfg.reward_timeout),
+                                  self.reward_transforms)
+        # DAPO dynamic sampling (grpolab/stages/collectors.py); None: one rollout round per step
+        self.collector = (Component(COLLECTORS.get("dynamic_sampling"), cfg, "dynamic_sampling",
+                                    reward_names=list(self.scorer.names), accuracy_reward=self.accuracy_reward)
+                          if cfg.dynamic_sampling else None)
+        self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
+        self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
+        self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
         self.components[f"rollout/{self.strategy.name}"] = self.strategy
         self.components.update({f"stage/{c.name}": c for c in self.stages})
         self.components[f"update/{self.update_strategy.name}"] = self.update_strategy
-        self.scorer = BatchScorer(RewardScorer(rewards, log=self.log, timeout=cfg.reward_timeout),
-                                  self.reward_transforms)
-        self.dynamic_sampling_column = self._dynamic_sampling_column()
+        if self.collector is not None:
+            self.components[f"collector/{self.collector.name}"] = self.collector
         # vLLM, vLLM servers or Ray actors (grpolab/generation/engines.py; None: the trainer samples)
         self.engine = build_engine(cfg, self.model, self.tok, log=self.log, rank=self.rank, world_size=self.world_size)
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
@@ -256,6 +277,9 @@ class Trainer:
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
+    def _open_run(self, resume: bool, overwrite: bool) -> None:
+        """Step counters and budgets, the run folder (claimed, or resumed from its newest checkpoint), its logs."""
+        cfg = self.cfg
         self.behavior_model = None  # stale policy snapshot (off_policy_refresh_steps > 1)
         self.prompts_ahead = None  # async_rollouts: the next step's prompts, drawn while this step trains
         self.step = 0
@@ -460,86 +484,24 @@ class Trainer:
         return self.strategy(ctx=self.ctx, rows=[self.rows[i] for i in idx], uids=idx, group_offset=offset,
                              budgets=budgets, temperatures=temps, step=self.step)
 
-    def _dynamic_sampling_column(self) -> int | None:
-        """Reward-matrix column dynamic sampling filters on (``dynamic_sampling_metric``); None = the combined
-        scalar reward. Raises ``ConfigError`` naming the fix when the metric cannot be resolved."""
-        cfg = self.cfg
-        if not cfg.dynamic_sampling:
-            return None
-        if cfg.dynamic_sampling_oversample < 1:
-            raise ConfigError(f"dynamic_sampling_oversample: must be >= 1, got {cfg.dynamic_sampling_oversample}")
-        names = list(self.scorer.names)
-        metric = cfg.dynamic_sampling_metric
-        if metric == "reward":
-            return None
-        if metric == "accuracy":
-            if self.accuracy_reward is None:
-                raise ConfigError("dynamic_sampling_metric: 'accuracy' needs an accuracy reward, and this run has "
-                                  "none designated (e.g. --data with --reward functions); set "
-                                  "dynamic_sampling_metric to one of the reward functions "
-                                  f"({', '.join(names)}) or to 'reward' (the combined shaped reward)")
-            metric = self.accuracy_reward
-        if metric not in names:
-            raise ConfigError(f"dynamic_sampling_metric: '{metric}' is not a reward function of this run; valid "
-                              f"values: accuracy, reward, {', '.join(names)}")
-        return names.index(metric)
-
-    def dynamic_sampling_values(self, batch) -> torch.Tensor:
-        """``[R]`` per-row quantity whose constant groups dynamic sampling drops (``dynamic_sampling_metric``)."""
-        if self.dynamic_sampling_column is None:
-            return self.scorer.scalar(batch, step=self.step)
-        return batch.rewards[:, self.dynamic_sampling_column]
+    def generate(self, n: int):
+        """``n`` prompts' completions, scored: ``(batch, reward-call errors)``."""
+        batch = self.rollout(n)
+        errors = self.scorer.score(batch) if batch.rewards is None else 0
+        errors += self.ctx.reward_errors
+        self.ctx.reward_errors = 0
+        return batch, errors
 
     def collect(self):
-        """Rollout + rewards; with dynamic sampling, refill until the batch is full.
-
-        Returns ``(batch, reward-call errors, stats)``. Dynamic sampling (DAPO)
-        drops groups whose ``dynamic_sampling_metric`` (by default the task's
-        accuracy reward, as DAPO and verl ``filter_groups.metric=acc``) does not
-        vary and generates more prompts: each round generates a whole generation
-        batch of ``ceil(dynamic_sampling_oversample x prompts_per_step)`` prompts
-        (verl ``data.gen_batch_size``; the DAPO authors' script uses 3 x
-        ``train_batch_size``) and keeps its groups with signal; kept groups
-        beyond ``prompts_per_step`` are discarded (verl truncates the accumulated
-        batch to the train batch size). After ``dynamic_sampling_max_rounds``
-        rounds (verl ``max_num_gen_batches``) verl stops the run with an error;
-        grpolab warns and trains on the groups it kept (the step is skipped if
-        none).
-        """
-        cfg = self.cfg
-        kept, errors, generated, dropped = [], 0, 0, 0
-        n_kept = 0
-        for round_ in range(cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else 1):
-            need = cfg.prompts_per_step - n_kept
-            n_prompts = (math.ceil(cfg.dynamic_sampling_oversample * cfg.prompts_per_step - 1e-9)
-                         if cfg.dynamic_sampling else need)
-            batch = self.rollout(n_prompts)
-            if batch.rewards is None:
-                errors += self.scorer.score(batch)
-            errors += self.ctx.reward_errors
-            self.ctx.reward_errors = 0
-            generated += n_prompts
-            if not cfg.dynamic_sampling:
-                return batch, errors, {}
-            values = self.dynamic_sampling_values(batch)
-            keep = zero_variance_groups(values, batch.group_ids)
-            dropped += zero_variance_groups_count(values, batch.group_ids)
-            if keep.any():
-                groups = torch.unique(batch.group_ids[keep])[:need]  # over-sampled surplus is discarded
-                rows = (keep & torch.isin(batch.group_ids, groups)).nonzero().squeeze(-1)
-                kept.append(batch.select(rows))
-                n_kept += len(groups)
-            if n_kept >= cfg.prompts_per_step:
-                break
-        else:
-            self.log(f"[grpolab] step {self.step + 1}: dynamic sampling kept {n_kept} of {cfg.prompts_per_step} "
-                     f"groups after {cfg.dynamic_sampling_max_rounds} rounds (dynamic_sampling_max_rounds); "
-                     f"training on what it has")
-        stats = {"dynamic_sampling/rounds": round_ + 1, "dynamic_sampling/generated_groups": generated,
-                 "dynamic_sampling/dropped_groups": dropped, "frac_zero_std_groups": dropped / max(generated, 1)}
-        if not kept:
-            return None, errors, stats
-        return RolloutBatch.concat(kept, pad_id=self.tok.pad_token_id), errors, stats
+        """The step's scored batch: one round of ``prompts_per_step`` prompts, or the collector's rounds
+        (``dynamic_sampling``: grpolab/stages/collectors.py). Returns ``(batch or None, reward-call errors,
+        stats)``; None: no group was kept, the step is skipped."""
+        if self.collector is None:
+            batch, errors = self.generate(self.cfg.prompts_per_step)
+            return batch, errors, {}
+        return self.collector(generate=self.generate, scalar=lambda b: self.scorer.scalar(b, step=self.step),
+                              prompts_per_step=self.cfg.prompts_per_step, step=self.step, log=self.log,
+                              pad_id=self.tok.pad_token_id)
 
     def compute_advantages(self, batch) -> torch.Tensor:
         """Advantages ``[R, T]`` of a batch with ``scalar_rewards`` (estimator, then weightings; zero off the
