@@ -177,6 +177,34 @@ HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algo
         "reward_transform": "grpolab.rewards.transforms", "collector": "grpolab.stages.collectors"}
 
 
+# kinds whose components are spread over one family module each: the packages that hold them
+PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents"), "reward_spec": ("grpolab.rewards",),
+                "task": ("grpolab.tasks",), "prompt_sampler": ("grpolab.prompts",),
+                "rollout": ("grpolab.rollouts", "grpolab.agents"), "stage": ("grpolab.stages",),
+                "update": ("grpolab.stages",)}
+# modules that define components of more than one kind, and why
+MIXED = {"grpolab.agents.tree": "one method's tree rollout and the tree advantage it is scored with (TreeRL)"}
+
+
+def test_every_kind_has_a_home_and_modules_hold_one_kind():
+    """Each kind of component has a home (a module named for it, or the packages of its families), and a module
+    defines components of one kind (MIXED lists the exceptions, with the reason)."""
+    assert set(HOME) | set(PACKAGE_HOME) == set(ALL_REGISTRIES), "give the new kind a home (HOME or PACKAGE_HOME)"
+    kinds: dict[str, set] = {}
+    wrong = []
+    for kind, reg in ALL_REGISTRIES.items():
+        for name, obj in reg.items():
+            mod = obj.__module__
+            if not mod.startswith("grpolab."):
+                continue
+            kinds.setdefault(mod, set()).add(kind)
+            if kind in PACKAGE_HOME and not mod.startswith(tuple(p + "." for p in PACKAGE_HOME[kind])):
+                wrong.append(f"{kind} '{name}' is defined in {mod}, outside {' / '.join(PACKAGE_HOME[kind])}")
+    wrong += [f"{mod} defines components of {len(k)} kinds ({', '.join(sorted(k))})"
+              for mod, k in kinds.items() if len(k) > 1 and mod not in MIXED]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_each_kind_of_component_lives_in_the_module_named_for_it():
     built_in = [(kind, name, obj.__module__) for kind, reg in ALL_REGISTRIES.items() for name, obj in reg.items()
                 if obj.__module__.startswith("grpolab.")]
