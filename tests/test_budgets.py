@@ -226,7 +226,7 @@ def test_ar3po_sampler_caps_solved_prompts_to_one_stage():
 
 def test_ar3po_end_to_end_injects_only_into_groups_without_a_sampled_success(tiny_args):
     t = Trainer(tiny_cfg(tiny_args, prompt_sampler="ar3po", rollout_strategy="ar3po", ar3po_stage_size=2,
-                         ar3po_max_stages=2, ar3po_success_threshold=0.25, prompts_per_step=6),
+                         ar3po_max_stages=2, success_threshold=0.25, prompts_per_step=6),
                 log=lambda *a: None)
     strat = t.strategy.fn
     for u in range(len(t.rows)):  # a stored "correct" response for every prompt: "7"

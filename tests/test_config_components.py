@@ -49,9 +49,9 @@ def test_unknown_key_names_the_owner_and_the_valid_keys_for_this_run():
 
 def test_values_from_the_command_line_are_converted_by_the_declared_type():
     cfg = Config.build({"prompt_sampler": "prompt_gdro", "gdro_bin_edges": "0.2,0.8", "gdro_window": "6",
-                        "gdro_success_threshold": "0.5"})
+                        "gdro_init_pass": "0.25", "success_threshold": "0.5"})
     assert [float(x) for x in cfg.gdro_bin_edges] == [0.2, 0.8]
-    assert cfg.gdro_window == 6 and cfg.gdro_success_threshold == 0.5
+    assert cfg.gdro_window == 6 and cfg.gdro_init_pass == 0.25 and cfg.success_threshold == 0.5
     cfg = Config.build({"policy_loss": "cispo", "cispo_epsilon_low": "none"})
     assert cfg.cispo_epsilon_low is None
 

@@ -74,7 +74,7 @@ def test_plain_strategy_on_a_context_without_trainer(parts):
 def test_hint_strategy_on_a_context_without_trainer(parts):
     ctx = make_ctx(parts)
     uids = [1, 2]
-    b = run_strategy(ctx, "guide", uids, guide_success_threshold=1.0, guide_hint_level=0, guide_keep_failed=True)
+    b = run_strategy(ctx, "guide", uids, success_threshold=1.0, guide_hint_level=0, guide_keep_failed=True)
     assert b.rewards is not None and not torch.isnan(b.rewards).all()  # guide scores the batch itself
     assert set(b.group_ids.tolist()) == {0, 1} and set(b.prompt_uids.tolist()) == set(uids)
     for g, u in zip((0, 1), uids):

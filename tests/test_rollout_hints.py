@@ -171,7 +171,7 @@ def test_guide_hints_only_failed_prompts_and_trains_on_the_plain_prompt():
     # uid 0 is solved without a hint; uid 1 only with one (and then by every sample)
     ctx = FakeCtx(lambda u, t, k: u == 0 or "Hints:" in t)
     rows = [row(0), row(1)]
-    b = run(guide, ctx, rows, [0, 1], guide_success_threshold=1.0, guide_hint_level=0)
+    b = run(guide, ctx, rows, [0, 1], success_threshold=1.0, guide_hint_level=0)
     assert [[u for u, _ in c] for c in hinted_calls(ctx)] == [[1]]  # one hinted call, uid 1 only
     g = groups(b)
     assert sorted(g) == [0, 1] and len(g[0]) == len(g[1]) == 4  # hinted group replaced the failed one

@@ -127,7 +127,7 @@ def test_replace_rows_keeps_order():
 # ------------------------------------------------------------------------ GCPO
 def test_gcpo_reference_only_in_all_failed_groups(tr, plant_success):
     rows, uids = short_rows(tr)
-    b = inj.gcpo_reference(tr.ctx, rows, uids, 0, gcpo_success_threshold=1.0)
+    b = inj.gcpo_reference(tr.ctx, rows, uids, 0, success_threshold=1.0)
     scalar = tr.ctx.scalar(b)
     assert b.group_ids.tolist() == [0] * 4 + [1] * 4 + [2] * 4  # replaced, not added
     # group 0 had a success (the planted row 0): nothing injected besides it
@@ -142,7 +142,7 @@ def test_gcpo_reference_only_in_all_failed_groups(tr, plant_success):
 # ---------------------------------------------------------------- DaGRPO anchors
 def test_dagrpo_anchors_added_to_groups_without_positive(tr, plant_success):
     rows, uids = short_rows(tr)
-    b = inj.dagrpo_anchors(tr.ctx, rows, uids, 0, dagrpo_success_threshold=1.0, dagrpo_num_anchors=2)
+    b = inj.dagrpo_anchors(tr.ctx, rows, uids, 0, success_threshold=1.0, dagrpo_num_anchors=2)
     # group 0 keeps its G = 4 rows; groups 1 and 2 grow to 4 + 2 (contiguous)
     assert b.group_ids.tolist() == [0] * 4 + [1] * 6 + [2] * 6
     assert injected_rows(b) == [0, 8, 9, 14, 15]
@@ -273,12 +273,12 @@ def test_thinktuning_feedback_masked_and_student_continues(tr):
 # --------------------------------------------------------------------------- EDGE
 def test_edge_correction_only_failed(tr, plant_success):
     rows, uids = short_rows(tr)
-    b = inj.edge_correction(tr.ctx, rows, uids, 0, edge_gec_success_threshold=1.0, edge_gec_only_all_failed=True)
+    b = inj.edge_correction(tr.ctx, rows, uids, 0, success_threshold=1.0, edge_gec_only_all_failed=True)
     fixed = injected_rows(b)
     assert fixed[0] == 0 and all(i >= 4 for i in fixed[1:])  # group 0 had a success: only the planted row
     assert len(fixed) == 9  # every (failed) row of groups 1 and 2
     assert_behaviour_logprobs_exact(tr, b)
-    b = inj.edge_correction(tr.ctx, rows, uids, 0, edge_gec_success_threshold=1.0)
+    b = inj.edge_correction(tr.ctx, rows, uids, 0, success_threshold=1.0)
     assert injected_rows(b) == list(range(12))  # now the failed rows of group 0 too
 
 
@@ -353,7 +353,7 @@ def test_edge_correction_draw_and_edits_as_the_authors_gec(tiny_args, monkeypatc
 
     monkeypatch.setattr(torch, "rand", rand)
     monkeypatch.setattr(t.ctx, "generate", generate)
-    b = inj.edge_correction(t.ctx, rows, uids, 0, edge_gec_success_threshold=1.0)
+    b = inj.edge_correction(t.ctx, rows, uids, 0, success_threshold=1.0)
     monkeypatch.undo()
     plain = seen[0]
     fixed = injected_rows(b)

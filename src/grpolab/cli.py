@@ -113,6 +113,7 @@ def _resume_config(args, cli: dict):
     """The saved configuration of the run in ``--resume OUT``, with the overrides a resume allows
     (``RESUME_OVERRIDES``); anything that would change what the run trains is refused."""
     from .config import Config, ConfigError, load_yaml
+    from .registry import REPLACED_KEYS, replaced_key_note
 
     out = Path(args.resume)
     saved = out / "config.yaml"
@@ -129,8 +130,10 @@ def _resume_config(args, cli: dict):
     cfg = Config.build(base, cli, sources=[str(saved), "command line"], lenient=True)
     for key in cli:
         if key in cfg.dropped_keys:
-            raise ConfigError(f"--resume {out}: --{key} is not a key of this run (core keys and the parameters of "
-                              f"the components it selects: grpolab config --config {saved})")
+            note = replaced_key_note(key)
+            raise ConfigError(f"--resume {out}: --{key} is not a key of this run" + (
+                f": {note}" if note else f" (core keys and the parameters of the components it selects: "
+                                         f"grpolab config --config {saved})"))
         if key in RESUME_OVERRIDES:
             continue
         old, new = before.to_dict().get(key), cfg.to_dict().get(key)
@@ -139,12 +142,40 @@ def _resume_config(args, cli: dict):
                               f"{key}: {old}); a resumed run keeps its settings. On --resume only "
                               f"{', '.join('--' + k for k in RESUME_OVERRIDES)} may change; for other settings "
                               f"start a new run (--out NEW)")
+    _check_replaced_keys(base, cfg, saved, out)
     cfg.out = str(out)
-    if cfg.dropped_keys:
-        print(f"[grpolab] {saved}: {len(cfg.dropped_keys)} keys of components this run does not select were "
-              f"ignored ({', '.join(cfg.dropped_keys[:8])}{', ...' if len(cfg.dropped_keys) > 8 else ''})",
-              file=sys.stderr)
+    others = [k for k in cfg.dropped_keys if k not in REPLACED_KEYS]
+    replaced = [f"{k} -> {REPLACED_KEYS[k][0]}" for k in cfg.dropped_keys if k in REPLACED_KEYS]
+    for keys, what in ((others, "keys of components this run does not select were ignored"),
+                       (replaced, "keys grpolab has replaced were ignored (none changes what this run trains)")):
+        if keys:
+            print(f"[grpolab] {saved}: {len(keys)} {what} ({', '.join(keys[:8])}{', ...' if len(keys) > 8 else ''})",
+                  file=sys.stderr)
     return cfg
+
+
+def _check_replaced_keys(saved_values: dict, cfg, saved: Path, out: Path) -> None:
+    """Refuse to resume a run whose ``config.yaml`` sets a key grpolab has since replaced (``REPLACED_KEYS``, e.g.
+    ``knapsack_success_threshold`` -> ``success_threshold``) to another value than the replacement has now.
+
+    ``Config.build(lenient=True)`` drops such a key, so the run would go on with the replacement's value and train
+    differently without a word. Only the old keys of components this run selects count (an old config.yaml lists
+    every component's keys; the others never applied)."""
+    from .config import ConfigError, _coerce
+    from .registry import REPLACED_KEYS
+
+    selected = {owner for owner, _ in cfg.selected()}
+    for key, value in saved_values.items():
+        key = key.replace("-", "_")
+        if key not in REPLACED_KEYS or not selected & set(REPLACED_KEYS[key][1]):
+            continue
+        new = REPLACED_KEYS[key][0]
+        current = getattr(cfg, new)
+        if _coerce(new, value, str(saved)) != current:
+            raise ConfigError(f"--resume {out}: {saved} sets {key}: {value}, a key grpolab has replaced by {new}; "
+                              f"resumed now, the run would use {new}: {current} and train differently. In {saved} "
+                              f"replace '{key}: {value}' by '{new}: {value}' (or delete the line to go on with "
+                              f"{current}), then resume again")
 
 
 def cmd_train(args, rest: list[str]) -> int:
@@ -490,6 +521,9 @@ def _show_key(cfg, key: str) -> int:
         print(f"  {p.help}")
         print(f"  select its component first (e.g. with its recipe); then --{key} VALUE sets it")
         return 0
+    from .registry import replaced_key_note
+    if replaced_key_note(key):
+        raise ConfigError(f"grpolab config: unknown key '{key}': {replaced_key_note(key)}")
     import difflib
     close = difflib.get_close_matches(key, CORE_KEYS + sorted(decl), n=3)
     raise ConfigError(f"grpolab config: unknown key '{key}'" + (f" (did you mean {', '.join(close)}?)" if close else "")

@@ -33,7 +33,8 @@ from .errors import UnknownComponentError
 
 T = TypeVar("T")
 
-__all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentError", "ALL_REGISTRIES"]
+__all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentError", "ALL_REGISTRIES",
+           "REPLACED_KEYS", "replaced_key_note"]
 
 
 class Param:
@@ -225,3 +226,47 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "reward_spec": REWARD_SPECS, "task": TASKS, "prompt_sampler": SAMPLERS, "rollout": ROLLOUT_STRATEGIES,
     "stage": BATCH_STAGES, "update": UPDATE_STRATEGIES, "collector": COLLECTORS,
 }
+
+
+# ------------------------------------------------------------ config keys that were replaced
+# A config key no component takes any more -> (the key that replaced it, the components that took it). A config
+# or recipe that still sets one is told what replaced it (replaced_key_note); a resumed run folder whose
+# config.yaml gives one of its selected components' old keys another value than the replacement's is refused
+# (cli.py), so that a resumed run never silently changes meaning.
+_SAMPLER, _ROLLOUT = "prompt sampler", "rollout strategy"
+REPLACED_KEYS: dict[str, tuple[str, tuple[str, ...]]] = {
+    # issue 23: one shared "a completion is a success" threshold, the core key success_threshold (scalar reward
+    # >= it); every key below had the same default and rule. Kept, because their papers set their own value or
+    # comparison: dcpo_success_threshold, sgrpo_success_threshold, lead_correct_threshold (and
+    # shaping_correct_threshold, which tests one reward column, not the scalar reward).
+    f"{old}_success_threshold": ("success_threshold", tuple(owners)) for old, owners in (
+        ("knapsack", [f"{_SAMPLER}/knapsack"]),
+        ("ar3po", [f"{_SAMPLER}/ar3po", f"{_ROLLOUT}/ar3po"]),
+        ("gain_rl", [f"{_SAMPLER}/gain_rl"]),
+        ("auto_group", [f"{_SAMPLER}/auto_group"]),
+        ("erpo", [f"{_SAMPLER}/erpo"]),
+        ("rgdro", [f"{_SAMPLER}/rollout_gdro"]),
+        ("vade", [f"{_SAMPLER}/vade"]),
+        ("vas", [f"{_SAMPLER}/vas"]),
+        ("srpo", [f"{_SAMPLER}/srpo_history"]),
+        ("gdro", [f"{_SAMPLER}/prompt_gdro"]),
+        ("scaf", [f"{_ROLLOUT}/scaf_grpo"]),
+        ("guide", [f"{_ROLLOUT}/guide"]),
+        ("ghpo", [f"{_ROLLOUT}/ghpo"]),
+        ("gcpo", [f"{_ROLLOUT}/gcpo_reference"]),
+        ("dagrpo", [f"{_ROLLOUT}/dagrpo_anchors"]),
+        ("thinktuning", [f"{_ROLLOUT}/thinktuning"]),
+        ("edge_gec", [f"{_ROLLOUT}/edge_correction"]),
+    )
+}
+
+
+def replaced_key_note(key: str) -> str | None:
+    """What replaced the config key ``key`` (None when it was not replaced): the end of an "unknown key 'KEY'"
+    message."""
+    if key not in REPLACED_KEYS:
+        return None
+    new, owners = REPLACED_KEYS[key]
+    return (f"it was a parameter of {', '.join(owners)}, replaced by the key '{new}': set {new} instead "
+            f"(`grpolab config {new}` explains it)")
+

@@ -67,8 +67,10 @@ def sgrpo_weight(n: torch.Tensor, k: torch.Tensor, p: float, eps: float = 1e-8) 
 @ADVANTAGES.register("sgrpo_noise_aware", min_group_size=2)
 def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advantage_epsilon: float = 1e-4,
                       sgrpo_noise_p: float = param(0.1, 'S-GRPO: symmetric reward-flip probability p in [0, 0.5)'),
-                      sgrpo_success_threshold: float = param(0.0, 'S-GRPO: a reward above this counts as a success '
-                                                             '(k)')) -> torch.Tensor:
+                      sgrpo_success_threshold: float = param(0.0, 'S-GRPO: a reward above this (strict >) counts as '
+                                                             "a success (k); the authors' reward > 0, so it "
+                                                             'overrides the shared success_threshold for S-GRPO')
+                      ) -> torch.Tensor:
     """S-GRPO noise-aware advantage (Shen et al., 2025, seed 000-32; github.com/shenpeijun0212/S-GRPO).
 
     ``A_i = w*(n, k, p) * (r_i - mean_g r) / (std_g r + epsilon)`` where ``n`` is
@@ -79,7 +81,9 @@ def sgrpo_noise_aware(rewards: torch.Tensor, group_ids: torch.Tensor, *, advanta
 
     As in the authors' code (``compute_monte_carlo_advantages``) the weight
     multiplies the GRPO z-score (it recovers GRPO's std); binary rewards are
-    assumed, counting ``reward > 0`` as a success as they do. ``p = 0.1`` is our
+    assumed, counting ``reward > 0`` as a success as they do (hence S-GRPO's own
+    ``sgrpo_success_threshold`` = 0 with a strict ``>``, not the shared
+    ``success_threshold``, ``>= 1.0``). ``p = 0.1`` is our
     default (the authors' flag defaults to 0 = off).
 
     Provenance: authors' code — https://github.com/shenpeijun0212/S-GRPO, train/train_S-GRPO.py (group_weight,

@@ -102,8 +102,10 @@ def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, grou
                            lead_midpoint: float = param(0.75, 'GRPO-LEAD: correct-ratio midpoint rho_0 of the '
                                                         'logistic weight'),
                            lead_steepness: float = param(10.0, 'GRPO-LEAD: steepness k of the logistic weight'),
-                           lead_correct_threshold: float = param(0.0, 'GRPO-LEAD: a reward above this counts as '
-                                                                 'correct')) -> torch.Tensor:
+                           lead_correct_threshold: float = param(0.0, 'GRPO-LEAD: a reward above this (strict >) '
+                                                                 "counts as correct; the authors' reward > 0, so it "
+                                                                 'overrides the shared success_threshold for '
+                                                                 'GRPO-LEAD')) -> torch.Tensor:
     """GRPO-LEAD difficulty-aware advantage reweighting (Zhang & Zuo, 2025, arXiv:2504.09696; seed 000-03).
 
     ``rho_q`` = share of the group's scored rows with reward ``> lead_correct_threshold``;
@@ -118,7 +120,9 @@ def lead_difficulty_weight(advantages: torch.Tensor, rewards: torch.Tensor, grou
     are amplified. Only the advantage reweighting of GRPO-LEAD lives here; its
     length-dependent accuracy reward and wrong-answer penalty are reward
     transforms. "Correct" is ``reward > 0`` as in the authors' code (their
-    wrong answers score -1 or 0).
+    wrong answers score -1 or 0), hence GRPO-LEAD's own
+    ``lead_correct_threshold`` = 0 with a strict ``>``, not the shared
+    ``success_threshold`` (``>= 1.0``).
 
     Provenance: authors' code — https://github.com/aeroplanepaper/GRPO-LEAD, verl/verl/trainer/ppo/core_algos.py
     (logistic_reweight, A = 0.4, B = 1.5, x0 = 0.75, k = 10); "correct" is reward > 0 as there.

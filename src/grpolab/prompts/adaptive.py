@@ -6,7 +6,8 @@ from its own ``torch.Generator``, whose state is part of ``state_dict``, so a
 resumed sampler makes exactly the choices an uninterrupted one makes.
 
 Shared choice (all four samplers): a completion is a *success* when its
-combined scalar reward is ``>= <prefix>_success_threshold`` (default 1.0, i.e.
+combined scalar reward is ``>= success_threshold`` (the core key shared by every
+component that counts successes; no paper here sets its own; default 1.0, i.e.
 "fully correct" for 0/1 accuracy rewards and for fractional rewards in
 [0, 1]; a format bonus alone does not count). NaN rewards (unscorable) are
 neither successes nor failures: they are ignored. The per-prompt counts come
@@ -113,7 +114,7 @@ class VADESampler:
                                                 'prompts'),
                  vade_visit_decay: float = param(0.5, "VADE: fast decay of a revisited prompt's old evidence before "
                                                  'the new'),
-                 vade_success_threshold: float = param(1.0, 'VADE: a completion succeeds when its reward >= this')):
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if vade_prior_alpha <= 0 or vade_prior_beta <= 0:
@@ -124,7 +125,7 @@ class VADESampler:
         self.num_rows = num_rows
         self.a0, self.b0 = float(vade_prior_alpha), float(vade_prior_beta)
         self.step_decay, self.visit_decay = float(vade_step_decay), float(vade_visit_decay)
-        self.threshold = float(vade_success_threshold)
+        self.threshold = float(success_threshold)
         self.generator = torch.Generator().manual_seed(seed)
         self.alpha = torch.full((num_rows,), self.a0, dtype=torch.float64)
         self.beta = torch.full((num_rows,), self.b0, dtype=torch.float64)
@@ -238,7 +239,7 @@ class VASSampler:
                  vas_update_interval: int = param(1, 'VAS: steps between refreshes of the VPS sampling weights'),
                  vas_init_score: float = param(0.25, 'VAS: VPS of prompts never rolled out'),
                  vas_min_score: float = param(0.001, 'VAS: floor added to every VPS weight'),
-                 vas_success_threshold: float = param(1.0, 'VAS: a completion succeeds when its reward >= this')):
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if not 0.0 <= vas_mix <= 1.0:
@@ -250,7 +251,7 @@ class VASSampler:
         self.num_rows = num_rows
         self.w_ovs, self.w_tds = float(vas_ovs_weight), float(vas_tds_weight)
         self.mix, self.interval = float(vas_mix), int(vas_update_interval)
-        self.min_score, self.threshold = float(vas_min_score), float(vas_success_threshold)
+        self.min_score, self.threshold = float(vas_min_score), float(success_threshold)
         self.generator = torch.Generator().manual_seed(seed)
         self.vps = torch.full((num_rows,), float(vas_init_score), dtype=torch.float64)
         self.weights = self.vps.clone()
@@ -337,13 +338,13 @@ class SRPOHistorySampler:
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
-                 srpo_success_threshold: float = param(1.0, 'SRPO: a completion is correct when its reward >= this'),
                  srpo_drop_permanently: bool = param(False, 'SRPO: never resample a prompt once all its rollouts '
-                                                     'were correct')):
+                                                     'were correct'),
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         self.num_rows = num_rows
-        self.threshold, self.permanent = float(srpo_success_threshold), bool(srpo_drop_permanently)
+        self.threshold, self.permanent = float(success_threshold), bool(srpo_drop_permanently)
         self.generator = torch.Generator().manual_seed(seed)
         self.order: list[int] = []
         self.position = 0
@@ -440,8 +441,7 @@ class PromptGDROSampler:
                  gdro_ema: float = param(0.9, 'Prompt-GDRO: EMA factor of the per-bin error rate (bias-corrected)'),
                  gdro_eta: float = param(1.0, 'Prompt-GDRO: multiplicative-weights step size'),
                  gdro_gamma: float = param(0.1, 'Prompt-GDRO: uniform exploration mixed into the bin distribution'),
-                 gdro_success_threshold: float = param(1.0, 'Prompt-GDRO: a completion succeeds when its reward >= '
-                                                       'this')):
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         edges = [0.25, 0.5, 0.75] if gdro_bin_edges is None else [float(e) for e in gdro_bin_edges]
@@ -454,7 +454,7 @@ class PromptGDROSampler:
         self.num_bins = len(edges) + 1
         self.window, self.init_pass = int(gdro_window), float(gdro_init_pass)
         self.ema, self.eta, self.gamma = float(gdro_ema), float(gdro_eta), float(gdro_gamma)
-        self.threshold = float(gdro_success_threshold)
+        self.threshold = float(success_threshold)
         self.generator = torch.Generator().manual_seed(seed)
         self.history = torch.zeros(num_rows, self.window, dtype=torch.float64)  # ring buffer of c(x)
         self.seen = torch.zeros(num_rows, dtype=torch.long)                       # observations per prompt

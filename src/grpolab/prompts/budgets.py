@@ -15,7 +15,8 @@ of ``state_dict``: a resumed sampler makes exactly the choices of an
 uninterrupted one.
 
 Success rule (all samplers here, as in ``prompts/adaptive.py``): a completion
-succeeds when its combined scalar reward is ``>= <prefix>_success_threshold``;
+succeeds when its combined scalar reward is ``>= success_threshold`` (the one
+core key of every component that counts successes; no paper here sets its own);
 NaN rewards are ignored (:func:`~grpolab.prompts.adaptive.prompt_outcomes`).
 
 AR3PO's staged generation and response reuse (the ``ar3po`` rollout strategy)
@@ -38,7 +39,6 @@ from ..registry import param
 
 AR3PO_STAGE_SIZE = param(4, 'AR3PO: completions per prompt per generation stage')
 AR3PO_MAX_STAGES = param(2, 'AR3PO: generation stages (a prompt stops once it has a correct response)')
-AR3PO_SUCCESS_THRESHOLD = param(1.0, 'AR3PO: a response is correct when its reward >= this')
 
 
 # ----------------------------------------------------------------------------- shared helpers
@@ -163,8 +163,7 @@ class KnapsackSampler(_EpochOrderSampler):
                                                        'rolled out'),
                  knapsack_smoothing: float = param(1.0, "Knapsack RL: pseudo-count pulling the last visit's success "
                                                    'rate towards knapsack_prior_success (0 = raw rate)'),
-                 knapsack_success_threshold: float = param(1.0, 'Knapsack RL: a completion succeeds when its reward '
-                                                           '>= this')):
+                 success_threshold: float = 1.0):
         super().__init__(num_rows, seed)
         if not 1 <= knapsack_min_generations <= knapsack_max_generations:
             raise ValueError("need 1 <= knapsack_min_generations <= knapsack_max_generations")
@@ -173,7 +172,7 @@ class KnapsackSampler(_EpochOrderSampler):
         self.G = int(num_generations)
         self.lo, self.hi = int(knapsack_min_generations), int(knapsack_max_generations)
         self.p0, self.a = float(knapsack_prior_success), float(knapsack_smoothing)
-        self.threshold = float(knapsack_success_threshold)
+        self.threshold = float(success_threshold)
         self.successes = torch.zeros(num_rows, dtype=torch.float64)
         self.trials = torch.zeros(num_rows, dtype=torch.float64)
 
@@ -226,12 +225,12 @@ class AR3POSampler(_EpochOrderSampler):
     def __init__(self, num_rows: int, seed: int = 0, *,
                  ar3po_stage_size: int = AR3PO_STAGE_SIZE,
                  ar3po_max_stages: int = AR3PO_MAX_STAGES,
-                 ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
+                 success_threshold: float = 1.0):
         super().__init__(num_rows, seed)
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
             raise ValueError("need ar3po_stage_size >= 1 and ar3po_max_stages >= 1")
         self.stage, self.stages = int(ar3po_stage_size), int(ar3po_max_stages)
-        self.threshold = float(ar3po_success_threshold)
+        self.threshold = float(success_threshold)
         self.solved = torch.zeros(num_rows, dtype=torch.bool)  # last visit all correct
 
     def budgets(self, idx: list[int]) -> list[int]:
@@ -331,8 +330,7 @@ class GainRLSampler:
                  gain_rl_refresh_steps: int = param(0, 'GAIN-RL: recompute angle concentration with the current '
                                                     'policy every N steps (0 = once, at the start)'),
                  gain_rl_batch_size: int = param(32, 'GAIN-RL: prompts per forward when computing angle concentration'),
-                 gain_rl_success_threshold: float = param(1.0, 'GAIN-RL: a completion is correct when its reward >= '
-                                                          'this')):
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if gain_rl_sigma <= 0 or gain_rl_max_shift < 0 or gain_rl_update_steps < 1 or gain_rl_refresh_steps < 0:
@@ -342,7 +340,7 @@ class GainRLSampler:
         self.max_prompt_length = int(max_prompt_length)
         self.sigma, self.max_shift = float(gain_rl_sigma) * num_rows, float(gain_rl_max_shift) * num_rows
         self.update_steps, self.refresh_steps = int(gain_rl_update_steps), int(gain_rl_refresh_steps)
-        self.batch_size, self.threshold = int(gain_rl_batch_size), float(gain_rl_success_threshold)
+        self.batch_size, self.threshold = int(gain_rl_batch_size), float(success_threshold)
         self.generator = torch.Generator().manual_seed(seed)
         self.ctx = None
         self.set_scores(torch.zeros(num_rows, dtype=torch.float64))
@@ -462,8 +460,7 @@ class AutoGroupSampler:
                  auto_group_prior_success: float = param(0.5, 'auto_group: success-rate estimate of a prompt never '
                                                          'rolled out'),
                  auto_group_regroup_steps: int = param(1, 'auto_group: steps between re-partitions of the prompts'),
-                 auto_group_success_threshold: float = param(1.0, 'auto_group: a completion succeeds when its reward '
-                                                             '>= this')):
+                 success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
         if not 1 <= auto_group_num_groups <= num_rows:
@@ -473,7 +470,7 @@ class AutoGroupSampler:
                              "auto_group_regroup_steps >= 1")
         self.num_rows, self.K = num_rows, int(auto_group_num_groups)
         self.eta, self.gamma, self.ema = float(auto_group_eta), float(auto_group_gamma), float(auto_group_ema)
-        self.regroup_steps, self.threshold = int(auto_group_regroup_steps), float(auto_group_success_threshold)
+        self.regroup_steps, self.threshold = int(auto_group_regroup_steps), float(success_threshold)
         self.generator = torch.Generator().manual_seed(seed)
         self.success = torch.full((num_rows,), float(auto_group_prior_success), dtype=torch.float64)
         self.log_w = torch.zeros(self.K, dtype=torch.float64)
@@ -570,12 +567,12 @@ class ERPOSampler(_EpochOrderSampler):
     def __init__(self, num_rows: int, seed: int = 0, *, temperature: float = 0.7,
                  erpo_temperature_step: float = param(0.1, 'ERPO: temperature added per residual (all-correct) visit'),
                  erpo_max_temperature: float = param(1.2, 'ERPO: highest per-prompt sampling temperature'),
-                 erpo_success_threshold: float = param(1.0, 'ERPO: a completion is correct when its reward >= this')):
+                 success_threshold: float = 1.0):
         super().__init__(num_rows, seed)
         if erpo_temperature_step < 0 or erpo_max_temperature < temperature:
             raise ValueError("need erpo_temperature_step >= 0 and erpo_max_temperature >= temperature")
         self.base, self.step_size = float(temperature), float(erpo_temperature_step)
-        self.max_t, self.threshold = float(erpo_max_temperature), float(erpo_success_threshold)
+        self.max_t, self.threshold = float(erpo_max_temperature), float(success_threshold)
         self.level = torch.zeros(num_rows, dtype=torch.long)
 
 
@@ -677,13 +674,12 @@ class RolloutGDROSampler(_EpochOrderSampler):
                  rgdro_min_generations: int = param(2, 'Rollout-GDRO: fewest completions a prompt gets'),
                  rgdro_max_generations: int = param(16, 'Rollout-GDRO: most completions a prompt gets'),
                  rgdro_min_variance: float = param(0.01, "Rollout-GDRO: floor of a bin's variance proxy e(1-e)"),
-                 rgdro_success_threshold: float = param(1.0, 'Rollout-GDRO: a completion succeeds when its reward >= '
-                                                        'this')):
+                 success_threshold: float = 1.0):
         super().__init__(num_rows, seed)
         if not 1 <= rgdro_min_generations <= rgdro_max_generations:
             raise ValueError("need 1 <= rgdro_min_generations <= rgdro_max_generations")
         self.classifier = PromptGDROSampler(num_rows, seed, gdro_bin_edges=rgdro_bin_edges, gdro_window=rgdro_window,
-                                            gdro_ema=rgdro_ema, gdro_success_threshold=rgdro_success_threshold)
+                                            gdro_ema=rgdro_ema, success_threshold=success_threshold)
         self.G, self.lo, self.hi = int(num_generations), int(rgdro_min_generations), int(rgdro_max_generations)
         self.min_var = float(rgdro_min_variance)
         self.shadow_price = float("nan")

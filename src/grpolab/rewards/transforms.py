@@ -17,6 +17,10 @@ GraphRAG-R1; the episode helpers are in ``agentic.py``).
 
 "Correct" means: the reward column named ``shaping_correct_reward`` (default
 ``accuracy``, the built-in tasks' accuracy reward) is ``>= shaping_correct_threshold``.
+This is not the shared core key ``success_threshold`` (a completion's combined
+*scalar* reward ``>=`` it, which samplers and rollout strategies count): a
+transform runs before the scalar reward exists (it makes it), so it tests one
+reward column, 0 / 1 on the built-in tasks, at its own threshold 0.5.
 Transforms that read the answer use the data column ``answer`` through
 ``batch.columns`` (tasks ``arithmetic`` and ``countdown`` have one).
 """
@@ -35,7 +39,9 @@ from .agentic import ANSWER_COLUMN, count_tool_calls, data_column, episodes_of, 
 from .answers import extract_answer
 
 CORRECT_REWARD = param('accuracy', 'reward shaping: reward column whose value marks a correct row')
-CORRECT_THRESHOLD = param(0.5, 'reward shaping: that column >= this value counts as correct')
+CORRECT_THRESHOLD = param(0.5, 'reward shaping: that column >= this value counts as correct (it tests one reward '
+                               'column, before the transforms make the scalar reward, so the reward transforms use it '
+                               'instead of the shared success_threshold)')
 
 def correct_rows(reward_matrix: torch.Tensor, reward_names: list[str], column: str,
                  threshold: float) -> torch.Tensor:

@@ -11,7 +11,7 @@ from ..generation.plain import pack_completions
 from ..generation.sampling import per_prompt
 from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param
-from ..prompts.budgets import AR3PO_MAX_STAGES, AR3PO_STAGE_SIZE, AR3PO_SUCCESS_THRESHOLD
+from ..prompts.budgets import AR3PO_MAX_STAGES, AR3PO_STAGE_SIZE
 
 
 @ROLLOUT_STRATEGIES.register("ar3po")
@@ -22,7 +22,7 @@ class AR3PORollout:
 
     * **Adaptive rollout.** Stage 1 samples ``ar3po_stage_size`` responses for
       every prompt and scores them (``ctx.score``). A prompt with a correct
-      response (scalar reward ``>= ar3po_success_threshold``) stops; the others
+      response (scalar reward ``>= success_threshold``) stops; the others
       get another stage, up to ``ar3po_max_stages`` stages or the prompt's
       budget (``budgets`` from a sampler such as ``ar3po``: the cap on its
       responses). Groups are therefore ragged: easy prompts end with one
@@ -49,11 +49,11 @@ class AR3PORollout:
 
     def __init__(self, *, ar3po_stage_size: int = AR3PO_STAGE_SIZE, ar3po_max_stages: int = AR3PO_MAX_STAGES,
                  ar3po_reuse: bool = param(True, 'AR3PO: add a stored earlier correct response to an all-wrong group'),
-                 ar3po_success_threshold: float = AR3PO_SUCCESS_THRESHOLD):
+                 success_threshold: float = 1.0):
         if ar3po_stage_size < 1 or ar3po_max_stages < 1:
             raise ValueError("need ar3po_stage_size >= 1 and ar3po_max_stages >= 1")
         self.stage, self.stages, self.reuse = int(ar3po_stage_size), int(ar3po_max_stages), bool(ar3po_reuse)
-        self.threshold = float(ar3po_success_threshold)
+        self.threshold = float(success_threshold)
         self.store: dict[int, dict] = {}   # prompt uid -> {"tokens": [...], "truncated": bool}
         self.reused = 0                    # reused responses so far (a metric)
 

@@ -1,7 +1,8 @@
 """Rollout strategies that add hints to the prompt: Scaf-GRPO, Guide, GHPO.
 
 All three first sample the plain prompts and score them (``ctx.score``); a
-prompt whose group has no success (reward >= the strategy's threshold) may be
+prompt whose group has no success (scalar reward >= the core key
+``success_threshold``, shared by every component that counts successes) may be
 sampled again with guidance appended to its last user message (or to a string
 prompt), built by :func:`with_hint` from the row's columns:
 
@@ -174,7 +175,7 @@ class ScafGRPO:
     seed 000-61 = 004-02).
 
     Per prompt uid a tracker counts consecutive visits whose on-policy group had
-    no success (reward >= ``scaf_success_threshold``). A prompt *stagnates* when
+    no success (reward >= ``success_threshold``). A prompt *stagnates* when
     that count reaches ``scaf_patience`` and the exploration phase
     (``scaf_warmup_steps``) is over. For a stagnating prompt, hinted completions
     (``scaf_hint_samples`` per tier) are sampled with tier ``l`` = ``hints[:l]``
@@ -223,14 +224,14 @@ class ScafGRPO:
                                                'replaced by successful hinted ones at the minimal tier (the authors '
                                                'use 1)'),
                  scaf_max_level: int = param(0, "Scaf-GRPO: highest hint tier used (0 = all of a row's hints)"),
-                 scaf_success_threshold: float = param(1.0, 'Scaf-GRPO: a completion succeeds when its reward >= this')):
+                 success_threshold: float = 1.0):
         self.patience = scaf_patience
         self.warmup = scaf_warmup_steps
         self.schedule = scaf_schedule
         self.samples = scaf_hint_samples
         self.replace_num = scaf_replace_num
         self.max_level = scaf_max_level
-        self.threshold = scaf_success_threshold
+        self.threshold = success_threshold
         self.streak: dict[int, int] = {}  # uid -> consecutive visits without success
         self.level: dict[int, int] = {}   # uid -> tier for the next stagnating visit (escalate)
 
@@ -303,8 +304,7 @@ class ScafGRPO:
 # --------------------------------------------------------------------- Guide
 @ROLLOUT_STRATEGIES.register("guide", columns=("hints",))
 def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-          guide_success_threshold: float = param(1.0, 'Guide: a completion succeeds when its reward >= this; groups '
-                                                 'with no success are resampled with a hint'),
+          success_threshold: float = 1.0,
           guide_hint_level: int = param(0, "Guide: number of the row's hints (abstract to concrete) put in the "
                                         'hinted context (0 = all)'),
           guide_keep_failed: bool = param(False, 'Guide: keep the failed unguided completions next to the hinted '
@@ -314,7 +314,7 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     Models", arXiv:2506.13923; seed 004-16).
 
     The plain prompts q are sampled and scored. A prompt whose completions all
-    fail (reward < ``guide_success_threshold``) is sampled again, as many
+    fail (reward < ``success_threshold``) is sampled again, as many
     completions as its group had, with the hint h = the first
     ``guide_hint_level`` of the row's ``hints`` (0 = all) added to the context:
     o ~ pi_old(. | q, h). In the training batch these rows keep the HINT-FREE
@@ -356,7 +356,7 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     Test: tests/test_rollout_hints.py::test_guide_hints_only_failed_prompts_and_trains_on_the_plain_prompt.
     """
     plain, scalar, members = _plain(ctx, rows, uids, group_offset, budgets, temperatures)
-    failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], guide_success_threshold)]
+    failed = [i for i in range(len(rows)) if not _solved(scalar, members[i], success_threshold)]
     parts = []
     hinted_for: dict[int, list[int]] = {}
     if failed:
@@ -405,7 +405,7 @@ class GHPO:
     Learning", arXiv:2507.10628; seed 000-94).
 
     Difficulty detection: the plain group of every prompt is sampled and scored;
-    a prompt with no success (reward >= ``ghpo_success_threshold``) is "beyond
+    a prompt with no success (reward >= ``success_threshold``) is "beyond
     the model's reach". Its prompt is refined by appending the authors' hint
     sentence (:data:`SOLUTION_HEADER`) and the first ``round(omega * len)``
     characters of the row's ``solution`` (:func:`solution_prefix`), and the
@@ -435,7 +435,7 @@ class GHPO:
     the TRL GRPO clipped ratio (recipe config_ghpo.yaml: beta 0, 8 generations,
     scale_rewards true, loss_type bnpo = token mean). Known differences: the
     authors test the first reward function (accuracy) <= 0, here the scalar
-    reward < ``ghpo_success_threshold`` (on the built-in tasks, accuracy 1 +
+    reward < ``success_threshold`` (on the built-in tasks, accuracy 1 +
     0.5 format, threshold 1.0 is the same test); the hint sentence follows a
     blank line (the authors: a newline and a space); the code's padding trick
     that regenerates the first group of a batch with its plain prompt when no
@@ -452,10 +452,10 @@ class GHPO:
                                             "stage in the same step until a completion succeeds; 'across_visits' "
                                             'moves one stage per failed visit and resets when the prompt is solved',
                                             ['within_step', 'across_visits']),
-                 ghpo_success_threshold: float = param(1.0, 'GHPO: a completion succeeds when its reward >= this')):
+                 success_threshold: float = 1.0):
         self.fractions = [float(f) for f in ghpo_fractions]
         self.schedule = ghpo_schedule
-        self.threshold = ghpo_success_threshold
+        self.threshold = success_threshold
         self.stage: dict[int, int] = {}  # uid -> stage (1-based) for the next failed visit (across_visits)
 
 

@@ -30,8 +30,9 @@ formatted with the row's columns (:func:`reference_text`); the default
 Strategies that need to know which rollouts failed score the batch
 themselves (``ctx.score``), so the trainer does not score again; rows they
 add or change are scored too. "Failed" always means: combined scalar reward
-(``ctx.scalar``: weights, then reward transforms) below the strategy's
-``*_success_threshold``; unscorable (NaN) rows never count as failed.
+(``ctx.scalar``: weights, then reward transforms) below the core key
+``success_threshold`` (shared by every component that counts successes; no
+paper here sets its own); unscorable (NaN) rows never count as failed.
 """
 from __future__ import annotations
 
@@ -211,16 +212,14 @@ def _check_fraction(cfg, fraction_key: str) -> None:
 # ------------------------------------------------------------------- GCPO (000-15)
 def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                    injection_reference_template: str = REFERENCE_TEMPLATE,
-                   gcpo_success_threshold: float = param(1.0, 'gcpo_reference: a rollout succeeds when its scalar '
-                                                         'reward >= this; a group with no success gets the reference '
-                                                         'answer'),
+                   success_threshold: float = 1.0,
                    gcpo_train_reference: bool = param(True, 'gcpo_reference: the injected reference tokens enter the '
                                                       'loss')):
     """GCPO reference-answer injection (Wu et al., 2025, "GCPO: Group Contrastive Policy
     Optimization", github.com/AchoWu/GCPO; seed 000-15).
 
     G completions are sampled and scored. For every group in which *all*
-    rollouts fail (scalar reward < ``gcpo_success_threshold``) the last
+    rollouts fail (scalar reward < ``success_threshold``) the last
     rollout is replaced by the reference answer (``injection_reference_template``
     + EOS), marked INJECTED, teacher-forced under the behaviour policy and
     scored like any completion. The group then has a correct member, so its
@@ -242,7 +241,7 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     was not stored either.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
-    groups = all_failed_groups(scalar, batch.group_ids, gcpo_success_threshold)
+    groups = all_failed_groups(scalar, batch.group_ids, success_threshold)
     if not groups:
         return batch
     idx = [int((batch.group_ids == g).nonzero()[-1]) for g in groups]
@@ -258,9 +257,7 @@ ROLLOUT_STRATEGIES.register("gcpo_reference", columns=template_columns)(gcpo_ref
 # ------------------------------------------------------- DaGRPO anchors (000-17)
 def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                    injection_reference_template: str = REFERENCE_TEMPLATE,
-                   dagrpo_success_threshold: float = param(1.0, 'dagrpo_anchors: a rollout is a positive when its '
-                                                           'scalar reward >= this; groups with no positive get '
-                                                           'anchors'),
+                   success_threshold: float = 1.0,
                    dagrpo_num_anchors: int = param(1, 'dagrpo_anchors: reference (anchor) completions added to each '
                                                    'group without a positive'),
                    dagrpo_train_anchors: bool = param(True, 'dagrpo_anchors: the anchor tokens enter the loss')):
@@ -268,7 +265,7 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
 
     "For hard queries, the scarcity of valid positive samples results in
     ineffective optimization": groups with *no* positive rollout (every
-    scalar reward < ``dagrpo_success_threshold``) are augmented with
+    scalar reward < ``success_threshold``) are augmented with
     ``dagrpo_num_anchors`` high-quality off-policy anchors -- here the
     data row's reference answer (``injection_reference_template`` + EOS),
     the only expert response available offline. Anchors are INJECTED rows,
@@ -289,7 +286,7 @@ def dagrpo_anchors(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     introduction), paper summaries, the code index (no authors' repository).
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
-    groups = all_failed_groups(scalar, batch.group_ids, dagrpo_success_threshold)
+    groups = all_failed_groups(scalar, batch.group_ids, success_threshold)
     if not groups or dagrpo_num_anchors < 1:
         return batch
     first = [int((batch.group_ids == g).nonzero()[0]) for g in groups]
@@ -632,7 +629,7 @@ class ThinkTuning:
 
     G completions are sampled and scored. In each group
     ``ceil(thinktuning_fraction * #failed)`` failed rollouts (scalar reward
-    < ``thinktuning_success_threshold``) get teacher feedback: the teacher
+    < ``success_threshold``) get teacher feedback: the teacher
     generates up to ``thinktuning_feedback_tokens`` tokens from a critique
     prompt (:data:`CRITIQUE`: the question, the student's attempt and, with
     ``thinktuning_use_reference``, the reference answer). The guided row is
@@ -663,15 +660,14 @@ class ThinkTuning:
                  thinktuning_teacher: str = param('self', "thinktuning: 'self' (the current behaviour policy), "
                                                   "'frozen' (a copy of the policy taken at first use) or a local "
                                                   'model folder'),
-                 thinktuning_success_threshold: float = param(1.0, 'thinktuning: rollouts with scalar reward below '
-                                                              'this get teacher feedback'),
+                 success_threshold: float = 1.0,
                  thinktuning_fraction: float = param(0.5, "thinktuning: fraction of each group's failed rollouts "
                                                      'that are guided (rounded up)'),
                  thinktuning_feedback_tokens: int = param(16, 'thinktuning: maximum tokens of teacher feedback'),
                  thinktuning_use_reference: bool = param(True, 'thinktuning: show the reference answer to the teacher'),
                  injection_reference_template: str = REFERENCE_TEMPLATE):
         self.teacher_spec = thinktuning_teacher
-        self.threshold = thinktuning_success_threshold
+        self.threshold = success_threshold
         self.fraction = thinktuning_fraction
         self.feedback_tokens = thinktuning_feedback_tokens
         self.use_reference = thinktuning_use_reference
@@ -749,8 +745,7 @@ EDGE_ANSWER = "\nWait! Something is wrong here. After verification, the correct 
 
 def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                     injection_reference_template: str = REFERENCE_TEMPLATE,
-                    edge_gec_success_threshold: float = param(1.0, 'edge_correction: rollouts with scalar reward '
-                                                              'below this are corrected'),
+                    success_threshold: float = 1.0,
                     edge_gec_only_all_failed: bool = param(False, 'edge_correction: correct failed rollouts only in '
                                                            "groups where every rollout failed (the authors' code "
                                                            'corrects every failed one)'),
@@ -760,7 +755,7 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     github.com/ZhangXJ199/EDGE-GRPO; seed 000-25).
 
     G completions are sampled and scored; every failed rollout (scalar reward
-    < ``edge_gec_success_threshold``; with ``edge_gec_only_all_failed`` only
+    < ``success_threshold``; with ``edge_gec_only_all_failed`` only
     those in groups where all failed) is corrected by one of three rules,
     drawn as in the authors' trainer (``GEC``): with probability 1/2
 
@@ -787,15 +782,15 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     (Guided Error Correction: the reflection / answer / solution edits and their 1/2, 1/4, 1/4 draw); the kept
     attempt is cut to half the completion budget (the authors add up to 256 tokens). Known differences: the
     authors correct rows whose summed reward is not the maximum 2 (accuracy + format), here rows below
-    ``edge_gec_success_threshold``; their answer edit reads ``... the correct answer is \\boxed{answer}.``, here
+    ``success_threshold``; their answer edit reads ``... the correct answer is \\boxed{answer}.``, here
     ``... the correct answer is:\\n<reference>`` so that the task's reward accepts it.
     Test: tests/test_rollout_injection.py::test_edge_correction_draw_and_edits_as_the_authors_gec,
     tests/test_rollout_injection.py::test_edge_correction_only_failed.
     """
     batch, scalar = _sample_and_score(ctx, rows, uids, group_offset, budgets, temperatures)
-    fail = failed_rows(scalar, edge_gec_success_threshold)
+    fail = failed_rows(scalar, success_threshold)
     if edge_gec_only_all_failed:
-        groups = set(all_failed_groups(scalar, batch.group_ids, edge_gec_success_threshold))
+        groups = set(all_failed_groups(scalar, batch.group_ids, success_threshold))
         fail = fail & torch.tensor([int(g) in groups for g in batch.group_ids], dtype=torch.bool)
     idx = fail.nonzero().squeeze(-1).tolist()
     if not idx:

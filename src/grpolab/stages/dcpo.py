@@ -55,7 +55,10 @@ class DCPO:
       while the entropy ``H`` is at or below the target ``H_0``
       (``dcpo_entropy_target``, 0.5), else ``dcpo_temperature_low`` (0.8);
       both log-probs are computed here with the current (= behaviour) weights;
-    * ``b_i = 1`` when row i's reward > ``dcpo_success_threshold`` (0.05);
+    * ``b_i = 1`` when row i's reward > ``dcpo_success_threshold`` (0.05: the
+      authors' ``_compute_bool_reward_by_score`` threshold and strict ``>``, so
+      DCPO keeps its own key instead of the shared ``success_threshold``,
+      ``>= 1.0``);
     * ``alpha = a / (a + 1)``, ``a = min(|H_0 - H|, dcpo_max_delta) / p``,
       ``p`` = the batch's share of rows with ``b_i = 1`` (:func:`dcpo_alpha`).
 
@@ -91,7 +94,8 @@ class DCPO:
                                                      '(authors: 0.8)'),
                  dcpo_max_delta: float = param(0.1, 'DCPO: cap on |H_0 - H| in the mixing weight (authors: 0.1)'),
                  dcpo_success_threshold: float = param(0.05, 'DCPO: a row counts as correct (b = 1) when its reward '
-                                                       '> this (authors: 0.05)')):
+                                                       "> this (the authors' value 0.05 and strict >); overrides "
+                                                       'the shared success_threshold for DCPO')):
         self.h0 = float(dcpo_entropy_target)
         self.t_high, self.t_low = float(dcpo_temperature_high), float(dcpo_temperature_low)
         self.max_delta = float(dcpo_max_delta)
