@@ -315,8 +315,6 @@ def test_a_replaced_key_is_an_error_that_names_success_threshold(old):
         Config.build({component[kind]: name, old: 0.5}, sources=["my.yaml"])
 
 
-@pytest.mark.xfail(strict=True, reason="needs config.py's _unknown_key to return replaced_key_note(key)'s message "
-                                       "(issue 23); remove this mark when it does")
 def test_a_replaced_key_error_says_what_replaced_it():
     with pytest.raises(ConfigError, match="unknown key 'knapsack_success_threshold': it was a parameter of "
                                          "prompt sampler/knapsack, replaced by the key 'success_threshold'"):

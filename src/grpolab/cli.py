@@ -509,17 +509,19 @@ def _show_key(cfg, key: str) -> int:
         print(f"{key}: {cfg.params[key]!r}   (default {p.default!r}; parameter of {', '.join(p.owners)})")
         print(f"  {p.help}" + (f" (valid: {', '.join(map(str, p.choices))})" if p.choices else ""))
         return 0
-    owners = {}
+    owners, how = {}, []
     for reg in ALL_REGISTRIES.values():
-        for _, obj in reg.items():
+        for name, obj in reg.items():
             if key in declared_params(obj):
                 owners[key] = declared_params(obj)[key]
+                how += [reg.selection(name)] if reg.selection(name) else []
     if owners:
         p = owners[key]
         print(f"{key}: not a key of this configuration   (default {p.default!r}; parameter of "
               f"{', '.join(p.owners)}, which it does not select)")
         print(f"  {p.help}")
-        print(f"  select its component first (e.g. with its recipe); then --{key} VALUE sets it")
+        print(f"  select its component first ({' or '.join(how[:3]) or 'with its recipe'}); then --{key} VALUE "
+              f"sets it")
         return 0
     from .registry import replaced_key_note
     if replaced_key_note(key):

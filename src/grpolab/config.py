@@ -25,7 +25,7 @@ from .devices import check_device_spec
 from .errors import ConfigError
 from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, COLLECTORS, KL_ESTIMATORS,
                        POLICY_LOSSES, REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS,
-                       TASKS, UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params)
+                       TASKS, UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params, replaced_key_note)
 
 
 def _f(default, help: str, choices: Any = None, switch: Registry | None = None):
@@ -581,6 +581,9 @@ def _convert(key: str, value: Any, source: str, types: list, optional: bool, hel
 
 def _unknown_key(key: str, source: str, decl: dict[str, Param]) -> str:
     """The message for a key that is neither a core key nor a parameter of this run's components."""
+    note = replaced_key_note(key)
+    if note:  # a key grpolab has replaced (registry.REPLACED_KEYS): say what replaced it
+        return f"{source}: unknown key '{key}': {note}"
     valid = CORE_KEYS + sorted(decl)
     close = difflib.get_close_matches(key, valid, n=3)
     msg = f"{source}: unknown key '{key}'"

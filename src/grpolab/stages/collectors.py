@@ -51,13 +51,16 @@ class DynamicSampling:
     (Yu et al. 2025, arXiv:2503.14476; not among the seed papers), its
     "dynamic sampling".
 
-    Provenance: authors' code — verl's DAPO recipe (recipe/dapo, docs/algo/dapo.md; its
-    ``algorithm.filter_groups`` settings): ``filter_groups.metric=acc`` (``dynamic_sampling_metric:
-    accuracy``), ``data.gen_batch_size`` per round (``dynamic_sampling_oversample``; the DAPO authors' script
-    uses ``gen_prompt_bsz = 3 x train_prompt_bsz``), the accumulated batch truncated to the train batch size,
-    ``max_num_gen_batches`` rounds (``dynamic_sampling_max_rounds``). One choice differs: where verl stops
-    the run with an error after the last round, grpolab warns and trains on the groups it kept (the step is
-    skipped if none). Test: tests/test_trainer_schedules.py::test_dynamic_sampling_keeps_only_groups_with_signal.
+    Provenance: authors' code — https://github.com/volcengine/verl, recipe/dapo/dapo_ray_trainer.py
+    (RayDAPOTrainer.fit, the ``algorithm.filter_groups`` branch; the DAPO authors' scripts are
+    recipe/dapo/run_dapo_qwen2.5_32b.sh): ``filter_groups.metric=acc`` (``dynamic_sampling_metric:
+    accuracy``), ``data.gen_batch_size`` prompts per round (``dynamic_sampling_oversample``; the script sets
+    ``gen_prompt_bsz = 3 x train_prompt_bsz``), the accumulated batch truncated to ``train_batch_size``
+    groups, ``max_num_gen_batches`` rounds (``dynamic_sampling_max_rounds``). Known differences: after the
+    last round verl raises an error, grpolab warns and trains on the groups it kept (the step is skipped if
+    none); verl keeps a group when its metric has ``np.std > 0`` or it has one completion, grpolab when its
+    Bessel std exceeds 1e-6 (algorithms/filters.py: float noise never passes a constant group, a group of one
+    is dropped). Test: tests/test_trainer_schedules.py::test_dynamic_sampling_keeps_only_groups_with_signal.
     """
 
     def __init__(self, *, reward_names: list[str], accuracy_reward: str | None,
