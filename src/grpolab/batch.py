@@ -25,6 +25,11 @@ functions)::
     token_weights     float [R, T]  optional per-token weights on the policy loss
                                     (e.g. the truncated importance weight between a
                                     generation engine and the trainer); None = 1
+    step_data   {name: [R, T, ...]} per-step tensors of non-token actions (a column
+                                    of [R, T] is one *step*: a token, a denoising
+                                    step, an image token); empty for text
+    row_data    {name: [R, ...]}    per-row tensors (a class label, initial noise,
+                                    images); empty for text
 
 Everything per-row that is not a tensor (prompt text, completion text, data
 columns handed to reward functions) sits in ``columns`` as lists of length R.
@@ -51,6 +56,11 @@ import torch
 SAMPLED, INJECTED, ENVIRONMENT = 0, 1, 2
 
 
+def _leading(lead: tuple[int, ...]) -> str:
+    """``(2, 5)`` -> ``"(2, 5, ...)"``: a shape whose leading dimensions are ``lead``."""
+    return "(" + ", ".join(str(n) for n in lead) + ", ...)"
+
+
 @dataclass
 class RolloutBatch:
     prompt_ids: torch.Tensor
@@ -71,6 +81,8 @@ class RolloutBatch:
     ref_logprobs: torch.Tensor | None = None
     token_weights: torch.Tensor | None = None
     columns: dict[str, list[Any]] = field(default_factory=dict)
+    step_data: dict[str, torch.Tensor] = field(default_factory=dict)
+    row_data: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         R, T = self.completion_ids.shape
@@ -93,6 +105,22 @@ class RolloutBatch:
         for k, v in self.columns.items():
             if len(v) != R:
                 raise ValueError(f"RolloutBatch column '{k}' has {len(v)} entries, expected {R}")
+        for name, lead in (("step_data", (R, T)), ("row_data", (R,))):
+            for k, v in getattr(self, name).items():
+                if not isinstance(v, torch.Tensor):
+                    raise ValueError(f"RolloutBatch.{name}[{k!r}] is a {type(v).__name__}, expected a tensor of "
+                                     f"shape {_leading(lead)}")
+                if tuple(v.shape[:len(lead)]) != lead:
+                    raise ValueError(f"RolloutBatch.{name}[{k!r}] has shape {tuple(v.shape)}, expected "
+                                     f"{_leading(lead)}")
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickling (a format-1 checkpoint's replay buffer, a batch pickled by an older grpolab): the fields a
+        batch pickled before they existed lack take their defaults."""
+        self.__dict__.update(state)
+        for name in ("step_data", "row_data"):
+            if name not in self.__dict__:
+                self.__dict__[name] = {}
 
     @property
     def num_rows(self) -> int:
@@ -105,10 +133,13 @@ class RolloutBatch:
     def to(self, device: torch.device | str) -> "RolloutBatch":
         """This batch with every tensor on ``device`` (itself when they already are)."""
         device = torch.device(device)
-        if self.completion_ids.device == device:
+        if self.completion_ids.device == device and all(v.device == device for d in (self.step_data, self.row_data)
+                                                        for v in d.values()):
             return self
         moved = {f.name: getattr(self, f.name).to(device) for f in fields(self)
                  if isinstance(getattr(self, f.name), torch.Tensor)}
+        for name in ("step_data", "row_data"):
+            moved[name] = {k: v.to(device) for k, v in getattr(self, name).items()}
         return replace(self, **moved)
 
     def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
@@ -121,6 +152,8 @@ class RolloutBatch:
                 out[f.name] = v[idx]
             elif f.name == "columns":
                 out[f.name] = {k: [col[i] for i in idx.tolist()] for k, col in v.items()}
+            elif f.name in ("step_data", "row_data"):
+                out[f.name] = {k: t[idx] for k, t in v.items()}
             else:
                 out[f.name] = v
         return replace(self, **out)
@@ -128,9 +161,20 @@ class RolloutBatch:
     @staticmethod
     def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
         """Stack batches row-wise; prompts are left-padded and completions
-        right-padded to the widest batch."""
+        right-padded to the widest batch (``step_data`` too, with 0; ``row_data``
+        is stacked). Every batch must have the same ``step_data`` and ``row_data``
+        keys."""
         if len(batches) == 1:
             return batches[0]
+        for name in ("step_data", "row_data"):
+            keys = [set(getattr(b, name)) for b in batches]
+            every = set().union(*keys)
+            for i, ks in enumerate(keys):
+                if ks != every:
+                    missing = sorted(every - ks)[0]
+                    has = next(j for j, other in enumerate(keys) if missing in other)
+                    raise ValueError(f"RolloutBatch.concat: batch {i} of {len(batches)} has no {name}[{missing!r}] "
+                                     f"(batch {has} has it); every batch must have the same {name} keys")
         P = max(b.prompt_ids.shape[1] for b in batches)
         T = max(b.completion_ids.shape[1] for b in batches)
 
@@ -138,7 +182,7 @@ class RolloutBatch:
             extra = width - x.shape[1]
             if extra == 0:
                 return x
-            filler = torch.full((x.shape[0], extra), value, dtype=x.dtype)
+            filler = torch.full((x.shape[0], extra, *x.shape[2:]), value, dtype=x.dtype, device=x.device)
             return torch.cat([filler, x] if left else [x, filler], dim=1)
 
         out: dict[str, Any] = {}
@@ -148,6 +192,10 @@ class RolloutBatch:
                 out[f.name] = {k: [x for v in vals for x in v[k]] for k in vals[0]}
             elif f.name == "reward_names":
                 out[f.name] = vals[0]
+            elif f.name == "step_data":
+                out[f.name] = {k: torch.cat([pad(v[k], T, False, 0) for v in vals]) for k in vals[0]}
+            elif f.name == "row_data":
+                out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in vals[0]}
             elif f.name == "token_weights" and any(v is not None for v in vals):
                 out[f.name] = torch.cat([pad(v if v is not None else torch.ones(b.completion_ids.shape), T, False, 0)
                                          for v, b in zip(vals, batches)])
@@ -173,6 +221,7 @@ class RolloutBatch:
                if isinstance(getattr(self, f.name), torch.Tensor) and getattr(self, f.name).dim() == 2
                and getattr(self, f.name).shape[1] == T and not f.name.startswith("prompt")
                and f.name != "rewards"}
+        out["step_data"] = {k: v[:, :used] for k, v in self.step_data.items()}
         return replace(self, **out)
 
     def micro_batches(self, rows: int, trim: bool = True, max_tokens: int = 0) -> list["RolloutBatch"]:

@@ -64,11 +64,11 @@ def tokens_covering(tok, ids: list[int], chars: int) -> int:
 def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int) -> RolloutBatch:
     """``batch`` with row ``i``'s completion tokens ``[k, m)`` removed for every ``i: (k, m)`` in ``cuts``.
 
-    Every per-token tensor (ids, masks, log-probs, origins, spans, weights) is
-    cut the same way and re-padded on the right; the kept tail (from ``m``)
-    is marked ``INJECTED`` (and its engine importance weight, if any, set to 1):
-    it was sampled after the removed tokens, so its behaviour log-probs must
-    be recomputed in the new context.
+    Every per-token tensor (ids, masks, log-probs, origins, spans, weights,
+    ``step_data``) is cut the same way and re-padded on the right; the kept
+    tail (from ``m``) is marked ``INJECTED`` (and its engine importance weight,
+    if any, set to 1): it was sampled after the removed tokens, so its
+    behaviour log-probs must be recomputed in the new context.
     """
     R, T = batch.completion_ids.shape
     lengths = batch.completion_attention_mask.sum(-1).tolist()
@@ -92,8 +92,15 @@ def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int
         out["token_origin"][i, k:len(keep[i])] = INJECTED
         if "token_weights" in out:  # engine importance weights: the tail's behaviour log-probs become the trainer's
             out["token_weights"][i, k:len(keep[i])] = 1.0
+    step_data = {}
+    for name, v in batch.step_data.items():  # per-step tensors [R, T, ...]: the same cut, zero-padded
+        new = v.new_zeros((R, T2, *v.shape[2:]))
+        for i, idx in enumerate(keep):
+            new[i, :len(idx)] = v[i, idx]
+        step_data[name] = new
     columns = {k: list(v) for k, v in batch.columns.items()}
-    return RolloutBatch(**{**vars(batch), **out, "columns": columns})
+    return RolloutBatch(**{**vars(batch), **out, "columns": columns, "step_data": step_data,
+                           "row_data": dict(batch.row_data)})
 
 
 @ROLLOUT_STRATEGIES.register("lc_r1", columns=lambda cfg: [cfg.lc_answer_column])

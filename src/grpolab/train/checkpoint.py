@@ -141,6 +141,12 @@ def decode_state(obj):
         inst = object.__new__(cls)
         for k, v in obj["fields"].items():
             object.__setattr__(inst, k, decode_state(v))
+        for f in dataclasses.fields(cls):  # a field added after the checkpoint was written: its default
+            if f.name not in obj["fields"]:
+                if f.default is not dataclasses.MISSING:
+                    object.__setattr__(inst, f.name, f.default)
+                elif f.default_factory is not dataclasses.MISSING:
+                    object.__setattr__(inst, f.name, f.default_factory())
         return inst
     raise CheckpointError(f"checkpoint holds an unknown tagged value {kind!r}")
 
