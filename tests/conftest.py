@@ -47,5 +47,5 @@ def _forget_test_components():
         for name in set(registry._items) - names:
             if not getattr(registry._items[name], "__module__", "").startswith("grpolab"):
                 for table in (registry._items, registry._checks, registry._prefixes, registry._min_group,
-                              registry._columns):
+                              registry._columns, registry._needs):
                     table.pop(name, None)

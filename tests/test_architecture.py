@@ -18,7 +18,7 @@ LAYERS = [
     {"errors", "registry", "sandbox"},
     {"batch", "data", "config", "components", "devices", "recipes"},
     {"algorithms", "model"},
-    {"generation"},
+    {"generation", "policies"},
     {"rewards", "tasks", "prompts", "rollouts", "stages", "agents"},
     {"catalog", "train", "distributed"},
     {"cli", "bench", "compare", "report", "api", "__main__", "__init__"},
@@ -181,7 +181,7 @@ HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algo
 PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents"), "reward_spec": ("grpolab.rewards",),
                 "task": ("grpolab.tasks",), "prompt_sampler": ("grpolab.prompts",),
                 "rollout": ("grpolab.rollouts", "grpolab.agents"), "stage": ("grpolab.stages",),
-                "update": ("grpolab.stages",)}
+                "update": ("grpolab.stages",), "policy": ("grpolab.policies",)}
 # modules that define components of more than one kind, and why
 MIXED = {"grpolab.agents.tree": "one method's tree rollout and the tree advantage it is scored with (TreeRL)"}
 

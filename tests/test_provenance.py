@@ -10,9 +10,10 @@ from grpolab.catalog import PROVENANCE_KINDS, describe, parse_provenance
 from grpolab.cli import main
 
 COMPONENTS = describe()
-# grpolab's own infrastructure (tasks, answer keys, reward interfaces) implements no published method; every other
-# component cites the authors' code, the paper's equations, or says it is a reconstruction.
-OWN_ALLOWED = {"task", "answer_key", "reward_spec"}
+# grpolab's own infrastructure (tasks, answer keys, reward interfaces, policy kinds: the model being trained)
+# implements no published method; every other component cites the authors' code, the paper's equations, or says
+# it is a reconstruction.
+OWN_ALLOWED = {"task", "answer_key", "reward_spec", "policy"}
 
 
 def test_parse_provenance_forms():

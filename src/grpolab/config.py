@@ -23,9 +23,10 @@ import yaml
 
 from .devices import check_device_spec
 from .errors import ConfigError
-from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, COLLECTORS, KL_ESTIMATORS,
-                       POLICY_LOSSES, REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS, ROLLOUT_STRATEGIES, SAMPLERS,
-                       TASKS, UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry, declared_params, replaced_key_note)
+from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, CAPABILITIES, COLLECTORS,
+                       KL_ESTIMATORS, POLICIES, POLICY_LOSSES, REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS,
+                       ROLLOUT_STRATEGIES, SAMPLERS, TASKS, UPDATE_STRATEGIES, WEIGHTINGS, Param, Registry,
+                       declared_params, replaced_key_note)
 
 
 def _f(default, help: str, choices: Any = None, switch: Registry | None = None):
@@ -65,6 +66,8 @@ class Config:
 
     # what to train
     model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
+    policy: str = _f("causal_lm", "what kind of model is trained and how it acts (one step of an action: a token "
+                                  "for causal_lm); grpolab components policy lists them", POLICIES)
     task: str = _f("arithmetic", "built-in task (used when --data is not given)", TASKS)
     data: str | None = _f(None, "prompt data: JSONL, JSON, CSV, Parquet, a datasets.save_to_disk folder or a local "
                                 "dataset folder, with a 'prompt' per row (string or chat messages; docs/data.md)")
@@ -398,6 +401,7 @@ class Config:
         if self.data is not None and not self.reward:
             self._check_reward_source()
         self._check_components(extra)
+        self._check_policy_needs(extra)
         self._check_rollout_workers()
         self.check_distributed()
 
@@ -498,6 +502,25 @@ class Config:
             check = reg.check(name)
             if check is not None:
                 check(self)
+
+    def _check_policy_needs(self, extra: tuple = ()) -> None:
+        """A component that needs a capability the policy lacks (``register(..., needs=...)``) is refused at
+        start-up, naming the component, the capability, the policy and the ways out."""
+        policy = POLICIES.get(self.policy)
+        has = frozenset(getattr(policy, "capabilities", ()))
+        for reg, name in self._selected_in(extra):
+            missing = [c for c in reg.needs(name) if c not in has]
+            if not missing:
+                continue
+            need = missing[0]
+            others = [n for n, p in POLICIES.items() if need in getattr(p, "capabilities", ())]
+            how = reg.selection(name)
+            raise ConfigError(
+                f"{reg.kind} '{name}' needs a policy with {need} ({CAPABILITIES.get(need, need)}); policy "
+                f"'{self.policy}' ({getattr(policy, 'description', '')}) has "
+                f"{', '.join(sorted(has)) or 'none of the capabilities'}. Use policy "
+                f"{' or '.join(others) or '(none has it)'}"
+                + (f", or leave '{name}' out ({how.partition(':')[0]})" if how else "") + ".")
 
     def required_columns(self) -> dict[str, list[str]]:
         """``{"kind 'name'": [columns]}``: the data columns the selected components declared they read from

@@ -34,7 +34,7 @@ from .errors import UnknownComponentError
 T = TypeVar("T")
 
 __all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentError", "ALL_REGISTRIES",
-           "REPLACED_KEYS", "replaced_key_note"]
+           "CAPABILITIES", "REPLACED_KEYS", "replaced_key_note"]
 
 
 class Param:
@@ -112,7 +112,9 @@ class Registry(Generic[T]):
     so ``num_generations`` below it leaves every advantage at 0) and
     ``columns=("hints",)`` (data columns every training row must have; or a
     function ``cfg -> column names`` when they depend on the component's
-    parameters).
+    parameters). ``needs=("text",)`` names the capabilities it needs from the
+    policy (grpolab/policies/base.py): selecting it with a policy that lacks
+    one is a start-up error.
     """
 
     def __init__(self, kind: str, key: str | None = None, switch: bool = False):
@@ -125,12 +127,14 @@ class Registry(Generic[T]):
         self._prefixes: dict[str, str] = {}  # "rg:" -> how the rest of the name is read, for messages
         self._min_group: dict[str, int] = {}
         self._columns: dict[str, tuple | Callable] = {}
+        self._needs: dict[str, tuple[str, ...]] = {}
 
     def register(self, name: str, *, check: Callable | None = None, prefix: str | None = None,
-                 min_group_size: int = 1, columns: tuple | Callable | None = None) -> Callable[[T], T]:
+                 min_group_size: int = 1, columns: tuple | Callable | None = None,
+                 needs: tuple[str, ...] = ()) -> Callable[[T], T]:
         """Register under ``name``; with ``prefix="WHAT"``, ``name`` is a prefix (``"rg:"``) and every
         ``name + WHAT`` resolves to this component, which receives ``WHAT`` as its first argument.
-        ``min_group_size`` / ``columns``: what the component needs (see the class docstring)."""
+        ``min_group_size`` / ``columns`` / ``needs``: what the component needs (see the class docstring)."""
         def deco(obj: T) -> T:
             if name in self._items and self._items[name] is not obj:
                 raise ValueError(f"{self.kind} '{name}' is already registered")
@@ -144,6 +148,8 @@ class Registry(Generic[T]):
                 self._min_group[name] = int(min_group_size)
             if columns:
                 self._columns[name] = columns
+            if needs:
+                self._needs[name] = tuple(needs)
             return obj
 
         return deco
@@ -185,6 +191,11 @@ class Registry(Generic[T]):
         cols = self._columns.get(self.split(name)[0], ())
         return list(cols(cfg) if callable(cols) else cols)
 
+    def needs(self, name: str) -> tuple[str, ...]:
+        """Capabilities the component needs from the policy (``register(..., needs=("text",))``; see
+        grpolab/policies/base.py CAPABILITIES)."""
+        return self._needs.get(self.split(name)[0], ())
+
     def params(self, name: str) -> dict[str, Param]:
         return declared_params(self.get(name))
 
@@ -217,6 +228,16 @@ UPDATE_STRATEGIES: Registry = Registry("update strategy", "update_strategy")
 # how a step's batch is gathered when one rollout round is not enough (grpolab/stages/collectors.py);
 # `dynamic_sampling: true` selects the component of that name (DAPO)
 COLLECTORS: Registry = Registry("collector", "dynamic_sampling", switch=True)
+# the model being trained and how it acts (grpolab/policies/): the causal LM by default
+POLICIES: Registry = Registry("policy", "policy")
+# what a component may need from a policy (register(..., needs=...)), each with the line errors show; a policy
+# class lists the ones it has in its ``capabilities``
+CAPABILITIES: dict[str, str] = {
+    "tokens": "actions are ids from a vocabulary: token entropies over the vocabulary, shared token prefixes, "
+              "lengths in tokens",
+    "text": "completions decode to text through a tokenizer and a chat template: text tasks and reward "
+            "functions, thinking tags, tool calls, hints, injected text, agent episodes",
+}
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")
 
@@ -225,6 +246,7 @@ ALL_REGISTRIES: dict[str, Registry] = {
     "aggregation": AGGREGATIONS, "kl": KL_ESTIMATORS, "answer_key": ANSWER_KEYS, "reward_transform": REWARD_TRANSFORMS,
     "reward_spec": REWARD_SPECS, "task": TASKS, "prompt_sampler": SAMPLERS, "rollout": ROLLOUT_STRATEGIES,
     "stage": BATCH_STAGES, "update": UPDATE_STRATEGIES, "collector": COLLECTORS,
+    "policy": POLICIES,
 }
 
 

@@ -49,11 +49,11 @@ class LossModule(torch.nn.Module):
         self.policy = policy
         self.loss_fn = loss_fn
 
-    def forward(self, mb, totals, shared: bool, entropy_grad: bool):
-        loss, logp, ent, tok_metrics = self.loss_fn(mb, totals, shared, entropy_grad, model=self.policy)
+    def forward(self, mb, totals, want: frozenset):
+        loss, logp, ent, tok_metrics = self.loss_fn(mb, totals, want, model=self.policy)
         # only the loss is back-propagated; the rest leaves as plain copies (FSDP2 hooks every output tensor)
-        return loss, logp.detach().clone(), ent.detach().clone(), {k: v.detach().clone()
-                                                                    for k, v in tok_metrics.items()}
+        return (loss, logp.detach().clone(), None if ent is None else ent.detach().clone(),
+                {k: v.detach().clone() for k, v in tok_metrics.items()})
 
 
 class DistributedTrainer(Trainer):
@@ -97,8 +97,8 @@ class DistributedTrainer(Trainer):
     def sharded(self) -> bool:
         return self.cfg.distributed_strategy == "fsdp2"
 
-    def micro_batch_loss(self, mb, totals, shared: bool, entropy_grad: bool):
-        return self.train_module(mb, totals, shared, entropy_grad)
+    def micro_batch_loss(self, mb, totals, want: frozenset):
+        return self.train_module(mb, totals, want)
 
     def grad_sync(self, last: bool):
         """DDP: no all-reduce before the last micro-batch (``no_sync``); FSDP2: no reduce-scatter before it."""

@@ -51,7 +51,7 @@ class RolloutContext:
 
     def __init__(self, cfg, tokenizer, rows: list[dict], *, policy, scorer, generator: torch.Generator,
                  sampling_generator: torch.Generator | None = None, engine=None, log=print, step: int = 0,
-                 reference=None):
+                 reference=None, actions=None):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.rows = rows  # the training data rows (dataset index = prompt uid)
@@ -68,6 +68,7 @@ class RolloutContext:
         self._next_group = 0
         self.metrics: dict[str, float] = {}  # this step's rollout/<name> metrics (see metric())
         self.environment = None  # the agent rollout's environment (the API's or the task's; grpolab.agents)
+        self._actions = actions  # the policy kind (grpolab/policies/); None: built from cfg.policy on first use
 
     def new_step(self, step: int | None = None) -> None:
         """Start a step (group ids restart at 0, metrics empty); the trainer passes its step number."""
@@ -85,6 +86,15 @@ class RolloutContext:
         first = self._next_group
         self._next_group += n
         return first
+
+    @property
+    def actions(self):
+        """The kind of policy (grpolab/policies/, e.g. the causal LM): per-step log-probs of a batch's actions."""
+        if self._actions is None:
+            from ..components import Component
+            from ..registry import POLICIES
+            self._actions = Component(POLICIES.get(self.cfg.policy), self.cfg, self.cfg.policy).fn
+        return self._actions
 
     @property
     def policy(self):
@@ -208,9 +218,6 @@ class RolloutContext:
 
         Use it to give injected tokens the behaviour log-prob they really have.
         """
-        from ..model.logprobs import completion_logprobs
-        m = model if model is not None else self.policy
-        parts = [completion_logprobs(m, mb, self.cfg.temperature, shared_prefix=self.cfg.shared_prefix_forward)[0]
-                 for mb in batch.micro_batches(self.cfg.micro_batch_size, trim=False,
-                                               max_tokens=self.cfg.micro_batch_tokens)]
-        return torch.cat(parts).to(batch.completion_attention_mask.device) * batch.completion_attention_mask
+        return self.actions.logprobs(model if model is not None else self.policy, batch,
+                                     micro_batch_size=self.cfg.micro_batch_size,
+                                     max_tokens=self.cfg.micro_batch_tokens)

@@ -33,14 +33,15 @@ from ..errors import WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, model_texts, subset, to_json
 from ..generation.engines import build_engine
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
-from ..model.loading import apply_lora, load_policy, save_policy
-from ..model.logprobs import completion_logprobs, group_token_divergence
+from ..model.loading import load_policy, save_policy
+from ..model.logprobs import group_token_divergence
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
 from ..rollouts.strategies import ROLLOUT_STRATEGIES
 from ..prompts import SAMPLERS
 from ..stages import BATCH_STAGES, COLLECTORS, UPDATE_STRATEGIES
+from ..policies import POLICIES
 from ..tasks import get_task
 from . import checkpoint as ckpt
 from . import checks
@@ -200,6 +201,8 @@ class Trainer:
 
     def _prepare_model(self, cfg: Config) -> None:
         """Device and precision, the policy and tokenizer, the frozen reference, LoRA, checkpointing."""
+        # the kind of policy (grpolab/policies/: the causal LM by default): per-step log-probs, LoRA, ...
+        self.policy = Component(POLICIES.get(cfg.policy), cfg, cfg.policy).fn
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
@@ -213,15 +216,7 @@ class Trainer:
                                                    for _, obj in cfg.selected())
         if self.needs_reference and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        if cfg.use_lora:
-            self.model = apply_lora(self.model, cfg.lora_r, cfg.lora_alpha, list(cfg.lora_target_modules))
-        if cfg.gradient_checkpointing:
-            enable = getattr(self.model, "activation_checkpointing_enable", None)  # transformers >= 5.x name
-            if enable is not None:
-                enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            self.model.config.use_cache = False
+        self.model = self.policy.prepare(self.model, cfg)  # LoRA adapters, activation checkpointing
 
     def _setup_optimizer(self, cfg: Config) -> None:
         """The training module (DDP / FSDP2 wrap it), AdamW over its trainable parameters, the LR schedule."""
@@ -253,6 +248,9 @@ class Trainer:
         self.strategy = Component(ROLLOUT_STRATEGIES.get(cfg.rollout_strategy), cfg, cfg.rollout_strategy)
         self.stages = [Component(BATCH_STAGES.get(n), cfg, n) for n in cfg.batch_stages]
         self.update_strategy = Component(UPDATE_STRATEGIES.get(cfg.update_strategy), cfg, cfg.update_strategy)
+        # what the loss components take from the policy's forward besides log-probs (the entropy is a metric)
+        asked = {p.name for c in [self.policy_loss] + self.regularizers for p in c.params} | {"entropy"}
+        self.loss_wants = frozenset(asked & self.policy.offers())
         self.scorer = BatchScorer(RewardScorer(self.rewards, log=self.log, timeout=cfg.reward_timeout),
                                   self.reward_transforms)
         # DAPO dynamic sampling (grpolab/stages/collectors.py); None: one rollout round per step
@@ -272,7 +270,8 @@ class Trainer:
         self.ctx = RolloutContext(cfg, self.tok, self.rows, policy=self.behavior_policy, scorer=self.scorer,
                                   generator=self.generator, sampling_generator=self.sample_generator,
                                   engine=self.engine, log=self.log,
-                                  reference=self.reference_policy if self.needs_reference else None)
+                                  reference=self.reference_policy if self.needs_reference else None,
+                                  actions=self.policy)
         self.ctx.environment = self.environment
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
@@ -336,9 +335,9 @@ class Trainer:
         """The module the update runs through (its parameters are optimised)."""
         return self.model
 
-    def micro_batch_loss(self, mb, totals, shared: bool, entropy_grad: bool):
+    def micro_batch_loss(self, mb, totals, want: frozenset):
         """:meth:`_micro_batch_loss` through the training module."""
-        return self._micro_batch_loss(mb, totals, shared, entropy_grad)
+        return self._micro_batch_loss(mb, totals, want)
 
     def train_micro_batches(self, batch, mbs: list) -> list:
         """The micro-batches this process runs the forward and backward on (one process: all of ``mbs``)."""
@@ -544,7 +543,6 @@ class Trainer:
         :meth:`train_step`, once per step)."""
         cfg = self.cfg
         mbs = batch.micro_batches(cfg.micro_batch_size, max_tokens=cfg.micro_batch_tokens)
-        shared = cfg.shared_prefix_forward and not cfg.gradient_checkpointing
         if cfg.gradient_checkpointing:
             self.model.train()  # Hugging Face checkpoints layers only in training mode (no dropout in our models)
         totals = StepTotals.from_masks([mb.completion_mask for mb in mbs],
@@ -554,7 +552,6 @@ class Trainer:
         sums: dict[str, float] = {}
         ntok = max(float(batch.completion_mask.sum()), 1.0)
         loss_value, skipped, grad_norm = 0.0, 0, float("nan")
-        entropy_grad = any(c.wants("entropy_grad") for c in [self.policy_loss] + self.regularizers)
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_value, finite = 0.0, True
@@ -562,7 +559,7 @@ class Trainer:
                 mb = mb.to(self.device)
                 with self.grad_sync(last=i == len(mbs) - 1):
                     with self.precision():
-                        loss, logp, ent, tok_metrics = self.micro_batch_loss(mb, totals, shared, entropy_grad)
+                        loss, logp, ent, tok_metrics = self.micro_batch_loss(mb, totals, self.loss_wants)
                     if not torch.isfinite(loss):
                         finite = False
                         if self.world_size == 1:
@@ -570,7 +567,7 @@ class Trainer:
                     (loss * self.world_size).backward()  # ranks' gradients are averaged: their sum is the loss's
                 loss_value += float(loss.detach())
                 m = mb.completion_mask
-                if it == 0:
+                if it == 0 and ent is not None:
                     tok_metrics = {**tok_metrics, "entropy": ent.detach()}
                 for k, v in tok_metrics.items():
                     sums[k] = sums.get(k, 0.0) + float((v.detach() * m).sum())
@@ -600,14 +597,14 @@ class Trainer:
                 out[k] = v / (ntok * cfg.num_iterations)
         return out
 
-    def _micro_batch_loss(self, mb, totals, shared: bool, entropy_grad: bool, model=None):
-        """Forward one micro-batch and its aggregated loss: ``(loss, logprobs, entropy, token metrics)``."""
+    def _micro_batch_loss(self, mb, totals, want: frozenset, model=None):
+        """Forward one micro-batch and its aggregated loss: ``(loss, logprobs, entropy or None, token metrics)``;
+        ``want``: what the loss components ask of the policy's forward besides log-probs (:attr:`loss_wants`)."""
         cfg = self.cfg
-        logp, ent = completion_logprobs(self.model if model is None else model, mb, cfg.temperature, with_entropy=True,
-                                        shared_prefix=shared, entropy_grad=entropy_grad)
-        inputs = {"logprobs": logp, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
-                  "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs, "entropy": ent.detach(),
-                  "entropy_grad": ent,
+        out = self.policy.forward(self.model if model is None else model, mb, want=want, grad=True)
+        logp, ent = out["logprobs"], out.get("entropy")
+        inputs = {**out, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
+                  "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs,
                   "group_ids": mb.group_ids, "batch": mb, "step": self.step}
         per_token, tok_metrics = self.policy_loss(**inputs)
         if mb.token_weights is not None:  # e.g. engine/trainer truncated importance weights
