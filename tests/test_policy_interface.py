@@ -41,8 +41,9 @@ def test_a_component_needing_text_is_refused_with_a_policy_without_it(vector_pol
     def text_bonus(logprobs, mask):
         return torch.zeros_like(logprobs), {}
 
-    with pytest.raises(ConfigError) as e:
-        Config.build({"model": "tiny", "policy": "test_vector", "regularizers": ["test_text_bonus"]})
+    with pytest.raises(ConfigError) as e:  # --data: no built-in task (every one needs text) is selected
+        Config.build({"model": "tiny", "policy": "test_vector", "data": "rows.jsonl", "reward": ["m:f"],
+                      "regularizers": ["test_text_bonus"]})
     msg = str(e.value)
     assert "regularizer 'test_text_bonus' needs a policy with text" in msg
     assert "policy 'test_vector' (a test policy with vector actions) has vectors" in msg

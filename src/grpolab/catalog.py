@@ -165,8 +165,8 @@ def describe(kind: str | None = None) -> list[dict]:
     config key that selects it, or None), ``name``, ``file``, ``line``, ``arxiv`` and ``seeds`` (ids cited by
     its docstring), ``recipes`` (``name``, ``title``, ``citation``, ``seed`` of the recipes that select it),
     ``summary`` (the docstring's first line, or first paragraph when it wraps), ``provenance``
-    (:func:`parse_provenance` of its docstring, None when it has no such paragraph) and ``params`` (``key``, ``default``, ``type``, ``help``,
-    ``choices``, ``owners``).
+    (:func:`parse_provenance` of its docstring, None when it has no such paragraph), ``params`` (``key``, ``default``, ``type``, ``help``,
+    ``choices``, ``owners``) and ``needs`` (the policy capabilities it declared, ``register(..., needs=...)``).
     """
     if kind is not None and kind not in ALL_REGISTRIES:
         raise UnknownComponentError(f"unknown component kind '{kind}'; valid kinds: {', '.join(ALL_REGISTRIES)}")
@@ -191,6 +191,7 @@ def describe(kind: str | None = None) -> list[dict]:
                 "params": [{"key": k, "default": _plain(p.default), "type": p.annotation, "help": p.help,
                             "choices": _plain(p.choices), "owners": list(p.owners)}
                            for k, p in sorted(declared_params(obj).items())],
+                "needs": list(reg.needs(name)),
             })
     return out
 
@@ -213,6 +214,11 @@ def param_text(p: dict) -> str:
     return f"`{p['key']}` = `{p['default']!r}`{choices}: {p['help']}"
 
 
+def needs_text(c: dict) -> str:
+    """What a component needs from the policy, in words (empty when it declared nothing)."""
+    return f"needs a policy with {' and '.join(c['needs'])}" if c.get("needs") else ""
+
+
 def _cell(s: str) -> str:
     return s.replace("|", "\\|").replace("\n", " ")
 
@@ -231,8 +237,9 @@ def components_markdown(components: list[dict]) -> str:
             # the file only: line numbers (in `grpolab components`) would make every edit stale the generated page
             where = f"`{c['file']}`" if c["file"] else "—"
             params = "<br>".join(_cell(param_text(p)) for p in c["params"]) or "—"
+            what = "<br>".join(_cell(s) for s in (c["summary"], needs_text(c) and f"*{needs_text(c)}*") if s)
             lines.append(f"| `{_cell(c['name'])}` | {where} | {_cell(paper_text(c)) or '—'} | "
-                         f"{_cell(c['summary']) or '—'} | {params} |")
+                         f"{what or '—'} | {params} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -254,6 +261,8 @@ def components_text(components: list[dict]) -> str:
         paper = paper_text(c, max_recipes=1).replace("`", "")
         if paper:
             lines.append(f"  {'':<24} paper: {paper}")
+        if c.get("needs"):
+            lines.append(f"  {'':<24} {needs_text(c)}")
         for p in c["params"]:
             lines.append(f"  {'':<24} --{param_text(p).replace('`', '')}")
     return "\n".join(lines) + "\n"

@@ -71,7 +71,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x - mean) * torch.rsqrt(var + 1e-8) * m
 
 
-@ADVANTAGES.register("turn_ppo")
+@ADVANTAGES.register("turn_ppo", needs=("text",))
 class TurnPPOCritic:
     """turn-PPO: GAE over turns with a learned turn-level critic (seed 000-14).
 

@@ -461,7 +461,7 @@ def _sandbox(ctx, isolation: str, timeout: float):
     return box
 
 
-@ROLLOUT_STRATEGIES.register("agent", check=_check)
+@ROLLOUT_STRATEGIES.register("agent", check=_check, needs=("text",))
 def agent(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
           max_turns: int = MAX_TURNS, max_episode_tokens: int = MAX_EPISODE_TOKENS,
           max_turn_tokens: int = MAX_TURN_TOKENS, tool_timeout: float = TOOL_TIMEOUT,

@@ -262,7 +262,7 @@ def _tree_grpo_check(cfg) -> None:
                           f"num_generations or raise tree_grpo_expand_nodes / tree_grpo_expand_rounds")
 
 
-@ROLLOUT_STRATEGIES.register("tree_grpo", check=_tree_grpo_check)
+@ROLLOUT_STRATEGIES.register("tree_grpo", check=_tree_grpo_check, needs=("text",))
 def tree_grpo_rollout(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                       tree_grpo_trees: int = param(2, "Tree-GRPO: trees per prompt (M); each gives "
                                                       "num_generations / M of the prompt's rows"),
@@ -413,7 +413,7 @@ def stage_fraction(step: int, schedule: list, stage_steps: int) -> float:
     return float(schedule[min(step // max(stage_steps, 1), len(schedule) - 1)])
 
 
-@ROLLOUT_STRATEGIES.register("mcts_staged", check=_check)
+@ROLLOUT_STRATEGIES.register("mcts_staged", check=_check, needs=("text",))
 def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperatures=None, step: int = 0, *,
                         mcts_simulations: int = param(6, "staged MCTS GRPO: MCTS simulations per prompt and step"),
                         mcts_uct_c: float = param(1.0, "staged MCTS GRPO: UCT exploration constant c"),

@@ -144,7 +144,7 @@ def _groups(group_ids: torch.Tensor, scored: torch.Tensor) -> dict[int, list[int
 GIGPO_NORMS = ["mean_std_norm", "mean_norm"]
 
 
-@ADVANTAGES.register("gigpo", min_group_size=2)
+@ADVANTAGES.register("gigpo", min_group_size=2, needs=("text",))
 def gigpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
           advantage_epsilon: float = 1e-4,
           gigpo_gamma: float = param(0.95, "GiGPO: discount of the step returns inside an episode"),
@@ -244,7 +244,7 @@ def gigpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch
 # -------------------------------------------------------------------------------------------------- SALT
 
 
-@ADVANTAGES.register("salt", min_group_size=2)
+@ADVANTAGES.register("salt", min_group_size=2, needs=("text",))
 def salt(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
          advantage_epsilon: float = 1e-4,
          salt_node: str = param("history", "SALT: which steps are merged into one graph node: same interaction so "
@@ -344,7 +344,7 @@ def gtpo_shaped_outcomes(rewards: torch.Tensor, group_ids: torch.Tensor, episode
     return out
 
 
-@ADVANTAGES.register("gtpo_turn", min_group_size=2)
+@ADVANTAGES.register("gtpo_turn", min_group_size=2, needs=("text",))
 def gtpo_turn(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
               advantage_epsilon: float = 1e-4,
               gtpo_gamma: float = param(0.9, "GTPO (turns): discount of the turn returns"),
@@ -404,7 +404,7 @@ def gtpo_turn(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: t
 # ---------------------------------------------------------------------------------------------- Flow-GRPO
 
 
-@ADVANTAGES.register("flow_grpo", min_group_size=2)
+@ADVANTAGES.register("flow_grpo", min_group_size=2, needs=("text",))
 def flow_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
               advantage_epsilon: float = 1e-4,
               flow_grpo_stats: str = param("turns", "Flow-GRPO: group mean/std over the group's turns (each "
@@ -446,7 +446,7 @@ def flow_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: t
 # ---------------------------------------------------------------------------------------------- Step-GRPO
 
 
-@ADVANTAGES.register("step_grpo", min_group_size=2)
+@ADVANTAGES.register("step_grpo", min_group_size=2, needs=("text",))
 def step_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
               advantage_epsilon: float = 1e-4) -> torch.Tensor:
     """Step-GRPO: step-specific rewards, group-normalised per step (R1-Router, Peng et al., 2025,

@@ -16,7 +16,7 @@ from ..registry import ANSWER_KEYS
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
 
 
-@ANSWER_KEYS.register("final_line")
+@ANSWER_KEYS.register("final_line", needs=("text",))
 def final_line_key(text: str) -> str:
     """The last non-empty line, stripped ('' for an empty completion).
 
@@ -27,7 +27,7 @@ def final_line_key(text: str) -> str:
     return lines[-1] if lines else ""
 
 
-@ANSWER_KEYS.register("last_number")
+@ANSWER_KEYS.register("last_number", needs=("text",))
 def last_number_key(text: str) -> str:
     """The last number in the text (``3``, ``3.0`` and ``3.00`` are one answer; ``a/b`` kept as
     written); the stripped final line when the text has no number.
@@ -45,7 +45,7 @@ def last_number_key(text: str) -> str:
     return str(int(v)) if v.is_integer() else repr(v)
 
 
-@ANSWER_KEYS.register("exact")
+@ANSWER_KEYS.register("exact", needs=("text",))
 def exact_key(text: str) -> str:
     """The whole completion, stripped.
 

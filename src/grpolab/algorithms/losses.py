@@ -774,7 +774,7 @@ def _conflicts(ids: torch.Tensor, mask: torch.Tensor, pos: torch.Tensor, neg: to
     return torch.cumprod(raw.long(), dim=-1).bool()
 
 
-@POLICY_LOSSES.register("gtpo_conflict", check=_whole_groups)
+@POLICY_LOSSES.register("gtpo_conflict", check=_whole_groups, needs=("tokens",))
 def gtpo_conflict(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
                   group_ids: torch.Tensor, entropy: torch.Tensor, batch=None, *, epsilon: float = 0.2,
                   epsilon_high: float | None = None,

@@ -24,7 +24,7 @@ def _check_dynamic_kl(cfg) -> None:
         raise ConfigError(f"grpo_d_explore_frac: must be in [0, 1), got {cfg.grpo_d_explore_frac}")
 
 
-@REGULARIZERS.register("entropy_bonus")
+@REGULARIZERS.register("entropy_bonus", needs=("tokens",))
 def entropy_bonus(entropy_grad: torch.Tensor, *,
                   entropy_bonus_coef: float = param(0.01, 'entropy_bonus: coefficient of -H (maximise entropy)')):
     """Entropy bonus: ``term_t = -coef * H_t`` with ``H_t`` the policy entropy at token t (with gradient).

@@ -365,7 +365,7 @@ def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
     return lp / sampled.sum(-1).clamp(min=1) if length_normalize else lp
 
 
-@WEIGHTINGS.register("seed_semantic_entropy")
+@WEIGHTINGS.register("seed_semantic_entropy", needs=("text",))
 def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, batch, *,
                           seed_alpha: float = param(0.5, 'SEED-GRPO: sensitivity alpha; A * f(alpha * SE / SE_max)'),
                           seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear) or exp(-x) '
@@ -450,7 +450,7 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
 # --------------------------------------------------------------------------- EDGE-GRPO
 
 
-@WEIGHTINGS.register("edge_entropy_driven")
+@WEIGHTINGS.register("edge_entropy_driven", needs=("tokens",))
 def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
                         completion_mask: torch.Tensor, *,
                         edge_normalize: str = param('group', "EDGE-GRPO: divide each row's entropy by the mean over "
@@ -500,7 +500,7 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
 # --------------------------------------------------------------------------- entropy-guided function calling (000-106)
 
 
-@WEIGHTINGS.register("fc_entropy_bonus")
+@WEIGHTINGS.register("fc_entropy_bonus", needs=("tokens",))
 def fc_entropy_bonus(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
                      completion_mask: torch.Tensor, *,
                      fc_entropy_beta: float = param(0.5, 'entropy-guided exploration: strength beta of the '
@@ -553,7 +553,7 @@ def shared_prefix_counts(completion_ids: torch.Tensor, completion_mask: torch.Te
     return k * alive
 
 
-@WEIGHTINGS.register("lambda_prefix_weight")
+@WEIGHTINGS.register("lambda_prefix_weight", needs=("tokens",))
 def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor, batch, *,
                          lambda_grpo_power: float = param(1.0, 'lambda-GRPO: token weight k^-lambda, k = group '
                                                           "completions sharing the token's prefix (0 = GRPO)")) -> torch.Tensor:
@@ -590,7 +590,7 @@ def lambda_prefix_weight(advantages: torch.Tensor, group_ids: torch.Tensor, comp
 # --------------------------------------------------------------------------- TW-GRPO
 
 
-@WEIGHTINGS.register("tw_token_weight")
+@WEIGHTINGS.register("tw_token_weight", needs=("tokens",))
 def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, token_group_divergence: torch.Tensor,
                     *, tw_alpha: float = param(1.7, 'TW-GRPO: maximum token weight; weights min-max map the group '
                                                "divergence to [1, alpha] (>= 1; 1 = GRPO; authors' script uses "
@@ -657,7 +657,7 @@ def tw_token_weight(advantages: torch.Tensor, group_ids: torch.Tensor, batch, to
 # --------------------------------------------------------------------------- LC-R1
 
 
-@WEIGHTINGS.register("lc_compress_bonus")
+@WEIGHTINGS.register("lc_compress_bonus", needs=("text",))
 def lc_compress_bonus(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *,
                       lc_compress_weight: float = param(1.0, "LC-R1: weight of the compress reward added to the "
                                                         "advantage at the end-of-thinking token (the authors' "

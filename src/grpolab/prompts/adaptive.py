@@ -199,7 +199,7 @@ def trajectory_diversity(ids: torch.Tensor, lengths) -> float:
     return 1.0 - sum(overlaps) / len(overlaps) if overlaps else 0.0
 
 
-@SAMPLERS.register("vas")
+@SAMPLERS.register("vas", needs=("tokens",))
 class VASSampler:
     """VAS (Variance-Aware Sampling) with the Variance Promotion Score, MMR1.
 

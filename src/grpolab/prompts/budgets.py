@@ -282,7 +282,7 @@ def prompt_angle_concentration(model, tokenizer, rows: list[dict], max_prompt_le
     return torch.cat(out).to(torch.float64)
 
 
-@SAMPLERS.register("gain_rl")
+@SAMPLERS.register("gain_rl", needs=("text",))
 class GainRLSampler:
     """GAIN-RL: order data by angle concentration; sample a Gaussian window that advances with accuracy.
 

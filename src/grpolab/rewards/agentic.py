@@ -124,7 +124,7 @@ def _spec(name: str, cls):
     parse.__module__ = cls.__module__
     parse.__wrapped__ = cls  # so the catalog points at the class's source
     parse.__grpolab_params__ = declared_params(cls)
-    REWARD_SPECS.register(name)(parse)
+    REWARD_SPECS.register(name, needs=("text",))(parse)
     return parse
 
 

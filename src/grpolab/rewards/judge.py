@@ -185,4 +185,4 @@ def parse_judge_spec(spec: str, cfg=None, **opts):
 
 
 parse_judge_spec.__grpolab_params__ = declared_params(JudgeReward)  # its options are the judge's
-REWARD_SPECS.register("judge:", prefix="PATH|self|tiny")(parse_judge_spec)
+REWARD_SPECS.register("judge:", prefix="PATH|self|tiny", needs=("text",))(parse_judge_spec)

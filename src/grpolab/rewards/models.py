@@ -127,7 +127,7 @@ class RewardModelFn:
         return f"RewardModelFn({self.path!r})"
 
 
-@REWARD_SPECS.register("rm:", prefix="PATH")
+@REWARD_SPECS.register("rm:", prefix="PATH", needs=("text",))
 def parse_rm_spec(spec: str, cfg=None, **kwargs):
     """``rm:PATH`` or ``rm:PATH=weight`` -> :class:`grpolab.rewards.RewardFn` named ``rm``.
 

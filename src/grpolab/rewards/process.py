@@ -153,4 +153,4 @@ def parse_pm4grpo_spec(spec: str, cfg=None, **opts):
 
 
 parse_pm4grpo_spec.__grpolab_params__ = declared_params(PM4GRPOReward)  # its options are the reward's
-REWARD_SPECS.register("pm4grpo")(parse_pm4grpo_spec)
+REWARD_SPECS.register("pm4grpo", needs=("text",))(parse_pm4grpo_spec)

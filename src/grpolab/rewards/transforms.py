@@ -72,7 +72,7 @@ def _to_number(text) -> float | None:
 
 # ---------------------------------------------------------------- DAPO overlong shaping
 
-@REWARD_TRANSFORMS.register("overlong_penalty")
+@REWARD_TRANSFORMS.register("overlong_penalty", needs=("tokens",))
 def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, *, max_completion_length: int,
                      overlong_buffer: int = param(4, "overlong_penalty: the last L_cache tokens before "
                                                   "max_completion_length are penalised linearly (DAPO)"),
@@ -184,7 +184,7 @@ def reward_flip(rewards: torch.Tensor, prompt_uids: torch.Tensor, step: int, *, 
 
 # ---------------------------------------------------------------- GRPO-LEAD (000-03)
 
-@REWARD_TRANSFORMS.register("lead_length_reward")
+@REWARD_TRANSFORMS.register("lead_length_reward", needs=("tokens",))
 def lead_length_reward(rewards: torch.Tensor, lengths: torch.Tensor, group_ids: torch.Tensor,
                        reward_matrix: torch.Tensor, reward_names: list[str], *,
                        lead_len_alpha: float = param(0.05, 'GRPO-LEAD: length penalty strength alpha in exp(-alpha z)'),
@@ -258,7 +258,7 @@ def fuzzy_score(pred: float | None, target: float, floor: float = 1.0, top: floa
     return top - e if e < max_error else 0.0
 
 
-@REWARD_TRANSFORMS.register("fuzzy_numeric")
+@REWARD_TRANSFORMS.register("fuzzy_numeric", needs=("text",))
 def fuzzy_numeric(rewards: torch.Tensor, batch, *,
                   fuzzy_weight: float = param(1.0, 'FGRPR: weight of the fuzzy closeness reward'),
                   fuzzy_pattern: str = param('Answer:\\s*(-?\\d+(?:\\.\\d+)?(?:/\\d+)?)', 'FGRPR: regex whose first '
@@ -327,7 +327,7 @@ def lc_correct(reward_matrix: torch.Tensor, reward_names: list[str], texts: list
     return ok & once
 
 
-@REWARD_TRANSFORMS.register("lc_length")
+@REWARD_TRANSFORMS.register("lc_length", needs=("text",))
 def lc_length(rewards: torch.Tensor, lengths: torch.Tensor, truncated: torch.Tensor, group_ids: torch.Tensor,
               reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
               lc_length_weight: float = param(1.0, "LC-R1: weight of the length reward (the authors' "
@@ -408,7 +408,7 @@ def unlikeliness(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *,
 
 # ---------------------------------------------------------------- GCPO-geometry length reward (000-56)
 
-@REWARD_TRANSFORMS.register("gcpo_length")
+@REWARD_TRANSFORMS.register("gcpo_length", needs=("tokens",))
 def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], *,
                 gcpo_len_weight: float = param(0.5, 'GCPO-geometry: weight of the length reward'),
                 gcpo_len_sign: float = param(1.0, 'GCPO-geometry: +1 rewards longer completions, -1 shorter'),
@@ -448,7 +448,7 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
 
 # ---------------------------------------------------------------- BAPO IDK boundary reward (000-109)
 
-@REWARD_TRANSFORMS.register("bapo_idk")
+@REWARD_TRANSFORMS.register("bapo_idk", needs=("text",))
 def bapo_idk(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
              batch, step: int, *,
              bapo_idk_reward: float = param(0.5, 'BAPO: reward of an IDK answer in a group with no correct answer'),
@@ -556,7 +556,7 @@ def entity_match_rate(text: str, entities) -> float:
     return hit / len(ents)
 
 
-@REWARD_TRANSFORMS.register("egrpo_entity")
+@REWARD_TRANSFORMS.register("egrpo_entity", needs=("text",))
 def egrpo_entity(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str],
                  batch, *,
                  egrpo_alpha: float = param(0.3, 'E-GRPO: wrong rows earn alpha * normalised entity match rate'),
@@ -618,7 +618,7 @@ def _final_answer(text: str, pattern: re.Pattern) -> str | None:
     return found[-1].strip() if found else None
 
 
-@REWARD_TRANSFORMS.register("paraphrase_consistency")
+@REWARD_TRANSFORMS.register("paraphrase_consistency", needs=("text",))
 def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, batch, *,
                            paraphrase_weight: float = param(0.5, 'paraphrase consistency: weight of the consistency '
                                                             'reward'),
@@ -724,7 +724,7 @@ def control_mode(text: str, short_token: str = "<short>", think_token: str = "<t
     return None
 
 
-@REWARD_TRANSFORMS.register("thinkless_mode_reward")
+@REWARD_TRANSFORMS.register("thinkless_mode_reward", needs=("text",))
 def thinkless_mode_reward(rewards: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
                           thinkless_gamma: float = param(0.1, 'Thinkless reward: a correct <think> answer earns 1 - '
                                                          'gamma, a correct <short> one 1, a wrong one -1'),
@@ -785,7 +785,7 @@ def otc_grpo_tool_reward(m: int, n: int, c: float = 1.0) -> float:
     return math.sin(f * math.pi / (2 * n))
 
 
-@REWARD_TRANSFORMS.register("otc_tool_reward")
+@REWARD_TRANSFORMS.register("otc_tool_reward", needs=("text",))
 def otc_tool_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
                     reward_names: list[str], batch, *,
                     otc_variant: str = param('grpo', 'OTC: grpo (optimal count n = fewest calls among the '
@@ -843,7 +843,7 @@ def otc_tool_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matri
 
 # ---------------------------------------------------------------- SEM search efficiency (000-71)
 
-@REWARD_TRANSFORMS.register("sem_search_reward")
+@REWARD_TRANSFORMS.register("sem_search_reward", needs=("text",))
 def sem_search_reward(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
                       reward_names: list[str], batch, *,
                       sem_search_tools: str = param('search', 'SEM: comma-separated names of the search tools'),
@@ -918,7 +918,7 @@ def graphrag_phase(step: int, pra_start: int, caf_start: int) -> int:
     return 1 if step < pra_start else (2 if step < caf_start else 3)
 
 
-@REWARD_TRANSFORMS.register("graphrag_r1_phases")
+@REWARD_TRANSFORMS.register("graphrag_r1_phases", needs=("text",))
 def graphrag_r1_phases(rewards: torch.Tensor, batch, step: int, *,
                        graphrag_pra_start: int = param(20, 'GraphRAG-R1: first step of phase 2 (PRA reward); '
                                                        'steps before it are the cold start'),

@@ -14,7 +14,7 @@ from ..registry import param
 from ..prompts.budgets import AR3PO_MAX_STAGES, AR3PO_STAGE_SIZE
 
 
-@ROLLOUT_STRATEGIES.register("ar3po")
+@ROLLOUT_STRATEGIES.register("ar3po", needs=("text",))
 class AR3PORollout:
     """AR3PO rollout: staged generation, then reuse of a stored correct response.
 

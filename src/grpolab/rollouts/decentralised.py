@@ -191,7 +191,7 @@ def _check(cfg) -> None:
                           "decentral_min_logprob")
 
 
-@ROLLOUT_STRATEGIES.register("decentralised", check=_check)
+@ROLLOUT_STRATEGIES.register("decentralised", check=_check, needs=("text",))
 def decentralised(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                   decentral_nodes: int = param(4, "decentralised: nodes exchanging completions, this one included"),
                   decentral_mode: str = param("horizontal", "decentralised: horizontal (every node answers every "

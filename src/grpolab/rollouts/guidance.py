@@ -169,7 +169,7 @@ def _check_scaf_grpo(cfg) -> None:
                           f"{cfg.num_generations}")
 
 
-@ROLLOUT_STRATEGIES.register("scaf_grpo", check=_check_scaf_grpo, columns=("hints",))
+@ROLLOUT_STRATEGIES.register("scaf_grpo", check=_check_scaf_grpo, columns=("hints",), needs=("text",))
 class ScafGRPO:
     """Scaf-GRPO: tiered in-prompt hints for stagnating prompts (Zhang et al. 2025, arXiv:2510.19807;
     seed 000-61 = 004-02).
@@ -302,7 +302,7 @@ class ScafGRPO:
 
 
 # --------------------------------------------------------------------- Guide
-@ROLLOUT_STRATEGIES.register("guide", columns=("hints",))
+@ROLLOUT_STRATEGIES.register("guide", columns=("hints",), needs=("text",))
 def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
           success_threshold: float = 1.0,
           guide_hint_level: int = param(0, "Guide: number of the row's hints (abstract to concrete) put in the "
@@ -398,7 +398,7 @@ def _check_ghpo(cfg) -> None:
         raise ConfigError(f"ghpo_fractions must be ascending fractions in (0, 1), got {cfg.ghpo_fractions}")
 
 
-@ROLLOUT_STRATEGIES.register("ghpo", check=_check_ghpo, columns=("solution",))
+@ROLLOUT_STRATEGIES.register("ghpo", check=_check_ghpo, columns=("solution",), needs=("text",))
 class GHPO:
     """GHPO: difficulty-aware adaptive prompt refinement with partial reference solutions
     (Liu et al. 2025, "GHPO: Adaptive Guidance for Stable and Efficient LLM Reinforcement

@@ -251,7 +251,7 @@ def gcpo_reference(ctx, rows, uids, group_offset, budgets=None, temperatures=Non
     return replace_rows(batch, idx, new, ctx.tokenizer.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("gcpo_reference", columns=template_columns)(gcpo_reference)
+ROLLOUT_STRATEGIES.register("gcpo_reference", columns=template_columns, needs=("text",))(gcpo_reference)
 
 
 # ------------------------------------------------------- DaGRPO anchors (000-17)
@@ -303,7 +303,8 @@ def _dagrpo_check(cfg) -> None:
         raise ConfigError(f"dagrpo_num_anchors: must be >= 0, got {cfg.dagrpo_num_anchors}")
 
 
-ROLLOUT_STRATEGIES.register("dagrpo_anchors", check=_dagrpo_check, columns=template_columns)(dagrpo_anchors)
+ROLLOUT_STRATEGIES.register("dagrpo_anchors", check=_dagrpo_check, columns=template_columns,
+                            needs=("text",))(dagrpo_anchors)
 
 
 # -------------------------------------------------------------- G2RPO-A (004-07)
@@ -316,7 +317,7 @@ def _check_g2rpo_a(cfg) -> None:
             raise ConfigError(f"{k}: must be >= 1, got {getattr(cfg, k)}")
 
 
-@ROLLOUT_STRATEGIES.register("g2rpo_a", check=_check_g2rpo_a, columns=template_columns)
+@ROLLOUT_STRATEGIES.register("g2rpo_a", check=_check_g2rpo_a, columns=template_columns, needs=("text",))
 class G2RPOAdaptiveGuidance:
     """G²RPO-A adaptive prefix guidance (Guo, Deng, Cheng and Tang, 2025, arXiv:2508.13023,
     github.com/T-Lab-CUHKSZ/G2RPO-A; seed 004-07).
@@ -604,7 +605,7 @@ def editgrpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     return replace_rows(batch, targets, new, tok.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo, columns=template_columns)(editgrpo)
+ROLLOUT_STRATEGIES.register("editgrpo", check=_check_editgrpo, columns=template_columns, needs=("text",))(editgrpo)
 
 
 # ----------------------------------------------------------- ThinkTuning (004-13)
@@ -622,7 +623,7 @@ def _check_thinktuning(cfg) -> None:
                           f"with config.json")
 
 
-@ROLLOUT_STRATEGIES.register("thinktuning", check=_check_thinktuning, columns=_thinktuning_columns)
+@ROLLOUT_STRATEGIES.register("thinktuning", check=_check_thinktuning, columns=_thinktuning_columns, needs=("text",))
 class ThinkTuning:
     """ThinkTuning teacher-guided rollouts (RRV et al., 2025, arXiv:2508.07616,
     github.com/3rdAT/ThinkTuning; seed 004-13).
@@ -821,4 +822,4 @@ def edge_correction(ctx, rows, uids, group_offset, budgets=None, temperatures=No
     return replace_rows(batch, idx, new, tok.pad_token_id)
 
 
-ROLLOUT_STRATEGIES.register("edge_correction", columns=template_columns)(edge_correction)
+ROLLOUT_STRATEGIES.register("edge_correction", columns=template_columns, needs=("text",))(edge_correction)

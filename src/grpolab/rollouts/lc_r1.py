@@ -103,7 +103,7 @@ def crop_rows(batch: RolloutBatch, cuts: dict[int, tuple[int, int]], pad_id: int
                            "row_data": dict(batch.row_data)})
 
 
-@ROLLOUT_STRATEGIES.register("lc_r1", columns=lambda cfg: [cfg.lc_answer_column])
+@ROLLOUT_STRATEGIES.register("lc_r1", columns=lambda cfg: [cfg.lc_answer_column], needs=("text",))
 def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
           lc_answer_column: str = param('answer', 'LC-R1: data column with the reference answer the valid '
                                         'thinking must state'),

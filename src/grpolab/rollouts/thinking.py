@@ -47,7 +47,7 @@ def _check_motif(cfg) -> None:
                           f"{cfg.motif_rollouts}")
 
 
-@ROLLOUT_STRATEGIES.register("motif", check=_check_motif)
+@ROLLOUT_STRATEGIES.register("motif", check=_check_motif, needs=("text",))
 def motif(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
           motif_rounds: int = param(3, 'MOTIF: thinking rounds per answer (the last one gives the final answer)'),
           motif_rollouts: int = param(4, 'MOTIF: continuations of rounds 2..R sampled per first-round completion; '

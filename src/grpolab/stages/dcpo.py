@@ -40,7 +40,7 @@ def _check_dcpo(cfg) -> None:
         raise ConfigError(f"dcpo_max_delta: must be >= 0, got {cfg.dcpo_max_delta}")
 
 
-@BATCH_STAGES.register("dcpo", check=_check_dcpo)
+@BATCH_STAGES.register("dcpo", check=_check_dcpo, needs=("tokens",))
 class DCPO:
     """DCPO: advantages mixed toward a temperature-shifted target distribution, by entropy
     (Li et al., 2026, *Distribution-Centric Policy Optimization Dominates the

@@ -19,7 +19,7 @@ def _check_sfpo(cfg) -> None:
         raise ConfigError(f"sfpo_entropy_window: must be >= 2, got {cfg.sfpo_entropy_window}")
 
 
-@UPDATE_STRATEGIES.register("sfpo", check=_check_sfpo)
+@UPDATE_STRATEGIES.register("sfpo", check=_check_sfpo, needs=("tokens",))
 class SFPO:
     """SFPO: fast trajectory, reposition, slow correction — on one batch.
 

@@ -121,7 +121,7 @@ def calc_problem(rng: random.Random, min_digits: int = 5, max_digits: int = 8, d
             "level": question.count(" ") // 2}
 
 
-@TASKS.register("calculator")
+@TASKS.register("calculator", needs=("text",))
 @provides_environment
 def calculator(n_train: int = 2000, n_eval: int = 200, seed: int = 1234, min_digits: int = 5,
                max_digits: int = 8, demo: bool = True) -> Task:
@@ -246,7 +246,7 @@ def qa_format(prompts=None, completions=None, **kwargs) -> list[float]:
     return [1.0 if FORMAT.search(completion_text(c)) else 0.0 for c in completions]
 
 
-@TASKS.register("search_qa")
+@TASKS.register("search_qa", needs=("text",))
 @provides_environment
 def search_qa(n_eval: int = 200, seed: int = 1234, kb_seed: int = 0, eval_share: float = 0.2,
               context_share: float = 0.4, demo: bool = True, *,
@@ -383,7 +383,7 @@ def grid_success(prompts=None, completions=None, episode=None, **kwargs) -> list
     return [1.0 if (ep or {}).get("info", {}).get("success") else 0.0 for ep in episode]
 
 
-@TASKS.register("gridworld")
+@TASKS.register("gridworld", needs=("text",))
 @provides_environment
 def gridworld(size: int = 3, n_eval: int = 12, seed: int = 1234, max_steps: int = 10) -> Task:
     """Every (start, key) pair of distinct rooms of a ``size`` x ``size`` house (72 for 3 x 3), shuffled with

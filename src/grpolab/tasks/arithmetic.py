@@ -112,7 +112,7 @@ def lenient_accuracy(prompts=None, completions=None, answer=None, **kwargs) -> l
 REWARDS = [("accuracy", accuracy, 1.0), ("format", format_reward, 0.5)]
 
 
-@TASKS.register("arithmetic")
+@TASKS.register("arithmetic", needs=("text",))
 def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Task:
     """Every problem ``a op b`` with ``0 <= a, b <= max_operand``, shuffled by ``seed``;
     the first ``n_eval`` are held out, the rest (1,722 by default) are for training.
@@ -128,7 +128,7 @@ def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Ta
                 extra={"lenient_accuracy": lenient_accuracy})
 
 
-@TASKS.register("arithmetic_multistep")
+@TASKS.register("arithmetic_multistep", needs=("text",))
 def arithmetic_multistep(*,
                          arithmetic_levels: list = param([2, 3, 4], 'arithmetic_multistep: operation counts to draw '
                                                          "problems from (1 = the default task's a +/- b)"),
@@ -181,7 +181,7 @@ PARAPHRASES = [
 ]
 
 
-@TASKS.register("arithmetic_paraphrase")
+@TASKS.register("arithmetic_paraphrase", needs=("text",))
 def arithmetic_paraphrase(*,
                           arithmetic_paraphrases: int = param(2, "arithmetic_paraphrase: wordings per problem (2..4): "
                                                               "each is its own prompt, one paraphrase set")) -> Task:

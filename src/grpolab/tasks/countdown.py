@@ -112,7 +112,7 @@ def make_problem(rng: random.Random, max_number: int = 20, max_target: int = 100
             "answer": str(target), "solution": expr, "level": k, "hints": hints}
 
 
-@TASKS.register("countdown")
+@TASKS.register("countdown", needs=("text",))
 def countdown(n_train: int = 2000, n_eval: int = 200, seed: int = 1234, max_number: int = 20,
               max_target: int = 100) -> Task:
     """``n_train + n_eval`` distinct problems (by numbers and target) drawn with ``seed``;

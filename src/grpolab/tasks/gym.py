@@ -124,7 +124,7 @@ def _row(entry: dict, split: str) -> dict:
             "rg_split": split}
 
 
-@TASKS.register(GYM_PREFIX, prefix="NAME (reasoning-gym)")
+@TASKS.register(GYM_PREFIX, prefix="NAME (reasoning-gym)", needs=("text",))
 def gym_task(name: str, *,
              rg_train_size: int = param(1000, 'rg:NAME: training rows (reasoning-gym dataset of this size, seed '
                                         'rg_seed)'),

@@ -23,7 +23,7 @@ def match(prompts=None, completions=None, digit=None, chars: int = 4, mode: str 
     return out
 
 
-@TASKS.register("repeat")
+@TASKS.register("repeat", needs=("text",))
 def repeat(n_train: int = 200, n_eval: int = 40, seed: int = 0, *,
            repeat_chars: int = param(4, "repeat: leading completion characters the reward checks (1 = a 0/1 "
                                         "reward a random-init model can learn; 4 with repeat_reward all = groups "
