@@ -9,6 +9,6 @@ OUT=${SCIENCE_OUT:-$ROOT/science_runs}
 mkdir -p "$OUT" && cd "$OUT"
 export HF_HUB_OFFLINE=1 PYTHONPATH=${GRPOLAB_SRC:-$ROOT/src}
 PY=${PY:-$ROOT/.venv/bin/python}
-$PY -m grpolab compare --variant "default=" \
-  --variant "lenient=--reward grpolab.tasks.arithmetic:lenient_accuracy --reward_weights 0,0,1 --learning_rate 1e-5" \
+$PY -m grpolab compare --variant "default=--dynamic_sampling false --learning_rate 2e-5" \
+  --variant "lenient=--reward grpolab.tasks.arithmetic:lenient_accuracy --reward_weights 0,0,1 --learning_rate 1e-5 --dynamic_sampling false" \
   --seeds 0,1,2 --steps 30 --eval_steps 10 --metric lenient_accuracy,accuracy --out showcase
