@@ -339,19 +339,3 @@ def test_dynamic_sampling_keys_belong_to_its_collector():
     cfg = Config.build({"model": "tiny", "dynamic_sampling": True})
     assert cfg.dynamic_sampling_metric == "accuracy" and cfg.dynamic_sampling_max_rounds == 4
     assert "dynamic_sampling_metric" not in Config.build({"model": "tiny"}).to_dict()
-
-
-def test_the_default_job_takes_the_arithmetic_tasks_own_settings():
-    """A run on a built-in task that selects no recipe takes the task's run_defaults (arithmetic: the default
-    job's dynamic sampling); any layer that sets the key wins, and recipe runs and --data runs are unaffected."""
-    from grpolab.registry import TASKS
-
-    own = TASKS.get("arithmetic").run_defaults
-    assert own["dynamic_sampling"] is True
-    cfg = Config.build({"model": "tiny"})  # the default task, no recipe: the default job
-    assert cfg.task == "arithmetic" and all(getattr(cfg, k) == v for k, v in own.items())
-    assert cfg.dynamic_sampling_metric == "accuracy"  # the collector's keys come with it
-    assert Config.build({"model": "tiny", "dynamic_sampling": False}).dynamic_sampling is False
-    assert Config.build({"model": "tiny", "recipe": "grpo"}).dynamic_sampling is False
-    assert Config.build({"model": "tiny", "task": "repeat"}).dynamic_sampling is False
-    assert Config.build({"model": "tiny", "data": "rows.jsonl", "reward": ["m:f"]}).dynamic_sampling is False

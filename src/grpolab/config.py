@@ -288,13 +288,6 @@ class Config:
             for k, v in (layer or {}).items():
                 key = k.replace("-", "_")
                 values[key], origin[key] = v, src
-        task = values.get("task", _CORE_FIELDS["task"].default)
-        if not values.get("recipe") and values.get("data") is None and isinstance(task, str) and task in TASKS:
-            # a built-in task's own settings for runs that select no recipe (the default job: tasks/arithmetic.py);
-            # any layer that sets the key wins, and a recipe's run is the recipe's
-            for k, v in getattr(TASKS.get(task), "run_defaults", {}).items():
-                if k not in values:
-                    values[k], origin[k] = v, f"task {task}'s default for runs without a recipe"
         core = {k: _coerce(k, values[k], origin[k]) for k in values if k in CORE_KEYS}
         cfg = cls(**core)
         if "max_prompt_length" not in core:  # a rollout strategy may size its own default (the agent's tools)
