@@ -80,8 +80,10 @@ def test_config_command_shows_core_keys_then_the_recipes_component_keys():
     assert keys[:len(CORE_KEYS)] == CORE_KEYS
     assert keys[len(CORE_KEYS):] == sorted(k for k in keys if k.startswith("vade_"))
     assert out["prompt_sampler"] == "vade"
-    plain = yaml.safe_load(capture(["config"]))
-    assert list(plain) == CORE_KEYS  # the default run selects no component with parameters
+    plain = yaml.safe_load(capture(["config", "--task", "repeat"]))
+    assert list(plain) == CORE_KEYS  # a run with no recipe selects no component with parameters
+    job = yaml.safe_load(capture(["config"]))  # the default job: arithmetic's dynamic sampling brings its keys
+    assert list(job) == CORE_KEYS + sorted(k for k in job if k.startswith("dynamic_sampling_"))
     table = capture(["config", "--recipe", "vade", "--markdown"])
     assert "| `vade_prior_alpha` | `1.0` |" in table and "prompt sampler/vade" in table
 

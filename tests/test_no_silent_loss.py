@@ -129,7 +129,7 @@ def _children(pid: int) -> list[int]:
 def test_signals_reach_the_training_process(tmp_path, sig):
     out = tmp_path / "run"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.Popen(_cli(out, "--steps", "200"), env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(_cli(out, "--steps", "100000"), env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)  # no terminal: sent by pid
     deadline = time.time() + 240
     while time.time() < deadline and not read_metrics(out):
@@ -149,7 +149,7 @@ def test_signals_reach_the_training_process(tmp_path, sig):
         assert proc.returncode == -sig  # ended by that signal, as a single process is
     else:  # the trainer's KeyboardInterrupt, as in a single process (its exit code: 1)
         assert "KeyboardInterrupt" in err and proc.returncode == 1
-    assert len(read_metrics(out)) < 200
+    assert len(read_metrics(out)) < 100000
 
 
 # ------------------------------------------------------------------------------- 3. a slow or hanging reward

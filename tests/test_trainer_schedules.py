@@ -339,3 +339,23 @@ def test_dynamic_sampling_keys_belong_to_its_collector():
     cfg = Config.build({"model": "tiny", "dynamic_sampling": True})
     assert cfg.dynamic_sampling_metric == "accuracy" and cfg.dynamic_sampling_max_rounds == 4
     assert "dynamic_sampling_metric" not in Config.build({"model": "tiny"}).to_dict()
+
+
+def test_the_default_job_takes_the_arithmetic_tasks_own_settings(capsys):
+    """`grpolab train` / `grpolab config` on a built-in task with no recipe and no --data take the task's
+    run_defaults as their lowest layer (arithmetic: the default job's dynamic sampling and lr); any option wins, and
+    recipe runs, --data runs, the Python API and Config.build are unaffected."""
+    from grpolab.cli import main, task_run_defaults
+    from grpolab.registry import TASKS
+
+    own = TASKS.get("arithmetic").run_defaults
+    assert own == {"dynamic_sampling": True, "learning_rate": 1e-5}
+    assert task_run_defaults({}, {}) == own and task_run_defaults({"task": "repeat"}, {}) == {}
+    assert task_run_defaults({}, {"data": "rows.jsonl"}) == {}
+    for args, want in ((["config", "dynamic_sampling"], "True"), (["config", "learning_rate"], "1e-05"),
+                       (["config", "--learning_rate", "3e-5", "learning_rate"], "3e-05"),
+                       (["config", "--recipe", "grpo", "dynamic_sampling"], "False"),
+                       (["config", "--task", "repeat", "dynamic_sampling"], "False")):
+        assert main(args) == 0
+        assert capsys.readouterr().out.split("   ")[0].endswith(want), args
+    assert Config.build({"model": "tiny"}).dynamic_sampling is False  # the library default is TRL's

@@ -91,7 +91,20 @@ def _recipe_layers(args, cli: dict) -> tuple[str | None, dict, dict]:
     recipe = args.recipe or cli.get("recipe") or file_cfg.get("recipe")
     if recipe:
         cli["recipe"] = recipe  # config.yaml names the recipe that was trained
-    return recipe, (recipe_layer(recipe, file_cfg, cli) if recipe else {}), file_cfg
+        return recipe, recipe_layer(recipe, file_cfg, cli), file_cfg
+    return None, task_run_defaults(file_cfg, cli), file_cfg
+
+
+def task_run_defaults(*user_layers: dict) -> dict:
+    """A run with no recipe and no --data: the built-in task's own settings (``run_defaults``; the default job's
+    on ``arithmetic``: tasks/arithmetic.py), as the lowest layer, so any option or --config key wins."""
+    from .config import Config
+    from .registry import TASKS
+    merged = {k.replace("-", "_"): v for layer in user_layers for k, v in (layer or {}).items()}
+    task = merged.get("task") or Config.task
+    if merged.get("data") or not isinstance(task, str) or task not in TASKS:
+        return {}
+    return dict(getattr(TASKS.get(task), "run_defaults", {}))
 
 
 def recipe_layer(recipe: str, *user_layers: dict) -> dict:
@@ -230,7 +243,12 @@ def _train_config(args, rest: list[str]):
     else:
         recipe, rec, file_cfg = _recipe_layers(args, cli)
         select_agent_strategy(rec, file_cfg, cli)
-        cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
+        cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}" if recipe else "the task's defaults",
+                                                        args.config or "", "command line"])
+        if rec and not recipe:  # say which settings the task chose (the default job's)
+            print(f"[grpolab] task {cfg.task} with no recipe: "
+                  + ", ".join(f"{k} {getattr(cfg, k)}" for k in rec if k not in file_cfg and k not in cli)
+                  + " (its default job's settings; any --key overrides them)", file=sys.stderr)
         out = Path(cfg.out)
         from .train.checkpoint import latest_checkpoint
 
@@ -540,7 +558,8 @@ def cmd_config(args, rest: list[str]) -> int:
     cli = _kv_pairs(rest, Config.field_names())
     recipe, rec, file_cfg = _recipe_layers(args, cli)
     select_agent_strategy(rec, file_cfg, cli)
-    cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}", args.config or "", "command line"])
+    cfg = Config.build(rec, file_cfg, cli, sources=[f"recipe {recipe}" if recipe else "the task's defaults",
+                                                    args.config or "", "command line"])
     if args.key:
         return _show_key(cfg, args.key)
     if args.markdown:
