@@ -401,7 +401,6 @@ class Config:
         if self.data is not None and not self.reward:
             self._check_reward_source()
         self._check_components(extra)
-        self._check_policy_needs(extra)
         self._check_rollout_workers()
         self.check_distributed()
 
@@ -497,30 +496,26 @@ class Config:
                     f"with one completion (advantage spo_single_stream)")
 
     def _check_components(self, extra: tuple = ()) -> None:
-        """Let each chosen component reject settings it cannot work with (its registered ``check``)."""
-        for reg, name in self._selected_in(extra):
-            check = reg.check(name)
-            if check is not None:
-                check(self)
-
-    def _check_policy_needs(self, extra: tuple = ()) -> None:
-        """A component that needs a capability the policy lacks (``register(..., needs=...)``) is refused at
-        start-up, naming the component, the capability, the policy and the ways out."""
+        """Refuse a chosen component that needs a capability the policy lacks (``register(..., needs=...)``),
+        naming the component, the capability, the policy and the ways out; then let each chosen component reject
+        settings it cannot work with (its registered ``check``)."""
         policy = POLICIES.get(self.policy)
         has = frozenset(getattr(policy, "capabilities", ()))
         for reg, name in self._selected_in(extra):
             missing = [c for c in reg.needs(name) if c not in has]
-            if not missing:
-                continue
-            need = missing[0]
-            others = [n for n, p in POLICIES.items() if need in getattr(p, "capabilities", ())]
-            how = reg.selection(name)
-            raise ConfigError(
-                f"{reg.kind} '{name}' needs a policy with {need} ({CAPABILITIES.get(need, need)}); policy "
-                f"'{self.policy}' ({getattr(policy, 'description', '')}) has "
-                f"{', '.join(sorted(has)) or 'none of the capabilities'}. Use policy "
-                f"{' or '.join(others) or '(none has it)'}"
-                + (f", or leave '{name}' out ({how.partition(':')[0]})" if how else "") + ".")
+            if missing:
+                need = missing[0]
+                others = [n for n, p in POLICIES.items() if need in getattr(p, "capabilities", ())]
+                how = reg.selection(name)
+                raise ConfigError(
+                    f"{reg.kind} '{name}' needs a policy with {need} ({CAPABILITIES.get(need, need)}); policy "
+                    f"'{self.policy}' ({getattr(policy, 'description', '')}) has "
+                    f"{', '.join(sorted(has)) or 'none of the capabilities'}. Use policy "
+                    f"{' or '.join(others) or '(none has it)'}"
+                    + (f", or leave '{name}' out ({how.partition(':')[0]})" if how else "") + ".")
+            check = reg.check(name)
+            if check is not None:
+                check(self)
 
     def required_columns(self) -> dict[str, list[str]]:
         """``{"kind 'name'": [columns]}``: the data columns the selected components declared they read from

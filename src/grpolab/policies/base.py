@@ -20,6 +20,7 @@ diffusion LMs, ...) is docs/design/policies.md.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
 import torch
@@ -28,8 +29,11 @@ from ..registry import CAPABILITIES, POLICIES
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
 
-class PolicyBase:
-    """The interface every policy implements (the causal LM: policies/causal_lm.py).
+
+class PolicyBase(ABC):
+    """The interface every policy implements (the causal LM: policies/causal_lm.py): :meth:`forward` is
+    required, the rest has defaults. Loading, sampling, evaluation and saving still go through the causal LM's
+    own code (grpolab/model, grpolab/generation); moving them here is the plan of docs/design/policies.md.
 
     Class attributes: ``step`` (what one column of ``[rows, steps]`` is, e.g. "token"), ``capabilities``
     (a subset of :data:`CAPABILITIES`), ``description`` (one line, for errors and ``grpolab components``).
@@ -39,14 +43,7 @@ class PolicyBase:
     capabilities: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
 
-    def load(self, cfg, rows: list[dict], eval_rows: list[dict], *, environment=None, log=print):
-        """``(module, tokenizer or None)``: the network to train, built or loaded from ``cfg.model``."""
-        raise NotImplementedError
-
-    def check(self, cfg, module, tokenizer, rows: list[dict], eval_rows: list[dict], environment=None) -> None:
-        """Refuse, before any work, data the policy cannot act on (e.g. prompts longer than allowed)."""
-
-    def prepare(self, module, cfg):
+    def prepare(self, module):
         """The module to train: LoRA adapters, activation checkpointing (returns the module, maybe wrapped)."""
         return module
 
@@ -54,10 +51,10 @@ class PolicyBase:
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""
         return frozenset()
 
+    @abstractmethod
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """Per-step terms of micro-batch ``mb`` under ``module``: ``logprobs`` [R, T] (with gradients when
         ``grad``), plus the names in ``want`` that :meth:`offers` lists."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def logprobs(self, module, batch, *, micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:

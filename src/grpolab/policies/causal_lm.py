@@ -35,7 +35,7 @@ class CausalLMPolicy(PolicyBase):
         self.checkpointing = bool(gradient_checkpointing)
         self.lora = (int(lora_r), int(lora_alpha), list(lora_target_modules)) if use_lora else None
 
-    def prepare(self, module, cfg=None):
+    def prepare(self, module):
         """LoRA adapters (PEFT, ``use_lora``) and activation checkpointing (``gradient_checkpointing``)."""
         if self.lora is not None:
             from ..model.loading import apply_lora

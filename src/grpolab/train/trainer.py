@@ -216,7 +216,7 @@ class Trainer:
                                                    for _, obj in cfg.selected())
         if self.needs_reference and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
-        self.model = self.policy.prepare(self.model, cfg)  # LoRA adapters, activation checkpointing
+        self.model = self.policy.prepare(self.model)  # LoRA adapters, activation checkpointing
 
     def _setup_optimizer(self, cfg: Config) -> None:
         """The training module (DDP / FSDP2 wrap it), AdamW over its trainable parameters, the LR schedule."""
