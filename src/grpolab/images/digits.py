@@ -1,0 +1,321 @@
+"""The built-in tiny image models: class-conditional generators of scikit-learn's 8×8 digits (design §5.4).
+
+Data: ``sklearn.datasets.load_digits()`` (1,797 images 8×8, values 0–16, shipped with scikit-learn: no
+download), scaled to [−1, 1], one channel. Split: even indices train the classifier, odd ones are held out.
+
+Models: one ``diffusers.UNet2DModel`` on 8×8×1, class-conditional through ``num_class_embeds=11`` (classes 0–9;
+class :data:`UNCOND` = 10 is the unconditional label, used with probability 0.1 in pre-training so CFG works).
+
+* ``flow``: rectified flow, loss ‖v_θ(x_σ, 1000·σ, c) − (ε − x₀)‖² with σ ~ U(0, 1) and x_σ = (1 − σ)x₀ + σε;
+  the timestep fed to the UNet is 1000·σ, the convention of diffusers' ``FlowMatchEulerDiscreteScheduler``
+  (``timesteps = sigmas · num_train_timesteps``); its ``scheduler_config.json`` is saved with the weights.
+* ``ddpm``: the same UNet predicting ε, noised by ``DDPMScheduler(num_train_timesteps=1000)`` (linear betas);
+  its ``scheduler_config.json`` is saved (a ``DDIMScheduler`` is built ``from_config`` of it for sampling).
+
+Pre-training: AdamW (2e-3, cosine decay), batch 128, a **fixed** number of iterations (never a time- or
+metric-based stop), seed 0, in float32. The recipe (:func:`pretrain_recipe`) is hashed into the cache folder's
+name (``$GRPOLAB_CACHE/digits-<kind>-<hash12>/``, see ``images/cache.py``), so changing it rebuilds.
+
+Size [measured, this repository's 2-core CI machine]: the design's ``block_out_channels=(32, 64)`` UNet
+(0.64 M parameters) costs ≈ 52 ms per forward+backward+AdamW at batch 128 with 2 threads on an idle machine,
+89 ms with 1 thread on a loaded one; the one here, ``(16, 32)`` (0.16 M parameters), 24 ms and 36 ms. The
+base-accuracy target (:data:`ITERATIONS`) needs only 70 (flow) and 200 (DDPM) iterations, so either width fits
+the ≈ 40 s budget; the narrower one is kept because every RL step of the image tests runs it (T forwards and
+backwards).
+Pre-training runs on **one thread** (``threads`` in the recipe; the caller's setting is restored): two
+threads on a machine already busy (pytest-xdist's two workers on two cores) were 3–10× slower, and one thread
+makes the weights independent of the caller's thread count.
+
+:func:`sample_flow` / :func:`sample_ddim` are quick deterministic samplers (Euler ODE, DDIM η = 0) for checking
+the base models' quality in tests and benchmarks; the RL sampling loops are the policies' (``grpolab/policies``).
+"""
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .cache import cached_build, read_meta
+
+KINDS = ("flow", "ddpm")
+NUM_CLASSES = 10
+UNCOND = 10  #: the unconditional class label (label dropout in pre-training, CFG's v_u)
+NUM_TRAIN_TIMESTEPS = 1000
+#: Pre-training iterations, tuned once for a base held-out class accuracy (8-step Euler / 10-step DDIM, classifier
+#: argmax = asked class) inside 0.3–0.85 so RL has room: flow 60 → 0.73, 80 → 0.83, 100 → 0.86, 300 → 0.95;
+#: DDPM 150 → 0.44, 200 → 0.62, 300 → 0.81, 600 → 0.87 [measured, 500 samples each].
+ITERATIONS = {"flow": 70, "ddpm": 200}
+
+
+# ---------------------------------------------------------------------------------------------------- data
+
+def load_digits_tensor() -> tuple[torch.Tensor, torch.Tensor]:
+    """``(images, labels)``: float32 ``[1797, 1, 8, 8]`` in [−1, 1] (pixel/8 − 1) and int64 ``[1797]``."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    images = torch.from_numpy(d.images.astype(np.float32) / 8.0 - 1.0).unsqueeze(1)
+    labels = torch.from_numpy(d.target.astype(np.int64))
+    return images.contiguous(), labels
+
+
+def split_digits(images: torch.Tensor, labels: torch.Tensor, part: str):
+    """The fixed split: ``part='train'`` the even indices, ``'held_out'`` the odd ones."""
+    if part not in ("train", "held_out"):
+        raise ValueError(f"part must be 'train' or 'held_out', got {part!r}")
+    sl = slice(0, None, 2) if part == "train" else slice(1, None, 2)
+    return images[sl], labels[sl]
+
+
+def data_sha256(images: torch.Tensor, labels: torch.Tensor) -> str:
+    h = hashlib.sha256()
+    h.update(images.numpy().astype("<f4").tobytes())
+    h.update(labels.numpy().astype("<i8").tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------------- model
+
+def tiny_unet_config(block_out_channels=(16, 32), layers_per_block: int = 1, norm_num_groups: int = 8) -> dict:
+    """The ``UNet2DModel`` config of the tiny digits models (8×8×1, 11 class embeddings, no attention)."""
+    return dict(sample_size=8, in_channels=1, out_channels=1, layers_per_block=layers_per_block,
+                block_out_channels=list(block_out_channels),
+                down_block_types=["DownBlock2D"] * len(block_out_channels),
+                up_block_types=["UpBlock2D"] * len(block_out_channels),
+                norm_num_groups=norm_num_groups, add_attention=False, num_class_embeds=NUM_CLASSES + 1)
+
+
+def build_unet(config: dict, seed: int = 0):
+    """A freshly initialised ``UNet2DModel`` from ``config``, its init drawn under ``seed`` (global RNG kept)."""
+    from diffusers import UNet2DModel
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return UNet2DModel(**config).float()
+
+
+def build_tiny_unet(kind: str = "flow", seed: int = 0):
+    """The untrained tiny UNet of ``kind`` (both kinds share the architecture)."""
+    _check_kind(kind)
+    return build_unet(pretrain_recipe(kind)["unet"], seed=seed)
+
+
+def n_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def scheduler_config(kind: str) -> dict:
+    """The diffusers scheduler saved beside the weights: flow-matching Euler (shift 1) or DDPM (linear)."""
+    _check_kind(kind)
+    if kind == "flow":
+        return {"_class_name": "FlowMatchEulerDiscreteScheduler", "num_train_timesteps": NUM_TRAIN_TIMESTEPS,
+                "shift": 1.0}
+    return {"_class_name": "DDPMScheduler", "num_train_timesteps": NUM_TRAIN_TIMESTEPS, "beta_schedule": "linear",
+            "beta_start": 0.0001, "beta_end": 0.02, "prediction_type": "epsilon", "clip_sample": True}
+
+
+def make_scheduler(kind: str, config: dict | None = None):
+    from diffusers import DDPMScheduler, FlowMatchEulerDiscreteScheduler
+
+    config = dict(config or scheduler_config(kind))
+    cls = FlowMatchEulerDiscreteScheduler if kind == "flow" else DDPMScheduler
+    return cls.from_config(config)
+
+
+def pretrain_recipe(kind: str) -> dict:
+    """Everything that determines the pre-trained weights (hashed into the cache folder's name)."""
+    _check_kind(kind)
+    return {"kind": kind, "version": 1, "unet": tiny_unet_config(), "scheduler": scheduler_config(kind),
+            "data": "sklearn.datasets.load_digits, all 1797, pixel/8-1", "iterations": ITERATIONS[kind],
+            "batch_size": 128, "optimizer": "AdamW", "learning_rate": 2e-3, "weight_decay": 0.0,
+            "lr_schedule": "cosine", "label_dropout": 0.1, "seed": 0, "dtype": "float32", "threads": 1}
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"digits model kind must be one of {', '.join(KINDS)}, got {kind!r}")
+
+
+# ---------------------------------------------------------------------------------------------------- pre-training
+
+def _pretrain(kind: str, model, images: torch.Tensor, labels: torch.Tensor, recipe: dict, log=None) -> list[float]:
+    """Train ``model`` in place by the recipe; returns the mean loss of each tenth of the run."""
+    g = torch.Generator().manual_seed(recipe["seed"])
+    n, bs, iters = len(images), recipe["batch_size"], recipe["iterations"]
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"], weight_decay=recipe["weight_decay"])
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
+             if recipe["lr_schedule"] == "cosine" else None)
+    if kind == "ddpm":
+        alphas_cumprod = make_scheduler("ddpm", recipe["scheduler"]).alphas_cumprod.float()
+    model.train()
+    perm, pos, losses, chunk = torch.randperm(n, generator=g), 0, [], []
+    for it in range(iters):
+        if pos + bs > n:
+            perm, pos = torch.randperm(n, generator=g), 0
+        idx = perm[pos:pos + bs]
+        pos += bs
+        x0, c = images[idx], labels[idx].clone()
+        c[torch.rand(bs, generator=g) < recipe["label_dropout"]] = UNCOND
+        eps = torch.randn(x0.shape, generator=g)
+        if kind == "flow":
+            sigma = torch.rand(bs, generator=g)
+            s = sigma.view(-1, 1, 1, 1)
+            xt = (1 - s) * x0 + s * eps
+            target, timestep = eps - x0, sigma * NUM_TRAIN_TIMESTEPS
+        else:
+            t = torch.randint(0, NUM_TRAIN_TIMESTEPS, (bs,), generator=g)
+            a = alphas_cumprod[t].view(-1, 1, 1, 1)
+            xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
+            target, timestep = eps, t
+        pred = model(xt, timestep, class_labels=c).sample
+        loss = (pred - target).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        chunk.append(loss.item())
+        if len(chunk) == max(1, iters // 10):
+            losses.append(round(sum(chunk) / len(chunk), 5))
+            chunk = []
+            if log is not None:
+                log(f"[grpolab]   {kind} iteration {it + 1}/{iters}: loss {losses[-1]:.4f}")
+    model.eval()
+    return losses
+
+
+def pretrain_flow(recipe: dict | None = None, log=None):
+    """``(model, loss_curve)``: the tiny UNet pre-trained by rectified flow (not cached; see
+    :func:`digits_model_path`)."""
+    return _pretrain_kind("flow", recipe, log)
+
+
+def pretrain_ddpm(recipe: dict | None = None, log=None):
+    """``(model, loss_curve)``: the tiny UNet pre-trained by DDPM ε-prediction (not cached)."""
+    return _pretrain_kind("ddpm", recipe, log)
+
+
+def _pretrain_kind(kind: str, recipe: dict | None, log):
+    recipe = recipe or pretrain_recipe(kind)
+    images, labels = load_digits_tensor()
+    model = build_unet(recipe["unet"], seed=recipe["seed"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe["threads"])
+    try:
+        with torch.random.fork_rng(devices=[]):  # the recipe's generator draws everything; the global RNG is kept
+            losses = _pretrain(kind, model, images, labels, recipe, log)
+    finally:
+        torch.set_num_threads(threads)
+    return model, losses
+
+
+# ---------------------------------------------------------------------------------------------------- cache
+
+def digits_model_path(kind: str, log=print) -> Path:
+    """Folder with the pre-trained tiny digits model of ``kind`` (``flow`` or ``ddpm``), built on first use:
+    ``config.json`` + ``diffusion_pytorch_model.safetensors`` (diffusers' ``save_pretrained``),
+    ``scheduler_config.json`` and ``meta.json``."""
+    _check_kind(kind)
+    recipe = pretrain_recipe(kind)
+    n_params = n_parameters(build_unet(recipe["unet"]))
+
+    def build(tmp: Path) -> dict:
+        images, labels = load_digits_tensor()
+        t0 = time.perf_counter()
+        model, losses = pretrain_flow(recipe) if kind == "flow" else pretrain_ddpm(recipe)
+        seconds = time.perf_counter() - t0
+        model.save_pretrained(tmp, safe_serialization=True)
+        make_scheduler(kind, recipe["scheduler"]).save_config(tmp)
+        return {"seed": recipe["seed"], "data_sha256": data_sha256(images, labels), "parameters": n_params,
+                "loss_curve": losses, "train_seconds": round(seconds, 2)}
+
+    name = "flow" if kind == "flow" else "DDPM"
+    message = (f"[grpolab] pre-training the tiny digits {name} model (UNet2DModel, {n_params / 1e6:.2f}M parameters, "
+               f"1,797 scikit-learn digits, {recipe['iterations']:,} steps; one time, about {_estimate(recipe)} s) and "
+               f"caching it in {_target(kind, recipe)}")
+    return cached_build(f"digits-{kind}", recipe, build, log=log, message=message)
+
+
+def _estimate(recipe: dict) -> int:
+    """Seconds a build takes, roughly: ≈ 40 ms an iteration on one busy core [measured], in steps of 5 s."""
+    return max(5, 5 * round(recipe["iterations"] * 0.04 / 5))
+
+
+def _target(kind: str, recipe: dict) -> Path:
+    from .cache import cached_path
+    return cached_path(f"digits-{kind}", recipe)
+
+
+def load_digits_model(kind: str, log=print):
+    """The pre-trained tiny digits ``UNet2DModel`` of ``kind``, float32, in eval mode (built and cached on
+    first use)."""
+    from diffusers import UNet2DModel
+
+    path = digits_model_path(kind, log=log)
+    model = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
+    return model.eval()
+
+
+def digits_model_meta(kind: str, log=print) -> dict:
+    return read_meta(digits_model_path(kind, log=log))
+
+
+# ---------------------------------------------------------------------------------------------------- quick samplers
+
+def _noise(n: int, seed: int) -> torch.Tensor:
+    return torch.randn((n, 1, 8, 8), generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def sample_flow(model, labels: torch.Tensor, steps: int = 8, seed: int = 0, noise: torch.Tensor | None = None,
+                guidance_scale: float = 1.0) -> torch.Tensor:
+    """Euler ODE samples of a flow model for ``labels`` (diffusers' ``FlowMatchEulerDiscreteScheduler``,
+    ``steps`` steps, timestep = 1000·σ), float32 ``[B, 1, 8, 8]``, roughly in [−1, 1]. For quality checks."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=NUM_TRAIN_TIMESTEPS)
+    sched.set_timesteps(steps)
+    x = _noise(len(labels), seed) if noise is None else noise.clone()
+    for t in sched.timesteps:
+        v = _guided(model, x, t, labels, guidance_scale)
+        x = sched.step(v, t, x).prev_sample
+    return x
+
+
+@torch.no_grad()
+def sample_ddim(model, labels: torch.Tensor, steps: int = 10, seed: int = 0, noise: torch.Tensor | None = None,
+                guidance_scale: float = 1.0, config: dict | None = None) -> torch.Tensor:
+    """DDIM (η = 0) samples of an ε-prediction model: ``DDIMScheduler.from_config`` of the DDPM scheduler,
+    ``steps`` steps. For quality checks."""
+    from diffusers import DDIMScheduler
+
+    sched = DDIMScheduler.from_config(config or scheduler_config("ddpm"))
+    sched.set_timesteps(steps)
+    x = _noise(len(labels), seed) if noise is None else noise.clone()
+    for t in sched.timesteps:
+        eps = _guided(model, x, t, labels, guidance_scale)
+        x = sched.step(eps, t, x, eta=0.0).prev_sample
+    return x
+
+
+def _guided(model, x, t, labels, w: float):
+    tt = torch.full((len(x),), float(t))
+    out = model(x, tt, class_labels=labels).sample
+    if w == 1.0:
+        return out
+    unc = model(x, tt, class_labels=torch.full_like(labels, UNCOND)).sample
+    return unc + w * (out - unc)
+
+
+def sample_digits(model, kind: str, labels: torch.Tensor, seed: int = 0, steps: int | None = None,
+                  guidance_scale: float = 1.0) -> torch.Tensor:
+    """Quick samples of either kind, clamped to [−1, 1]."""
+    _check_kind(kind)
+    if kind == "flow":
+        x = sample_flow(model, labels, steps=steps or 8, seed=seed, guidance_scale=guidance_scale)
+    else:
+        x = sample_ddim(model, labels, steps=steps or 10, seed=seed, guidance_scale=guidance_scale)
+    return x.clamp(-1, 1)
