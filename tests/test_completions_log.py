@@ -15,6 +15,16 @@ class _Tok:
         return " ".join(str(int(i)) for i in ids)
 
 
+def _describe():
+    """The causal LM policy's view of a row (prompt and completion tokens decoded), with the stand-in tokenizer."""
+    from grpolab.components import Component
+    from grpolab.policies import POLICIES
+
+    policy = Component(POLICIES.get("causal_lm"), Config.build(), "causal_lm").fn
+    policy.tokenizer = _Tok()
+    return policy.describe
+
+
 def _batch():
     # 2 groups of 2 rows; unequal lengths and left-padded prompts
     pi = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 8, 9], [7, 8, 9]])
@@ -34,7 +44,7 @@ def _batch():
 
 def test_records_content_and_table(tmp_path):
     log = CompletionsLog(tmp_path, every=2, groups=0)
-    recs = log.records(_batch(), _Tok(), step=4)
+    recs = log.records(_batch(), _describe(), step=4)
     assert [r["group"] for r in recs] == [0, 0, 1, 1]
     r0, r1, r2 = recs[0], recs[1], recs[2]
     assert r0["prompt"] == "5 6" and r0["completion"] == "11 12 13" and r1["completion"] == "14"
@@ -59,10 +69,10 @@ def test_cadence_and_seeded_choice(tmp_path):
     assert log.due(7, last=True) and not log.due(7)
     assert not CompletionsLog(tmp_path, every=0, groups=1).due(3)
     assert not CompletionsLog(tmp_path, every=0, groups=1).due(1, last=True)
-    a = {r["group"] for r in log.records(_batch(), _Tok(), step=3)}
-    b = {r["group"] for r in CompletionsLog(tmp_path, every=3, groups=1, seed=7).records(_batch(), _Tok(), step=3)}
+    a = {r["group"] for r in log.records(_batch(), _describe(), step=3)}
+    b = {r["group"] for r in CompletionsLog(tmp_path, every=3, groups=1, seed=7).records(_batch(), _describe(), step=3)}
     assert len(a) == 1 and a == b  # the same groups for the same seed and step (a resumed run logs the same)
-    picks = {next(iter({r["group"] for r in log.records(_batch(), _Tok(), step=s)})) for s in range(1, 40)}
+    picks = {next(iter({r["group"] for r in log.records(_batch(), _describe(), step=s)})) for s in range(1, 40)}
     assert picks == {0, 1}  # the choice changes with the step
 
 

@@ -147,8 +147,8 @@ def test_evaluation_means_are_the_numbers_meant():
     def tenth(prompts, completions, **kw):
         return [0.1] * len(completions)
 
-    res = evaluate(None, None, rows, [RewardFn("acc", acc, 1.0), RewardFn("tenth", tenth, 0.0)],
-                   max_completion_length=3, accuracy_reward="acc", rollout=rollout, batch_size=16)
+    res = evaluate(None, rows, [RewardFn("acc", acc, 1.0), RewardFn("tenth", tenth, 0.0)],
+                   accuracy_reward="acc", rollout=rollout, batch_size=16)
     assert res["accuracy"] == 0.025 and json.dumps(res["accuracy"]) == "0.025"
     assert res["rewards/tenth/mean"] == 0.1 and res["reward_mean"] == 0.025
     assert res["len_correct"] == 3.0

@@ -28,14 +28,7 @@ NOT_SELECTABLE = {
 }
 
 # built-in components whose code mentions a text marker but that declare no `text`, and why
-TEXT_EXEMPT = {
-    ("stage", "cppo_prune"): "reads ctx.tokenizer only for pad_token_id, the filler of RolloutBatch.concat; "
-                             "policy-agnostic once the context carries the policy's pad id (policies.md §3 step 6)",
-    ("stage", "eframe"): "reads ctx.tokenizer only for pad_token_id, the filler when it stacks kept rows "
-                         "(policies.md §3 step 6)",
-    ("stage", "repo_replay"): "reads ctx.tokenizer only for pad_token_id, the filler when it stacks replayed rows "
-                              "(policies.md §3 step 6)",
-}
+TEXT_EXEMPT: dict = {}  # none today: cppo_prune, eframe and repo_replay read the pad id from the context (ctx.pad_id)
 
 # code (docstrings left out, as ast.unparse writes it: single quotes) that reads text: a tokenizer, decoded
 # completions, chat templates, injected or environment spans, agent episode records, thinking tags
@@ -130,6 +123,8 @@ def _code(obj) -> str:
 def _text_readers() -> dict[tuple[str, str], list[str]]:
     out = {}
     for kind, reg in ALL_REGISTRIES.items():
+        if kind == "policy":  # policies provide the capabilities (the causal LM's code is where text lives)
+            continue
         for name, obj in reg.items():
             if not getattr(obj, "__module__", "").startswith("grpolab"):
                 continue

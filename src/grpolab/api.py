@@ -500,6 +500,8 @@ class _APITrainer(Trainer):
                                   "pass processing_class with it")
             model, own = super().load_policy(cfg)
             tok = tok or own
+            if tok is None:  # a policy whose actions are not text (policy: flow_matching, ...): no tokenizer
+                return model, None
         else:
             if tok is None:
                 from transformers import AutoTokenizer
@@ -641,10 +643,9 @@ class GRPOTrainer:
         """Save the policy (LoRA merged) and tokenizer to ``output_dir`` (default ``args.output_dir``)."""
         import copy
 
-        from .model.loading import save_policy
         path = Path(output_dir or self.args.output_dir)
         model = self.trainer.model
         if self.cfg.use_lora:
             model = copy.deepcopy(model).merge_and_unload()
-        save_policy(model, self.trainer.tok, path)
+        self.trainer.policy.save(model, path)
         return path

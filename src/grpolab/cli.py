@@ -322,9 +322,12 @@ def _from_run_workdir(keys: dict, run_dir: Path) -> dict:
 
 
 def cmd_eval(args, rest: list[str]) -> int:
+    import functools
+
+    from .components import Component
     from .config import Config, ConfigError
     from .data import to_json
-    from .model.loading import load_policy
+    from .policies import POLICIES
     from .train.evaluate import evaluate
     from .train.trainer import setup_data
 
@@ -362,13 +365,13 @@ def cmd_eval(args, rest: list[str]) -> int:
                else f"{f'--data {cfg.data}' if cfg.data else f'task {cfg.task}'} gave none")
         raise ConfigError(f"eval: {what} has no held-out rows to evaluate ({why}); evaluate it on other data: "
                           f"grpolab eval --model {args.model} --data FILE --reward module:function (or --task NAME)")
-    model, tok = load_policy(cfg.model, task_texts=None if cfg.model != "tiny" else [str(r) for r in rows],
-                             tiny_arch=cfg.tiny_arch, seed=cfg.seed,
-                             log=lambda *a: print(*a, file=sys.stderr, flush=True))
-    res = evaluate(model, tok, eval_rows, rewards, max_completion_length=cfg.max_completion_length,
-                   max_prompt_length=cfg.max_prompt_length, batch_size=cfg.eval_batch_size,
-                   accuracy_reward=acc, extra=extra, reward_timeout=cfg.reward_timeout, pass_k=cfg.eval_pass_k,
-                   temperature=cfg.temperature, seed=cfg.seed)
+    policy = Component(POLICIES.get(cfg.policy), cfg, cfg.policy).fn  # the kind of policy (causal_lm by default)
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    model = policy.load(cfg, rows, [], log=log) if cfg.model == "tiny" else policy.load(cfg, [], [], log=log)
+    res = evaluate(functools.partial(policy.sample, model, evaluation=True), eval_rows, rewards,
+                   batch_size=cfg.eval_batch_size, accuracy_reward=acc, extra=extra,
+                   reward_timeout=cfg.reward_timeout, pass_k=cfg.eval_pass_k, temperature=cfg.temperature,
+                   seed=cfg.seed)
     res["model"] = args.model
     print(to_json(res, indent=None if args.compact else 2))
     return 0

@@ -169,7 +169,7 @@ class DistributedTrainer(Trainer):
                                   f"ranks the same group id (it allocates group ids of its own); it cannot run "
                                   f"on several ranks: train it in one process")
             seen |= ids
-        return RolloutBatch.concat(batches, pad_id=self.tok.pad_token_id)
+        return RolloutBatch.concat(batches, pad_id=self.policy.pad_id)
 
     def reference_logprobs(self, batch: RolloutBatch) -> None:
         """The KL reference's log-probs, split like the update: rank ``r`` runs its block of the micro-batches

@@ -15,8 +15,9 @@ one every text recipe trains. A component that only makes sense for some
 policies declares what it needs at registration, ``register(name,
 needs=("text",))``; selecting it with a policy that lacks a capability is a
 start-up error naming the component, the capability and the policy
-(``Config.validate``). The plan for the other policies (image generators,
-diffusion LMs, ...) is docs/design/policies.md.
+(``Config.validate``). Adding a kind of policy is one module in this package
+plus its tests (docs/extending.md); the plan for image generators, diffusion
+LMs, ... is docs/design/policies.md.
 """
 from __future__ import annotations
 
@@ -31,17 +32,55 @@ __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
 
 
 class PolicyBase(ABC):
-    """The interface every policy implements (the causal LM: policies/causal_lm.py): :meth:`forward` is
-    required, the rest has defaults. Loading, sampling, evaluation and saving still go through the causal LM's
-    own code (grpolab/model, grpolab/generation); moving them here is the plan of docs/design/policies.md.
+    """The interface every policy implements (the causal LM: policies/causal_lm.py; a 40-line example in
+    docs/extending.md). Required: :meth:`load` (build or load the network), :meth:`sample` (draw G actions per
+    condition and pack them as a :class:`~grpolab.batch.RolloutBatch` with per-step behaviour log-probs),
+    :meth:`forward` (recompute per-step log-probs of a micro-batch under given weights) and :meth:`save`. The
+    rest has defaults.
 
     Class attributes: ``step`` (what one column of ``[rows, steps]`` is, e.g. "token"), ``capabilities``
     (a subset of :data:`CAPABILITIES`), ``description`` (one line, for errors and ``grpolab components``).
+    Instance attribute ``tokenizer``: the tokenizer of a text policy (``RolloutContext.tokenizer``), None for
+    policies whose actions are not text. The frozen reference copy, the optimiser, DDP/FSDP2 and checkpoints
+    are the trainer's and work on any ``torch.nn.Module`` the policy loads.
     """
 
     step: ClassVar[str] = "step"
     capabilities: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
+    tokenizer: Any = None
+
+    @property
+    def pad_id(self) -> int:
+        """The filler of ``completion_ids`` past a row's last step when batches of different lengths are
+        concatenated (``RolloutBatch.concat``); the mask is 0 there."""
+        return 0
+
+    @abstractmethod
+    def load(self, cfg, rows: list[dict], eval_rows: list[dict], *, extra_texts=(), log=print):
+        """Build or load the network for ``cfg.model`` and return it as a ``torch.nn.Module`` (set
+        ``self.tokenizer`` for a text policy). ``rows`` / ``eval_rows`` are the run's data (a tiny model may
+        size its vocabulary from them; ``extra_texts``: text the rollout shows besides the data)."""
+
+    @abstractmethod
+    def sample(self, module, rows: list[dict], uids: list[int], *, group_offset: int = 0,
+               num_generations: int | list[int], temperature: float | list[float],
+               generator: torch.Generator | None = None, evaluation: bool = False):
+        """``num_generations`` actions for each row (one count per row: ragged groups), packed prompt-major as a
+        :class:`~grpolab.batch.RolloutBatch`: group ids ``group_offset + i``, prompt uids ``uids``, per-step
+        behaviour log-probs and masks, data columns repeated per action, ``columns["completion"]`` = what the
+        reward functions receive. Every random draw comes from ``generator``. ``evaluation``: held-out
+        evaluation (``temperature`` 0: the deterministic sampler)."""
+
+    @abstractmethod
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """Per-step terms of micro-batch ``mb`` under ``module``: ``logprobs`` [R, T] (with gradients when
+        ``grad``), plus the names in ``want`` that :meth:`offers` lists."""
+
+    @abstractmethod
+    def save(self, module, path) -> None:
+        """Write ``module`` (safetensors) and what loading it needs into folder ``path``, so that ``--model
+        path`` with this policy loads it."""
 
     def prepare(self, module):
         """The module to train: LoRA adapters, activation checkpointing (returns the module, maybe wrapped)."""
@@ -51,10 +90,12 @@ class PolicyBase(ABC):
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""
         return frozenset()
 
-    @abstractmethod
-    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
-        """Per-step terms of micro-batch ``mb`` under ``module``: ``logprobs`` [R, T] (with gradients when
-        ``grad``), plus the names in ``want`` that :meth:`offers` lists."""
+    def describe(self, batch, i: int) -> dict:
+        """Row ``i`` of ``batch`` for the completions log and the report: ``prompt`` and ``completion`` as
+        text (a policy whose actions are not text adds e.g. ``image``, a data URI)."""
+        prompt, completion = batch.columns.get("prompt"), batch.columns.get("completion")
+        return {"prompt": "" if prompt is None else str(prompt[i]),
+                "completion": "" if completion is None else str(completion[i])}
 
     @torch.no_grad()
     def logprobs(self, module, batch, *, micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.logprobs import completion_logprobs
+from ..data import model_texts
+from ..generation.plain import plain_rollout
+from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..registry import POLICIES
 from .base import PolicyBase
 
@@ -27,13 +29,70 @@ class CausalLMPolicy(PolicyBase):
     description = "a causal language model (Hugging Face); one step = one token"
 
     def __init__(self, *, temperature: float, shared_prefix_forward: bool, gradient_checkpointing: bool,
-                 use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
+                 use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list,
+                 max_completion_length: int, max_prompt_length: int, top_k: int, top_p: float,
+                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int):
         self.temperature = float(temperature)
+        self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
+        self.top_k, self.top_p, self.sampling_method = int(top_k), float(top_p), sampling_method
+        self.static_cache, self.tiny_arch, self.seed = bool(static_kv_cache), tiny_arch, int(seed)
         # the shared-prefix forward runs the prompt once per group; activation checkpointing re-runs each row
         self.shared_prefix = bool(shared_prefix_forward) and not gradient_checkpointing
         self.shared_prefix_no_grad = bool(shared_prefix_forward)  # nothing is checkpointed without gradients
         self.checkpointing = bool(gradient_checkpointing)
         self.lora = (int(lora_r), int(lora_alpha), list(lora_target_modules)) if use_lora else None
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``cfg.model``: ``smollm2``, ``tiny`` (a small model built from a config, its vocabulary from the data's
+        text and ``extra_texts``) or a local folder / hub name (grpolab/model/loading.py)."""
+        from ..model.loading import load_policy
+        texts = model_texts(rows + eval_rows) + list(extra_texts)
+        model, self.tokenizer = load_policy(cfg.model, task_texts=texts, tiny_arch=self.tiny_arch, seed=self.seed,
+                                            log=log)
+        return model
+
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature, generator=None,
+               evaluation=False):
+        """Completions by the KV-cache sampler (grpolab/generation/), stopped at EOS or
+        ``max_completion_length``; ``columns["completion"]`` is the decoded text (a message list for chat
+        prompts). Training draws use the run's ``top_k`` / ``top_p`` / ``sampling_method`` /
+        ``static_kv_cache``; ``evaluation`` draws (greedy at ``temperature`` 0, or pass@k) the plain
+        temperature sampler, the same for every run."""
+        if evaluation:
+            return plain_rollout(module, self.tokenizer, rows, uids, num_generations=num_generations,
+                                 max_completion_length=self.max_completion_length,
+                                 max_prompt_length=self.max_prompt_length, temperature=temperature,
+                                 generator=generator, group_offset=group_offset)
+        return plain_rollout(module, self.tokenizer, rows, uids, num_generations=num_generations,
+                             max_completion_length=self.max_completion_length,
+                             max_prompt_length=self.max_prompt_length, temperature=temperature,
+                             top_k=self.top_k, top_p=self.top_p, generator=generator, group_offset=group_offset,
+                             sampling_method=self.sampling_method, static_cache=self.static_cache)
+
+    def save(self, module, path) -> None:
+        """Weights as safetensors plus config and tokenizer (``save_pretrained``): a Hugging Face model folder."""
+        from ..model.loading import save_policy
+        save_policy(module, self.tokenizer, path)
+
+    def describe(self, batch, i: int) -> dict:
+        """The prompt and completion tokens decoded (special tokens dropped)."""
+        p = batch.prompt_ids[i][batch.prompt_mask[i] > 0]
+        c = batch.completion_ids[i][batch.completion_attention_mask[i] > 0]
+        return {"prompt": self.tokenizer.decode(p, skip_special_tokens=True),
+                "completion": self.tokenizer.decode(c, skip_special_tokens=True)}
+
+    def advantage_inputs(self, module, batch, want: frozenset[str], *, micro_batch_size: int,
+                         max_tokens: int = 0) -> dict:
+        """Inputs of advantage components that need the model: ``token_group_divergence`` [R, T] (TW-GRPO's
+        per-token divergence across the group's completions, grpolab/model/logprobs.py)."""
+        if "token_group_divergence" not in want:
+            return {}
+        return {"token_group_divergence": group_token_divergence(module, batch, self.temperature, micro_batch_size,
+                                                                 max_tokens)}
 
     def prepare(self, module):
         """LoRA adapters (PEFT, ``use_lora``) and activation checkpointing (``gradient_checkpointing``)."""

@@ -17,7 +17,6 @@ import hashlib
 import torch
 
 from ..batch import RolloutBatch
-from ..generation.plain import plain_rollout
 
 
 def group_seed(seed: int, step: int, group_id: int) -> int:
@@ -94,7 +93,14 @@ class RolloutContext:
             from ..components import Component
             from ..registry import POLICIES
             self._actions = Component(POLICIES.get(self.cfg.policy), self.cfg, self.cfg.policy).fn
+        if self._actions.tokenizer is None:
+            self._actions.tokenizer = self.tokenizer
         return self._actions
+
+    @property
+    def pad_id(self) -> int:
+        """The ``completion_ids`` filler for :meth:`RolloutBatch.concat` (the tokenizer's pad id for a causal LM)."""
+        return self.actions.pad_id
 
     @property
     def policy(self):
@@ -146,14 +152,11 @@ class RolloutContext:
             return engine_rollout(engine, self, rows, uids, group_offset=group_offset,
                                   num_generations=cfg.num_generations if num_generations is None else num_generations,
                                   temperature=cfg.temperature if temperature is None else temperature)
-        return plain_rollout(model if model is not None else self.policy, self.tokenizer, rows, uids,
-                             num_generations=cfg.num_generations if num_generations is None else num_generations,
-                             max_completion_length=cfg.max_completion_length,
-                             max_prompt_length=cfg.max_prompt_length,
-                             temperature=cfg.temperature if temperature is None else temperature,
-                             top_k=cfg.top_k, top_p=cfg.top_p, generator=self.sampling_generator,
-                             group_offset=group_offset, sampling_method=cfg.sampling_method,
-                             static_cache=cfg.static_kv_cache)
+        return self.actions.sample(model if model is not None else self.policy, rows, uids, group_offset=group_offset,
+                                   num_generations=cfg.num_generations if num_generations is None
+                                   else num_generations,
+                                   temperature=cfg.temperature if temperature is None else temperature,
+                                   generator=self.sampling_generator)
 
     def _generate_per_group(self, rows, uids, group_offset, num_generations, temperature, model) -> RolloutBatch:
         """One group at a time, each from a generator reseeded by :func:`group_seed`; packed like one call."""
@@ -168,7 +171,7 @@ class RolloutContext:
                 self.generator.manual_seed(seed)
             parts.append(self._generate([row], [uid], group_offset + i, one(num_generations, i),
                                         one(temperature, i), model))
-        return RolloutBatch.concat(parts, pad_id=self.tokenizer.pad_token_id)
+        return RolloutBatch.concat(parts, pad_id=self.pad_id)
 
     def continue_(self, contexts: list[list[int]], *, max_new_tokens: int | list[int] | None = None,
                   temperature: float | list[float] | None = None, stop_token_ids=(), stop_strings=(),

@@ -171,7 +171,7 @@ class CPPOPrune:
         if extra.num_rows > freed:  # keep the freed-many largest |A| (rows stay in order)
             order = torch.sort(-row_advantage(extra).abs(), stable=True).indices
             extra = extra.select(order[:freed].sort().values)
-        return RolloutBatch.concat([kept, extra], pad_id=ctx.tokenizer.pad_token_id)
+        return RolloutBatch.concat([kept, extra], pad_id=ctx.pad_id)
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}

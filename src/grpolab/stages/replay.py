@@ -170,7 +170,7 @@ class EFRame:
         first = ctx.allocate_groups(len(keys))
         gid = {k: first + j for j, k in enumerate(keys)}
         rows = [_with_group(self.buffer[i], gid[self.buffer_keys[i]]) for i in pick]
-        return _stack(rows, ctx.tokenizer.pad_token_id)
+        return _stack(rows, ctx.pad_id)
 
     def remember(self, batch: RolloutBatch, step: int) -> None:
         keep = (row_advantage(batch).abs() > self.replay_threshold).nonzero().squeeze(-1).tolist()
@@ -181,7 +181,7 @@ class EFRame:
             del self.buffer[:excess], self.buffer_keys[:excess]
 
     def __call__(self, batch, ctx, step):
-        pad = ctx.tokenizer.pad_token_id
+        pad = ctx.pad_id
         if self.capacity == 0:
             self.batch_rows = batch.num_rows
             self.capacity = int(round(self.replay_size * batch.num_rows))
@@ -317,7 +317,7 @@ class RePOReplay:
             del buf[:max(0, len(buf) - self.buffer_size)]
 
     def __call__(self, batch, ctx):
-        pad = ctx.tokenizer.pad_token_id
+        pad = ctx.pad_id
         replayed, union_groups = [], []
         for g in torch.unique(batch.group_ids).tolist():
             sel = (batch.group_ids == g).nonzero().squeeze(-1)

@@ -6,18 +6,19 @@ import torch
 
 from ..algorithms import combine_rewards
 from ..rewards import RewardFn, RewardScorer
-from ..generation.plain import plain_rollout
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max_completion_length: int,
-             max_prompt_length: int = 512, batch_size: int = 64, accuracy_reward: str | None = None,
-             extra: dict | None = None, progress=None, reward_timeout: float | None = None, rollout=None,
-             pass_k: int = 0, temperature: float = 1.0, seed: int = 0) -> dict:
+def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: int = 64,
+             accuracy_reward: str | None = None, extra: dict | None = None, progress=None,
+             reward_timeout: float | None = None, rollout=None, pass_k: int = 0, temperature: float = 1.0,
+             seed: int = 0) -> dict:
     """Greedy completions for ``rows``; mean of each reward, total reward, accuracy.
 
-    ``rollout(rows, uids) -> RolloutBatch``: how a chunk's greedy completions are made (default: one plain
-    greedy completion per row; the agent rollout plays one greedy episode per row).
+    ``sample(rows, uids, *, num_generations, temperature, generator=None) -> RolloutBatch``: the policy's
+    evaluation sampler (``functools.partial(policy.sample, module, evaluation=True)``, grpolab/policies/);
+    temperature 0 is its deterministic draw (greedy for a causal LM). ``rollout(rows, uids) -> RolloutBatch``:
+    how a chunk's greedy completions are made instead (the agent rollout plays one greedy episode per row).
 
     ``accuracy`` is the mean of the reward named ``accuracy_reward`` (for a 0/1
     reward: the share of rows answered correctly); ``len_correct`` /
@@ -40,9 +41,7 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
         if rollout is not None:
             batch = rollout(chunk, list(range(i, i + len(chunk))))
         else:
-            batch = plain_rollout(model, tokenizer, chunk, list(range(i, i + len(chunk))), num_generations=1,
-                                  max_completion_length=max_completion_length,
-                                  max_prompt_length=max_prompt_length, temperature=0.0)
+            batch = sample(chunk, list(range(i, i + len(chunk))), num_generations=1, temperature=0.0)
         m, _ = scorer.score_batch(batch)
         mats.append(m)
         lengths.append(batch.completion_mask.sum(-1))
@@ -66,26 +65,34 @@ def evaluate(model, tokenizer, rows: list[dict], rewards: list[RewardFn], *, max
             raise ValueError("eval_pass_k: pass@K is measured with plain single-turn sampling; it is not "
                              "available with the agent rollout (set eval_pass_k: 0)")
         if pass_k > 0:
-            result.update(pass_at_k(model, tokenizer, rows, scorer, scorer.names.index(accuracy_reward), k=pass_k,
-                                    batch_size=batch_size, max_completion_length=max_completion_length,
-                                    max_prompt_length=max_prompt_length, temperature=temperature, seed=seed))
+            result.update(pass_at_k(sample, rows, scorer, scorer.names.index(accuracy_reward), k=pass_k,
+                                    batch_size=batch_size, temperature=temperature, seed=seed))
     for name in (extra or {}):
         result[name] = result.pop(f"rewards/eval:{name}/mean")
-    result["samples"] = [s if isinstance(s, str) else s[0]["content"] for s in samples]
+    result["samples"] = [sample_text(s) for s in samples]
     return result
 
 
-def pass_at_k(model, tokenizer, rows: list[dict], scorer: RewardScorer, acc_index: int, *, k: int, batch_size: int,
-              max_completion_length: int, max_prompt_length: int, temperature: float, seed: int) -> dict:
+def sample_text(completion) -> str:
+    """A completion as the text summary.json shows: the string, a chat reply's content, or (actions that are
+    not text) their ``str`` cut to 200 characters."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list) and completion and isinstance(completion[0], dict):
+        return completion[0]["content"]
+    return str(completion)[:200]
+
+
+def pass_at_k(sample, rows: list[dict], scorer: RewardScorer, acc_index: int, *, k: int, batch_size: int,
+              temperature: float, seed: int) -> dict:
     """``{"pass@k": share of rows with >= 1 of k sampled completions correct, "sampled_accuracy": mean}``."""
     gen = torch.Generator().manual_seed(seed)
     hits, accs = [], []
     per = max(1, batch_size // k)
     for i in range(0, len(rows), per):
         chunk = rows[i:i + per]
-        batch = plain_rollout(model, tokenizer, chunk, list(range(i, i + len(chunk))), num_generations=k,
-                              max_completion_length=max_completion_length, max_prompt_length=max_prompt_length,
-                              temperature=temperature, generator=gen)
+        batch = sample(chunk, list(range(i, i + len(chunk))), num_generations=k, temperature=temperature,
+                       generator=gen)
         m, _ = scorer.score_batch(batch)
         acc = torch.nan_to_num(m[:, acc_index], nan=0.0).view(len(chunk), k)
         hits.append((acc >= 1).any(-1).float())

@@ -110,8 +110,10 @@ class CompletionsLog:
         a run shorter than ``every`` shows its text too (``every`` 0: never)."""
         return self.every > 0 and (step % self.every == 0 or step == 1 or last)
 
-    def records(self, batch, tok, step: int) -> list[dict]:
-        """The lines for ``step`` from a scored batch with advantages (the groups as generated)."""
+    def records(self, batch, describe, step: int) -> list[dict]:
+        """The lines for ``step`` from a scored batch with advantages (the groups as generated).
+        ``describe(batch, i) -> {"prompt": ..., "completion": ..., ...}``: the policy's view of row ``i``
+        (``PolicyBase.describe``: decoded text for a causal LM)."""
         import random
 
         gids = batch.group_ids.tolist()
@@ -128,10 +130,7 @@ class CompletionsLog:
         for i, g in enumerate(gids):
             if g not in chosen:
                 continue
-            p = batch.prompt_ids[i][batch.prompt_mask[i] > 0]
-            c = batch.completion_ids[i][batch.completion_attention_mask[i] > 0]
-            rec = {"step": step, "group": int(g), "prompt": tok.decode(p, skip_special_tokens=True),
-                   "completion": tok.decode(c, skip_special_tokens=True),
+            rec = {"step": step, "group": int(g), **describe(batch, i),
                    "rewards": {n: float(batch.rewards[i, k]) for k, n in enumerate(batch.reward_names)},
                    "reward": float(scalar[i]) if scalar is not None else None,
                    "advantage": float(seq_adv[i]), "tokens": int(tokens[i]), "truncated": bool(batch.truncated[i])}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import inspect
 import math
 import random
@@ -30,11 +31,9 @@ from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import WriteError, stand_in_policy, warn_line
-from ..data import columns_of, load_user_data, model_texts, subset, to_json
+from ..data import columns_of, load_user_data, subset, to_json
 from ..generation.engines import build_engine
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
-from ..model.loading import load_policy, save_policy
-from ..model.logprobs import group_token_divergence
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
@@ -207,7 +206,9 @@ class Trainer:
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
         self.model, self.tok = self.load_policy(cfg)
-        checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows, self.environment)
+        self.policy.tokenizer = self.tok
+        if "text" in self.policy.capabilities:  # prompts fit max_prompt_length, prompt + completion the context
+            checks.check_lengths(cfg, self.tok, self.model, self.rows, self.eval_rows, self.environment)
         self.model.to(self.device)
         self.log(f"[grpolab] device {self.device}, forward precision {str(self.dtype).replace('torch.', '')} "
                  f"({self.dtype_reason})")
@@ -360,11 +361,12 @@ class Trainer:
         return setup_data(cfg)
 
     def load_policy(self, cfg: Config):
-        """``(model, tokenizer)`` of the policy (``self.rows`` / ``self.eval_rows`` are set)."""
+        """``(module, tokenizer or None)`` of the policy, loaded by the policy kind (``self.rows`` /
+        ``self.eval_rows`` are set)."""
         shown = checks.strategy_hook(cfg, "model_texts")  # text the rollout shows besides the data (tools)
-        return load_policy(cfg.model, task_texts=model_texts(self.rows + self.eval_rows) + (
-                               shown(cfg, self.environment, self.rows) if shown and cfg.model == "tiny" else []),
-                           tiny_arch=cfg.tiny_arch, seed=cfg.seed, log=self.log)
+        extra = shown(cfg, self.environment, self.rows) if shown and cfg.model == "tiny" else []
+        module = self.policy.load(cfg, self.rows, self.eval_rows, extra_texts=extra, log=self.log)
+        return module, self.policy.tokenizer
 
     def _lr_lambda(self, step: int) -> float:
         cfg = self.cfg
@@ -404,9 +406,8 @@ class Trainer:
 
     def evaluate(self, progress=None) -> dict:
         with self.precision():
-            return evaluate(self.model, self.tok, self.eval_rows, self.rewards,
-                            max_completion_length=self.cfg.max_completion_length,
-                            max_prompt_length=self.cfg.max_prompt_length, batch_size=self.cfg.eval_batch_size,
+            return evaluate(functools.partial(self.policy.sample, self.model, evaluation=True), self.eval_rows,
+                            self.rewards, batch_size=self.cfg.eval_batch_size,
                             accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress,
                             reward_timeout=self.cfg.reward_timeout, rollout=self._eval_rollout(),
                             pass_k=self.cfg.eval_pass_k, temperature=self.cfg.temperature, seed=self.cfg.seed)
@@ -500,7 +501,7 @@ class Trainer:
             return batch, errors, {}
         return self.collector(generate=self.generate, scalar=lambda b: self.scorer.scalar(b, step=self.step),
                               prompts_per_step=self.cfg.prompts_per_step, step=self.step, log=self.log,
-                              pad_id=self.tok.pad_token_id)
+                              pad_id=self.policy.pad_id)
 
     def compute_advantages(self, batch) -> torch.Tensor:
         """Advantages ``[R, T]`` of a batch with ``scalar_rewards`` (estimator, then weightings; zero off the
@@ -511,10 +512,13 @@ class Trainer:
                   "truncated": batch.truncated, "behavior_logprobs": batch.behavior_logprobs,
                   "batch": batch, "step": self.step,
                   "policy": self.model}  # read-only, for components that need the model (a critic on its states)
-        if any(c.wants("token_group_divergence") for c in [self.advantage] + self.weightings):  # e.g. TW-GRPO
+        # inputs the policy computes with its model, for the components that ask (causal LM: TW-GRPO's divergence)
+        want = frozenset(p.name for c in [self.advantage] + self.weightings for p in c.params)
+        extra = getattr(self.policy, "advantage_inputs", None)
+        if extra is not None:
             with torch.no_grad(), self.precision():
-                inputs["token_group_divergence"] = group_token_divergence(
-                    self.model, batch, self.cfg.temperature, self.cfg.micro_batch_size, self.cfg.micro_batch_tokens)
+                inputs.update(extra(self.model, batch, want, micro_batch_size=self.cfg.micro_batch_size,
+                                    max_tokens=self.cfg.micro_batch_tokens))
         adv = self.advantage(**inputs)
         for w in self.weightings:
             adv = w(advantages=adv, **inputs)
@@ -708,7 +712,7 @@ class Trainer:
         and the ``last`` step), and as a table to the trackers that have tables."""
         if self.scored_batch is None or not self.completions.due(self.step, last=last or self.step == self.cfg.steps):
             return
-        records = self.completions.records(self.scored_batch, self.tok, self.step)
+        records = self.completions.records(self.scored_batch, self.policy.describe, self.step)
         self.completions.write(records)
         self.metrics.log_table("completions", *completions_table(records), step=self.step)
         self.scored_batch = None
@@ -775,7 +779,7 @@ class Trainer:
         to_save = self.model
         if cfg.use_lora:
             to_save = copy.deepcopy(self.model).merge_and_unload()
-        self._write_end(final, lambda: save_policy(to_save, self.tok, final), "the final model")
+        self._write_end(final, lambda: self.policy.save(to_save, final), "the final model")
         self.log(f"[grpolab] final model saved to {final}" + (f"; reward curve: {plot}" if plot else ""))
         if cfg.eval_after and self.eval_rows:
             summary["after"] = self._eval("after")
