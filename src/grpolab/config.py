@@ -65,7 +65,8 @@ class Config:
     """The core settings; component parameters of this run are in ``params`` (read them as ``cfg.NAME``)."""
 
     # what to train
-    model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder")
+    model: str = _f("smollm2", "'smollm2', 'tiny', or a local Hugging Face causal-LM folder (policy causal_lm); "
+                    "other policies name their own built-in models and folders (their default_model when unset)")
     policy: str = _f("causal_lm", "what kind of model is trained and how it acts (one step of an action: a token "
                                   "for causal_lm); grpolab components policy lists them", POLICIES)
     task: str = _f("arithmetic", "built-in task (used when --data is not given)", TASKS)
@@ -295,6 +296,8 @@ class Config:
                 if cfg.rollout_strategy in ROLLOUT_STRATEGIES else None
             if own:
                 cfg.max_prompt_length = int(own)
+        if "model" not in core and cfg.policy in POLICIES:  # a policy kind names its own built-in model
+            cfg.model = getattr(POLICIES.get(cfg.policy), "default_model", cfg.model)
         decl = cfg.component_params(extra)
         params: dict[str, Any] = {}
         dropped = []

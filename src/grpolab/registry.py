@@ -237,6 +237,10 @@ CAPABILITIES: dict[str, str] = {
               "lengths in tokens",
     "text": "completions decode to text through a tokenizer and a chat template: text tasks and reward "
             "functions, thinking tags, tool calls, hints, injected text, agent episodes",
+    "gaussian_steps": "each step is a Gaussian transition with a known mean and std (SDE / DDIM denoising "
+                      "steps): per-step means, the Gaussian mean KL, which denoising steps train",
+    "flow_matching": "a rectified-flow model: the sigma schedule and the predicted velocity",
+    "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
 }
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")

@@ -185,3 +185,36 @@ class RatioVariance:
     def load_state_dict(self, state: dict) -> None:
         self.lam, self.step = float(state["lam"]), state["step"]
         self.moment_sum, self.moment_count = float(state["moment_sum"]), float(state["moment_count"])
+
+
+@REGULARIZERS.register("gaussian_mean_kl", needs=("gaussian_steps",))
+def gaussian_mean_kl(step_mean: torch.Tensor, ref_step_mean: torch.Tensor, step_std_dev: torch.Tensor,
+                     mask: torch.Tensor, *,
+                     gaussian_kl_beta: float = param(0.04, "gaussian_mean_kl: weight beta of the KL between the "
+                                                           "policy's and the reference's Gaussian denoising steps "
+                                                           "(Flow-GRPO: 0.04 GenEval/OCR, 0.01 PickScore)")):
+    """Flow-GRPO's KL to the reference for Gaussian denoising steps, per step j:
+
+    ``term_j = beta * mean_u (mu_theta(u) - mu_ref(u))^2 / (2 s_j^2)``
+
+    with mu the step's mean under the policy (with gradient) and under the frozen reference, u the image's
+    elements, and s_j the SDE's ``std_dev_t`` (Flow-GRPO's s = a*sqrt(sigma/(1-sigma)), *not* the step std
+    s*sqrt(-dsigma)); the closed-form KL of two Gaussians with one std, up to the sqrt(-dsigma) factor the code
+    leaves out, so the authors' beta values transfer. Inputs come from the policy's forward (``step_mean``,
+    ``step_std_dev``: policies with gaussian steps offer them) and the trainer's reference forward
+    (``ref_step_mean``). Use it instead of ``beta`` (the token KL estimators), which image policies refuse.
+
+    Provenance: authors' code — https://github.com/yifan123/flow_grpo, scripts/train_sd3.py (the kl_loss of the
+    training loop: squared mean difference averaged over the latent, divided by 2*std_dev_t^2, times beta).
+    """
+    from ..images.sde import gaussian_mean_kl as kl
+    R, T = mask.shape
+    on = mask > 0
+    term = torch.zeros(R, T, dtype=step_mean.dtype, device=step_mean.device)
+    if bool(on.any()):
+        term = term.index_put(on.nonzero(as_tuple=True), kl(step_mean[on], ref_step_mean[on].to(step_mean.dtype),
+                                                            step_std_dev[on]))
+    return gaussian_kl_beta * term, {"gaussian_kl": term.detach()}
+
+
+gaussian_mean_kl.needs_reference_model = True

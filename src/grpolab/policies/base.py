@@ -48,6 +48,7 @@ class PolicyBase(ABC):
     step: ClassVar[str] = "step"
     capabilities: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
+    float32_only: ClassVar[bool] = False  # True: the trainer runs this policy in float32 whatever the dtype key
     tokenizer: Any = None
 
     @property

@@ -205,6 +205,9 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
+        if self.policy.float32_only and self.dtype != torch.float32:  # e.g. the image policies' SDE log-probs
+            self.dtype, self.dtype_reason = torch.float32, (f"policy {cfg.policy} computes in float32 whatever "
+                                                            f"the dtype key ({cfg.dtype})")
         self.model, self.tok = self.load_policy(cfg)
         self.policy.tokenizer = self.tok
         if "text" in self.policy.capabilities:  # prompts fit max_prompt_length, prompt + completion the context
@@ -252,6 +255,8 @@ class Trainer:
         # what the loss components take from the policy's forward besides log-probs (the entropy is a metric)
         asked = {p.name for c in [self.policy_loss] + self.regularizers for p in c.params} | {"entropy"}
         self.loss_wants = frozenset(asked & self.policy.offers())
+        # what they ask of the frozen reference's forward, as ref_<name> (e.g. Flow-GRPO's KL: ref_step_mean)
+        self.ref_wants = frozenset(n[4:] for n in asked if n.startswith("ref_") and n[4:] in self.policy.offers())
         self.scorer = BatchScorer(RewardScorer(self.rewards, log=self.log, timeout=cfg.reward_timeout),
                                   self.reward_transforms)
         # DAPO dynamic sampling (grpolab/stages/collectors.py); None: one rollout round per step
@@ -605,7 +610,12 @@ class Trainer:
         """Forward one micro-batch and its aggregated loss: ``(loss, logprobs, entropy or None, token metrics)``;
         ``want``: what the loss components ask of the policy's forward besides log-probs (:attr:`loss_wants`)."""
         cfg = self.cfg
-        out = self.policy.forward(self.model if model is None else model, mb, want=want, grad=True)
+        ref_out = {}
+        if self.ref_wants:  # the frozen reference's terms of this micro-batch (ref_<name>), without gradients
+            with torch.no_grad(), self.reference_policy() as ref:
+                r = self.policy.forward(ref, mb, want=self.ref_wants, grad=False)
+            ref_out = {f"ref_{k}": r[k] for k in self.ref_wants}
+        out = {**self.policy.forward(self.model if model is None else model, mb, want=want, grad=True), **ref_out}
         logp, ent = out["logprobs"], out.get("entropy")
         inputs = {**out, "old_logprobs": mb.behavior_logprobs, "advantages": mb.advantages,
                   "mask": mb.completion_mask, "ref_logprobs": mb.ref_logprobs,

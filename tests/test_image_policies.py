@@ -1,0 +1,138 @@
+"""The image policies (grpolab/policies/flow_matching.py): sampling, exact recomputation of the behaviour
+log-probs, evaluation with fixed noises, the config rules, and the SDE step against its hand formula."""
+import math
+
+import pytest
+import torch
+
+from grpolab.components import Component
+from grpolab.config import Config, ConfigError
+from grpolab.policies import POLICIES
+
+pytest.importorskip("diffusers")
+
+
+def _policy(**over):
+    cfg = Config.build({"policy": "flow_matching", "data": "rows.jsonl", "reward": ["m:f"], **over})
+    return cfg, Component(POLICIES.get("flow_matching"), cfg, "flow_matching").fn
+
+
+@pytest.fixture(scope="module")
+def flow():
+    cfg, pol = _policy()
+    rows = [{"prompt": str(i), "label": i} for i in range(3)]
+    return pol, pol.load(cfg, rows, [], log=lambda *a: None), rows
+
+
+def test_the_policy_names_its_own_model_and_refuses_text_components():
+    cfg, _ = _policy()
+    assert cfg.model == "digits" and POLICIES.get("flow_matching").step == "denoising step"
+    with pytest.raises(ConfigError, match="task 'arithmetic' needs a policy with text.*flow_matching"):
+        Config.build({"policy": "flow_matching"})  # the default task is text
+    with pytest.raises(ConfigError, match="flow_noise_level"):
+        _policy(flow_noise_level=0.0)
+
+
+def test_sampling_packs_steps_and_recomputes_the_same_logprobs(flow):
+    pol, module, rows = flow
+    b = pol.sample(module, rows, [5, 6, 7], group_offset=2, num_generations=[2, 3, 1], temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    T = pol.T
+    assert b.completion_mask.shape == (6, T) and b.step_data["x"].shape == (6, T, 1, 8, 8)
+    assert b.group_ids.tolist() == [2, 2, 3, 3, 3, 4] and b.prompt_uids.tolist() == [5, 5, 6, 6, 6, 7]
+    assert b.row_data["cond"].tolist() == [0, 0, 1, 1, 1, 2] and b.columns["label"] == [0, 0, 1, 1, 1, 2]
+    img = b.columns["completion"][0]
+    assert img.shape == (8, 8, 1) and img.dtype.name == "float32" and 0 <= img.min() and img.max() <= 1
+    # each step starts where the previous one ended
+    assert torch.equal(b.step_data["x"][:, 1:], b.step_data["x_next"][:, :-1])
+    # the first recomputation under the same weights is the behaviour log-prob (ratio 1), to float32 rounding:
+    # the convolutions of a batch of R*T steps and of R rows differ in the last bits
+    lp = pol.forward(module, b, grad=False)["logprobs"]
+    assert (lp - b.behavior_logprobs).abs().max() < 1e-5
+    # only the steps on the mask run; the others are 0
+    b.completion_mask[:, ::2] = 0
+    lp = pol.forward(module, b, grad=False)["logprobs"]
+    assert (lp[:, ::2] == 0).all() and (lp[:, 1::2] - b.behavior_logprobs[:, 1::2]).abs().max() < 1e-5
+
+
+def test_a_step_logprob_is_the_hand_gaussian(flow):
+    """log p of step j = mean over the 64 pixels of log N(x'; mu, std^2), with Flow-GRPO's mu and std."""
+    pol, module, rows = flow
+    b = pol.sample(module, rows[:1], [0], num_generations=1, temperature=1.0,
+                   generator=torch.Generator().manual_seed(3))
+    j = 2
+    x, xn = b.step_data["x"][0, j].double(), b.step_data["x_next"][0, j].double()
+    s0, s1, sub = float(pol.sigmas[j]), float(pol.sigmas[j + 1]), float(pol.sigmas[1])
+    with torch.no_grad():
+        v = module(x[None].float(), torch.tensor([s0 * 1000]), class_labels=torch.tensor([0])).sample[0].double()
+    a, dt = pol.a, s1 - s0
+    s = a * math.sqrt(s0 / (1 - (sub if s0 == 1 else s0)))
+    mu = x * (1 + s * s / (2 * s0) * dt) + v * (1 + s * s * (1 - s0) / (2 * s0)) * dt
+    std = s * math.sqrt(-dt)
+    want = (-(xn - mu) ** 2 / (2 * std * std) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean()
+    assert abs(float(b.behavior_logprobs[0, j]) - float(want)) < 1e-4
+
+
+def test_evaluation_is_the_ode_from_each_rows_fixed_noise(flow):
+    pol, module, _ = flow
+    rows = [{"prompt": "4", "noise_seed": 11}, {"prompt": "4", "noise_seed": 12}]
+    e1 = pol.sample(module, rows, [0, 1], num_generations=1, temperature=0.0, evaluation=True)
+    e2 = pol.sample(module, rows[::-1], [0, 1], num_generations=1, temperature=0.0, evaluation=True)
+    assert torch.equal(e1.row_data["images"][0], e2.row_data["images"][1])  # the noise follows the row
+    assert not torch.equal(e1.row_data["images"][0], e1.row_data["images"][1])
+
+
+def test_same_noise_in_a_group(flow):
+    _, module, rows = flow
+    _, pol = _policy(flow_same_noise_in_group=True)
+    b = pol.sample(module, rows[:2], [0, 1], num_generations=3, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    x0 = b.step_data["x"][:, 0]
+    assert torch.equal(x0[0], x0[2]) and not torch.equal(x0[0], x0[3])
+    assert not torch.equal(b.step_data["x"][0, 1], b.step_data["x"][1, 1])  # the SDE noise still differs
+
+
+def test_bad_rows_and_models_are_named(flow, tmp_path):
+    cfg, pol = _policy()
+    with pytest.raises(ConfigError, match="train row 1: .*'label' column.*'cat'"):
+        pol.load(cfg, [{"prompt": "1"}, {"prompt": "cat"}], [], log=lambda *a: None)
+    with pytest.raises(ConfigError, match="held-out row 0: class 12 is outside the model's classes 0..9"):
+        pol.load(cfg, [{"prompt": "1"}], [{"prompt": "12"}], log=lambda *a: None)
+    cfg2, pol2 = _policy(model=str(tmp_path))
+    with pytest.raises(ConfigError, match="has no config.json"):
+        pol2.load(cfg2, [{"prompt": "1"}], [], log=lambda *a: None)
+
+
+def test_save_then_load_gives_the_same_model(flow, tmp_path):
+    pol, module, rows = flow
+    pol.save(module, tmp_path / "m")
+    cfg2, pol2 = _policy(model=str(tmp_path / "m"))
+    again = pol2.load(cfg2, rows, [], log=lambda *a: None)
+    for (k, p), (_, q) in zip(module.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(p, q), k
+
+
+def test_token_kl_and_text_engines_are_refused_with_the_fix():
+    with pytest.raises(ConfigError, match=r"beta: .*set beta: 0 and add regularizers: \[gaussian_mean_kl\]"):
+        _policy(beta=0.04)
+    with pytest.raises(ConfigError, match="generation_engine: vllm samples text.*generation_engine: native"):
+        _policy(generation_engine="vllm")
+    cfg, _ = _policy(regularizers=["gaussian_mean_kl"], gaussian_kl_beta=0.01)
+    assert cfg.regularizers == ["gaussian_mean_kl"]
+    with pytest.raises(ConfigError, match="regularizer 'gaussian_mean_kl' needs a policy with gaussian_steps"):
+        Config.build({"model": "tiny", "regularizers": ["gaussian_mean_kl"]})
+
+
+def test_gaussian_mean_kl_by_hand():
+    from grpolab.algorithms.regularizers import gaussian_mean_kl
+    mean = torch.zeros(2, 3, 1, 2, 2)
+    ref = torch.zeros(2, 3, 1, 2, 2)
+    mean[0, 1] = 1.0  # (1 - 0)^2 on every element: mean 1
+    ref[1, 2, 0, 0, 0] = 2.0  # one element of four differs by 2: mean 4/4 = 1
+    s = torch.tensor([[0.5, 0.5, 0.5], [1.0, 1.0, 2.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    term, m = gaussian_mean_kl(mean, ref, s, mask, gaussian_kl_beta=0.1)
+    want = torch.zeros(2, 3)
+    want[0, 1] = 0.1 * 1.0 / (2 * 0.25)
+    want[1, 2] = 0.1 * 1.0 / (2 * 4.0)
+    assert torch.allclose(term, want) and torch.allclose(m["gaussian_kl"], want / 0.1)
