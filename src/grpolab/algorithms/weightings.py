@@ -741,3 +741,30 @@ def span_scale(advantages: torch.Tensor, completion_mask: torch.Tensor, batch, *
         coef[in_s] = c
     coef = (coef * alive).to(advantages.dtype)
     return per_token(advantages, coef) * coef
+
+
+# --------------------------------------------------------------------------- advantage clipping (DDPO, Flow-GRPO)
+
+
+@WEIGHTINGS.register("advantage_clip")
+def advantage_clip(advantages: torch.Tensor, *,
+                   adv_clip_max: float = param(5.0, 'advantage_clip: advantages are clamped to [-adv_clip_max, '
+                                               "adv_clip_max] (DDPO's and Flow-GRPO's train.adv_clip_max, 5)")
+                   ) -> torch.Tensor:
+    """Advantage clipping of DDPO (Black et al., 2023, arXiv:2305.13301) and Flow-GRPO (Liu et al., 2025,
+    arXiv:2505.05470).
+
+    ``A'_i = clamp(A_i, -adv_clip_max, adv_clip_max)``, elementwise on ``[R]`` or ``[R, T]`` advantages;
+    ``adv_clip_max = 5`` as in both codes. List it last in ``advantage_weightings``: both codes clamp the
+    advantage right before the clipped-ratio loss.
+
+    Provenance: authors' code — https://github.com/kvablack/ddpo-pytorch, scripts/train.py (the training loop:
+    ``torch.clamp(sample["advantages"], -config.train.adv_clip_max, config.train.adv_clip_max)`` before the PPO
+    loss; ``train.adv_clip_max = 5`` in config/base.py); the same clamp in
+    https://github.com/yifan123/flow_grpo scripts/train_sd3.py (on ``sample["advantages"][:, j]``, the
+    advantage repeated over the trained steps; ``train.adv_clip_max = 5`` in config/base.py).
+    Test: tests/test_image_algorithms.py::test_advantage_clip_hand_computed.
+    """
+    if not adv_clip_max > 0:
+        raise ValueError(f"adv_clip_max: must be > 0, got {adv_clip_max}")
+    return advantages.clamp(-adv_clip_max, adv_clip_max)

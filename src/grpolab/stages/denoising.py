@@ -1,0 +1,89 @@
+"""Which denoising steps of an image policy enter the loss (Flow-GRPO, DDPO, DanceGRPO): a batch stage."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from ..errors import ConfigError
+from ..registry import BATCH_STAGES, param
+
+
+def _check_denoising_steps(cfg) -> None:
+    if not 0.0 < cfg.steps_fraction <= 1.0:
+        raise ConfigError(f"steps_fraction: must be in (0, 1], got {cfg.steps_fraction}")
+
+
+def kept_steps(mask_row: torch.Tensor, fraction: float, order: str, drop_last: bool,
+               generator: torch.Generator | None = None) -> list[int]:
+    """The columns of one row that stay on the loss mask: of its loss steps (``mask_row > 0``, in order; the
+    last left out with ``drop_last``), ``k = int(n * fraction)``: the first k (``in_order``) or the first k of a
+    uniform random permutation drawn from ``generator`` (``random``)."""
+    steps = torch.nonzero(mask_row > 0).flatten().tolist()
+    if drop_last:
+        steps = steps[:-1]
+    k = int(len(steps) * fraction)
+    if order == "in_order":
+        return steps[:k]
+    if order == "random":
+        perm = torch.randperm(len(steps), generator=generator).tolist()
+        return [steps[j] for j in perm[:k]]
+    raise ValueError(f"steps_order: '{order}' is not valid; valid values: in_order, random")
+
+
+@BATCH_STAGES.register("denoising_steps", check=_check_denoising_steps, needs=("gaussian_steps",))
+def denoising_steps(batch, ctx, *,
+                    steps_fraction: float = param(1.0, 'denoising_steps: share of each row\'s denoising steps that '
+                                                  "enter the loss, k = int(T * fraction) (DDPO's and Flow-GRPO's "
+                                                  'train.timestep_fraction; Flow-GRPO trains with 0.99)'),
+                    steps_order: str = param('in_order', 'denoising_steps: which k steps: the first k in sampling '
+                                             "order (Flow-GRPO) or k drawn at random per row (DDPO, DanceGRPO)",
+                                             ['in_order', 'random']),
+                    steps_drop_last: bool = param(False, "denoising_steps: leave each row's last denoising step "
+                                                  'out before choosing (k = int((T - 1) * fraction))')):
+    """Which denoising steps train: DDPO's and Flow-GRPO's ``timestep_fraction`` (Black et al., 2023,
+    arXiv:2305.13301; Liu et al., 2025, arXiv:2505.05470).
+
+    One step of an image policy is one denoising step (a column of ``[R, T]``). For each row, of its ``n``
+    loss steps (``completion_mask > 0``; ``n - 1`` with ``steps_drop_last``), ``k = int(n * steps_fraction)``
+    stay on the mask: the first k in sampling order (``steps_order: in_order``, Flow-GRPO: with its 0.99 and
+    10 steps, all but the last) or the first k of a uniform random permutation, drawn per row from the run's
+    seeded generator ``ctx.generator`` (``random``, DDPO and DanceGRPO). Only the mask changes (and the
+    advantages, zeroed off it as everywhere in the trainer): the dropped steps' ``step_data``, behaviour
+    log-probs and attention mask stay as they are. The default (fraction 1, in order) keeps every step.
+
+    Provenance: authors' code — https://github.com/yifan123/flow_grpo, scripts/train_sd3.py (training loop:
+    ``num_train_timesteps = int(config.sample.num_steps * config.train.timestep_fraction)``, ``train_timesteps
+    = range(num_train_timesteps)``, in order; 0.99 in config/grpo.py); random order: DDPO
+    https://github.com/kvablack/ddpo-pytorch scripts/train.py (``perms = torch.stack([torch.randperm(
+    num_timesteps) ...])`` per sample, then the first ``int(num_steps * timestep_fraction)`` of the permuted
+    steps; 1.0 in config/base.py) and the same in DanceGRPO (https://github.com/XueZeyue/DanceGRPO,
+    fastvideo/train_grpo_flux.py, fraction 0.6 in scripts/finetune/finetune_flux_grpo.sh). Known differences:
+    DDPO and DanceGRPO redraw the permutation every inner epoch, here it is drawn once per step (the same at
+    fraction 1.0, DDPO's default); ``steps_drop_last`` is grpolab's reading of DanceGRPO's
+    fastvideo/train_grpo_sd.py, which takes ``k = int((num_steps - 1) * timestep_fraction)`` but draws the k
+    from a permutation of all the steps, the last included (here the last step is never drawn); the
+    stored train_grpo_flux.py drops no step.
+    Test: tests/test_image_algorithms.py::test_denoising_steps_in_order_keeps_the_first_k,
+    tests/test_image_algorithms.py::test_denoising_steps_random_keeps_k_per_row,
+    tests/test_image_algorithms.py::test_denoising_steps_drop_last.
+    """
+    if not 0.0 < steps_fraction <= 1.0:
+        raise ValueError(f"steps_fraction: must be in (0, 1], got {steps_fraction}")
+    mask = batch.completion_mask
+    generator = None
+    if steps_order == "random":
+        generator = getattr(ctx, "generator", None)
+        if generator is None:
+            raise ValueError("denoising_steps: steps_order random draws from the run's seeded generator "
+                             "(ctx.generator), which this context lacks")
+    new_mask = torch.zeros_like(mask)
+    for i in range(mask.shape[0]):
+        keep = kept_steps(mask[i].cpu(), steps_fraction, steps_order, steps_drop_last, generator)
+        if keep:
+            idx = torch.tensor(keep, dtype=torch.long, device=mask.device)
+            new_mask[i, idx] = mask[i, idx]
+    out = {"completion_mask": new_mask}
+    if batch.advantages is not None:
+        out["advantages"] = batch.advantages * new_mask.to(batch.advantages.dtype)
+    return replace(batch, **out)
