@@ -9,7 +9,7 @@ import pytest
 
 import grpolab
 from grpolab.config import CORE_KEYS, Config
-from grpolab.registry import ALL_REGISTRIES, Param, declared_params
+from grpolab.registry import POLICIES, ALL_REGISTRIES, Param, declared_params
 
 SRC = Path(grpolab.__file__).parent
 
@@ -287,6 +287,12 @@ def test_each_component_resolves_from_its_defaults(kind):
         if reg.switch:  # `dynamic_sampling: true` selects the collector of that name
             value = True
         layers = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
+        # a component that needs what the causal LM lacks is built with a policy that has it, on an image task
+        policy = name if kind == "policy" else next(
+            p for p in ["causal_lm", *POLICIES.names()] if set(reg.needs(name)) <= POLICIES.get(p).capabilities)
+        if "text" not in POLICIES.get(policy).capabilities:
+            layers = {**layers, "policy": policy, "task": "digits"}
+            del layers["model"]
         if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
             layers["beta"] = 0.1
         cfg = Config.build(layers)

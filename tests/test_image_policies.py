@@ -136,3 +136,36 @@ def test_gaussian_mean_kl_by_hand():
     want[0, 1] = 0.1 * 1.0 / (2 * 0.25)
     want[1, 2] = 0.1 * 1.0 / (2 * 4.0)
     assert torch.allclose(term, want) and torch.allclose(m["gaussian_kl"], want / 0.1)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_flow_grpo_images_raises_the_held_out_reward_on_every_seed(tmp_path, seed):
+    """The recipe on the digits task, 12 steps: the held-out confidence of the asked class (fixed noises, ODE)
+    rises. Measured (this machine, avx512_bf16): 0.772 -> 0.905 / 0.842 / 0.864 (seeds 0, 1, 2), accuracy
+    0.84 -> 0.98 / 0.88 / 0.90; asserted: a rise of 0.03 in confidence."""
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 12, "seed": seed, "save_steps": 100,
+                        "out": str(tmp_path / "run"), "stall_steps": 0})
+    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
+    before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
+    assert after > before + 0.03, (before, after)
+    assert summary["after"]["image_grid"].startswith("data:image/png;base64,")
+
+
+def test_the_report_shows_the_image_grids_and_thumbnails(tmp_path):
+    import json
+
+    from grpolab.recipes import recipe_overrides
+    from grpolab.report.html import load_run, render
+    from grpolab.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 1, "prompts_per_step": 2,
+                        "num_generations": 2, "eval_problems": 10, "out": str(out)})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    rec = json.loads((out / "completions.jsonl").read_text().splitlines()[0])
+    assert rec["image"].startswith("data:image/png;base64,") and rec["completion"] == ""
+    html = render([load_run(out)])
+    assert html.count('<img class="grid"') == 2 and '<img class="thumb"' in html

@@ -206,6 +206,7 @@ def gaussian_mean_kl(step_mean: torch.Tensor, ref_step_mean: torch.Tensor, step_
 
     Provenance: authors' code — https://github.com/yifan123/flow_grpo, scripts/train_sd3.py (the kl_loss of the
     training loop: squared mean difference averaged over the latent, divided by 2*std_dev_t^2, times beta).
+    Test: tests/test_image_policies.py::test_gaussian_mean_kl_by_hand.
     """
     from ..images.sde import gaussian_mean_kl as kl
     R, T = mask.shape

@@ -8,6 +8,7 @@ from __future__ import annotations
 from ..registry import POLICIES
 from . import causal_lm  # noqa: F401  (registers the causal LM)
 from . import flow_matching  # noqa: F401  (registers the rectified-flow image policy)
+from . import ddpm  # noqa: F401  (registers the DDPM/DDIM image policy, DDPO)
 from .base import CAPABILITIES, PolicyBase
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]

@@ -9,6 +9,7 @@ import torch
 
 from ..batch import RolloutBatch
 from ..config import ConfigError
+from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, param
@@ -55,6 +56,7 @@ def pack_images(rows: list[dict], uids: list[int], counts: list[int], labels: to
     the mask, the class label as the one prompt token, ``row_data`` ``cond`` and ``images`` ([R, C, H, W] in
     [0, 1]); data columns repeated per image, ``completion`` = the images as :func:`image_rows`."""
     R, T = logprobs.shape
+    GENERATED.add(R, R * T)  # the run's budgets count samples and steps (max_tokens counts denoising steps)
     rep = torch.tensor(counts)
     columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
     columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
@@ -116,6 +118,7 @@ class FlowMatchingPolicy(PolicyBase):
     (sde_step_with_logprob, sde_type 'sde' and 'cps'; checked numerically against it, images/sde.py) and
     https://github.com/XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py (flux_step) for 'dance'; the sampling loop,
     the tiny class-conditional UNet and the evaluation ODE are grpolab's.
+    Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian.
     """
 
     step = "denoising step"

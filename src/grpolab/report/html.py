@@ -36,6 +36,8 @@ NO_COMPLETIONS = "no completions logged: set log_completions_steps"
 
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
+.grids{display:flex;gap:1.5em;flex-wrap:wrap}.grids img.grid{image-rendering:pixelated;max-width:100%}
+img.thumb{image-rendering:pixelated;vertical-align:middle;width:32px;height:32px}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.2em .6em;text-align:left;
 font-size:.9em;vertical-align:top}th{background:#f4f4f4}
@@ -259,7 +261,7 @@ def eval_html(runs: list[dict]) -> str:
                         f'</td></tr>')
             continue
         b, a = b or {}, a or {}
-        for k in [k for k in dict.fromkeys([*b, *a]) if k != "samples"]:
+        for k in [k for k in dict.fromkeys([*b, *a]) if k not in ("samples", "image_grid")]:
             bv, av = b.get(k), a.get(k)
             delta = ""
             if isinstance(bv, (int, float)) and isinstance(av, (int, float)):
@@ -267,8 +269,16 @@ def eval_html(runs: list[dict]) -> str:
                 delta = f'<span class="{cls}">{fmt(av - bv)}</span>'
             cells = "".join(f"<td>{score(d[k]) if k in d else ''}</td>" for d in (b, a))  # null: NaN, unscorable
             rows.append(f'<tr><td>{esc(r["name"])}</td><td>{esc(k)}</td>{cells}<td>{delta}</td></tr>')
+    grids = []
+    for r in runs:  # an image policy's held-out images: one row per condition, the same noises before and after
+        cells = [f'<figure><img class="grid" alt="{esc(r["name"])} {when}" src="{esc(d["image_grid"])}">'
+                 f'<figcaption>{esc(r["name"])}: {when}</figcaption></figure>'
+                 for when in ("before", "after") for d in [r["summary"].get(when)]
+                 if isinstance(d, dict) and str(d.get("image_grid", "")).startswith("data:image/png;base64,")]
+        if cells:
+            grids.append(f'<div class="grids">{"".join(cells)}</div>')
     return ('<table class="eval"><tr><th>run</th><th>metric</th><th>before</th><th>after</th><th>change</th></tr>'
-            + "".join(rows) + "</table>")
+            + "".join(rows) + "</table>" + "".join(grids))
 
 
 # ---------------------------------------------------------------- completions
@@ -288,7 +298,7 @@ def normalise_completion(rec: dict) -> dict:
             "rewards": rewards, "reward": _first(rec, "reward", "scalar_reward"),
             "advantage": _first(rec, "advantage"),
             "tokens": _first(rec, "tokens", "num_tokens", "token_count", "completion_tokens"),
-            "truncated": rec.get("truncated")}
+            "truncated": rec.get("truncated"), **({"image": rec["image"]} if "image" in rec else {})}
 
 
 def completions_html(run: dict, idx: int) -> str:
@@ -314,8 +324,13 @@ def completions_html(run: dict, idx: int) -> str:
                 summary = (f'reward {score(c["reward"])} · <span class="{cls}">advantage {fmt(adv)}</span>'
                            f' · {fmt(c["tokens"])} tokens{" · truncated" if c["truncated"] else ""}'
                            + (f'<br><small>{rw}</small>' if rw else ""))
-                items.append(f'<details class="completion"><summary>{summary}</summary>'
-                             f'<pre class="text">{esc(c["completion"])}</pre></details>')
+                image = c.get("image")
+                if isinstance(image, str) and image.startswith("data:image/png;base64,"):  # an image policy's
+                    items.append(f'<div class="completion"><img class="thumb" alt="image" src="{esc(image)}"> '
+                                 f'{summary}</div>')
+                else:
+                    items.append(f'<details class="completion"><summary>{summary}</summary>'
+                                 f'<pre class="text">{esc(c["completion"])}</pre></details>')
             cols.append(f'<div class="group"><b>group {esc(g)}</b><div class="prompt">{esc(members[0]["prompt"])}'
                         f'</div>{"".join(items)}</div>')
         out.append(f'<div class="step" data-run="{idx}" data-step="{esc(s)}"><div class="groups">{"".join(cols)}'

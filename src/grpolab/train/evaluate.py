@@ -35,7 +35,7 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     # scored under a name of their own: a training reward may have the same name (e.g. --reward ...:lenient_accuracy)
     all_fns = rewards + [RewardFn(f"eval:{k}", f, 0.0) for k, f in (extra or {}).items()]
     scorer = RewardScorer(all_fns, timeout=reward_timeout)
-    mats, samples, lengths = [], [], []
+    mats, samples, lengths, images = [], [], [], []
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
         if rollout is not None:
@@ -45,7 +45,10 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
         m, _ = scorer.score_batch(batch)
         mats.append(m)
         lengths.append(batch.completion_mask.sum(-1))
-        samples.extend(batch.columns["completion"][:2] if i == 0 else [])
+        if "images" in batch.row_data:  # an image policy: a grid of the held-out images instead of text samples
+            images.extend(zip(batch.columns["prompt"], batch.row_data["images"]))
+        else:
+            samples.extend(batch.columns["completion"][:2] if i == 0 else [])
         if progress is not None:
             progress(len(chunk))
     matrix = torch.cat(mats)
@@ -70,7 +73,23 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     for name in (extra or {}):
         result[name] = result.pop(f"rewards/eval:{name}/mean")
     result["samples"] = [sample_text(s) for s in samples]
+    if images:
+        result["image_grid"] = image_grid(images)
     return result
+
+
+def image_grid(images: list, per_row: int = 10, max_rows: int = 10) -> str:
+    """The held-out images as one PNG data URI: a row per condition (prompt, in first-seen order, at most
+    ``max_rows``), its first ``per_row`` images left to right (the same fixed noises before and after)."""
+    from ..images.render import grid_png, png_data_uri
+
+    by: dict[str, list] = {}
+    for prompt, img in images:
+        by.setdefault(str(prompt), []).append(img)
+    keys = list(by)[:max_rows]
+    cols = min(per_row, max(len(by[k]) for k in keys))
+    cells = [by[k][j] if j < len(by[k]) else torch.zeros_like(by[k][0]) for k in keys for j in range(cols)]
+    return png_data_uri(grid_png(torch.stack(cells), rows=len(keys), cols=cols))
 
 
 def sample_text(completion) -> str:
