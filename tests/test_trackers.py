@@ -258,3 +258,20 @@ def test_real_trackio_local_db(tiny_args, monkeypatch):
         con.close()
     steps = sorted({s for s, m in found if "loss" in json.loads(m)})
     assert steps == [1, 2]
+
+
+def test_an_image_policy_sends_its_images_to_tensorboard(tmp_path):
+    """An image policy's logged groups go to the trackers as images (TensorBoard: add_images, NHWC uint8)."""
+    pytest.importorskip("diffusers")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from grpolab.recipes import recipe_overrides
+    out = tmp_path / "img"
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 1, "prompts_per_step": 2,
+                        "num_generations": 2, "eval_before": False, "eval_after": False, "out": str(out),
+                        "report_to": ["tensorboard"]})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    acc = EventAccumulator(str(out / "tensorboard"), size_guidance={"images": 0}).Reload()
+    assert "samples" in acc.Tags()["images"]
+    shots = acc.Images("samples")
+    assert shots[0].step == 1 and shots[0].height == 8 and shots[0].width >= 8  # the batch tiled in one image

@@ -38,6 +38,10 @@ class MetricsLog:
         for t in self.trackers:
             t.log_table(name, columns, rows, step)
 
+    def log_images(self, name: str, images, step: int) -> None:
+        for t in self.trackers:
+            t.log_images(name, images, step)
+
     def close(self) -> None:
         for t in self.trackers:
             t.close()
@@ -216,6 +220,9 @@ class DiscardLog:
         pass
 
     def log_table(self, *args, **kwargs) -> None:
+        pass
+
+    def log_images(self, *args, **kwargs) -> None:
         pass
 
     def close(self) -> None:

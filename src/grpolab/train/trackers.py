@@ -53,6 +53,9 @@ class Tracker(abc.ABC):
     def log_table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
         pass
 
+    def log_images(self, name: str, images, step: int) -> None:
+        """Images of an image policy's step (uint8 NumPy ``[N, H, W, C]``); trackers without images skip it."""
+
     def close(self) -> None:
         pass
 
@@ -68,6 +71,10 @@ class TensorBoardTracker(Tracker):
     def log(self, metrics: dict, step: int) -> None:
         for k, v in numeric(metrics).items():
             self.writer.add_scalar(k, v, step)
+        self.writer.flush()
+
+    def log_images(self, name: str, images, step: int) -> None:
+        self.writer.add_images(name, images, step, dataformats="NHWC")
         self.writer.flush()
 
     def close(self) -> None:
@@ -98,6 +105,9 @@ class WandbTracker(Tracker):
     def log_table(self, name: str, columns: list[str], rows: list[list], step: int) -> None:
         self.run.log({name: self.wandb.Table(columns=columns, data=rows)}, step=step)
 
+    def log_images(self, name: str, images, step: int) -> None:
+        self.run.log({name: [self.wandb.Image(a[..., 0] if a.shape[-1] == 1 else a) for a in images]}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -123,6 +133,10 @@ class MlflowTracker(Tracker):
 
     def log(self, metrics: dict, step: int) -> None:
         self.mlflow.log_metrics({k: float(v) for k, v in numeric(metrics).items()}, step=step)
+
+    def log_images(self, name: str, images, step: int) -> None:
+        for i, a in enumerate(images):  # artifacts: OUT/mlartifacts/.../images/<name>/step<step>_<i>.png
+            self.mlflow.log_image(a, artifact_file=f"images/{name}/step{step:06d}_{i}.png")
 
     def close(self) -> None:
         self.mlflow.end_run()
@@ -155,6 +169,12 @@ class TrackioTracker(Tracker):
         if table is not None:  # trackio versions with tables
             import pandas as pd
             self.trackio.log({name: table(dataframe=pd.DataFrame(rows, columns=columns))}, step=step)
+
+    def log_images(self, name: str, images, step: int) -> None:
+        image = getattr(self.trackio, "Image", None)
+        if image is not None:  # trackio versions with images
+            self._start()
+            self.trackio.log({name: [image(a[..., 0] if a.shape[-1] == 1 else a) for a in images]}, step=step)
 
     def close(self) -> None:
         if self.started:
