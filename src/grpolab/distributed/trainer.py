@@ -158,9 +158,16 @@ class DistributedTrainer(Trainer):
             if part.rewards is None:
                 errors = self.scorer.score(part)
         errors += self.ctx.reward_errors
-        parts = collective.all_gather_objects((part, errors))
-        self.ctx.reward_errors = sum(e for _, e in parts)
-        batches = [b for b, _ in parts if b is not None]
+        drew = (self.generator.get_state(), self.sample_generator.get_state()) if hi > lo else None
+        parts = collective.all_gather_objects((part, errors, drew))
+        self.ctx.reward_errors = sum(e for _, e, _ in parts)
+        # the run's generators as one process leaves them (rollout_seeding group: as the last group's draws left
+        # them), on every rank: what draws from them next (denoising_steps' random steps) draws alike everywhere
+        drew = [d for _, _, d in parts if d is not None]
+        if drew:
+            self.generator.set_state(drew[-1][0])
+            self.sample_generator.set_state(drew[-1][1])
+        batches = [b for b, _, _ in parts if b is not None]
         seen: set[int] = set()
         for b in batches:  # a strategy that allocates group ids itself would give two ranks' groups one id
             ids = set(torch.unique(b.group_ids).tolist())
