@@ -222,7 +222,8 @@ def cmd_train(args, rest: list[str]) -> int:
     trainer = TrainerClass(cfg, resume=bool(args.resume), overwrite=args.overwrite)
     summary = trainer.train(progress=not args.quiet)
     if trainer.is_main:
-        print(to_json({k: {kk: vv for kk, vv in v.items() if kk != "samples"} if isinstance(v, dict) else v
+        hidden = ("samples", "image_grid")  # text samples and image grids: in summary.json and the report
+        print(to_json({k: {kk: vv for kk, vv in v.items() if kk not in hidden} if isinstance(v, dict) else v
                        for k, v in summary.items()}))
     return 0
 

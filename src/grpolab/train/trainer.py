@@ -801,7 +801,8 @@ class Trainer:
         if "before" in summary and "after" in summary and "accuracy" in summary["before"]:
             b, a = summary["before"]["accuracy"], summary["after"]["accuracy"]
             self.log(f"[grpolab] held-out accuracy: before {100 * b:.1f}%  after {100 * a:.1f}%  "
-                     f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, greedy)")
+                     f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, "
+                     f"{'deterministic' if 'text' not in self.policy.capabilities else 'greedy'})")
         summary["dtype"], summary["dtype_reason"] = str(self.dtype).removeprefix("torch."), self.dtype_reason
         summary["skipped_steps"] = self.skipped_steps
         summary["spent"] = {**self.budget.state_dict(), "steps": self.step}
@@ -833,6 +834,7 @@ class Trainer:
             res = self.evaluate(progress=bar.update)
         finally:  # ends the bar's line: an error raised here is printed on a line of its own
             bar.close()
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items() if k != "samples"}
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in res.items()
+                 if k not in ("samples", "image_grid")}  # the grid (a data URI) is in summary.json and the report
         self.log(f"[grpolab] eval {when}: {to_json(shown)}")
         return res
