@@ -38,15 +38,16 @@ def row_noise(rows: list[dict], counts: list[int], shape: tuple, generator, *, e
     """Initial noise ``[R, *shape]``: drawn from ``generator`` (one per row, or one per group when
     ``same_in_group``); for evaluation, from each row's ``noise_seed`` (the same noise before and after
     training) where the row has one."""
+    on = {"device": generator.device} if generator is not None else {}  # an accelerator's generator draws there
     out = []
     for row, n in zip(rows, counts):
         if evaluation and row.get("noise_seed") is not None:
             g = torch.Generator().manual_seed(int(row["noise_seed"]))
             out.append(torch.randn((n, *shape), generator=g))
         elif same_in_group:
-            out.append(torch.randn((1, *shape), generator=generator).expand(n, *shape).clone())
+            out.append(torch.randn((1, *shape), generator=generator, **on).expand(n, *shape).clone().cpu())
         else:
-            out.append(torch.randn((n, *shape), generator=generator))
+            out.append(torch.randn((n, *shape), generator=generator, **on).cpu())
     return torch.cat(out)
 
 
@@ -126,6 +127,7 @@ class FlowMatchingPolicy(PolicyBase):
     description = "an image generator by rectified flow (diffusers); one step = one SDE denoising step"
     default_model = "digits"
     float32_only = True
+    uses_element_weights = True  # forward weights each step's elements by row_data["element_weights"] (ViPO)
 
     def __init__(self, *, model: str,
                  flow_sde: str = param("flow_grpo", "the SDE that makes each denoising step a Gaussian: flow_grpo "
@@ -252,7 +254,12 @@ class FlowMatchingPolicy(PolicyBase):
             out = self._step(x, v, mb.step_data["sigma"][rows, cols].to(device),
                              mb.step_data["sigma_next"][rows, cols].to(device),
                              x_next=mb.step_data["x_next"][rows, cols].to(device))
-            logprobs = torch.zeros(R, T, device=device, dtype=out.logprob.dtype).index_put((rows, cols), out.logprob)
+            lp = out.logprob
+            if "element_weights" in mb.row_data:  # ViPO (stages/vipo.py): per-element weights in each step's mean
+                from ..images.vipo import weighted_step_logprob
+                lp = weighted_step_logprob(self.kind, out.x_next, out.mean, out.std,
+                                           mb.row_data["element_weights"][rows].to(device))
+            logprobs = torch.zeros(R, T, device=device, dtype=lp.dtype).index_put((rows, cols), lp)
             result = {"logprobs": logprobs}
             if "step_mean" in want:
                 mean = torch.zeros(R, T, *out.mean.shape[1:], device=device, dtype=out.mean.dtype)
