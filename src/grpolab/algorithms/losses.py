@@ -996,3 +996,94 @@ def group_dpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
 
 
 group_dpo.needs_reference_model = True
+
+
+# ------------------------------------------------------------------ GRPO vs DPO (000-82)
+def _check_group_dpo(cfg) -> None:
+    """Whole groups per micro-batch, dpo_beta > 0, and reference log-probs: the trainer's (beta > 0) or the
+    policy's reference forward (a policy that offers ``token_logprobs``, e.g. ``ar_image``)."""
+    from ..registry import POLICIES
+    _whole_groups(cfg)
+    if cfg.dpo_beta <= 0:
+        raise ConfigError(f"dpo_beta: must be > 0, got {cfg.dpo_beta}")
+    if cfg.beta <= 0:
+        try:
+            offers = POLICIES.get(cfg.policy).offers(None)
+        except Exception:  # an offers() that reads its instance: decided at run time
+            return
+        if "token_logprobs" not in offers:
+            raise ConfigError(f"policy_loss 'group_dpo' needs the reference's log-probs: policy {cfg.policy} gives "
+                              f"them through the trainer's KL pass only, so set beta > 0 (or use a policy that "
+                              f"offers token_logprobs, e.g. ar_image)")
+
+
+@POLICY_LOSSES.register("group_dpo", check=_check_group_dpo, needs=("tokens",))
+def group_dpo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
+              group_ids: torch.Tensor, ref_logprobs: torch.Tensor | None = None,
+              ref_token_logprobs: torch.Tensor | None = None, batch=None, *,
+              dpo_beta: float = param(0.1, "group_dpo: DPO's beta in -log sigmoid(beta * margin) (the authors' "
+                                           "training.beta 0.1)")):
+    """DPO on the best and worst completion of each group (online pairs; the DPO half of "Delving into RL for
+    Image Generation with CoT: A Study on DPO vs. GRPO", Tong et al., arXiv:2505.17017; seed 000-82).
+
+    Per group g (its rows in this micro-batch): y_w = the row with the highest scalar reward, y_l = the row with
+    the lowest (the first such row on ties); a group whose rewards are all equal (or that has fewer than two
+    scorable rows) forms no pair and contributes nothing. With S(y) = Σ_t log π(y_t) the summed token
+    log-prob and h(y) = S_θ(y) − S_ref(y):
+
+    ``L_g = −log σ(β · [h(y_w) − h(y_l)])``
+
+    L_g·n_g/2 is put on every token of y_w and of y_l (n_g = the group's rows), every other row gets 0, so
+    that with the per-row or per-token mean aggregations (16 tokens per image) the step loss is Σ_g L_g / (number
+    of groups): the mean pair loss, a tie group counting 0. Rewards: ``batch.scalar_rewards`` (the weighted sum,
+    after reward transforms); a batch without them falls back to the row advantages, which ``group_zscore`` keeps
+    monotone in the reward within a group. Reference log-probs: ``ref_token_logprobs`` (the frozen reference's
+    forward of this micro-batch, from a policy that offers ``token_logprobs``: ``ar_image``), else the trainer's
+    ``ref_logprobs`` (filled when beta > 0, which also adds the KL term). ``old_logprobs`` is unused (DPO has no
+    ratio). Metrics (averaged by the trainer over every loss token, 0 off the pair rows): ``dpo_pair_frac`` (1 on
+    a pair row) and ``dpo_margin`` (h(y_w) − h(y_l), detached, on the pair's rows).
+
+    Matched to the authors' code (https://github.com/ZiyuGuo99/Image-Generation-CoT, training/train_dpo.py):
+    ``get_batch_logps`` sums the token log-probs (``average_log_prob=False``), ``logits = (π_w − π_l) −
+    (ref_w − ref_l)``, ``loss = −F.logsigmoid(beta · logits)``, beta 0.1 (scripts/dpo.yaml; ``sft_coef`` 0), a
+    frozen copy of the initial model as reference. Differences [ours]: their pairs are built off-line from a
+    preference data set; here each step's groups give one online pair each (winner and loser by the scalar
+    reward); tie groups are dropped (Flow-GRPO's tracker in ``type='dpo'`` mode takes rows 0 and 1 instead).
+
+    Provenance: authors' code — https://github.com/ZiyuGuo99/Image-Generation-CoT, training/train_dpo.py (the DPO
+    loss on summed log-probs, beta 0.1); online best/worst pairs per group and dropped ties are grpolab's.
+    Test: tests/test_ar_image.py::test_group_dpo_hand_value_and_ties.
+    """
+    _pair_matrix(group_ids, "group_dpo")  # every group whole in this micro-batch
+    ref = ref_token_logprobs if ref_token_logprobs is not None else ref_logprobs
+    if ref is None:
+        raise ValueError("group_dpo needs the reference model's log-probs: set beta > 0, or use a policy whose "
+                         "forward offers token_logprobs (ar_image)")
+    h = _row_sum(logprobs - ref.to(logprobs.dtype), mask)
+    rewards = getattr(batch, "scalar_rewards", None)
+    if rewards is None or rewards.shape[0] != logprobs.shape[0]:
+        rewards = _row_mean(per_token(advantages, logprobs), mask)
+    rewards = rewards.detach().to(h.device, torch.float64)
+    row_loss = torch.zeros_like(h)
+    on_pair = torch.zeros(h.shape[0], dtype=torch.bool, device=h.device)
+    margin = torch.zeros_like(h)
+    for g in torch.unique(group_ids).tolist():
+        rows = (group_ids == g).nonzero().squeeze(-1).to(h.device)
+        r = rewards[rows]
+        ok = ~torch.isnan(r)
+        if int(ok.sum()) < 2:
+            continue
+        rows, r = rows[ok], r[ok]
+        if bool(r.max() == r.min()):
+            continue
+        w, l = rows[int(r.argmax())], rows[int(r.argmin())]
+        d = h[w] - h[l]
+        pair_loss = -torch.nn.functional.logsigmoid(dpo_beta * d) * (len(rows) / 2)
+        row_loss = row_loss.index_put((torch.stack([w, l]),), pair_loss.expand(2))
+        on_pair[w] = on_pair[l] = True
+        margin[w] = margin[l] = d.detach()
+    pair = per_token(on_pair.to(logprobs.dtype), logprobs)
+    return per_token(row_loss, logprobs), {"dpo_pair_frac": pair, "dpo_margin": per_token(margin, logprobs)}
+
+
+group_dpo.needs_reference_model = True

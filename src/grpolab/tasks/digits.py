@@ -351,3 +351,72 @@ def digits_compress(n_per_class: int = 20, seed: int = 0, *, digits_classes: lis
                                      ("digit_correct", digit_correct, 0.0)],
                  "8x8 digits: JPEG compressibility (DDPO)", n_per_class, seed, digits_classes,
                  digits_eval_classes, digits_eval_noises)
+
+
+# ---------------------------------------------------------------------------------------------------- AR-GRPO
+
+#: AR-GRPO's quantised reward map [code: Kwai-Klear/AR-GRPO img_gen_grpo_rewards.py, ``discrete_reward_map(score,
+#: [0, 0.3, 0.6, 1], [-1, 0.5, 1, 1.5])`` in CLIPDistanceReward / HPSV21DistanceReward / MANIQAReward with
+#: ``quantize=True``]: below 0 → −1, [0, 0.3) → 0.5, [0.3, 0.6) → 1, [0.6, 1) → 1.5 (≥ 1: 1.5, [ours]).
+STEP_THRESHOLDS = (0.0, 0.3, 0.6, 1.0)
+STEP_VALUES = (-1.0, 0.5, 1.0, 1.5)
+
+
+def step_map(value: float, thresholds=STEP_THRESHOLDS, values=STEP_VALUES) -> float:
+    """AR-GRPO's ``discrete_reward_map``: ``values[0]`` below ``thresholds[0]``, ``values[i + 1]`` on
+    ``[thresholds[i], thresholds[i + 1])``, and the last value from the last threshold on. (Their code returns
+    ``reward_list[len(value_list)]`` there, index 4 of a 4-entry list: an IndexError for a score ≥ 1, which CLIP
+    and HPS scores never reach but a classifier probability can (float32 softmax gives exactly 1.0); the last
+    value, 1.5, is [ours].)"""
+    v = float(value)
+    if v < thresholds[0]:
+        return float(values[0])
+    for i in range(len(thresholds) - 1):
+        if thresholds[i] <= v < thresholds[i + 1]:
+            return float(values[i + 1])
+    return float(values[-1])
+
+
+def digit_confidence_steps(prompts=None, completions=None, *, label, **kwargs) -> list[float]:
+    """The :func:`digit_confidence` p on AR-GRPO's quantised-reward steps: 0.5 for p < 0.3, 1 for 0.3 ≤ p < 0.6,
+    1.5 for p ≥ 0.6 (their map also gives −1 below 0, which a probability never reaches; p = 1 gives 1.5,
+    see :func:`step_map`).
+
+    r_i = step_map(p_i) with thresholds [0, 0.3, 0.6, 1] and values [−1, 0.5, 1, 1.5].
+
+    Source: [code: Kwai-Klear/AR-GRPO img_gen_grpo_rewards.py, discrete_reward_map and its use by the quantised
+    CLIP / HPS-v2.1 / MANIQA rewards], the same map applied to the classifier's probability instead of a CLIP or
+    HPS score (both in [0, 1] as well). Not the 6-level :func:`digit_confidence_q` (the design's reading of the
+    paper before the code was read).
+    """
+    return [step_map(p) for p in _confidence("digit_confidence_steps", completions, label)]
+
+
+#: The non-quantised rewards of AR-GRPO return 5·score ("we need a positive max reward"); the reward weights of
+#: their class-to-image script are all 1. So the digits confidence enters with weight 5.
+AR_GRPO_CONFIDENCE_WEIGHT = 5.0
+
+
+@TASKS.register("digits_multi", needs=("images",))
+def digits_multi(n_per_class: int = 20, seed: int = 0, *, digits_classes: list = CLASSES,
+                 digits_eval_classes: list | None = EVAL_CLASSES, digits_eval_noises: int = EVAL_NOISES) -> Task:
+    """AR-GRPO's multi-dimensional reward on the digits: the weighted sum of ``digit_confidence`` (weight 5),
+    ``digit_confidence_steps`` (1) and ``jpeg_compressibility`` (1); accuracy ``digit_correct`` (module
+    docstring: rows, options).
+
+    r = 5·p + step_map(p) − kB(JPEG(x)), p = the classifier's probability of the asked digit.
+
+    AR-GRPO's class-to-image run (run_c2i_train.sh) sums CLIP similarity, HPS-v2.1 (each as 5·score and
+    quantised), MANIQA and three Qwen2.5-VL judgments with weights 1: semantic fidelity (here the classifier's
+    confidence, raw ×5 and quantised by their map) plus image quality (here JPEG compressibility, DDPO's
+    simplicity reward, standing in for MANIQA and the VLM judges: an 8x8 digit has no perceptual-quality model).
+
+    Provenance: grpolab's own — AR-GRPO's multi-reward design (https://github.com/Kwai-Klear/AR-GRPO,
+    img_gen_grpo_rewards.py, run_c2i_train.sh) posed on the built-in 8x8 digits; the reward models are stand-ins.
+    """
+    return _task("digits_multi", [("digit_confidence", digit_confidence, AR_GRPO_CONFIDENCE_WEIGHT),
+                                  ("digit_confidence_steps", digit_confidence_steps, 1.0),
+                                  ("jpeg_compressibility", jpeg_compressibility, 1.0),
+                                  ("digit_correct", digit_correct, 0.0)],
+                 "8x8 digits: AR-GRPO's multi-dimensional reward (confidence x5, quantised confidence, JPEG "
+                 "compressibility)", n_per_class, seed, digits_classes, digits_eval_classes, digits_eval_noises)
