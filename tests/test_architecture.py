@@ -290,8 +290,9 @@ def test_each_component_resolves_from_its_defaults(kind):
         # a component that needs what the causal LM lacks is built with a policy that has it, on an image task
         policy = name if kind == "policy" else next(
             p for p in ["causal_lm", *POLICIES.names()] if set(reg.needs(name)) <= POLICIES.get(p).capabilities)
-        if "text" not in POLICIES.get(policy).capabilities:
-            layers = {**layers, "policy": policy, "task": "digits"}
+        caps = POLICIES.get(policy).capabilities
+        if "text" not in caps:  # an image task, or the trajectory task of a policy without images
+            layers = {**layers, "policy": policy, "task": "digits" if "images" in caps else "toy_planner"}
             del layers["model"]
         if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
             layers["beta"] = 0.1
