@@ -241,6 +241,7 @@ CAPABILITIES: dict[str, str] = {
                       "steps): per-step means, the Gaussian mean KL, which denoising steps train",
     "flow_matching": "a rectified-flow model: the sigma schedule and the predicted velocity",
     "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
+    "scales": "span_ids number the scales of a next-scale (VAR) image model",
 }
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")

@@ -768,3 +768,44 @@ def advantage_clip(advantages: torch.Tensor, *,
     if not adv_clip_max > 0:
         raise ValueError(f"adv_clip_max: must be > 0, got {adv_clip_max}")
     return advantages.clamp(-adv_clip_max, adv_clip_max)
+
+
+# --------------------------------------------------------------------------- VAR RL: per-action normalisation (PANW)
+
+
+@WEIGHTINGS.register("span_balance")
+def span_balance(advantages: torch.Tensor, completion_mask: torch.Tensor, batch) -> torch.Tensor:
+    """Per-action normalisation weighting, PANW ("VAR RL Done Right", Sun et al., arXiv:2601.02256; seed 000-27).
+
+    ``A'_it = A_it · w_it``, ``w_it = |o_i| / (K_i · |s_i|)`` for token t of row i in span ``s = span_ids[i, t]``,
+    where ``|o_i|`` = the row's loss tokens, ``K_i`` = the number of distinct spans among them and ``|s_i|`` = the
+    row's loss tokens in span s. Under ``loss_aggregation: token_mean`` the row's loss becomes the mean over its
+    spans of each span's token mean (every scale of a next-scale model counts equally, whatever its token
+    count: on var_image's 1 + 4 + 16 + 64 tokens the weights are 85/4, 85/16, 85/64, 85/256); a row's weights sum
+    to ``|o_i|``. Generic over ``batch.span_ids`` (VAR scales, chunks, turns; id 0 is a span like any other);
+    tokens off the loss mask get 0. Output ``[R, T]``.
+
+    Provenance: reconstructed from the abstract — no public code found (searched the code index for "VAR
+    reinforcement learning next-scale GRPO" and repository names containing "var"); the abstract's "dynamic
+    time-step reweighting" and the reference notes (each scale's loss reweighted by its token count so that
+    high-resolution scales do not dominate). Choices made: equal weight per scale (the paper may use another
+    schedule), normalised per row over the spans present in the row's loss mask (so a mask that removes tokens,
+    var_mask_propagation, run after it, does not change the weights), weights that keep the row's total |o_i|.
+    Test: tests/test_var_image.py::test_span_balance_by_hand.
+    """
+    if batch is None or batch.span_ids is None:
+        raise ValueError("weighting span_balance needs batch.span_ids (the policy's or rollout's spans: the scale "
+                         "numbers of policy var_image)")
+    ids = batch.span_ids.long().to(completion_mask.device)
+    alive = completion_mask > 0
+    n = alive.sum(-1).double()
+    kinds = torch.zeros_like(n)
+    per_span = torch.zeros(ids.shape, dtype=torch.float64, device=ids.device)
+    for s in torch.unique(ids[alive]).tolist():
+        in_s = alive & (ids == s)
+        cnt = in_s.sum(-1).double()
+        kinds += (cnt > 0).double()
+        per_span = torch.where(in_s, cnt[:, None].expand_as(per_span), per_span)
+    w = torch.where(alive, n[:, None] / (kinds[:, None].clamp(min=1) * per_span.clamp(min=1)),
+                    torch.zeros_like(per_span)).to(advantages.dtype)
+    return per_token(advantages, w) * w

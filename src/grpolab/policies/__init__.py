@@ -10,6 +10,7 @@ from . import causal_lm  # noqa: F401  (registers the causal LM)
 from . import flow_matching  # noqa: F401  (registers the rectified-flow image policy)
 from . import ddpm  # noqa: F401  (registers the DDPM/DDIM image policy, DDPO)
 from . import ar_image  # noqa: F401  (registers the autoregressive image policy, AR-GRPO)
+from . import var_image  # noqa: F401  (registers the next-scale image policy, VAR RL)
 from .base import CAPABILITIES, PolicyBase
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
