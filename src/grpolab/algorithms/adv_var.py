@@ -7,6 +7,9 @@ from ..errors import ConfigError
 from ..registry import ADVANTAGES
 from .advantages import group_zscore
 
+PREFIX_COLUMN = "vmr_prefix"  #: the prefix a row continues (unique in the batch), written by the rollout
+SCALE_COLUMN = "vmr_scale"  #: the row's last prefix scale (tokens of scales <= it are the prefix)
+
 
 @ADVANTAGES.register("var_middle_return", min_group_size=2)
 def var_middle_return_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch.Tensor,
@@ -26,8 +29,6 @@ def var_middle_return_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, 
     as the potential, both parts group-normalised).
     Test: tests/test_var_image.py::test_vmr_advantages_by_hand, tests/test_var_image.py::test_vmr_last_scale_is_plain_grpo.
     """
-    from ..rollouts.var_middle_return import PREFIX_COLUMN, SCALE_COLUMN
-
     if batch is None or PREFIX_COLUMN not in batch.columns or batch.span_ids is None:
         raise ConfigError("advantage var_middle_return needs each row's prefix (batch.columns['vmr_prefix']) and "
                           "scales (span_ids), which rollout_strategy var_middle_return writes: set it")

@@ -6,8 +6,7 @@ import torch
 from ..errors import ConfigError
 from ..registry import ROLLOUT_STRATEGIES, param
 
-PREFIX_COLUMN = "vmr_prefix"  #: the prefix a row continues (unique in the batch)
-SCALE_COLUMN = "vmr_scale"  #: the row's last prefix scale (tokens of scales <= it are the prefix)
+from ..algorithms.adv_var import PREFIX_COLUMN, SCALE_COLUMN
 
 
 def _check(cfg) -> None:
@@ -21,9 +20,6 @@ def _check(cfg) -> None:
         raise ConfigError(f"num_generations: var_middle_return draws num_generations / vmr_continuations prefixes "
                           f"per prompt, so it must be a multiple of vmr_continuations = {k} (got "
                           f"{cfg.num_generations})")
-    if cfg.advantage != "var_middle_return":
-        raise ConfigError(f"rollout_strategy var_middle_return: its per-token returns are read by advantage "
-                          f"var_middle_return; set advantage: var_middle_return (got {cfg.advantage})")
 
 
 @ROLLOUT_STRATEGIES.register("var_middle_return", check=_check, needs=("scales",))
@@ -38,7 +34,7 @@ def var_middle_return(ctx, rows, uids, group_offset, budgets=None, temperatures=
     Per prompt with G = ``num_generations`` rows: P = G / K prefixes, scales 1..m (m = ``vmr_scale``), drawn by
     the policy, each continued K = ``vmr_continuations`` times (scales m+1..4) from the same prefix; the G full
     images are scored. Rows carry ``columns["vmr_prefix"]`` (the prefix they continue) and ``columns["vmr_scale"]``
-    (m), which the advantage ``var_middle_return`` reads: the prefix's middle return V_p = mean of its K
+    (m), which the advantage ``var_middle_return`` reads (select it: another estimator sees only whole rows): the prefix's middle return V_p = mean of its K
     continuations' rewards, prefix tokens get the group-normalised V, later tokens the group-normalised
     remainder r − V (potential-based shaping with V as the potential: the two returns sum to r, so the optimal
     policy is unchanged). The prefix tokens are trained once: they stay on the loss mask of the first
