@@ -1,6 +1,6 @@
 """DGPO's view of a rectified-flow image generator: images drawn by the deterministic ODE, then each final image
 re-noised at M times, one step of the ``[rows, steps]`` layout per re-noising, scored by the flow-matching
-(denoising) loss. Reuses ``flow_matching``'s network, velocity, loading and evaluation; its SDE path is untouched."""
+(denoising) loss. Loads ``flow_matching``'s built-in network and shares its helpers (noise, packing); its SDE path is untouched."""
 from __future__ import annotations
 
 from typing import Any
@@ -12,7 +12,7 @@ from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import CAPABILITIES, POLICIES, declared_params, param
 from .base import PolicyBase
-from .flow_matching import FlowMatchingPolicy, check_image_policy, condition_of, pack_images, row_noise
+from .flow_matching import BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, pack_images, row_noise
 
 # the capability DGPO's loss needs (policy_loss 'dgpo' declares it): defined next to the one policy that has it
 CAPABILITIES.setdefault("denoising_loss", "each step is a re-noised final sample scored by the model's "
@@ -28,7 +28,8 @@ def dsm_renoise(x0: torch.Tensor, sigmas: torch.Tensor, counts: list[int], gener
     [code: Luo-Yihong/DGPO, scripts/train_sd3_dgpo.py, generate_shared_noise_for_groups and the training loop]"""
     M = len(sigmas)
     shape = x0.shape[1:]
-    noise = torch.cat([torch.randn((1, M, *shape), generator=generator).expand(n, M, *shape)
+    on = {"device": generator.device} if generator is not None else {}  # an accelerator's generator draws there
+    noise = torch.cat([torch.randn((1, M, *shape), generator=generator, **on).expand(n, M, *shape)
                        for n in counts]).to(x0.device, x0.dtype)
     sig = sigmas.to(x0.device, x0.dtype).view(1, M, *([1] * len(shape)))
     x_t = (1 - sig) * x0[:, None] + sig * noise
@@ -95,17 +96,58 @@ class FlowDSMPolicy(PolicyBase):
         self.shape: tuple = (1, 8, 8)
 
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
-        """As ``flow_matching``: ``digits`` (built in) or a diffusers ``UNet2DModel`` folder."""
-        return FlowMatchingPolicy.load(self, cfg, rows, eval_rows, extra_texts=extra_texts, log=log)
+        """``digits`` (the built-in tiny class-conditional UNet, flow_matching's) or a folder holding a
+        ``diffusers`` ``UNet2DModel`` (what :meth:`save` writes)."""
+        from pathlib import Path
+
+        from diffusers import UNet2DModel
+
+        if self.model_name in BUILT_IN:
+            from ..images.digits import load_digits_model
+            module = load_digits_model("flow", log=log)
+        else:
+            path = Path(self.model_name)
+            if not (path / "config.json").exists():
+                raise ConfigError(f"model: policy flow_dsm loads 'digits' (the built-in tiny model) or a folder with "
+                                  f"a diffusers UNet2DModel (config.json + safetensors); {path} has no config.json")
+            module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
+        c = module.config
+        self.shape = (c.in_channels, c.sample_size, c.sample_size)
+        for where, part in (("train", rows), ("held-out", eval_rows)):
+            for i, row in enumerate(part[:1000]):
+                k = condition_of(row, f"{where} row {i}")
+                if not 0 <= k < (c.num_class_embeds or 0) - 1:
+                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0.."
+                                      f"{(c.num_class_embeds or 1) - 2}")
+        return module.float()
 
     def save(self, module, path) -> None:
-        FlowMatchingPolicy.save(self, module, path)
+        from pathlib import Path
+        Path(path).mkdir(parents=True, exist_ok=True)
+        module.save_pretrained(path, safe_serialization=True)
 
     def velocity(self, module, x, sigma, labels):
-        return FlowMatchingPolicy.velocity(self, module, x, sigma, labels)
+        """v_θ(x, σ, c), float32 (timestep 1000·σ), with classifier-free guidance (label 10) when w != 1."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            t = (sigma * 1000).float().to(x.device)
+            if self.w == 1.0:
+                return module(x.float(), t, class_labels=labels).sample.float()
+            both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
+                          class_labels=torch.cat([labels, torch.full_like(labels, 10)])).sample.float()
+            cond, unc = both.chunk(2)
+            return unc + self.w * (cond - unc)
 
     def describe(self, batch, i: int) -> dict:
-        return FlowMatchingPolicy.describe(self, batch, i)
+        from ..images.render import thumbnail_data_uri
+        return {"prompt": str(batch.columns["prompt"][i]), "completion": "",
+                "image": thumbnail_data_uri(batch.row_data["images"][i])}
+
+    def ode(self, module, x, labels, steps: int) -> torch.Tensor:
+        """The Euler ODE over the ``steps``-step schedule from noise x to x₀."""
+        sigmas = self.sigmas if steps == self.T else sde.flow_sigmas(steps, self.shift, schedule="diffusers")
+        for j in range(steps):
+            x = x + (sigmas[j + 1] - sigmas[j]) * self.velocity(module, x, sigmas[j].expand(len(x)), labels)
+        return x
 
     def dsm_loss(self, module, x_t, sigma, target, labels) -> torch.Tensor:
         """ℓ = mean_u (v_θ(x_t, σ, c) − v*)² per row, [N] float32."""
@@ -116,17 +158,18 @@ class FlowDSMPolicy(PolicyBase):
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
         """Images by the Euler ODE; training batches carry the M re-noisings and their −ℓ as behaviour values."""
-        if evaluation:
-            return FlowMatchingPolicy.sample(self, module, rows, uids, group_offset=group_offset,
-                                             num_generations=num_generations, generator=generator, evaluation=True)
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
         labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
-        x = row_noise(rows, counts, self.shape, generator, evaluation=False, same_in_group=self.same_noise).to(device)
-        for j in range(self.T):
-            x = x + (self.sigmas[j + 1] - self.sigmas[j]) * self.velocity(module, x, self.sigmas[j].expand(len(x)),
-                                                                          labels)
-        idx = torch.randperm(self.trunc + 1, generator=generator)[:self.M]
+        x = row_noise(rows, counts, self.shape, generator, evaluation=evaluation,
+                      same_in_group=self.same_noise).to(device)
+        if evaluation:  # from each row's noise_seed, flow_eval_steps Euler steps (as flow_matching)
+            x = self.ode(module, x, labels, self.T_eval)
+            return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2,
+                               logprobs=torch.zeros(len(x), 1), group_offset=group_offset)
+        x = self.ode(module, x, labels, self.T)
+        on = {"device": generator.device} if generator is not None else {}
+        idx = torch.randperm(self.trunc + 1, generator=generator, **on)[:self.M].cpu()
         sig = self.sigmas[idx]
         x_t, target, noise = dsm_renoise(x, sig, counts, generator)
         R = len(x)
