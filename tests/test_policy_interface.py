@@ -14,7 +14,7 @@ def test_the_causal_lm_is_the_default_policy_and_lists_its_capabilities():
     assert cfg.policy == "causal_lm" and "policy" in ALL_REGISTRIES
     lm = POLICIES.get("causal_lm")
     assert lm.step == "token" and lm.capabilities == {"tokens", "text"} <= set(CAPABILITIES)
-    with pytest.raises(ConfigError, match="policy: 'pixels' is not valid; valid values: causal_lm"):
+    with pytest.raises(ConfigError, match="policy: 'pixels' is not valid; valid values: .*causal_lm.*flow_matching"):
         Config.build({"model": "tiny", "policy": "pixels"})
 
 
