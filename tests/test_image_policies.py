@@ -169,3 +169,19 @@ def test_the_report_shows_the_image_grids_and_thumbnails(tmp_path):
     assert rec["image"].startswith("data:image/png;base64,") and rec["completion"] == ""
     html = render([load_run(out)])
     assert html.count('<img class="grid"') == 2 and '<img class="thumb"' in html
+
+
+def test_doctor_sees_no_entropy_collapse_in_an_image_run(tmp_path):
+    """An image policy offers no vocabulary entropy: its runs log entropy null, and the doctor's entropy check
+    stays silent (it used to read 0 and report a collapse)."""
+    from grpolab.recipes import recipe_overrides
+    from grpolab.report.doctor import diagnose
+    from grpolab.train.metrics import read_metrics
+    from grpolab.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 3, "prompts_per_step": 2,
+                        "num_generations": 2, "eval_before": False, "eval_after": False, "out": str(out)})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    assert all(r["entropy"] is None for r in read_metrics(out))
+    assert "entropy_collapse" not in {f["check"] for f in diagnose(out)["findings"]}

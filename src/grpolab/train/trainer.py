@@ -597,7 +597,8 @@ class Trainer:
         loss_value = sums.pop("__loss__")
         out = {"loss": loss_value if not skipped else float("nan"), "grad_norm": grad_norm,
                "skipped": skipped}
-        out["entropy"] = sums.get("entropy", 0.0) / ntok
+        # a policy whose forward offers no entropy (the image policies) logs none, not a collapse to 0
+        out["entropy"] = sums.get("entropy", 0.0) / ntok if "entropy" in self.loss_wants else None
         out["kl"] = sums["kl"] / (ntok * cfg.num_iterations) if "kl" in sums else None
         for k in ("clip_frac_low", "clip_frac_high"):
             out[k] = sums.get(k, 0.0) / (ntok * cfg.num_iterations)
