@@ -186,3 +186,18 @@ def test_vipo_maps_is_refused_with_a_policy_that_ignores_the_weights():
     with pytest.raises(ConfigError, match="vipo_maps.*ddpm"):
         Config.build({"policy": "ddpm", "task": "digits", "batch_stages": ["vipo_maps"]})
     Config.build(recipe_overrides("vipo_images"))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_dgpo_diffusion_raises_the_held_out_reward_on_every_seed(tmp_path, seed):
+    """The recipe on the digits task, 12 steps: the held-out confidence of the asked class (fixed noises, ODE)
+    rises. Measured (2 shared CPU cores): 0.772 -> 0.904 / 0.955 / 0.926 (seeds 0, 1, 2), accuracy 0.84 ->
+    0.96 / 0.98 / 0.94; asserted: a rise of 0.06. (vipo_images measured 0.772 -> 0.891 / 0.811 / 0.848: too
+    little room on seed 1 for a margin test.)"""
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("dgpo_diffusion"), "steps": 12, "seed": seed, "save_steps": 100,
+                        "out": str(tmp_path / "run"), "stall_steps": 0})
+    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
+    before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
+    assert after > before + 0.06, (before, after)
