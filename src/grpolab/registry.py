@@ -242,6 +242,8 @@ CAPABILITIES: dict[str, str] = {
     "flow_matching": "a rectified-flow model: the sigma schedule and the predicted velocity",
     "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
     "scales": "span_ids number the scales of a next-scale (VAR) image model",
+    "denoising_loss": "each step is a re-noised final sample scored by the model's flow-matching loss (DGPO): "
+                      "per-step denoising losses",
 }
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")

@@ -10,13 +10,9 @@ import torch
 from ..config import ConfigError
 from ..generation.sampling import completion_counts
 from ..images import sde
-from ..registry import CAPABILITIES, POLICIES, declared_params, param
+from ..registry import POLICIES, declared_params, param
 from .base import PolicyBase
 from .flow_matching import BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, pack_images, row_noise
-
-# the capability DGPO's loss needs (policy_loss 'dgpo' declares it): defined next to the one policy that has it
-CAPABILITIES.setdefault("denoising_loss", "each step is a re-noised final sample scored by the model's "
-                                          "flow-matching loss (DGPO): per-step denoising losses")
 
 _FM = declared_params(FlowMatchingPolicy)  # the shared declarations (one default and help per config key)
 
