@@ -219,12 +219,13 @@ def test_run_strategy_gathers_the_ranks_batches_with_their_data(monkeypatch):
 
     fake = types.SimpleNamespace(world_size=2, rank=0, strategy=strategy, ctx=types.SimpleNamespace(reward_errors=0),
                                  rows=[{}, {}, {}], scorer=None, step=1, cfg=types.SimpleNamespace(),
-                                 tok=types.SimpleNamespace(pad_token_id=0))
+                                 policy=types.SimpleNamespace(pad_id=0), generator=torch.Generator(),
+                                 sample_generator=torch.Generator())
 
     def gather(obj):  # what rank 1 drew: its block of the prompts
         lo, hi = collective.shard_bounds(3, 1, 2)
         other = (strategy(None, [{}] * (hi - lo), list(range(lo, hi)), group_offset=lo, budgets=None,
-                          temperatures=None, step=1), 0)
+                          temperatures=None, step=1), 0, (torch.Generator().get_state(), torch.Generator().get_state()))
         return [pickle.loads(pickle.dumps(o)) for o in (obj, other)]
 
     monkeypatch.setattr(collective, "all_gather_objects", gather)

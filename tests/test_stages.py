@@ -40,6 +40,7 @@ class FakeCtx:
     def __init__(self, gen_rewards=(1.0, 0.0, 0.0, 0.0), num_rows=20, G=4, eps=0.0):
         self.cfg = SimpleNamespace(advantage_epsilon=eps, mask_truncated_completions=False, num_generations=G)
         self.tokenizer = SimpleNamespace(pad_token_id=0)
+        self.pad_id = 0  # RolloutContext.pad_id: the policy's filler for RolloutBatch.concat
         self.rows = [{"prompt": f"p{i}"} for i in range(num_rows)]
         self.gen_rewards = list(gen_rewards)
         self.next_group = 100
