@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import grpolab
-from grpolab.config import CORE_KEYS, Config
+from grpolab.config import CORE_KEYS, Config, ConfigError
 from grpolab.registry import POLICIES, ALL_REGISTRIES, Param, declared_params
 
 SRC = Path(grpolab.__file__).parent
@@ -286,17 +286,26 @@ def test_each_component_resolves_from_its_defaults(kind):
             else name
         if reg.switch:  # `dynamic_sampling: true` selects the collector of that name
             value = True
-        layers = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
-        # a component that needs what the causal LM lacks is built with a policy that has it, on an image task
-        policy = name if kind == "policy" else next(
-            p for p in ["causal_lm", *POLICIES.names()] if set(reg.needs(name)) <= POLICIES.get(p).capabilities)
-        caps = POLICIES.get(policy).capabilities
-        if "text" not in caps:  # an image task, or the trajectory task of a policy without images
-            layers = {**layers, "policy": policy, "task": "digits" if "images" in caps else "toy_planner"}
-            del layers["model"]
+        base = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
         if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
-            layers["beta"] = 0.1
-        cfg = Config.build(layers)
+            base["beta"] = 0.1
+        # built with the causal LM, else with the first policy that has what it needs and passes its check
+        # (an image policy on an image task, or the trajectory task of a policy without images)
+        candidates = [name] if kind == "policy" else [
+            p for p in ["causal_lm", *POLICIES.names()] if set(reg.needs(name)) <= POLICIES.get(p).capabilities]
+        errors = []
+        for policy in candidates:
+            caps, layers = POLICIES.get(policy).capabilities, dict(base)
+            if "text" not in caps:
+                layers = {**layers, "policy": policy, "task": "digits" if "images" in caps else "toy_planner"}
+                del layers["model"]
+            try:
+                cfg = Config.build(layers)
+                break
+            except ConfigError as e:
+                errors.append(f"{policy}: {e}")
+        else:
+            raise AssertionError(f"{kind} '{name}' builds with no policy: " + "; ".join(errors))
         assert set(cfg.params) == set(cfg.component_params()), name
         assert set(declared_params(reg.get(name))) <= set(cfg.params), name
 

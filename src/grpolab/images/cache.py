@@ -87,3 +87,36 @@ def cached_build(name: str, recipe: dict, build_fn: Callable[[Path], dict | None
         tmp.rename(target)
         log(f"[grpolab] cached {name} at {target} ({seconds:.0f} s)")
     return target
+
+
+def fit(model, n: int, recipe: dict, batch_loss, generator: torch.Generator, *, name: str, log=None) -> list[float]:
+    """The pre-training loop every built-in tiny model shares: AdamW (``learning_rate``, ``weight_decay``),
+    cosine decay over ``iterations`` (unless ``lr_schedule`` says otherwise), batches of ``batch_size`` rows
+    drawn without replacement from a permutation of ``n`` (redrawn when it runs out), ``batch_loss(idx)`` the
+    scalar loss of rows ``idx`` (its own draws come from ``generator`` too, after the batch's). Trains
+    ``model`` in place and leaves it in eval mode; returns the mean loss of each tenth of the run."""
+    bs, iters = recipe["batch_size"], recipe["iterations"]
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"], weight_decay=recipe["weight_decay"])
+    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
+             if recipe.get("lr_schedule", "cosine") == "cosine" else None)
+    model.train()
+    perm, pos, losses, chunk = torch.randperm(n, generator=generator), 0, [], []
+    for it in range(iters):
+        if pos + bs > n:
+            perm, pos = torch.randperm(n, generator=generator), 0
+        idx = perm[pos:pos + bs]
+        pos += bs
+        loss = batch_loss(idx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if sched is not None:
+            sched.step()
+        chunk.append(loss.item())
+        if len(chunk) == max(1, iters // 10):
+            losses.append(round(sum(chunk) / len(chunk), 5))
+            chunk = []
+            if log is not None:
+                log(f"[grpolab]   {name} iteration {it + 1}/{iters}: loss {losses[-1]:.4f}")
+    model.eval()
+    return losses

@@ -142,49 +142,32 @@ def _check_kind(kind: str) -> None:
 # ---------------------------------------------------------------------------------------------------- pre-training
 
 def _pretrain(kind: str, model, images: torch.Tensor, labels: torch.Tensor, recipe: dict, log=None) -> list[float]:
-    """Train ``model`` in place by the recipe; returns the mean loss of each tenth of the run."""
+    """Train ``model`` in place by the recipe (``cache.fit``); returns the mean loss of each tenth of the run."""
+    from .cache import fit
+
     g = torch.Generator().manual_seed(recipe["seed"])
-    n, bs, iters = len(images), recipe["batch_size"], recipe["iterations"]
-    opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"], weight_decay=recipe["weight_decay"])
-    sched = (torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
-             if recipe["lr_schedule"] == "cosine" else None)
     if kind == "ddpm":
         alphas_cumprod = make_scheduler("ddpm", recipe["scheduler"]).alphas_cumprod.float()
-    model.train()
-    perm, pos, losses, chunk = torch.randperm(n, generator=g), 0, [], []
-    for it in range(iters):
-        if pos + bs > n:
-            perm, pos = torch.randperm(n, generator=g), 0
-        idx = perm[pos:pos + bs]
-        pos += bs
+
+    def batch_loss(idx):
+        bs = len(idx)
         x0, c = images[idx], labels[idx].clone()
         c[torch.rand(bs, generator=g) < recipe["label_dropout"]] = UNCOND
         eps = torch.randn(x0.shape, generator=g)
-        if kind == "flow":
-            sigma = torch.rand(bs, generator=g)
-            s = sigma.view(-1, 1, 1, 1)
-            xt = (1 - s) * x0 + s * eps
-            target, timestep = eps - x0, sigma * NUM_TRAIN_TIMESTEPS
-        else:
+        if kind == "ddpm":
             t = torch.randint(0, NUM_TRAIN_TIMESTEPS, (bs,), generator=g)
             a = alphas_cumprod[t].view(-1, 1, 1, 1)
             xt = a.sqrt() * x0 + (1 - a).sqrt() * eps
             target, timestep = eps, t
+        else:  # rectified flow (the flow and the frames models)
+            sigma = torch.rand(bs, generator=g)
+            s = sigma.view(-1, 1, 1, 1)
+            xt = (1 - s) * x0 + s * eps
+            target, timestep = eps - x0, sigma * NUM_TRAIN_TIMESTEPS
         pred = model(xt, timestep, class_labels=c).sample
-        loss = (pred - target).pow(2).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if sched is not None:
-            sched.step()
-        chunk.append(loss.item())
-        if len(chunk) == max(1, iters // 10):
-            losses.append(round(sum(chunk) / len(chunk), 5))
-            chunk = []
-            if log is not None:
-                log(f"[grpolab]   {kind} iteration {it + 1}/{iters}: loss {losses[-1]:.4f}")
-    model.eval()
-    return losses
+        return (pred - target).pow(2).mean()
+
+    return fit(model, len(images), recipe, batch_loss, g, name=kind, log=log)
 
 
 def pretrain_flow(recipe: dict | None = None, log=None):

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .cache import cached_build, cached_path
+from .cache import cached_build, cached_path, fit
 
 SIDES = (1, 2, 4, 8)  #: token map side of each scale, coarsest first
 SCALES = len(SIDES)
@@ -212,30 +212,12 @@ def pretrain_var(recipe: dict | None = None, log=None):
     try:
         with torch.random.fork_rng(devices=[]):
             g = torch.Generator().manual_seed(recipe["seed"])
-            n, bs, iters = len(codes), recipe["batch_size"], recipe["iterations"]
-            opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"],
-                                    weight_decay=recipe["weight_decay"])
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
-            model.train()
-            perm, pos, losses, chunk = torch.randperm(n, generator=g), 0, [], []
-            for it in range(iters):
-                if pos + bs > n:
-                    perm, pos = torch.randperm(n, generator=g), 0
-                idx = perm[pos:pos + bs]
-                pos += bs
+
+            def batch_loss(idx):
                 logits = model(codes[idx], labels[idx])
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes[idx].reshape(-1))
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                chunk.append(loss.item())
-                if len(chunk) == max(1, iters // 10):
-                    losses.append(round(sum(chunk) / len(chunk), 5))
-                    chunk = []
-                    if log is not None:
-                        log(f"[grpolab]   var iteration {it + 1}/{iters}: loss {losses[-1]:.4f}")
-            model.eval()
+                return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes[idx].reshape(-1))
+
+            losses = fit(model, len(codes), recipe, batch_loss, g, name="var", log=log)
     finally:
         torch.set_num_threads(threads)
     return model, book, losses, mse

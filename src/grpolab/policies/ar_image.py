@@ -63,6 +63,7 @@ def build_model(recipe: dict, seed: int = 0):
 def pretrain(recipe: dict | None = None, log=None):
     """``(model, codebook, loss_curve)``: the tiny Llama pre-trained by next-token cross-entropy on
     [bos, class, 16 codes] of every digit (loss on the codes only), not cached (see :func:`ar_model_path`)."""
+    from ..images.cache import fit
     from ..images.codebook import fit_codebook
     from ..images.digits import load_digits_tensor
 
@@ -81,29 +82,8 @@ def pretrain(recipe: dict | None = None, log=None):
     try:
         with torch.random.fork_rng(devices=[]):
             g = torch.Generator().manual_seed(recipe["seed"])
-            n, bs, iters = len(seqs), recipe["batch_size"], recipe["iterations"]
-            opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"],
-                                    weight_decay=recipe["weight_decay"])
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
-            model.train()
-            perm, pos, losses, chunk = torch.randperm(n, generator=g), 0, [], []
-            for it in range(iters):
-                if pos + bs > n:
-                    perm, pos = torch.randperm(n, generator=g), 0
-                idx = perm[pos:pos + bs]
-                pos += bs
-                loss = model(input_ids=seqs[idx], labels=target[idx]).loss
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                chunk.append(loss.item())
-                if len(chunk) == max(1, iters // 10):
-                    losses.append(round(sum(chunk) / len(chunk), 5))
-                    chunk = []
-                    if log is not None:
-                        log(f"[grpolab]   ar iteration {it + 1}/{iters}: loss {losses[-1]:.4f}")
-            model.eval()
+            losses = fit(model, len(seqs), recipe, lambda idx: model(input_ids=seqs[idx], labels=target[idx]).loss,
+                         g, name="ar", log=log)
     finally:
         torch.set_num_threads(threads)
     return model, book, losses

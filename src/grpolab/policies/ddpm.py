@@ -13,7 +13,8 @@ from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, declared_params, param
 from .base import PolicyBase
-from .flow_matching import BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, pack_images, row_noise
+from .flow_matching import (BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, gaussian_step_outputs,
+                            pack_images, row_noise)
 
 #: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
 GUIDANCE_SCALE = declared_params(FlowMatchingPolicy)["guidance_scale"]
@@ -220,15 +221,7 @@ class DDPMPolicy(PolicyBase):
             eps = self.epsilon(module, x, t, mb.row_data["cond"][rows].to(device))
             out = self._step(x, eps, t, mb.step_data["t_prev"][rows, cols].to(device), self.eta,
                              x_next=mb.step_data["x_next"][rows, cols].to(device))
-            logprobs = torch.zeros(R, T, device=device, dtype=out.logprob.dtype).index_put((rows, cols), out.logprob)
-            result = {"logprobs": logprobs}
-            if "step_mean" in want:
-                mean = torch.zeros(R, T, *out.mean.shape[1:], device=device, dtype=out.mean.dtype)
-                result["step_mean"] = mean.index_put((rows, cols), out.mean)
-            if "step_std_dev" in want:
-                result["step_std_dev"] = torch.zeros(R, T, device=device).index_put(
-                    (rows, cols), out.std_dev_t.float())
-        return result
+            return gaussian_step_outputs(R, T, rows, cols, out, want)
 
     def describe(self, batch, i: int) -> dict:
         """The asked class and the image as a 32x32 PNG data URI (the completions log, the report)."""

@@ -26,7 +26,7 @@ from ..images import sde
 from ..images.cache import cached_build
 from ..registry import POLICIES, param
 from .base import PolicyBase
-from .flow_matching import check_image_policy, row_noise
+from .flow_matching import check_image_policy, gaussian_step_outputs, row_noise
 
 WAYPOINTS = 8
 SCENE = 7  #: start (2), goal (2), obstacle centre (2) and radius (1)
@@ -328,15 +328,7 @@ class DDPMPlannerPolicy(PolicyBase):
             eps = module(x, t, mb.row_data["cond"][rows].to(device), mb.row_data["head"][rows].to(device)).float()
             out = self._step(x, eps, t, mb.step_data["t_prev"][rows, cols].to(device), self.eta,
                              x_next=mb.step_data["x_next"][rows, cols].to(device))
-            logprobs = torch.zeros(R, T, device=device, dtype=out.logprob.dtype).index_put((rows, cols), out.logprob)
-            result = {"logprobs": logprobs}
-            if "step_mean" in want:
-                mean = torch.zeros(R, T, *out.mean.shape[1:], device=device, dtype=out.mean.dtype)
-                result["step_mean"] = mean.index_put((rows, cols), out.mean)
-            if "step_std_dev" in want:
-                result["step_std_dev"] = torch.zeros(R, T, device=device).index_put(
-                    (rows, cols), out.std_dev_t.float())
-        return result
+            return gaussian_step_outputs(R, T, rows, cols, out, want)
 
     def describe(self, batch, i: int) -> dict:
         traj = batch.row_data["trajectory"][i]

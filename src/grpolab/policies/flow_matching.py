@@ -69,6 +69,22 @@ def text_prompt(row: dict, where: str = "") -> str:
     return value
 
 
+def gaussian_step_outputs(R: int, T: int, rows: torch.Tensor, cols: torch.Tensor, out, want: frozenset,
+                          logprob: torch.Tensor | None = None) -> dict:
+    """A Gaussian-step policy's forward result from its on-mask steps (``rows``, ``cols``; ``out`` an
+    ``images.sde.SDEStep`` of those steps): ``logprobs`` [R, T] (``logprob`` overrides ``out.logprob``), and on
+    request ``step_mean`` [R, T, *x] and ``step_std_dev`` [R, T]; 0 off the mask."""
+    lp = out.logprob if logprob is None else logprob
+    device = lp.device
+    result = {"logprobs": torch.zeros(R, T, device=device, dtype=lp.dtype).index_put((rows, cols), lp)}
+    if "step_mean" in want:
+        mean = torch.zeros(R, T, *out.mean.shape[1:], device=device, dtype=out.mean.dtype)
+        result["step_mean"] = mean.index_put((rows, cols), out.mean)
+    if "step_std_dev" in want:
+        result["step_std_dev"] = torch.zeros(R, T, device=device).index_put((rows, cols), out.std_dev_t.float())
+    return result
+
+
 def pack_images(rows: list[dict], uids: list[int], counts: list[int], labels: torch.Tensor, images: torch.Tensor, *,
                 logprobs: torch.Tensor, group_offset: int, step_data: dict | None = None,
                 row_extra: dict | None = None) -> RolloutBatch:
@@ -170,8 +186,7 @@ class FlowMatchingPolicy(PolicyBase):
                  flow_same_noise_in_group: bool = param(False, "one initial noise per group (DanceGRPO's "
                                                          "init_same_noise) instead of one per sample"),
                  guidance_scale: float = param(1.0, "classifier-free guidance scale w (1 = none)"),
-                 use_lora: bool = False, lora_r: int = 16, lora_alpha: int = 32,
-                 lora_target_modules: list | None = None):
+                 use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
         if flow_steps < 1 or flow_eval_steps < 1:
             raise ConfigError(f"flow_steps / flow_eval_steps: at least 1 denoising step, got {flow_steps} / "
                               f"{flow_eval_steps}")
@@ -443,15 +458,7 @@ class FlowMatchingPolicy(PolicyBase):
                 from ..images.vipo import weighted_step_logprob
                 lp = weighted_step_logprob(self.kind, out.x_next, out.mean, out.std,
                                            mb.row_data["element_weights"][rows].to(device))
-            logprobs = torch.zeros(R, T, device=device, dtype=lp.dtype).index_put((rows, cols), lp)
-            result = {"logprobs": logprobs}
-            if "step_mean" in want:
-                mean = torch.zeros(R, T, *out.mean.shape[1:], device=device, dtype=out.mean.dtype)
-                result["step_mean"] = mean.index_put((rows, cols), out.mean)
-            if "step_std_dev" in want:
-                result["step_std_dev"] = torch.zeros(R, T, device=device).index_put(
-                    (rows, cols), out.std_dev_t.float())
-        return result
+            return gaussian_step_outputs(R, T, rows, cols, out, want, logprob=lp)
 
     def describe(self, batch, i: int) -> dict:
         """The asked class and the image as a 32x32 PNG data URI (the completions log, the report)."""
