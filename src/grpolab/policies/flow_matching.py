@@ -160,9 +160,8 @@ class FlowMatchingPolicy(PolicyBase):
     Provenance: authors' code — https://github.com/yifan123/flow_grpo, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py
     (sde_step_with_logprob, sde_type 'sde' and 'cps'; checked numerically against it, images/sde.py) and
     https://github.com/XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py (flux_step) for 'dance'; the sampling loop,
-    the tiny class-conditional UNet and the evaluation ODE are grpolab's.
-    Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian; pipelines:
-    tests/test_flow_pipeline.py.
+    the tiny class-conditional UNet and the evaluation ODE are grpolab's (pipelines: tests/test_flow_pipeline.py).
+    Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian.
     """
 
     step = "denoising step"
