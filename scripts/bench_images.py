@@ -1,0 +1,83 @@
+"""Step cost of each image policy on this machine against its compute floor (docs/benchmarks.md, "Image policies").
+
+    .venv/bin/python scripts/bench_images.py [--recipes flow_grpo_images,ddpo,ar_grpo] [--steps 6] [--threads 2]
+
+For each recipe: a Trainer on its built-in tiny model and task (evaluation off), 2 untimed warm-up steps, then
+``--steps`` timed steps; the median step time. The floor is the step's FLOPs (counted by
+``torch.utils.flop_counter.FlopCounterMode`` over one whole step: sampling the group, the update's forward and
+backward) over the measured float32 matrix-multiply rate (``grpolab.bench.matmul_flops_per_s``). Timings never
+enter the test suite.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def measure(recipe: str, steps: int, threads: int) -> dict:
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    torch.set_num_threads(threads)
+    out = tempfile.mkdtemp(prefix=f"bench_{recipe}_")
+    cfg = Config.build({**recipe_overrides(recipe), "steps": steps + 3, "eval_before": False, "eval_after": False,
+                        "save_steps": 10_000, "log_completions_steps": 0, "stall_steps": 0, "out": out})
+    t = Trainer(cfg, log=lambda *a: None)
+    for _ in range(2):  # warm-up (first calls allocate, pick kernels)
+        t.step += 1
+        t.train_step()
+    times = []
+    for _ in range(steps):
+        t.step += 1
+        t0 = time.perf_counter()
+        t.train_step()
+        times.append(time.perf_counter() - t0)
+    t.step += 1
+    with FlopCounterMode(display=False) as fc:
+        t.train_step()
+    params = sum(p.numel() for p in t.model.parameters())
+    return {"recipe": recipe, "policy": cfg.policy, "params": params, "rows": cfg.prompts_per_step * cfg.num_generations,
+            "median_step_s": statistics.median(times), "flops": fc.get_total_flops()}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--recipes", default="flow_grpo_images,ddpo,ar_grpo")
+    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    a = ap.parse_args(argv)
+    import torch
+
+    from grpolab.bench import matmul_flops_per_s
+    torch.set_num_threads(a.threads)
+    rate = matmul_flops_per_s()
+    rows = []
+    for r in a.recipes.split(","):
+        m = measure(r, a.steps, a.threads)
+        m["floor_s"] = m["flops"] / rate
+        m["over_floor"] = m["median_step_s"] / m["floor_s"]
+        rows.append(m)
+        print(json.dumps(m), file=sys.stderr, flush=True)
+    print(f"float32 matmul rate {rate / 1e9:.1f} GFLOP/s, {a.threads} threads, {a.steps} timed steps after 2 warm-up\n")
+    print("| recipe | policy | parameters | images per step | step (median) | step FLOPs | floor | step / floor |")
+    print("|---|---|---|---|---|---|---|---|")
+    for m in rows:
+        print(f"| `{m['recipe']}` | `{m['policy']}` | {m['params'] / 1e6:.2f} M | {m['rows']} | "
+              f"{m['median_step_s']:.2f} s | {m['flops'] / 1e9:.1f} GFLOP | {m['floor_s']:.2f} s | "
+              f"{m['over_floor']:.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
