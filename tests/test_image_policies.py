@@ -169,6 +169,18 @@ def test_the_report_shows_the_image_grids_and_thumbnails(tmp_path):
     assert rec["image"].startswith("data:image/png;base64,") and rec["completion"] == ""
     html = render([load_run(out)])
     assert html.count('<img class="grid"') == 2 and '<img class="thumb"' in html
+    # `grpolab eval` on the saved image model reproduces the trainer's after-evaluation (the run's policy and task
+    # come from its config.yaml)
+    import contextlib
+    import io
+
+    from grpolab.cli import main
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["eval", "--model", str(out / "final"), "--compact"]) == 0
+    res = json.loads(buf.getvalue())
+    after = json.loads((out / "summary.json").read_text())["after"]
+    assert res["accuracy"] == after["accuracy"] and res["image_grid"] == after["image_grid"]
 
 
 def test_doctor_sees_no_entropy_collapse_in_an_image_run(tmp_path):
