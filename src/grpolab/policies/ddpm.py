@@ -13,8 +13,8 @@ from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, declared_params, param
 from .base import PolicyBase
-from .flow_matching import (BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, gaussian_step_outputs,
-                            pack_images, row_noise)
+from .flow_matching import (BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of,
+                            gaussian_step_outputs, pack_images, row_noise)
 
 #: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
 GUIDANCE_SCALE = declared_params(FlowMatchingPolicy)["guidance_scale"]
@@ -112,13 +112,7 @@ class DDPMPolicy(PolicyBase):
         self._set_scheduler(dict(DDIMScheduler.load_config(path)))
         c = module.config
         self.shape = (c.in_channels, c.sample_size, c.sample_size)
-        classes = (c.num_class_embeds or 1) - 1  # the last embedding is the unconditional label
-        self.uncond = classes
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                k = condition_of(row, f"{where} row {i}")
-                if not 0 <= k < classes:
-                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0..{classes - 1}")
+        self.uncond = check_class_rows(module, rows, eval_rows)  # the last embedding is the unconditional label
         return module.float()
 
     def _set_scheduler(self, config: dict) -> None:

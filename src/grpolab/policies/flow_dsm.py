@@ -12,7 +12,8 @@ from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, declared_params, param
 from .base import PolicyBase
-from .flow_matching import BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of, pack_images, row_noise
+from .flow_matching import (FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of, load_class_unet,
+                            pack_images, row_noise)
 
 _FM = declared_params(FlowMatchingPolicy)  # the shared declarations (one default and help per config key)
 
@@ -94,27 +95,10 @@ class FlowDSMPolicy(PolicyBase):
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``digits`` (the built-in tiny class-conditional UNet, flow_matching's) or a folder holding a
         ``diffusers`` ``UNet2DModel`` (what :meth:`save` writes)."""
-        from pathlib import Path
-
-        from diffusers import UNet2DModel
-
-        if self.model_name in BUILT_IN:
-            from ..images.digits import load_digits_model
-            module = load_digits_model("flow", log=log)
-        else:
-            path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy flow_dsm loads 'digits' (the built-in tiny model) or a folder with "
-                                  f"a diffusers UNet2DModel (config.json + safetensors); {path} has no config.json")
-            module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
+        module = load_class_unet("flow_dsm", self.model_name, "flow", log=log)
         c = module.config
         self.shape = (c.in_channels, c.sample_size, c.sample_size)
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                k = condition_of(row, f"{where} row {i}")
-                if not 0 <= k < (c.num_class_embeds or 0) - 1:
-                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0.."
-                                      f"{(c.num_class_embeds or 1) - 2}")
+        check_class_rows(module, rows, eval_rows)
         return module.float()
 
     def save(self, module, path) -> None:

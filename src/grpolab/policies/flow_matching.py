@@ -69,6 +69,33 @@ def text_prompt(row: dict, where: str = "") -> str:
     return value
 
 
+def check_class_rows(module, rows: list[dict], eval_rows: list[dict]) -> int:
+    """Every row's class (``condition_of``) is one of ``module``'s classes 0..n-1, the last class embedding
+    being the unconditional label; returns n. The first 1,000 rows of each part are checked."""
+    classes = (module.config.num_class_embeds or 1) - 1
+    for where, part in (("train", rows), ("held-out", eval_rows)):
+        for i, row in enumerate(part[:1000]):
+            c = condition_of(row, f"{where} row {i}")
+            if not 0 <= c < classes:
+                raise ConfigError(f"{where} row {i}: class {c} is outside the model's classes 0..{classes - 1}")
+    return classes
+
+
+def load_class_unet(policy: str, model: str, kind: str, log=print):
+    """A class-conditional ``UNet2DModel`` in float32: the built-in digits model of ``kind`` when ``model`` is
+    ``digits`` / ``tiny``, else the folder ``model`` (``config.json`` + safetensors), refused naming ``policy``."""
+    from diffusers import UNet2DModel
+
+    if model in BUILT_IN:
+        from ..images.digits import load_digits_model
+        return load_digits_model(kind, log=log)
+    path = Path(model)
+    if not (path / "config.json").exists():
+        raise ConfigError(f"model: policy {policy} loads 'digits' (the built-in tiny model) or a folder with a "
+                          f"diffusers UNet2DModel (config.json + safetensors); {path} has no config.json")
+    return UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
+
+
 def gaussian_step_outputs(R: int, T: int, rows: torch.Tensor, cols: torch.Tensor, out, want: frozenset,
                           logprob: torch.Tensor | None = None) -> dict:
     """A Gaussian-step policy's forward result from its on-mask steps (``rows``, ``cols``; ``out`` an
@@ -206,28 +233,12 @@ class FlowMatchingPolicy(PolicyBase):
         """``model``: ``digits`` (the built-in tiny model, pre-trained on first use and cached) or a folder
         holding a ``diffusers`` ``UNet2DModel`` (``config.json`` + safetensors, what :meth:`save` writes), or a
         Stable Diffusion 3 / 3.5 pipeline folder (``model_index.json``; :meth:`load_pipeline`)."""
-        from diffusers import UNet2DModel
-
         if self.model_name not in BUILT_IN and (Path(self.model_name) / "model_index.json").exists():
             return self.load_pipeline(cfg, Path(self.model_name), rows, eval_rows, log=log)
-        if self.model_name in BUILT_IN:
-            from ..images.digits import load_digits_model
-            module = load_digits_model("flow", log=log)
-        else:
-            path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy flow_matching loads 'digits' (the built-in tiny model) or a folder "
-                                  f"with a diffusers UNet2DModel (config.json + safetensors); {path} has no "
-                                  f"config.json")
-            module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
+        module = load_class_unet("flow_matching", self.model_name, "flow", log=log)
         cfg_ = module.config
         self.shape = (cfg_.in_channels, cfg_.sample_size, cfg_.sample_size)
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                c = condition_of(row, f"{where} row {i}")
-                if not 0 <= c < (cfg_.num_class_embeds or 0) - 1:
-                    raise ConfigError(f"{where} row {i}: class {c} is outside the model's classes 0.."
-                                      f"{(cfg_.num_class_embeds or 1) - 2}")
+        check_class_rows(module, rows, eval_rows)
         return module.float()
 
     def load_pipeline(self, cfg, path: Path, rows, eval_rows, *, log=print):
