@@ -27,8 +27,9 @@ def flow():
 def test_the_policy_names_its_own_model_and_refuses_text_components():
     cfg, _ = _policy()
     assert cfg.model == "digits" and POLICIES.get("flow_matching").step == "denoising step"
+    assert Config.build({"policy": "flow_matching"}).task == "digits"  # the policy's default_task
     with pytest.raises(ConfigError, match="task 'arithmetic' needs a policy with text.*flow_matching"):
-        Config.build({"policy": "flow_matching"})  # the default task is text
+        Config.build({"policy": "flow_matching", "task": "arithmetic"})
     with pytest.raises(ConfigError, match="flow_noise_level"):
         _policy(flow_noise_level=0.0)
 
@@ -197,3 +198,17 @@ def test_doctor_sees_no_entropy_collapse_in_an_image_run(tmp_path):
     Trainer(cfg, log=lambda *a: None).train(progress=False)
     assert all(r["entropy"] is None for r in read_metrics(out))
     assert "entropy_collapse" not in {f["check"] for f in diagnose(out)["findings"]}
+
+
+def test_the_python_api_trains_an_image_policy(tmp_path):
+    """TRL's GRPOTrainer shape with an image policy: in-memory rows, a reward function on the images, save."""
+    from grpolab import GRPOConfig, GRPOTrainer
+    from grpolab.rewards.images import digit_confidence
+
+    rows = [{"prompt": str(i % 10), "label": i % 10} for i in range(20)]
+    args = GRPOConfig(output_dir=str(tmp_path / "out"), policy="flow_matching", max_steps=1, num_generations=2,
+                      per_device_train_batch_size=4)
+    t = GRPOTrainer(model="digits", reward_funcs=[digit_confidence], args=args, train_dataset=rows)
+    t.train()
+    t.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / "diffusion_pytorch_model.safetensors").exists()

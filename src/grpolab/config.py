@@ -69,7 +69,8 @@ class Config:
                     "other policies name their own built-in models and folders (their default_model when unset)")
     policy: str = _f("causal_lm", "what kind of model is trained and how it acts (one step of an action: a token "
                                   "for causal_lm); grpolab components policy lists them", POLICIES)
-    task: str = _f("arithmetic", "built-in task (used when --data is not given)", TASKS)
+    task: str = _f("arithmetic", "built-in task (used when --data is not given; a policy other than causal_lm "
+                                 "names its own default_task, e.g. digits for the image policies)", TASKS)
     data: str | None = _f(None, "prompt data: JSONL, JSON, CSV, Parquet, a datasets.save_to_disk folder or a local "
                                 "dataset folder, with a 'prompt' per row (string or chat messages; docs/data.md)")
     data_split: str = _f("train", "split of --data to train on (JSON {split: rows}, save_to_disk or dataset folders)")
@@ -296,8 +297,12 @@ class Config:
                 if cfg.rollout_strategy in ROLLOUT_STRATEGIES else None
             if own:
                 cfg.max_prompt_length = int(own)
-        if "model" not in core and cfg.policy in POLICIES:  # a policy kind names its own built-in model
-            cfg.model = getattr(POLICIES.get(cfg.policy), "default_model", cfg.model)
+        if cfg.policy in POLICIES:  # a policy kind names its own built-in model and task
+            kind = POLICIES.get(cfg.policy)
+            if "model" not in core:
+                cfg.model = getattr(kind, "default_model", cfg.model)
+            if "task" not in core:
+                cfg.task = getattr(kind, "default_task", cfg.task)
         decl = cfg.component_params(extra)
         params: dict[str, Any] = {}
         dropped = []

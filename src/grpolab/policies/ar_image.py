@@ -170,6 +170,7 @@ class ARImagePolicy(PolicyBase):
     capabilities = frozenset({"tokens", "images"})
     description = "an autoregressive image model over codebook tokens (tiny Llama); one step = one image token"
     default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
 
     def __init__(self, *, model: str, temperature: float, top_k: int, top_p: float,
                  ar_eval_sampling: str = param("seeded", "ar_image: held-out evaluation draws: 'seeded' = "

@@ -70,6 +70,7 @@ class DDPMPolicy(PolicyBase):
     capabilities = frozenset({"gaussian_steps", "images"})
     description = "an image generator by DDPM (diffusers) sampled by DDIM, eta > 0 (DDPO); one step = one DDIM step"
     default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
 
     def __init__(self, *, model: str,

@@ -212,6 +212,7 @@ class DDPMPlannerPolicy(PolicyBase):
     capabilities = frozenset({"gaussian_steps"})
     description = "a multi-head diffusion trajectory planner (MLP, DDIM eta > 0); one step = one DDIM step"
     default_model = "planner"
+    default_task = "toy_planner"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
 
     def __init__(self, *, model: str,

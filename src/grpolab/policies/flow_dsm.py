@@ -66,6 +66,7 @@ class FlowDSMPolicy(PolicyBase):
     description = "an image generator by rectified flow (diffusers), ODE rollouts; one step = one re-noising of the " \
                   "final image, valued by its flow-matching loss (DGPO)"
     default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
 
     def __init__(self, *, model: str,

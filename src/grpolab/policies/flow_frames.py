@@ -29,6 +29,7 @@ class FlowFramesPolicy(FlowMatchingPolicy):
 
     description = "flow_matching on the built-in 3-frame digits model (8x8, frames as 3 channels)"
     default_model = "digit_frames"
+    default_task = "digit_frames"  # the task a run with this policy and no --task / --data trains on
 
     def __init__(self, *, model: str, flow_sde: str = _P["flow_sde"], flow_noise_level: float = _P["flow_noise_level"],
                  flow_steps: int = _P["flow_steps"], flow_eval_steps: int = _P["flow_eval_steps"],

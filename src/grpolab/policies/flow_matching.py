@@ -195,6 +195,7 @@ class FlowMatchingPolicy(PolicyBase):
     capabilities = frozenset({"gaussian_steps", "flow_matching", "images"})
     description = "an image generator by rectified flow (diffusers); one step = one SDE denoising step"
     default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
     pipe = None  #: a diffusers pipeline (model_index.json) whose frozen VAE / text encoders this policy uses
     lora = None  #: (r, alpha, targets) with use_lora

@@ -64,6 +64,7 @@ class VARImagePolicy(PolicyBase):
     capabilities = frozenset({"tokens", "images", "scales"})
     description = "a next-scale (VAR) image model: token maps 1x1..8x8; one step = one image token of one scale"
     default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
 
     def __init__(self, *, model: str, temperature: float,
