@@ -63,8 +63,9 @@ def test_the_policy_names_its_model_shares_guidance_scale_and_refuses_eta_0():
     assert not any(k.startswith("flow_") for k in cfg.params)  # keys only when selected
     shared = declared_params(POLICIES.get("ddpm"))["guidance_scale"]
     assert shared is declared_params(POLICIES.get("flow_matching"))["guidance_scale"]  # one declaration
+    assert Config.build({"policy": "ddpm"}).task == "digits"  # the policy's default_task
     with pytest.raises(ConfigError, match="task 'arithmetic' needs a policy with text.*ddpm"):
-        Config.build({"policy": "ddpm"})  # the default task is text
+        Config.build({"policy": "ddpm", "task": "arithmetic"})
     with pytest.raises(ConfigError, match=r"ddpm_eta: the training sampler needs eta above 0 \(eta = 0 is "
                                           r"deterministic DDIM, whose steps have no log-prob"):
         _policy(ddpm_eta=0.0)
