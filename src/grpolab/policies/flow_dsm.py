@@ -13,7 +13,7 @@ from ..images import sde
 from ..registry import POLICIES, declared_params, param
 from .base import PolicyBase
 from .flow_matching import (FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of, load_class_unet,
-                            pack_images, row_noise)
+                            pack_images, row_noise, unet_velocity)
 
 _FM = declared_params(FlowMatchingPolicy)  # the shared declarations (one default and help per config key)
 
@@ -109,14 +109,7 @@ class FlowDSMPolicy(PolicyBase):
 
     def velocity(self, module, x, sigma, labels):
         """v_θ(x, σ, c), float32 (timestep 1000·σ), with classifier-free guidance (label 10) when w != 1."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            t = (sigma * 1000).float().to(x.device)
-            if self.w == 1.0:
-                return module(x.float(), t, class_labels=labels).sample.float()
-            both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
-                          class_labels=torch.cat([labels, torch.full_like(labels, 10)])).sample.float()
-            cond, unc = both.chunk(2)
-            return unc + self.w * (cond - unc)
+        return unet_velocity(module, x, sigma, labels, self.w)
 
     def describe(self, batch, i: int) -> dict:
         from ..images.render import thumbnail_data_uri

@@ -96,6 +96,20 @@ def load_class_unet(policy: str, model: str, kind: str, log=print):
     return UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
 
 
+def unet_velocity(module, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor, w: float) -> torch.Tensor:
+    """v_θ(x, σ, c) of a class-conditional ``UNet2DModel`` for rows of x (σ per row, timestep 1000·σ), in
+    float32 whatever autocast is on; with w != 1 classifier-free guidance v_u + w·(v_c − v_u), v_u under the
+    unconditional label 10."""
+    with torch.autocast(device_type=x.device.type, enabled=False):
+        t = (sigma * 1000).float().to(x.device)
+        if w == 1.0:
+            return module(x.float(), t, class_labels=labels).sample.float()
+        both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
+                      class_labels=torch.cat([labels, torch.full_like(labels, 10)])).sample.float()
+        cond, unc = both.chunk(2)
+        return unc + w * (cond - unc)
+
+
 def gaussian_step_outputs(R: int, T: int, rows: torch.Tensor, cols: torch.Tensor, out, want: frozenset,
                           logprob: torch.Tensor | None = None) -> dict:
     """A Gaussian-step policy's forward result from its on-mask steps (``rows``, ``cols``; ``out`` an
@@ -376,14 +390,7 @@ class FlowMatchingPolicy(PolicyBase):
         :meth:`transformer_velocity`)."""
         if isinstance(labels, dict):
             return self.transformer_velocity(module, x, sigma, labels)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            t = (sigma * 1000).float().to(x.device)
-            if self.w == 1.0:
-                return module(x.float(), t, class_labels=labels).sample.float()
-            both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
-                          class_labels=torch.cat([labels, torch.full_like(labels, 10)])).sample.float()
-            cond, unc = both.chunk(2)
-            return unc + self.w * (cond - unc)
+        return unet_velocity(module, x, sigma, labels, self.w)
 
     def transformer_velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict) -> torch.Tensor:
         """An SD3 transformer's v_θ(x, σ, text): timestep 1000·σ as the SD3 pipeline passes it (its scheduler's
