@@ -90,6 +90,15 @@ def _capture(argv):
     return buf.getvalue()
 
 
+# The rollout strategies that play multi-turn episodes (grpolab/agents): on the tiny model (one token per
+# character) an episode is its prompt (the tools' schemas and a worked example: 500-1200 tokens) plus every
+# turn's observation, so a recipe with them cost 5-15x a plain one in test_every_recipe_trains (turn_ppo 19 s,
+# hc_grpo with max_turns 8 19 s). Its smoke run takes 2 prompts (2 groups) and at most 2 turns (a turn
+# boundary, an observation and a second turn: every multi-turn code path) for these.
+AGENT_STRATEGIES = {"agent", "tree_grpo", "mcts_staged"}
+AGENT_SMOKE = {"prompts_per_step": 2, "num_generations": 2, "max_turns": 2}
+
+
 @pytest.mark.parametrize("recipe", recipe_names())
 def test_every_recipe_trains(tiny_args, recipe, tmp_path):
     """Every recipe trains 2 steps x 2 passes on the tiny model, and no component uses a stand-in for a missing
@@ -99,6 +108,8 @@ def test_every_recipe_trains(tiny_args, recipe, tmp_path):
 
     rec = recipe_overrides(recipe)
     args = {**rec, **tiny_args, "steps": 2, "num_iterations": 2}
+    if rec.get("rollout_strategy") in AGENT_STRATEGIES:
+        args.update(AGENT_SMOKE)
     if recipe == "irpo":  # IRPO needs a pointwise reward model ('rm' column): a tiny local one
         from test_reward_models import _save_tiny_rm
         _save_tiny_rm(tmp_path / "rm")
