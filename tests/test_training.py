@@ -91,10 +91,11 @@ def _capture(argv):
 
 
 # The rollout strategies that play multi-turn episodes (grpolab/agents): on the tiny model (one token per
-# character) an episode is its prompt (the tools' schemas and a worked example: 500-1200 tokens) plus every
-# turn's observation, so a recipe with them cost 5-15x a plain one in test_every_recipe_trains (turn_ppo 19 s,
-# hc_grpo with max_turns 8 19 s). Its smoke run takes 2 prompts (2 groups) and at most 2 turns (a turn
-# boundary, an observation and a second turn: every multi-turn code path) for these.
+# character) an episode is its prompt (the tools' schemas and a worked example: gridworld 520, calculator 1170,
+# search_qa 1850 tokens) plus every turn's observation, so with tiny_args' 4 prompts x 4 generations and the
+# recipes' max_turns (up to 8) such a recipe cost 5-15x a plain one here (turn_ppo 19 s, hc_grpo 19 s). Their
+# smoke run takes 2 prompts x 2 generations (two groups; every advantage's min_group is 2) and at most 2 turns
+# (a turn boundary, an observation and a second turn: every multi-turn code path).
 AGENT_STRATEGIES = {"agent", "tree_grpo", "mcts_staged"}
 AGENT_SMOKE = {"prompts_per_step": 2, "num_generations": 2, "max_turns": 2}
 
