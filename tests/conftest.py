@@ -6,7 +6,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+#: torch threads per test process: 1 under pytest-xdist (`make test` runs one worker per core: two workers of 2
+#: threads each on 2 cores oversubscribe them, and the suite's tiny models ran 2-4x slower so), else 2
+THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+torch.set_num_threads(THREADS)
 
 
 @pytest.fixture
@@ -22,7 +25,7 @@ def _restore_torch_threads():
     """A test that runs with ``threads: 1`` (torch.set_num_threads is process-wide) must not change
     the numerics of the tests after it."""
     yield
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
 
 
 @pytest.fixture(autouse=True)
