@@ -92,6 +92,22 @@ def test_save_and_load_round_trip(policy_and_model, tmp_path):
     assert torch.equal(x.completion_ids, y.completion_ids)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_ar_grpo_raises_the_held_out_confidence_on_every_seed(tmp_path, seed):
+    """The ar_grpo recipe on the digits task (the classifier's confidence alone), 20 steps: the held-out
+    confidence of the asked class rises. 200 held-out rows (20 seeded draws per class): with the default 50 the
+    seeded draws move too much between two models to show a rise of this size. Measured (this machine,
+    avx512_bf16): 0.448 -> 0.559 / 0.553 / 0.522 (seeds 0, 1, 2; seed 3: 0.577); asserted: a rise of 0.03."""
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("ar_grpo"), "task": "digits", "digits_eval_noises": 20, "steps": 20,
+                        "seed": seed, "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
+    before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
+    assert after > before + 0.03, (before, after)
+
+
 def test_ar_grpo_step_map_and_digits_multi_weights():
     from grpolab.registry import TASKS
     from grpolab.tasks.digits import step_map

@@ -197,7 +197,7 @@ def test_dgpo_diffusion_raises_the_held_out_reward_on_every_seed(tmp_path, seed)
     from grpolab.train.trainer import Trainer
 
     cfg = Config.build({**recipe_overrides("dgpo_diffusion"), "steps": 12, "seed": seed, "save_steps": 100,
-                        "out": str(tmp_path / "run"), "stall_steps": 0})
+                        "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
     before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
     assert after > before + 0.06, (before, after)

@@ -121,3 +121,20 @@ def test_vmr_rollout_last_scale_draws_as_generate(policy):
     assert b2.completion_mask[1, :5].sum() == 0 and b2.completion_mask[0, :5].sum() == 5
     out = p.forward(module, b2, grad=False)["logprobs"]
     assert torch.allclose(out, b2.behavior_logprobs, atol=1e-4)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_var_grpo_raises_the_held_out_confidence_on_every_seed(tmp_path, seed):
+    """The var_grpo recipe (middle return, span balance, mask propagation) on the digits task, 20 steps: the
+    held-out confidence of the asked class rises. Measured (this machine, avx512_bf16; 50 held-out rows): 0.150 ->
+    0.209 / 0.234 / 0.203 (seeds 0, 1, 2; with 200 rows 0.188 -> 0.226 / 0.271 / 0.216); asserted: a rise of
+    0.02."""
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("var_grpo"), "steps": 20, "seed": seed, "save_steps": 100,
+                        "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
+    before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
+    assert after > before + 0.02, (before, after)
