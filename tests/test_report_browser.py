@@ -19,27 +19,39 @@ pytestmark = pytest.mark.skipif(os.environ.get("GRPOLAB_BROWSER_TESTS") != "1",
 
 
 @pytest.fixture(scope="module")
-def page_and_errors(tmp_path_factory):
+def chromium():
+    """One headless Chromium for the module (playwright's sync API allows one running instance per thread)."""
     from playwright.sync_api import sync_playwright  # the `browser` extra; a failure here is a real failure
 
     exe = os.environ.get("GRPOLAB_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
     assert exe, "no chromium binary: apt-get install chromium (make test-browser does it)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        yield browser
+        browser.close()
+
+
+def _open(browser, url):
+    """A page at ``url`` and the console errors, dialogs and non-local requests it produced."""
+    errors, dialogs, requests = [], [], []
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
+    page.goto(url)
+    page.wait_for_load_state("load")
+    return page, errors, dialogs, requests
+
+
+@pytest.fixture(scope="module")
+def page_and_errors(chromium, tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     runs = [write_run(root, "run_a"), write_run(root, "run_b", completions=False, scale=0.5)]
     out = write_report(runs, root / "report.html")
-    errors, dialogs = [], []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-        requests = []
-        page.on("request", lambda r: requests.append(r.url) if not r.url.startswith(("file:", "data:")) else None)
-        page.goto(out.as_uri())
-        page.wait_for_load_state("load")
-        yield page, errors, dialogs, requests
-        browser.close()
+    page, errors, dialogs, requests = _open(chromium, out.as_uri())
+    yield page, errors, dialogs, requests
+    page.close()
 
 
 def test_loads_without_console_errors_or_network(page_and_errors):
@@ -82,3 +94,35 @@ def test_completion_opens_on_click_and_untrusted_text_stays_text(page_and_errors
         Path(shot).parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=shot, full_page=True)
         assert Path(shot).stat().st_size > 10_000
+
+
+def test_an_image_run_shows_its_grids_and_thumbnails(chromium, tmp_path):
+    """An image policy's run (flow_grpo_images, 1 step): the report's before/after grids and a logged sample's
+    thumbnail are real images in the browser (decoded: natural size > 0, drawn at a visible size), with no console
+    error and no network request."""
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 1, "prompts_per_step": 2,
+                        "num_generations": 2, "eval_problems": 10, "out": str(out), "threads": 1})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    report = write_report([out], tmp_path / "report.html")
+    page, errors, dialogs, requests = _open(chromium, report.as_uri())
+    grids = page.locator("img.grid")
+    assert grids.count() == 2
+    for i in range(2):
+        natural = grids.nth(i).evaluate("e => [e.complete, e.naturalWidth, e.naturalHeight]")
+        assert natural[0] and natural[1] > 0 and natural[2] > 0, natural
+        box = grids.nth(i).bounding_box()
+        assert box and box["width"] >= 32 and box["height"] >= 32, box  # 10 classes x 1 noise here: one column
+    thumb = page.locator("img.thumb").first
+    if not thumb.is_visible():  # inside a closed <details>: open it
+        thumb.locator("xpath=ancestor::details[1]/summary").first.click()
+    assert thumb.is_visible() and thumb.evaluate("e => e.complete && e.naturalWidth > 0")
+    shot = os.environ.get("GRPOLAB_IMAGE_REPORT_SCREENSHOT")
+    if shot:
+        page.screenshot(path=shot, full_page=True)
+    page.close()
+    assert errors == [] and dialogs == [] and requests == []
