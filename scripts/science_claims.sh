@@ -23,3 +23,4 @@ $G --recipes grpo,rewarding_unlikely $S --num_generations 8 $B --eval_pass_k 8 -
 $G --recipes grpo,vade,prompt_gdro,srpo_history $S --num_generations 8 $T --out c10_samplers > c10.log 2>&1
 $G --recipes grpo,gdpo_reward_decoupled $S --num_generations 8 $B --reward science_rewards:early_stop=1 --metric accuracy,rewards/early_stop/mean --out c7_gdpo > c7.log 2>&1
 $G --variant "grpo=--recipe grpo" --variant "dapo_no_overlong=--recipe dapo --overlong_penalty_factor 0" --variant "grpo_dynamic=--recipe grpo --dynamic_sampling true --dynamic_sampling_metric accuracy --dynamic_sampling_oversample 3 --dynamic_sampling_max_rounds 10" $S --num_generations 8 $T --out c3b_dynamic > c3b.log 2>&1
+$G --recipes ar_grpo,ar_dpo $S --task digits --digits_eval_noises 20 --steps 20 --threads 1 --tensorboard false --metric rewards/digit_confidence/mean,rewards/digit_correct/mean --out c11_ar_dpo > c11.log 2>&1
