@@ -1,0 +1,92 @@
+"""Per-token log-prob estimators of a masked diffusion LM (the likelihood itself is intractable).
+
+Every estimator has one signature, ``fn(logits_fn, ids, attn, prompt_len, mask_id, seeds, **params) -> [R, L]``:
+``ids`` [R, P + L] = the left-padded prompt (``prompt_len`` = P positions) followed by the L completion tokens,
+``attn`` [R, P + L] the real (non-pad) positions, ``seeds`` [R] the mask seed of each row. All of a row's random draws (which positions are masked, the times t) come from a
+``torch.Generator`` seeded with that row's seed, so the behaviour (old), reference and current log-probs of one
+batch use the same masks and differ only by the weights: a ratio compares like with like, and equals 1 exactly
+while the weights have not moved. ``logits_fn(ids, attn) -> [R, P + L, V]`` is a bidirectional masked LM's
+forward (a ``transformers`` ``*ForMaskedLM``; the policy supplies it).
+
+Registered by name in :data:`ESTIMATORS` (the policy's ``dllm_logprob`` parameter).
+"""
+from __future__ import annotations
+
+import torch
+
+#: LLaDA's floor on the masking probability: p = (1 - eps) t + eps (ML-GSAI/LLaDA get_log_likelihood.py).
+EPS = 1e-3
+
+
+def _generators(seeds: torch.Tensor) -> list[torch.Generator]:
+    return [torch.Generator().manual_seed(int(s)) for s in seeds.tolist()]
+
+
+def _token_logp(logits_fn, noisy: torch.Tensor, attn: torch.Tensor, ids: torch.Tensor, P: int) -> torch.Tensor:
+    """log softmax(logits_k)[y_k] at the completion positions k (``[R, L]``)."""
+    logits = logits_fn(noisy, attn)[:, P:].float()
+    return torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+
+
+def onestep(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, p_mask_prompt: float = 0.15,
+            **_) -> torch.Tensor:
+    """diffu-GRPO's one-step unmasking estimate (d1).
+
+    Every completion token is replaced by the mask token; each real prompt token independently with probability
+    ``p_mask_prompt`` (a uniform draw u < p from the row's generator, one per real prompt token counted from the
+    prompt's end, so left padding does not move the draws); one forward pass; per token
+    ``log π(y_k | q) ≈ log softmax(logits_k)[y_k]`` (no ELBO weight, no 1/t, no temperature).
+
+    Paper: Zhao et al., "d1: Scaling Reasoning in Diffusion Large Language Models via Reinforcement Learning",
+    arXiv:2504.12216 (not in seed-catalog.md; issue 25 names it as the common baseline).
+
+    Provenance: matches the authors' code (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: forward_process,
+    _get_per_token_logps) except where the seed lives: d1 draws one seed per inner iteration for the whole batch
+    (``mask_seeds``) and masks with the global RNG; here each row has its own seed and generator (drawn by the
+    sampler), kept for all inner iterations of its batch (the trainer keeps one set of old log-probs per batch).
+    d1 also masks left-padding prompt positions; here pads are never masked (they are not attended to).
+    Test: tests/test_dllm.py::test_onestep_equals_log_softmax_by_hand.
+    """
+    P = prompt_len
+    noisy = ids.clone()
+    for i, g in enumerate(_generators(seeds)):
+        n = int(attn[i, :P].sum())
+        hit = torch.rand(n, generator=g) < p_mask_prompt
+        noisy[i, P - n:P][hit] = mask_id
+    noisy[:, P:] = mask_id
+    return _token_logp(logits_fn, noisy, attn, ids, P)
+
+
+def elbo_mc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elbo_samples: int = 4, **_) -> torch.Tensor:
+    """The masked-diffusion ELBO by double Monte Carlo, per token.
+
+    For n = ``elbo_samples`` draws j: t_j ~ U(0, 1), p_j = (1 − ε) t_j + ε (ε = 1e-3, LLaDA), each completion token
+    masked independently with probability p_j (the prompt never), one forward pass; token k's term is
+    ``(1/n) Σ_j 1[k masked in j] · log softmax(logits_jk)[y_k] / p_j``. The row sum is the ELBO estimate
+    ``E_t E_{y_t} [(1/t) Σ_{masked k} log π(y_k | y_t, q)] ≤ log π(y | q)`` (LLaDA's bound with a linear schedule;
+    GDPO's sequence-level surrogate, eq. of L_ELBO). n forward passes per row.
+
+    Paper: Rojas et al., "Improving Reasoning for Diffusion Language Models via Group Diffusion Policy
+    Optimization" (GDPO), arXiv:2510.08554 (seed 000-101), as the double-MC baseline it improves on; the bound is
+    LLaDA's (Nie et al., ML-GSAI/LLaDA get_log_likelihood.py forward_process).
+
+    Provenance: matches the paper's equations (GDPO's L_ELBO; no authors' code found) with LLaDA's ε floor on t
+    [ours: the per-token split of the sequence sum, so that the trainer's token-level ratio and KL apply].
+    Test: tests/test_dllm.py::test_elbo_mc_by_hand.
+    """
+    P = prompt_len
+    R, L = ids.shape[0], ids.shape[1] - P
+    gens = _generators(seeds)
+    out = torch.zeros(R, L)
+    for _j in range(elbo_samples):
+        t = torch.stack([torch.rand((), generator=g) for g in gens])
+        p = (1 - EPS) * t + EPS
+        masked = torch.stack([torch.rand(L, generator=g) for g in gens]) < p[:, None]
+        noisy = ids.clone()
+        noisy[:, P:][masked] = mask_id
+        lp = _token_logp(logits_fn, noisy, attn, ids, P)
+        out = out + masked * lp / p[:, None]
+    return out / elbo_samples
+
+
+ESTIMATORS = {"onestep": onestep, "elbo_mc": elbo_mc}

@@ -1,0 +1,221 @@
+"""A masked diffusion language model (LLaDA-style): bidirectional, decoded by iterative block-wise unmasking; one
+step of the ``[rows, steps]`` layout is one completion token, its log-prob an estimate (``dllm/estimators.py``)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config import ConfigError
+from ..dllm.estimators import ESTIMATORS
+from ..dllm.sampler import denoise, schedule
+from ..dllm.tiny import dlm_model_path, encode_prompts, position_ids, prompt_text
+from ..generation.sampling import completion_counts
+from ..registry import POLICIES, param
+from .base import PolicyBase
+
+BUILT_IN = ("repeat", "tiny")
+
+
+def check_masked_dlm(cfg) -> None:
+    """The text components that go through a causal LM's generation cannot drive a masked diffusion LM: a text
+    generation engine, and rollout strategies other than ``plain`` (hints, injected text, tools and agent
+    episodes continue a causal prefix)."""
+    from ..generation.engines import engine_name
+    if engine_name(cfg) is not None:
+        raise ConfigError(f"generation_engine: {engine_name(cfg)} decodes causally; policy masked_diffusion_lm samples "
+                          f"in the trainer (set generation_engine: native and generation_workers: 0)")
+    if cfg.rollout_strategy != "plain":
+        raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a causal prefix (hints, injected "
+                          f"text, tools); policy masked_diffusion_lm samples whole completions by unmasking: use "
+                          f"rollout_strategy: plain")
+
+
+@POLICIES.register("masked_diffusion_lm", check=check_masked_dlm)
+class MaskedDiffusionLM(PolicyBase):
+    """A masked diffusion LM over text (LLaDA's formulation on a ``transformers`` ``*ForMaskedLM``).
+
+    Acting: the prompt's text (``dllm.tiny.prompt_text``: a chat's last user message), left-padded, then L =
+    ``dllm_gen_length`` mask tokens, decoded by LLaDA's block-wise low-confidence remasking
+    (``dllm.sampler.denoise``: ``dllm_block_length`` blocks left to right, ``dllm_steps`` steps in all, a fixed
+    number of tokens unmasked per step, the most confident ones, candidates drawn with Gumbel noise at the run's
+    ``temperature``). Held-out evaluation decodes greedily (temperature 0), as text does. The completion is the
+    L tokens; ``completion_mask`` is 1 up to and including the first ``<eos>`` (d1's mask), the text is what
+    precedes it; no ``<eos>`` = ``truncated``. ``step_data["unmask_step"]`` [R, L]: the global denoising step at
+    which each token was unmasked (the step map); ``step_data["sampler_logprobs"]``: log softmax(logits/τ) of the
+    drawn token at that step; ``row_data["mask_seed"]`` [R]: the row's mask seed (drawn from the run's generator).
+
+    Log-probs: the likelihood is intractable; ``dllm_logprob`` picks the estimator (``onestep``: d1's one-step
+    unmasking; ``elbo_mc``: the ELBO by double Monte Carlo). Behaviour (old), reference and current log-probs of a
+    batch all use the row's ``mask_seed``, so the ratio is exactly 1 before the first optimiser step and compares
+    like with like afterwards. d1 redraws the seed at each inner iteration (μ > 1) and recomputes old and
+    reference log-probs under it; the trainer keeps one set of old log-probs per batch, so here one seed serves
+    every inner iteration [ours]. ``forward`` always scores the full L tokens (a micro-batch trimmed past the
+    last ``<eos>`` is padded back with ``<eos>``: the bidirectional model sees the tokens after a position).
+
+    Model ``repeat`` / ``tiny`` (the default): a character-level ``BertForMaskedLM`` (hidden 64, 2 layers, 4
+    heads, no dropout) pre-trained in-process on first use (``dllm/tiny.py``: LLaDA's SFT loss on the ``repeat``
+    task's prompts with answers of random length 1-4, 200 steps, about 10 s on one thread, cached in
+    ``$GRPOLAB_CACHE/repeat-dlm-<hash>``); L = 8, 2 blocks of 4, 4 steps. Base held-out greedy ``match`` = 0.61
+    [measured]. A folder saved by :meth:`save` (``save_pretrained`` of model and tokenizer + ``dllm.json``) loads
+    as well; a real dLLM is docs/dllm.md (untested here).
+
+    Capabilities: ``tokens`` and ``text`` (completions decode to text: text tasks and reward functions apply);
+    the text components that continue a causal prefix are refused at start-up (:func:`check_masked_dlm`).
+    ``forward`` offers no entropy.
+
+    Provenance: grpolab's own — a tiny stand-in for LLaDA-8B (ML-GSAI/LLaDA generate.py) as d1 trains it
+    (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: ``generate``, the completion mask at the first EOS).
+    Test: tests/test_dllm.py.
+    """
+
+    step = "a completion token"
+    capabilities = frozenset({"tokens", "text"})
+    description = "a masked diffusion LM (bidirectional, block-wise unmasking); one step = a completion token"
+    default_model = "repeat"
+    default_task = "repeat"
+
+    def __init__(self, *, model: str, temperature: float,
+                 dllm_logprob: str = param("onestep", "masked_diffusion_lm: the per-token log-prob estimator: "
+                                           "'onestep' (d1: every completion token masked, one forward) or "
+                                           "'elbo_mc' (the ELBO by double Monte Carlo)", ["onestep", "elbo_mc"]),
+                 p_mask_prompt: float = param(0.15, "masked_diffusion_lm onestep: probability of masking each "
+                                              "prompt token in the log-prob forward (d1's p_mask_prompt)"),
+                 dllm_elbo_samples: int = param(4, "masked_diffusion_lm elbo_mc: Monte Carlo samples (t, mask) per "
+                                                "row = forwards per log-prob"),
+                 dllm_gen_length: int = param(0, "masked_diffusion_lm: completion length L in tokens (0 = the "
+                                              "model's dllm.json)"),
+                 dllm_block_length: int = param(0, "masked_diffusion_lm: block length of the sampler (0 = the "
+                                                "model's)"),
+                 dllm_steps: int = param(0, "masked_diffusion_lm: denoising steps over the whole completion (0 = "
+                                         "the model's)")):
+        if dllm_logprob not in ESTIMATORS:
+            raise ConfigError(f"dllm_logprob: one of {sorted(ESTIMATORS)}, got {dllm_logprob!r}")
+        if not 0.0 <= p_mask_prompt <= 1.0:
+            raise ConfigError(f"p_mask_prompt: a probability in [0, 1], got {p_mask_prompt}")
+        if dllm_elbo_samples < 1:
+            raise ConfigError(f"dllm_elbo_samples: >= 1, got {dllm_elbo_samples}")
+        self.model_name, self.temperature = model, float(temperature)
+        self.estimator = dllm_logprob
+        self.estimator_params = {"p_mask_prompt": float(p_mask_prompt), "elbo_samples": int(dllm_elbo_samples)}
+        self.wanted = {"gen_length": dllm_gen_length, "block_length": dllm_block_length, "steps": dllm_steps}
+        self.shape: dict = {}
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.eos_token_id if self.tokenizer is not None else 2
+
+    @property
+    def mask_id(self) -> int:
+        return self.tokenizer.mask_token_id
+
+    # ---------------------------------------------------------------- loading
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``repeat`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a folder
+        written by :meth:`save` (a ``transformers`` masked LM with a tokenizer that has a mask and an eos token,
+        and ``dllm.json``)."""
+        from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+        if self.model_name in BUILT_IN:
+            path = dlm_model_path(log=log)
+        else:
+            path = Path(self.model_name)
+            for name in ("config.json", "dllm.json"):
+                if not (path / name).exists():
+                    raise ConfigError(f"model: policy masked_diffusion_lm loads 'repeat' (the built-in tiny model) "
+                                      f"or a folder it saved (config.json + safetensors, a tokenizer, dllm.json); "
+                                      f"{path} has no {name}")
+        self.tokenizer = AutoTokenizer.from_pretrained(path)
+        if self.tokenizer.mask_token_id is None or self.tokenizer.eos_token_id is None:
+            raise ConfigError(f"model: the tokenizer in {path} needs a mask token and an eos token")
+        self.shape = json.loads((Path(path) / "dllm.json").read_text())
+        for k, v in self.wanted.items():
+            if v:
+                self.shape[k] = int(v)
+        schedule(self.shape["gen_length"], self.shape["block_length"], self.shape["steps"])  # validates
+        return AutoModelForMaskedLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+
+    def save(self, module, path) -> None:
+        """``save_pretrained`` of the model and the tokenizer, and ``dllm.json`` (L, block, steps)."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        module.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        (path / "dllm.json").write_text(json.dumps(self.shape, indent=2) + "\n")
+
+    # ---------------------------------------------------------------- acting
+    @staticmethod
+    def logits_fn(module):
+        """``(ids, attn) -> logits`` with positions counted over real tokens (left padding moves none)."""
+        dev = next(module.parameters()).device
+
+        def fn(ids, attn):
+            ids, attn = ids.to(dev), attn.to(dev)
+            return module(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits.cpu()
+        return fn
+
+    def estimate(self, module, prompt_ids, prompt_mask, completion_ids, seeds) -> torch.Tensor:
+        """Per-token log-prob estimates ``[R, L]`` of ``completion_ids`` (``dllm_logprob``), padded back to L."""
+        L = self.shape["gen_length"]
+        W = completion_ids.shape[1]
+        if W < L:
+            completion_ids = torch.cat([completion_ids, torch.full((len(completion_ids), L - W),
+                                                                   self.tokenizer.eos_token_id,
+                                                                   dtype=completion_ids.dtype,
+                                                                   device=completion_ids.device)], 1)
+        ids = torch.cat([prompt_ids, completion_ids], 1).cpu()
+        attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1).cpu()
+        out = ESTIMATORS[self.estimator](self.logits_fn(module), ids, attn, prompt_ids.shape[1], self.mask_id,
+                                         seeds.cpu(), **self.estimator_params)
+        return out[:, :W]
+
+    @torch.no_grad()
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
+               evaluation=False):
+        """G completions per row by :func:`~grpolab.dllm.sampler.denoise`; behaviour log-probs by the estimator
+        under ``module`` with each row's mask seed (evaluation: the sampler's own log-probs, nothing trains on
+        them)."""
+        from ..batch import RolloutBatch
+
+        if not self.shape:
+            raise RuntimeError("policy masked_diffusion_lm: load() the model before sampling")
+        counts = completion_counts(num_generations, len(rows))
+        rep = torch.tensor(counts)
+        R = int(rep.sum())
+        prompt, pmask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows])
+        prompt, pmask = prompt.repeat_interleave(rep, 0), pmask.repeat_interleave(rep, 0)
+        gen = generator if generator is not None else torch.Generator().manual_seed(0)
+        temp = 0.0 if evaluation else (self.temperature if temperature is None else float(temperature))
+        ids, step_map, slp = denoise(self.logits_fn(module), prompt, pmask, gen_length=self.shape["gen_length"],
+                                     block_length=self.shape["block_length"], steps=self.shape["steps"],
+                                     temperature=temp, mask_id=self.mask_id, generator=gen)
+        seeds = torch.randint(0, 2 ** 31 - 1, (R,), generator=gen)
+        eos = ids == self.tokenizer.eos_token_id
+        has = eos.any(-1)
+        first = torch.where(has, eos.float().argmax(-1), torch.full((R,), ids.shape[1]))
+        cmask = (torch.arange(ids.shape[1])[None] <= first[:, None]).float()
+        texts = [self.tokenizer.decode(ids[i, :int(first[i])].tolist()) for i in range(R)]
+        lps = slp if evaluation else self.estimate(module, prompt, pmask, ids, seeds)
+        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
+        columns["prompt"] = [r["prompt"] for r, c in zip(rows, counts) for _ in range(c)]
+        columns["completion"] = texts
+        return RolloutBatch(
+            prompt_ids=prompt, prompt_mask=pmask, completion_ids=ids.long(), completion_mask=cmask,
+            behavior_logprobs=lps.float() * cmask, completion_attention_mask=torch.ones_like(ids).long(),
+            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
+            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~has,
+            columns=columns, step_data={"unmask_step": step_map, "sampler_logprobs": slp.float()},
+            row_data={"mask_seed": seeds})
+
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """``logprobs`` [R, T]: the ``dllm_logprob`` estimate of ``mb``'s tokens under ``module`` with the rows'
+        mask seeds (with gradients when ``grad``)."""
+        with torch.set_grad_enabled(grad):
+            lp = self.estimate(module, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.row_data["mask_seed"])
+        return {"logprobs": lp.to(mb.completion_mask.device)}
+
+    def describe(self, batch, i: int) -> dict:
+        """The prompt's text and the completion's text."""
+        return {"prompt": prompt_text(batch.columns["prompt"][i]), "completion": str(batch.columns["completion"][i])}
