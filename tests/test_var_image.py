@@ -125,16 +125,17 @@ def test_vmr_rollout_last_scale_draws_as_generate(policy):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_var_grpo_raises_the_held_out_confidence_on_every_seed(tmp_path, seed):
-    """The var_grpo recipe (middle return, span balance, mask propagation) on the digits task, 20 steps: the
-    held-out confidence of the asked class rises. Measured (this machine, avx512_bf16; 50 held-out rows): 0.150 ->
-    0.209 / 0.234 / 0.203 (seeds 0, 1, 2; with 200 rows 0.188 -> 0.226 / 0.271 / 0.216); asserted: a rise of
-    0.02."""
+    """The var_grpo recipe (middle return, span balance, mask propagation) on the digits task, 30 steps: the
+    held-out confidence of the asked class rises. Measured (50 held-out rows): AVX512-BF16 kernels 0.150 -> 0.261
+    / 0.323 / 0.247 (seeds 0, 1, 2); AVX2 kernels with the models rebuilt on them (make test-avx2's variables)
+    0.153 -> 0.279 / 0.324 / 0.265. At 20 steps the rise was 0.05-0.08 on AVX512 but 0.018 on AVX2 seed 0, too
+    close to a margin. Asserted: a rise of 0.04."""
     from grpolab.config import Config
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
-    cfg = Config.build({**recipe_overrides("var_grpo"), "steps": 20, "seed": seed, "save_steps": 100,
+    cfg = Config.build({**recipe_overrides("var_grpo"), "steps": 30, "seed": seed, "save_steps": 100,
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
     before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
-    assert after > before + 0.02, (before, after)
+    assert after > before + 0.04, (before, after)
