@@ -8,10 +8,12 @@ batch use the same masks and differ only by the weights: a ratio compares like w
 while the weights have not moved. ``logits_fn(ids, attn) -> [R, P + L, V]`` is a bidirectional masked LM's
 forward (a ``transformers`` ``*ForMaskedLM``; the policy supplies it).
 
-Registered by name in :data:`ESTIMATORS` (the policy's ``dllm_logprob`` parameter).
+Registered by name in :data:`ESTIMATORS` (the policy's ``dllm_logprob`` parameter). ``step_replay`` also reads
+the sampler's step map (``step_map`` [R, L]) and ``temperature``; the others ignore them.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 #: LLaDA's floor on the masking probability: p = (1 - eps) t + eps (ML-GSAI/LLaDA get_log_likelihood.py).
@@ -89,4 +91,74 @@ def elbo_mc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elbo_
     return out / elbo_samples
 
 
-ESTIMATORS = {"onestep": onestep, "elbo_mc": elbo_mc}
+def quadrature(n: int) -> tuple[list[float], list[float]]:
+    """Gauss-Legendre nodes and weights of order ``n`` on [0, 1] (the weights sum to 1)."""
+    x, w = np.polynomial.legendre.leggauss(n)
+    return [float((v + 1) / 2) for v in x], [float(v / 2) for v in w]
+
+
+def elbo_sdmc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elbo_samples: int = 4,
+              **_) -> torch.Tensor:
+    """GDPO's semi-deterministic Monte Carlo ELBO, per token.
+
+    The same integrand as :func:`elbo_mc`, f(t) = E_{y_t}[(1/p(t)) Σ_k 1[k masked] log π(y_k | y_t, q)] with
+    p(t) = (1 − ε) t + ε, but the integral over t is a deterministic Gauss-Legendre quadrature of order n =
+    ``elbo_samples`` on [0, 1] (nodes t_i, weights w_i, Σ w_i = 1); only the mask is drawn, one per node, from the
+    row's generator. Token k's term is Σ_i w_i · 1[k masked at node i] · log softmax(logits_ik)[y_k] / p(t_i):
+    n forward passes per row, the budget of :func:`elbo_mc` with the same n. The time variable carries most of the
+    double-MC variance (GDPO's analysis), and it is gone here; the quadrature's own error is deterministic.
+
+    Paper: Rojas et al., "Improving Reasoning for Diffusion Language Models via Group Diffusion Policy
+    Optimization" (GDPO), arXiv:2510.08554 (seed 000-101).
+
+    Provenance: reconstructed from the paper's description (no authors' code found; reference notes §14): the
+    quadrature rule (Gauss-Legendre), one mask per node and ε are our choices; the paper's node count is not
+    extracted. Test: tests/test_dllm.py::test_sdmc_has_lower_variance_than_double_mc.
+    """
+    P = prompt_len
+    R, L = ids.shape[0], ids.shape[1] - P
+    gens = _generators(seeds)
+    out = torch.zeros(R, L)
+    for t, w in zip(*quadrature(elbo_samples)):
+        p = (1 - EPS) * t + EPS
+        masked = torch.stack([torch.rand(L, generator=g) for g in gens]) < p
+        noisy = ids.clone()
+        noisy[:, P:][masked] = mask_id
+        out = out + w * masked * _token_logp(logits_fn, noisy, attn, ids, P) / p
+    return out
+
+
+def step_replay(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, step_map: torch.Tensor,
+                temperature: float = 1.0, **_) -> torch.Tensor:
+    """DiPO's log-prob of the decoding trajectory, by replaying the sampler's step map.
+
+    For each denoising step s of the rollout, rebuild the state the sampler saw: completion tokens unmasked at a
+    step < s are revealed, those unmasked at s or later are masks (the prompt is never masked); one forward; each
+    token unmasked at step s scores log softmax(logits_k / τ)[y_k] (τ = the sampling temperature; 0 → 1). Token k's
+    log-prob is its term at its own step, so the row sum is the log-probability of the sampled tokens along the
+    actual trajectory (the choice of which positions to unmask, a function of the confidences, is not scored).
+    S forward passes per row (S = the sampler's steps); no random draw (``seeds`` unused). Under the sampling
+    weights it reproduces the sampler's own log-probs (``step_data["sampler_logprobs"]``).
+
+    Paper: Zhu et al., "DiRL: An Efficient Post-Training Framework for Diffusion Language Models" (DiPO),
+    arXiv:2512.22234 (seed 000-73).
+
+    Provenance: reconstructed from the reference notes' summary of the authors' code (OpenMOSS/DiRL,
+    train/grpo.py forward_process and the SDAR model's RL loss, reference/beyond-text-images-dllm.md §15), not
+    read here; differences: a fully bidirectional model (theirs is block-causal with KV cache), one forward per
+    step over the whole batch instead of one training row per (sample, step), no ``shrink``.
+    Test: tests/test_dllm.py::test_step_replay_reproduces_the_sampler.
+    """
+    P = prompt_len
+    out = torch.zeros(ids.shape[0], ids.shape[1] - P)
+    tau = temperature if temperature > 0 else 1.0
+    for s in sorted(set(step_map.flatten().tolist()) - {-1}):
+        noisy = ids.clone()
+        noisy[:, P:][step_map >= s] = mask_id
+        logits = logits_fn(noisy, attn)[:, P:].float() / tau
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, P:, None]).squeeze(-1)
+        out = out + torch.where(step_map == s, lp, torch.zeros_like(lp))
+    return out
+
+
+ESTIMATORS = {"onestep": onestep, "elbo_mc": elbo_mc, "elbo_sdmc": elbo_sdmc, "step_replay": step_replay}

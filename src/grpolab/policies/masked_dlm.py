@@ -43,23 +43,25 @@ class MaskedDiffusionLM(PolicyBase):
     number of tokens unmasked per step, the most confident ones, candidates drawn with Gumbel noise at the run's
     ``temperature``). Held-out evaluation decodes greedily (temperature 0), as text does. The completion is the
     L tokens; ``completion_mask`` is 1 up to and including the first ``<eos>`` (d1's mask), the text is what
-    precedes it; no ``<eos>`` = ``truncated``. ``step_data["unmask_step"]`` [R, L]: the global denoising step at
-    which each token was unmasked (the step map); ``step_data["sampler_logprobs"]``: log softmax(logits/τ) of the
-    drawn token at that step; ``row_data["mask_seed"]`` [R]: the row's mask seed (drawn from the run's generator).
+    precedes it; no ``<eos>`` = ``truncated``. ``row_data["step_map"]`` [R, L]: the global denoising step at
+    which each token was unmasked; ``row_data["completion_full"]`` [R, L]: all L tokens (a micro-batch's columns
+    past the last ``<eos>`` are trimmed, and the bidirectional model reads them); ``row_data["mask_seed"]`` [R]:
+    the row's mask seed (drawn from the run's generator); ``step_data["sampler_logprobs"]``: log softmax(logits/τ)
+    of the drawn token at its step.
 
-    Log-probs: the likelihood is intractable; ``dllm_logprob`` picks the estimator (``onestep``: d1's one-step
-    unmasking; ``elbo_mc``: the ELBO by double Monte Carlo). Behaviour (old), reference and current log-probs of a
+    Log-probs: the likelihood is intractable; ``dllm_logprob`` picks the estimator (``dllm/estimators.py``:
+    ``onestep``, d1's one-step unmasking; ``elbo_mc``, the ELBO by double Monte Carlo; ``elbo_sdmc``, GDPO's
+    semi-deterministic Monte Carlo; ``step_replay``, DiPO's replay of the step map). Behaviour (old), reference and current log-probs of a
     batch all use the row's ``mask_seed``, so the ratio is exactly 1 before the first optimiser step and compares
     like with like afterwards. d1 redraws the seed at each inner iteration (μ > 1) and recomputes old and
     reference log-probs under it; the trainer keeps one set of old log-probs per batch, so here one seed serves
-    every inner iteration [ours]. ``forward`` always scores the full L tokens (a micro-batch trimmed past the
-    last ``<eos>`` is padded back with ``<eos>``: the bidirectional model sees the tokens after a position).
+    every inner iteration [ours]. ``forward`` always scores the full L tokens (``completion_full``).
 
     Model ``repeat`` / ``tiny`` (the default): a character-level ``BertForMaskedLM`` (hidden 64, 2 layers, 4
     heads, no dropout) pre-trained in-process on first use (``dllm/tiny.py``: LLaDA's SFT loss on the ``repeat``
     task's prompts with answers of random length 1-4, 200 steps, about 10 s on one thread, cached in
-    ``$GRPOLAB_CACHE/repeat-dlm-<hash>``); L = 8, 2 blocks of 4, 4 steps. Base held-out greedy ``match`` = 0.61
-    [measured]. A folder saved by :meth:`save` (``save_pretrained`` of model and tokenizer + ``dllm.json``) loads
+    ``$GRPOLAB_CACHE/repeat-dlm-<hash>``); L = 8, 2 blocks of 4, 4 steps. Base held-out greedy ``match`` = 0.44
+    on the repeat task's 40 held-out rows [measured]. A folder saved by :meth:`save` (``save_pretrained`` of model and tokenizer + ``dllm.json``) loads
     as well; a real dLLM is docs/dllm.md (untested here).
 
     Capabilities: ``tokens`` and ``text`` (completions decode to text: text tasks and reward functions apply);
@@ -79,12 +81,14 @@ class MaskedDiffusionLM(PolicyBase):
 
     def __init__(self, *, model: str, temperature: float,
                  dllm_logprob: str = param("onestep", "masked_diffusion_lm: the per-token log-prob estimator: "
-                                           "'onestep' (d1: every completion token masked, one forward) or "
-                                           "'elbo_mc' (the ELBO by double Monte Carlo)", ["onestep", "elbo_mc"]),
+                                           "'onestep' (d1: every completion token masked, one forward), "
+                                           "'elbo_mc' (the ELBO by double Monte Carlo), 'elbo_sdmc' (GDPO: "
+                                           "quadrature in t, masks drawn) or 'step_replay' (DiPO: the sampler's "
+                                           "step map replayed)", ["onestep", "elbo_mc", "elbo_sdmc", "step_replay"]),
                  p_mask_prompt: float = param(0.15, "masked_diffusion_lm onestep: probability of masking each "
                                               "prompt token in the log-prob forward (d1's p_mask_prompt)"),
-                 dllm_elbo_samples: int = param(4, "masked_diffusion_lm elbo_mc: Monte Carlo samples (t, mask) per "
-                                                "row = forwards per log-prob"),
+                 dllm_elbo_samples: int = param(4, "masked_diffusion_lm elbo_mc / elbo_sdmc: Monte Carlo samples "
+                                                "(t, mask), or quadrature nodes, per row = forwards per log-prob"),
                  dllm_gen_length: int = param(0, "masked_diffusion_lm: completion length L in tokens (0 = the "
                                               "model's dllm.json)"),
                  dllm_block_length: int = param(0, "masked_diffusion_lm: block length of the sampler (0 = the "
@@ -156,20 +160,16 @@ class MaskedDiffusionLM(PolicyBase):
             return module(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits.cpu()
         return fn
 
-    def estimate(self, module, prompt_ids, prompt_mask, completion_ids, seeds) -> torch.Tensor:
-        """Per-token log-prob estimates ``[R, L]`` of ``completion_ids`` (``dllm_logprob``), padded back to L."""
-        L = self.shape["gen_length"]
-        W = completion_ids.shape[1]
-        if W < L:
-            completion_ids = torch.cat([completion_ids, torch.full((len(completion_ids), L - W),
-                                                                   self.tokenizer.eos_token_id,
-                                                                   dtype=completion_ids.dtype,
-                                                                   device=completion_ids.device)], 1)
-        ids = torch.cat([prompt_ids, completion_ids], 1).cpu()
-        attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], 1).cpu()
+    def estimate(self, module, prompt_ids, prompt_mask, row_data, width: int | None = None) -> torch.Tensor:
+        """Per-token log-prob estimates ``[R, width]`` (``dllm_logprob``) of the full L-token completions
+        ``row_data["completion_full"]`` with the rows' ``mask_seed`` (and ``step_map``)."""
+        completion = row_data["completion_full"].cpu()
+        ids = torch.cat([prompt_ids.cpu(), completion], 1)
+        attn = torch.cat([prompt_mask.cpu(), torch.ones_like(completion)], 1)
         out = ESTIMATORS[self.estimator](self.logits_fn(module), ids, attn, prompt_ids.shape[1], self.mask_id,
-                                         seeds.cpu(), **self.estimator_params)
-        return out[:, :W]
+                                         row_data["mask_seed"].cpu(), step_map=row_data["step_map"].cpu(),
+                                         temperature=self.temperature, **self.estimator_params)
+        return out[:, :width]
 
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
@@ -197,7 +197,8 @@ class MaskedDiffusionLM(PolicyBase):
         first = torch.where(has, eos.float().argmax(-1), torch.full((R,), ids.shape[1]))
         cmask = (torch.arange(ids.shape[1])[None] <= first[:, None]).float()
         texts = [self.tokenizer.decode(ids[i, :int(first[i])].tolist()) for i in range(R)]
-        lps = slp if evaluation else self.estimate(module, prompt, pmask, ids, seeds)
+        row_data = {"mask_seed": seeds, "completion_full": ids.clone(), "step_map": step_map}
+        lps = slp if evaluation else self.estimate(module, prompt, pmask, row_data)
         columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
         columns["prompt"] = [r["prompt"] for r, c in zip(rows, counts) for _ in range(c)]
         columns["completion"] = texts
@@ -206,14 +207,13 @@ class MaskedDiffusionLM(PolicyBase):
             behavior_logprobs=lps.float() * cmask, completion_attention_mask=torch.ones_like(ids).long(),
             group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
             prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~has,
-            columns=columns, step_data={"unmask_step": step_map, "sampler_logprobs": slp.float()},
-            row_data={"mask_seed": seeds})
+            columns=columns, step_data={"sampler_logprobs": slp.float()}, row_data=row_data)
 
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """``logprobs`` [R, T]: the ``dllm_logprob`` estimate of ``mb``'s tokens under ``module`` with the rows'
         mask seeds (with gradients when ``grad``)."""
         with torch.set_grad_enabled(grad):
-            lp = self.estimate(module, mb.prompt_ids, mb.prompt_mask, mb.completion_ids, mb.row_data["mask_seed"])
+            lp = self.estimate(module, mb.prompt_ids, mb.prompt_mask, mb.row_data, mb.completion_ids.shape[1])
         return {"logprobs": lp.to(mb.completion_mask.device)}
 
     def describe(self, batch, i: int) -> dict:
