@@ -225,12 +225,15 @@ def test_config_refuses_causal_text_components():
                       "micro_batch_size": 8})
 
 
-@pytest.mark.parametrize("estimator", ["elbo_mc", "elbo_sdmc", "step_replay"])
-def test_trainer_runs_two_steps_with_each_estimator(tmp_path, estimator):
+@pytest.mark.parametrize("recipe,estimator", [("diffu_grpo", "elbo_mc"), ("diffu_grpo", "step_replay"),
+                                              ("gdpo_dllm", "elbo_sdmc")])
+def test_trainer_runs_two_steps_with_each_estimator(tmp_path, recipe, estimator):
+    """Two steps end to end (gdpo_dllm's learning is measured in docs/dllm.md, not here: 8 steps of 4 quadrature
+    forwards cost about 8 s a seed)."""
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
-    cfg = Config.build({**recipe_overrides("diffu_grpo"), "dllm_logprob": estimator, "dllm_elbo_samples": 2,
+    cfg = Config.build({**recipe_overrides(recipe), "dllm_logprob": estimator, "dllm_elbo_samples": 2,
                         "steps": 2, "prompts_per_step": 2, "num_generations": 4, "num_iterations": 2, "seed": 0,
                         "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
@@ -239,15 +242,18 @@ def test_trainer_runs_two_steps_with_each_estimator(tmp_path, estimator):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_diffu_grpo_raises_the_held_out_match_on_every_seed(tmp_path, seed):
-    """The diffu_grpo recipe on the repeat task, 4 steps (8 prompts x 8 completions, 4 inner iterations):
-    the held-out greedy match rises. Measured (this machine, one thread): 0.4375 -> 0.981 / 0.931 / 0.869
-    (seeds 0, 1, 2; seed 3: 0.900); asserted: a rise of 0.15."""
+@pytest.mark.parametrize("recipe,steps,margin", [("diffu_grpo", 4, 0.15), ("dipo", 4, 0.2)])
+def test_dllm_recipes_raise_the_held_out_match_on_every_seed(tmp_path, recipe, steps, margin, seed):
+    """Each dLLM recipe on the repeat task (8 prompts x 8 completions per step): the held-out greedy match rises
+    from 0.4375. Measured (this machine, one thread, float32; `grpolab train --recipe R --steps N --seed S
+    --threads 1`): diffu_grpo, 4 steps: 0.963 / 0.919 / 0.800 (seeds 0, 1, 2; seed 3: 0.900), smallest rise 0.36;
+    dipo, 4 steps: 1.0 on seeds 0-3, rise 0.56. Asserted: a rise of 0.15 / 0.2. (gdpo_dllm, 8 steps: 0.750 /
+    0.919 / 0.838 / 0.850, in docs/dllm.md; too slow for the suite's learning budget.)"""
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
-    cfg = Config.build({**recipe_overrides("diffu_grpo"), "steps": 4, "seed": seed, "save_steps": 100,
+    cfg = Config.build({**recipe_overrides(recipe), "steps": steps, "seed": seed, "save_steps": 100,
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
     before, after = (summary[k]["rewards/match/mean"] for k in ("before", "after"))
-    assert after > before + 0.15, (before, after)
+    assert after > before + margin, (before, after)

@@ -78,6 +78,9 @@ class MaskedDiffusionLM(PolicyBase):
     description = "a masked diffusion LM (bidirectional, block-wise unmasking); one step = a completion token"
     default_model = "repeat"
     default_task = "repeat"
+    # float32 whatever the dtype key: the same numbers on AVX2 and AVX512-BF16 CPUs, and the ELBO estimators'
+    # 1/p weights (up to 1000) would magnify bfloat16 rounding (an 8B dLLM on a GPU would want this lifted)
+    float32_only = True
 
     def __init__(self, *, model: str, temperature: float,
                  dllm_logprob: str = param("onestep", "masked_diffusion_lm: the per-token log-prob estimator: "
