@@ -242,6 +242,7 @@ CAPABILITIES: dict[str, str] = {
     "flow_matching": "a rectified-flow model: the sigma schedule and the predicted velocity",
     "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
     "scales": "span_ids number the scales of a next-scale (VAR) image model",
+    "audio": "conditions are utterances (speech feature frames): speech tasks",
     "denoising_loss": "each step is a re-noised final sample scored by the model's flow-matching loss (DGPO): "
                       "per-step denoising losses",
 }

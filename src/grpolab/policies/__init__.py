@@ -12,6 +12,7 @@ from . import ddpm  # noqa: F401  (registers the DDPM/DDIM image policy, DDPO)
 from . import ar_image  # noqa: F401  (registers the autoregressive image policy, AR-GRPO)
 from . import var_image  # noqa: F401  (registers the next-scale image policy, VAR RL)
 from . import masked_dlm  # noqa: F401  (registers the masked diffusion LM, diffu-GRPO)
+from . import speech  # noqa: F401  (registers the speech recogniser, GRPO for ASR)
 from .base import CAPABILITIES, PolicyBase
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
