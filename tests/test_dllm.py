@@ -278,3 +278,28 @@ def test_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
     for k, v in a.model.named_parameters():
         assert torch.equal(v, pc[k]), k
     assert sa["after"]["rewards/match/mean"] == sc["after"]["rewards/match/mean"]
+
+
+def test_mask_id_from_dllm_json_when_the_tokenizer_declares_none(policy_and_model, tmp_path):
+    """A folder whose tokenizer declares no mask token (as LLaDA's) loads with ``mask_id`` in dllm.json, and
+    samples as before; without it loading stops with an error that names both."""
+    import json
+
+    from grpolab.policies.masked_dlm import MaskedDiffusionLM
+    policy, model = policy_and_model
+    path = tmp_path / "m"
+    policy.save(model, path)
+    cfg = json.loads((path / "tokenizer_config.json").read_text())
+    cfg.pop("mask_token", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg))
+    other = MaskedDiffusionLM(model=str(path), temperature=1.0)
+    with pytest.raises(ConfigError, match="mask_id"):
+        other.load(None, [], [], log=lambda *a: None)
+    shape = json.loads((path / "dllm.json").read_text())
+    (path / "dllm.json").write_text(json.dumps({**shape, "mask_id": policy.mask_id}))
+    m2 = other.load(None, [], [], log=lambda *a: None)
+    assert other.tokenizer.mask_token_id is None and other.mask_id == policy.mask_id and other.takes_positions
+    rows = [{"prompt": "say 8:", "digit": "8"}]
+    x = policy.sample(model, rows, [0], num_generations=2, temperature=1.0, generator=torch.Generator().manual_seed(6))
+    y = other.sample(m2, rows, [0], num_generations=2, temperature=1.0, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(x.completion_ids, y.completion_ids)

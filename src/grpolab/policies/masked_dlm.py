@@ -109,6 +109,7 @@ class MaskedDiffusionLM(PolicyBase):
         self.estimator_params = {"p_mask_prompt": float(p_mask_prompt), "elbo_samples": int(dllm_elbo_samples)}
         self.wanted = {"gen_length": dllm_gen_length, "block_length": dllm_block_length, "steps": dllm_steps}
         self.shape: dict = {}
+        self.takes_positions = True  # set by load(): whether the model's forward takes position_ids
 
     @property
     def pad_id(self) -> int:
@@ -116,14 +117,21 @@ class MaskedDiffusionLM(PolicyBase):
 
     @property
     def mask_id(self) -> int:
-        return self.tokenizer.mask_token_id
+        """The tokenizer's mask token, else ``mask_id`` of ``dllm.json`` (LLaDA: 126336, not declared by its
+        tokenizer)."""
+        tid = self.tokenizer.mask_token_id
+        return int(self.shape["mask_id"]) if tid is None else tid
 
     # ---------------------------------------------------------------- loading
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``repeat`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a folder
-        written by :meth:`save` (a ``transformers`` masked LM with a tokenizer that has a mask and an eos token,
-        and ``dllm.json``)."""
-        from transformers import AutoModelForMaskedLM, AutoTokenizer
+        written by :meth:`save` (a ``transformers`` masked LM with a tokenizer that has an eos token, and
+        ``dllm.json``: ``gen_length``, ``block_length``, ``steps``; optional ``mask_id`` when the tokenizer declares
+        no mask token, and ``trust_remote_code: true`` to load the folder's own model class through ``AutoModel``,
+        as LLaDA ships; untested with a real dLLM, docs/dllm.md)."""
+        import inspect
+
+        from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
 
         if self.model_name in BUILT_IN:
             path = dlm_model_path(log=log)
@@ -134,15 +142,21 @@ class MaskedDiffusionLM(PolicyBase):
                     raise ConfigError(f"model: policy masked_diffusion_lm loads 'repeat' (the built-in tiny model) "
                                       f"or a folder it saved (config.json + safetensors, a tokenizer, dllm.json); "
                                       f"{path} has no {name}")
-        self.tokenizer = AutoTokenizer.from_pretrained(path)
-        if self.tokenizer.mask_token_id is None or self.tokenizer.eos_token_id is None:
-            raise ConfigError(f"model: the tokenizer in {path} needs a mask token and an eos token")
         self.shape = json.loads((Path(path) / "dllm.json").read_text())
+        remote = bool(self.shape.get("trust_remote_code", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
+        if (self.tokenizer.mask_token_id is None and "mask_id" not in self.shape) or self.tokenizer.eos_token_id is None:
+            raise ConfigError(f"model: the tokenizer in {path} needs an eos token and a mask token (or dllm.json "
+                              f"'mask_id')")
         for k, v in self.wanted.items():
             if v:
                 self.shape[k] = int(v)
         schedule(self.shape["gen_length"], self.shape["block_length"], self.shape["steps"])  # validates
-        return AutoModelForMaskedLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+        cls = AutoModel if remote else AutoModelForMaskedLM
+        module = cls.from_pretrained(path, torch_dtype=torch.float32, trust_remote_code=remote).eval()
+        # positions over real tokens when the model takes them (BERT-style absolute positions); else its own
+        self.takes_positions = "position_ids" in inspect.signature(module.forward).parameters
+        return module
 
     def save(self, module, path) -> None:
         """``save_pretrained`` of the model and the tokenizer, and ``dllm.json`` (L, block, steps)."""
@@ -153,14 +167,16 @@ class MaskedDiffusionLM(PolicyBase):
         (path / "dllm.json").write_text(json.dumps(self.shape, indent=2) + "\n")
 
     # ---------------------------------------------------------------- acting
-    @staticmethod
-    def logits_fn(module):
-        """``(ids, attn) -> logits`` with positions counted over real tokens (left padding moves none)."""
+    def logits_fn(self, module):
+        """``(ids, attn) -> logits`` with positions counted over real tokens (left padding moves none) when the
+        model's forward takes ``position_ids``."""
         dev = next(module.parameters()).device
+        takes = self.takes_positions
 
         def fn(ids, attn):
             ids, attn = ids.to(dev), attn.to(dev)
-            return module(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits.cpu()
+            kw = {"position_ids": position_ids(attn)} if takes else {}
+            return module(input_ids=ids, attention_mask=attn, **kw).logits.cpu()
         return fn
 
     def estimate(self, module, prompt_ids, prompt_mask, row_data, width: int | None = None) -> torch.Tensor:
