@@ -151,7 +151,7 @@ def test_asr_grpo_trains_two_steps_end_to_end(tmp_path):
     r = load_recipe("asr_grpo")
     assert r["seed"] == "000-38" and "2509.01939" in r["citation"]
     cfg = Config.build({**recipe_overrides("asr_grpo"), "steps": 2, "prompts_per_step": 2, "num_generations": 4,
-                        "speech_train_size": 8, "speech_eval_size": 4, "save_steps": 100,
+                        "speech_train_size": 8, "speech_eval_size": 4, "save_steps": 100, "micro_batch_size": 8,
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, **QUIET).train(progress=False)
     for k in ("before", "after"):
@@ -162,13 +162,16 @@ def test_asr_grpo_trains_two_steps_end_to_end(tmp_path):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_asr_grpo_raises_held_out_one_minus_wer_on_every_seed(tmp_path, seed):
     """The asr_grpo recipe, 20 steps of 16 utterances x 8 transcripts: the held-out mean 1 - WER (200 fixed
-    utterances, seeded draws at temperature 1) rises. Measured (this machine, one thread): 0.207 -> 0.275 / 0.268 /
-    0.247 (seeds 0, 1, 2; seed 3: 0.275); asserted: a rise of 0.015, under half the smallest rise (0.040)."""
+    utterances, seeded draws at temperature 1, the policy's default evaluation) rises. Measured (this machine, one
+    thread, micro-batches of 128): 0.207 -> 0.263 / 0.272 / 0.252 (seeds 0, 1, 2; seed 3: 0.271); asserted: a rise
+    of 0.02, about 2.3x below the smallest rise (0.045). (Greedy decoding does not rise in 20 steps: 0.521 -> 0.504
+    / 0.487 on seeds 0 / 1; docs/speech.md.) About 3 s of CPU per seed after the first import."""
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
     cfg = Config.build({**recipe_overrides("asr_grpo"), "steps": 20, "seed": seed, "save_steps": 100,
+                        "micro_batch_size": 128,
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, **QUIET).train(progress=False)
     before, after = (summary[k]["rewards/one_minus_wer/mean"] for k in ("before", "after"))
-    assert after > before + 0.015, (before, after)
+    assert after > before + 0.02, (before, after)
