@@ -303,3 +303,30 @@ def test_mask_id_from_dllm_json_when_the_tokenizer_declares_none(policy_and_mode
     x = policy.sample(model, rows, [0], num_generations=2, temperature=1.0, generator=torch.Generator().manual_seed(6))
     y = other.sample(m2, rows, [0], num_generations=2, temperature=1.0, generator=torch.Generator().manual_seed(6))
     assert torch.equal(x.completion_ids, y.completion_ids)
+
+
+def test_entropy_is_the_all_masked_vocabulary_entropy_and_entropy_bonus_trains(policy_and_model, tmp_path):
+    """``entropy`` = −Σ p log p of softmax(logits) at each completion position with the completion fully masked
+    (the toy: logits [1, 0, 2, 0] at a masked position, by hand); the entropy_bonus regularizer (needs tokens)
+    runs a step with this policy."""
+    from grpolab.dllm.estimators import masked_entropy
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    masked = torch.tensor([[1.0, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 3]])
+    fn = table_logits(masked, torch.zeros(3, 4), 2)
+    ids = torch.tensor([[7, 8, 2, 0, 3]])
+    z = math.exp(1) + 1 + math.exp(2) + 1
+    p = [math.exp(1) / z, 1 / z, math.exp(2) / z, 1 / z]
+    h0 = -sum(q * math.log(q) for q in p)
+    got = masked_entropy(fn, ids, torch.ones_like(ids), 2, MASK)
+    torch.testing.assert_close(got[0, :2], torch.tensor([h0, math.log(4)]))
+    policy, model = policy_and_model
+    b = policy.sample(model, [{"prompt": "say 1:", "digit": "1"}], [0], num_generations=2, temperature=1.0,
+                      generator=torch.Generator().manual_seed(7))
+    out = policy.forward(model, b, want=frozenset({"entropy", "entropy_grad"}), grad=True)
+    assert out["entropy_grad"].requires_grad and not out["entropy"].requires_grad and out["entropy"].shape == (2, 8)
+    cfg = Config.build({**recipe_overrides("diffu_grpo"), "regularizers": ["entropy_bonus"], "steps": 1,
+                        "prompts_per_step": 2, "num_generations": 4, "num_iterations": 1, "seed": 0,
+                        "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)

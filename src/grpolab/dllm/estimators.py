@@ -91,6 +91,17 @@ def elbo_mc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elbo_
     return out / elbo_samples
 
 
+def masked_entropy(logits_fn, ids, attn, prompt_len: int, mask_id: int) -> torch.Tensor:
+    """The vocabulary entropy ``[R, L]`` at each completion position with every completion token masked and the
+    prompt intact: H_k = −Σ_v p_kv log p_kv, p_k = softmax(logits_k) (one forward, no random draw) [ours: what
+    "the policy's entropy at token k" means for a masked diffusion LM here; entropy terms and the entropy metric
+    read it]."""
+    noisy = ids.clone()
+    noisy[:, prompt_len:] = mask_id
+    logp = torch.log_softmax(logits_fn(noisy, attn)[:, prompt_len:].float(), -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
 def quadrature(n: int) -> tuple[list[float], list[float]]:
     """Gauss-Legendre nodes and weights of order ``n`` on [0, 1] (the weights sum to 1)."""
     x, w = np.polynomial.legendre.leggauss(n)

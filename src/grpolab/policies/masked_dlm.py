@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..dllm.estimators import ESTIMATORS
+from ..dllm.estimators import ESTIMATORS, masked_entropy
 from ..dllm.sampler import denoise, schedule
 from ..dllm.tiny import dlm_model_path, encode_prompts, position_ids, prompt_text
 from ..generation.sampling import completion_counts
@@ -66,7 +66,8 @@ class MaskedDiffusionLM(PolicyBase):
 
     Capabilities: ``tokens`` and ``text`` (completions decode to text: text tasks and reward functions apply);
     the text components that continue a causal prefix are refused at start-up (:func:`check_masked_dlm`).
-    ``forward`` offers no entropy.
+    ``forward`` offers ``entropy`` / ``entropy_grad``: the vocabulary entropy per completion position with the
+    whole completion masked (:func:`~grpolab.dllm.estimators.masked_entropy`), for entropy terms and the metric.
 
     Provenance: grpolab's own — a tiny stand-in for LLaDA-8B (ML-GSAI/LLaDA generate.py) as d1 trains it
     (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: ``generate``, the completion mask at the first EOS).
@@ -228,12 +229,27 @@ class MaskedDiffusionLM(PolicyBase):
             prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~has,
             columns=columns, step_data={"sampler_logprobs": slp.float()}, row_data=row_data)
 
+    def offers(self) -> frozenset[str]:
+        """``entropy`` / ``entropy_grad``: the vocabulary entropy per completion token with the whole completion
+        masked (``dllm.estimators.masked_entropy``; one more forward)."""
+        return frozenset({"entropy", "entropy_grad"})
+
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """``logprobs`` [R, T]: the ``dllm_logprob`` estimate of ``mb``'s tokens under ``module`` with the rows'
-        mask seeds (with gradients when ``grad``)."""
+        mask seeds (with gradients when ``grad``); ``entropy`` (detached) / ``entropy_grad`` when asked."""
+        dev = mb.completion_mask.device
+        W = mb.completion_ids.shape[1]
         with torch.set_grad_enabled(grad):
-            lp = self.estimate(module, mb.prompt_ids, mb.prompt_mask, mb.row_data, mb.completion_ids.shape[1])
-        return {"logprobs": lp.to(mb.completion_mask.device)}
+            out = {"logprobs": self.estimate(module, mb.prompt_ids, mb.prompt_mask, mb.row_data, W).to(dev)}
+            if want & {"entropy", "entropy_grad"}:
+                with torch.set_grad_enabled(grad and "entropy_grad" in want):
+                    completion = mb.row_data["completion_full"].cpu()
+                    ids = torch.cat([mb.prompt_ids.cpu(), completion], 1)
+                    attn = torch.cat([mb.prompt_mask.cpu(), torch.ones_like(completion)], 1)
+                    ent = masked_entropy(self.logits_fn(module), ids, attn, mb.prompt_ids.shape[1],
+                                         self.mask_id)[:, :W].to(dev)
+                out["entropy"], out["entropy_grad"] = ent.detach(), ent
+        return out
 
     def describe(self, batch, i: int) -> dict:
         """The prompt's text and the completion's text."""
