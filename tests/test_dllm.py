@@ -131,6 +131,11 @@ def test_sampler_schedule_and_step_map(policy_and_model):
     b = policy.sample(model, rows, list(range(5)), num_generations=3, temperature=1.0,
                       generator=torch.Generator().manual_seed(3))
     sm = b.row_data["step_map"]
+    from grpolab.generation.counting import GENERATED
+    before = GENERATED.snapshot()
+    policy.sample(model, rows[:2], [0, 1], num_generations=2, temperature=1.0, generator=torch.Generator())
+    after = GENERATED.snapshot()
+    assert (after[0] - before[0], after[1] - before[1]) == (4, 4 * 8)  # every drawn position counts
     sched = schedule(8, 4, 4)
     for s, blk, n in sched:
         at = sm == s

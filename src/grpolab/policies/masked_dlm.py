@@ -12,6 +12,7 @@ from ..config import ConfigError
 from ..dllm.estimators import ESTIMATORS, masked_entropy
 from ..dllm.sampler import denoise, schedule
 from ..dllm.tiny import dlm_model_path, encode_prompts, position_ids, prompt_text
+from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..registry import POLICIES, param
 from .base import PolicyBase
@@ -196,7 +197,8 @@ class MaskedDiffusionLM(PolicyBase):
                evaluation=False):
         """G completions per row by :func:`~grpolab.dllm.sampler.denoise`; behaviour log-probs by the estimator
         under ``module`` with each row's mask seed (evaluation: the sampler's own log-probs, nothing trains on
-        them)."""
+        them). The generated-token tally (budgets, ``grpolab compare`` at equal tokens) counts all L positions of
+        each completion: the sampler draws them all, the ones after the eos included."""
         from ..batch import RolloutBatch
 
         if not self.shape:
@@ -211,6 +213,7 @@ class MaskedDiffusionLM(PolicyBase):
         ids, step_map, slp = denoise(self.logits_fn(module), prompt, pmask, gen_length=self.shape["gen_length"],
                                      block_length=self.shape["block_length"], steps=self.shape["steps"],
                                      temperature=temp, mask_id=self.mask_id, generator=gen)
+        GENERATED.add(R, R * ids.shape[1])  # every one of the L positions is drawn, past the eos too
         seeds = torch.randint(0, 2 ** 31 - 1, (R,), generator=gen)
         eos = ids == self.tokenizer.eos_token_id
         has = eos.any(-1)
