@@ -84,6 +84,9 @@ def test_sample_shapes_and_recomputed_logprobs_equal_behaviour(policy_and_model)
     out = policy.forward(model, b, want=frozenset({"entropy", "token_logprobs"}), grad=False)
     torch.testing.assert_close(out["logprobs"] * m, b.behavior_logprobs, atol=1e-5, rtol=0)
     assert out["token_logprobs"] is out["logprobs"] and out["entropy"].shape == m.shape
+    d = policy.describe(b, 0)
+    assert d["completion"] == b.columns["completion"][0] and d["reference"] == rows[0]["transcript"]
+    assert d["image"].startswith("data:image/png;base64,")  # the spectrogram picture for the report
     model.train()
     try:
         parts = torch.cat([torch.nn.functional.pad(policy.forward(model, mb, grad=False)["logprobs"],

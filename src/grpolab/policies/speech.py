@@ -249,7 +249,29 @@ class SpeechToTextPolicy(PolicyBase):
         return out
 
     def describe(self, batch, i: int) -> dict:
-        """The utterance, the transcript written and the reference (``transcript``) when the data has one."""
+        """The utterance, the transcript written, the reference (``transcript``) when the data has one, and the
+        utterance's feature frames as a spectrogram picture (``image``, a PNG data URI: frames left to right,
+        feature dimensions bottom to top, each row scaled to its min-max, 3x3 pixels per value) for the report;
+        there is no audio to play (the corpus is feature frames, not audio)."""
         ref = batch.columns.get("transcript")
         return {"prompt": str(batch.columns["prompt"][i]), "completion": str(batch.columns["completion"][i]),
-                **({"reference": str(ref[i])} if ref is not None else {})}
+                **({"reference": str(ref[i])} if ref is not None else {}),
+                "image": spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])}
+
+
+def spectrogram_data_uri(features: torch.Tensor, mask: torch.Tensor, scale: int = 3) -> str:
+    """Frames ``[T, D]`` (the real ones: ``mask``) as a grey PNG data URI ``[D·scale, T·scale]``, min-max scaled."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    from ..images.render import png_data_uri
+
+    x = features[mask.bool()].detach().float().cpu().numpy().T[::-1]  # [D, T], dimension 0 at the bottom
+    lo, hi = float(x.min(initial=0.0)), float(x.max(initial=0.0))
+    u8 = np.round(255 * (x - lo) / (hi - lo if hi > lo else 1.0)).astype(np.uint8)
+    img = Image.fromarray(np.ascontiguousarray(u8)).resize((u8.shape[1] * scale, u8.shape[0] * scale), Image.NEAREST)
+    buf = io.BytesIO()
+    img.save(buf, format="PNG", optimize=True)
+    return png_data_uri(buf.getvalue())
