@@ -239,7 +239,7 @@ def test_trainer_runs_two_steps_with_each_estimator(tmp_path, recipe, estimator)
     from grpolab.train.trainer import Trainer
 
     cfg = Config.build({**recipe_overrides(recipe), "dllm_logprob": estimator, "dllm_elbo_samples": 2,
-                        "steps": 2, "prompts_per_step": 2, "num_generations": 4, "num_iterations": 2, "seed": 0,
+                        "steps": 2, "prompts_per_step": 2, "num_generations": 4, "seed": 0,
                         "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
     assert 0.0 <= summary["after"]["rewards/match/mean"] <= 1.0
@@ -251,7 +251,8 @@ def test_trainer_runs_two_steps_with_each_estimator(tmp_path, recipe, estimator)
 def test_dllm_recipes_raise_the_held_out_match_on_every_seed(tmp_path, recipe, steps, margin, seed):
     """Each dLLM recipe on the repeat task (8 prompts x 8 completions per step): the held-out greedy match rises
     from 0.4375. Measured (this machine, one thread, float32; `grpolab train --recipe R --steps N --seed S
-    --threads 1`): diffu_grpo, 4 steps: 0.963 / 0.919 / 0.800 (seeds 0, 1, 2; seed 3: 0.900), smallest rise 0.36;
+    --threads 1`): diffu_grpo (4 passes with new mask seeds, mask_reseed), 4 steps: 0.956 / 1.000 / 0.812 (seeds 0,
+    1, 2; seed 3: 0.862), smallest rise 0.375;
     dipo, 4 steps: 1.0 on seeds 0-3, rise 0.56. Asserted: a rise of 0.15 / 0.2. (gdpo_dllm, 8 steps: 0.750 /
     0.919 / 0.838 / 0.850, in docs/dllm.md; too slow for the suite's learning budget.)"""
     from grpolab.recipes import recipe_overrides
@@ -272,7 +273,7 @@ def test_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
     from grpolab.train.trainer import Trainer
 
     base = {**recipe_overrides("diffu_grpo"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
-            "prompts_per_step": 2, "num_generations": 4, "num_iterations": 2}
+            "prompts_per_step": 2, "num_generations": 4, "mask_reseed_iterations": 2}
     quiet = dict(log=lambda *a: None)
     a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **quiet)
     sa = a.train(progress=False)
@@ -335,3 +336,55 @@ def test_entropy_is_the_all_masked_vocabulary_entropy_and_entropy_bonus_trains(p
                         "prompts_per_step": 2, "num_generations": 4, "num_iterations": 1, "seed": 0,
                         "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     Trainer(cfg, log=lambda *a: None).train(progress=False)
+
+
+def test_mask_reseed_passes_use_their_own_seeds(policy_and_model):
+    """d1's inner iterations (update strategy mask_reseed): pass 0 trains with the sampled seeds and the batch's
+    behaviour / reference log-probs; pass k with the derived seeds (hand value below) and old / reference
+    log-probs computed under them before any pass (here the reference is the same weights, so ref = old); the
+    batch is restored afterwards. The config refuses num_iterations > 1 and a policy without mask seeds."""
+    import contextlib
+
+    from grpolab.stages.mask_reseed import MaskReseed, derived_seeds
+
+    assert derived_seeds(torch.tensor([5]), 0).tolist() == [5]
+    assert derived_seeds(torch.tensor([5]), 2).tolist() == [(5 * 1000003 + 7919 * 2) % (2 ** 31 - 1)]
+    policy, model = policy_and_model
+    rows = [{"prompt": "say 2:", "digit": "2"}]
+    b = policy.sample(model, rows, [0], num_generations=3, temperature=1.0, generator=torch.Generator().manual_seed(8))
+    b.ref_logprobs = b.behavior_logprobs.clone()
+    seeds0, old0 = b.row_data["mask_seed"].clone(), b.behavior_logprobs.clone()
+
+    class Ctx:
+        def logprobs(self, batch, model=model):  # RolloutContext.logprobs: the policy's, or the given model's
+            return policy.logprobs(model, batch, micro_batch_size=8)
+
+        def reference_policy(self):
+            return contextlib.nullcontext(model)
+
+    seen = []
+
+    def update(batch):
+        seen.append((batch.row_data["mask_seed"].clone(), batch.behavior_logprobs.clone(), batch.ref_logprobs.clone()))
+        return {"skipped": 0, "loss": 0.0}
+
+    out = MaskReseed(mask_reseed_iterations=3)(update=update, batch=b, ctx=Ctx())
+    assert out["skipped"] == 0 and len(seen) == 3
+    assert torch.equal(seen[0][0], seeds0) and torch.equal(seen[0][1], old0)
+    for k in (1, 2):
+        seeds, old, ref = seen[k]
+        assert torch.equal(seeds, derived_seeds(seeds0, k))
+        b2 = policy.sample(model, rows, [0], num_generations=3, temperature=1.0,
+                           generator=torch.Generator().manual_seed(8))
+        b2.row_data["mask_seed"] = seeds
+        want = policy.forward(model, b2, grad=False)["logprobs"] * b2.completion_mask
+        torch.testing.assert_close(old, want)
+        torch.testing.assert_close(ref * b.completion_mask, old)  # the trainer's reference pass is unmasked
+        assert not torch.equal(old, old0)  # prompt masking differs with the seed
+    assert torch.equal(b.row_data["mask_seed"], seeds0) and torch.equal(b.behavior_logprobs, old0)
+    with pytest.raises(ConfigError, match="num_iterations"):
+        Config.build({"policy": "masked_diffusion_lm", "update_strategy": "mask_reseed", "num_iterations": 2,
+                      "num_generations": 4, "micro_batch_size": 8})
+    with pytest.raises(ConfigError, match="mask seeds"):
+        Config.build({"update_strategy": "mask_reseed", "model": "tiny", "task": "repeat", "num_generations": 4,
+                      "micro_batch_size": 8})

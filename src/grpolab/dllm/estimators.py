@@ -45,7 +45,7 @@ def onestep(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, p_mas
     Provenance: matches the authors' code (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: forward_process,
     _get_per_token_logps) except where the seed lives: d1 draws one seed per inner iteration for the whole batch
     (``mask_seeds``) and masks with the global RNG; here each row has its own seed and generator (drawn by the
-    sampler), kept for all inner iterations of its batch (the trainer keeps one set of old log-probs per batch).
+    sampler; update strategy ``mask_reseed`` derives a new one per inner pass, as d1's iterations).
     d1 also masks left-padding prompt positions; here pads are never masked (they are not attended to).
     Test: tests/test_dllm.py::test_onestep_equals_log_softmax_by_hand.
     """

@@ -54,9 +54,9 @@ class MaskedDiffusionLM(PolicyBase):
     ``onestep``, d1's one-step unmasking; ``elbo_mc``, the ELBO by double Monte Carlo; ``elbo_sdmc``, GDPO's
     semi-deterministic Monte Carlo; ``step_replay``, DiPO's replay of the step map). Behaviour (old), reference and current log-probs of a
     batch all use the row's ``mask_seed``, so the ratio is exactly 1 before the first optimiser step and compares
-    like with like afterwards. d1 redraws the seed at each inner iteration (μ > 1) and recomputes old and
-    reference log-probs under it; the trainer keeps one set of old log-probs per batch, so here one seed serves
-    every inner iteration [ours]. ``forward`` always scores the full L tokens (``completion_full``).
+    like with like afterwards. With the standard update every inner pass (``num_iterations``) reuses the rows'
+    seeds; d1 redraws them at each pass, with old and reference log-probs recomputed under them: update strategy
+    ``mask_reseed`` (``stages/mask_reseed.py``, recipe ``diffu_grpo``). ``forward`` always scores the full L tokens (``completion_full``).
 
     Model ``repeat`` / ``tiny`` (the default): a character-level ``BertForMaskedLM`` (hidden 64, 2 layers, 4
     heads, no dropout) pre-trained in-process on first use (``dllm/tiny.py``: LLaDA's SFT loss on the ``repeat``
@@ -83,6 +83,7 @@ class MaskedDiffusionLM(PolicyBase):
     # float32 whatever the dtype key: the same numbers on AVX2 and AVX512-BF16 CPUs, and the ELBO estimators'
     # 1/p weights (up to 1000) would magnify bfloat16 rounding (an 8B dLLM on a GPU would want this lifted)
     float32_only = True
+    uses_mask_seeds = True  # row_data["mask_seed"] drives the estimators (update strategy mask_reseed redraws it)
 
     def __init__(self, *, model: str, temperature: float,
                  dllm_logprob: str = param("onestep", "masked_diffusion_lm: the per-token log-prob estimator: "
