@@ -299,6 +299,8 @@ def test_each_component_resolves_from_its_defaults(kind):
             if "text" not in caps:
                 layers = {**layers, "policy": policy, "task": "digits" if "images" in caps else "toy_planner"}
                 del layers["model"]
+            elif policy != "causal_lm":  # another text policy (masked_diffusion_lm): its built-in 'tiny', task repeat
+                layers = {**layers, "policy": policy}
             try:
                 cfg = Config.build(layers)
                 break
