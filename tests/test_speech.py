@@ -86,7 +86,7 @@ def test_sample_shapes_and_recomputed_logprobs_equal_behaviour(policy_and_model)
     assert out["token_logprobs"] is out["logprobs"] and out["entropy"].shape == m.shape
     d = policy.describe(b, 0)
     assert d["completion"] == b.columns["completion"][0] and d["reference"] == rows[0]["transcript"]
-    assert d["image"].startswith("data:image/png;base64,")  # the spectrogram picture for the report
+    assert d["spectrogram"].startswith("data:image/png;base64,") and "image" not in d  # the report shows the text
     model.train()
     try:
         parts = torch.cat([torch.nn.functional.pad(policy.forward(model, mb, grad=False)["logprobs"],

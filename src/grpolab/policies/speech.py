@@ -250,13 +250,14 @@ class SpeechToTextPolicy(PolicyBase):
 
     def describe(self, batch, i: int) -> dict:
         """The utterance, the transcript written, the reference (``transcript``) when the data has one, and the
-        utterance's feature frames as a spectrogram picture (``image``, a PNG data URI: frames left to right,
-        feature dimensions bottom to top, each row scaled to its min-max, 3x3 pixels per value) for the report;
-        there is no audio to play (the corpus is feature frames, not audio)."""
+        utterance's feature frames as a spectrogram picture (``spectrogram``, a PNG data URI: frames left to
+        right, feature dimensions bottom to top, min-max scaled, 3x3 pixels per value) in the completions log. Not
+        ``image``: the report shows an ``image`` instead of the text, and here the text is the action. There is
+        no audio to play (the corpus is feature frames, not audio)."""
         ref = batch.columns.get("transcript")
         return {"prompt": str(batch.columns["prompt"][i]), "completion": str(batch.columns["completion"][i]),
                 **({"reference": str(ref[i])} if ref is not None else {}),
-                "image": spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])}
+                "spectrogram": spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])}
 
 
 def spectrogram_data_uri(features: torch.Tensor, mask: torch.Tensor, scale: int = 3) -> str:
