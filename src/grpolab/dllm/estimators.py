@@ -42,8 +42,8 @@ def onestep(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, p_mas
     Paper: Zhao et al., "d1: Scaling Reasoning in Diffusion Large Language Models via Reinforcement Learning",
     arXiv:2504.12216 (not in seed-catalog.md; issue 25 names it as the common baseline).
 
-    Provenance: matches the authors' code (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: forward_process,
-    _get_per_token_logps) except where the seed lives: d1 draws one seed per inner iteration for the whole batch
+    Provenance: authors' code — https://github.com/dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py
+    (forward_process, _get_per_token_logps); except where the seed lives: d1 draws one seed per inner iteration for the whole batch
     (``mask_seeds``) and masks with the global RNG; here each row has its own seed and generator (drawn by the
     sampler; update strategy ``mask_reseed`` derives a new one per inner pass, as d1's iterations).
     d1 also masks left-padding prompt positions; here pads are never masked (they are not attended to).
@@ -72,8 +72,8 @@ def elbo_mc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elbo_
     Optimization" (GDPO), arXiv:2510.08554 (seed 000-101), as the double-MC baseline it improves on; the bound is
     LLaDA's (Nie et al., ML-GSAI/LLaDA get_log_likelihood.py forward_process).
 
-    Provenance: matches the paper's equations (GDPO's L_ELBO; no authors' code found) with LLaDA's ε floor on t
-    [ours: the per-token split of the sequence sum, so that the trainer's token-level ratio and KL apply].
+    Provenance: paper equations — GDPO's L_ELBO (no authors' code found), with LLaDA's ε floor on t; ours: the
+    per-token split of the sequence sum, so that the trainer's token-level ratio and KL apply.
     Test: tests/test_dllm.py::test_elbo_mc_by_hand.
     """
     P = prompt_len
@@ -122,9 +122,9 @@ def elbo_sdmc(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, elb
     Paper: Rojas et al., "Improving Reasoning for Diffusion Language Models via Group Diffusion Policy
     Optimization" (GDPO), arXiv:2510.08554 (seed 000-101).
 
-    Provenance: reconstructed from the paper's description (no authors' code found; reference notes §14): the
-    quadrature rule (Gauss-Legendre), one mask per node and ε are our choices; the paper's node count is not
-    extracted. Test: tests/test_dllm.py::test_sdmc_has_lower_variance_than_double_mc.
+    Provenance: reconstructed from the abstract — GDPO (arXiv:2510.08554) and the reference notes on its paper
+    and project page (reference/beyond-text-images-dllm.md §14; no authors' code found); the quadrature rule
+    (Gauss-Legendre), one mask per node and ε are our choices; the paper's node count is not extracted. Test: tests/test_dllm.py::test_sdmc_has_lower_variance_than_double_mc.
     """
     P = prompt_len
     R, L = ids.shape[0], ids.shape[1] - P
@@ -154,9 +154,9 @@ def step_replay(logits_fn, ids, attn, prompt_len: int, mask_id: int, seeds, *, s
     Paper: Zhu et al., "DiRL: An Efficient Post-Training Framework for Diffusion Language Models" (DiPO),
     arXiv:2512.22234 (seed 000-73).
 
-    Provenance: reconstructed from the reference notes' summary of the authors' code (OpenMOSS/DiRL,
-    train/grpo.py forward_process and the SDAR model's RL loss, reference/beyond-text-images-dllm.md §15), not
-    read here; differences: a fully bidirectional model (theirs is block-causal with KV cache), one forward per
+    Provenance: reconstructed from the abstract — DiPO (arXiv:2512.22234) and the reference notes' summary of the
+    authors' code (OpenMOSS/DiRL train/grpo.py forward_process and the SDAR model's RL loss,
+    reference/beyond-text-images-dllm.md §15), not read here; differences: a fully bidirectional model (theirs is block-causal with KV cache), one forward per
     step over the whole batch instead of one training row per (sample, step), no ``shrink``.
     Test: tests/test_dllm.py::test_step_replay_reproduces_the_sampler.
     """

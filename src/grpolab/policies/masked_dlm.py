@@ -72,7 +72,7 @@ class MaskedDiffusionLM(PolicyBase):
 
     Provenance: grpolab's own — a tiny stand-in for LLaDA-8B (ML-GSAI/LLaDA generate.py) as d1 trains it
     (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py: ``generate``, the completion mask at the first EOS).
-    Test: tests/test_dllm.py.
+    Test: tests/test_dllm.py::test_sampler_schedule_and_step_map, tests/test_dllm.py::test_ratio_is_one_before_the_first_update.
     """
 
     step = "a completion token"

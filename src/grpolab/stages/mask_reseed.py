@@ -41,11 +41,11 @@ class MaskReseed:
     Paper: Zhao et al., "d1: Scaling Reasoning in Diffusion Large Language Models via Reinforcement Learning",
     arXiv:2504.12216.
 
-    Provenance: matches the authors' code (dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py:
-    ``_generate_and_score_completions`` draws ``mask_seeds`` (one per iteration) and computes
+    Provenance: authors' code — https://github.com/dllm-reasoning/d1, diffu-grpo/diffu_grpo_trainer.py
+    (``_generate_and_score_completions`` draws ``mask_seeds``, one per iteration, and computes
     ``old_per_token_logps`` and ``ref_per_token_logps`` for each before training; ``compute_loss`` uses
-    ``mask_seeds[this_itr_idx]``), except that a pass's seed is per row (derived from the row's sampled seed)
-    where d1 draws one per iteration for the batch from [0, 2¹²) and reseeds the global RNG.
+    ``mask_seeds[this_itr_idx]``); a pass's seed is per row (derived from the row's sampled seed) where d1 draws
+    one per iteration for the batch from [0, 2¹²) and reseeds the global RNG.
     Test: tests/test_dllm.py::test_mask_reseed_passes_use_their_own_seeds.
     """
 
