@@ -137,9 +137,9 @@ class SpeechToTextPolicy(PolicyBase):
                                   f"shape {tuple(x.shape)}")
             return x
         if row.get("audio_seed") is None:
-            raise ConfigError(f"{where}: policy speech_to_text needs an utterance: an 'audio_seed' (the synthetic "
-                              f"corpus, task spoken_digits) or 'features' ([frames, {FEATURE_DIM}]); got the "
-                              f"columns {sorted(row)}")
+            raise ConfigError(f"{where}: policy speech_to_text transcribes an utterance: the column 'audio_seed' "
+                              f"(an utterance of the synthetic corpus, task spoken_digits) or the column 'features' "
+                              f"([frames, {FEATURE_DIM}] floats) is missing; the row has {sorted(row)}")
         return torch.from_numpy(utterance(int(row["audio_seed"]))[1])
 
     def conditions(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
