@@ -115,6 +115,8 @@ def test_every_recipe_trains(tiny_args, recipe, tmp_path):
         from test_reward_models import _save_tiny_rm
         _save_tiny_rm(tmp_path / "rm")
         args["reward"] = [f"rm:{tmp_path / 'rm'}"]
+    if rec.get("update_strategy") == "mask_reseed":  # d1's passes come from mask_reseed_iterations (num_iterations 1)
+        args["num_iterations"] = 1
     if "task" in rec:  # a recipe built around its own task (e.g. countdown) keeps it
         args["task"] = rec["task"]
     with warnings.catch_warnings():
