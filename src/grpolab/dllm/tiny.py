@@ -96,7 +96,7 @@ def pretrain(recipe: dict | None = None, log=None):
     """``(model, tokenizer, loss_curve)``; not cached (see :func:`dlm_model_path`)."""
     from transformers import BertConfig, BertForMaskedLM
 
-    from ..images.cache import fit
+    from ..images.cache import fit, pretraining
     recipe = recipe or pretrain_recipe()
     tok = build_tokenizer()
     draw = torch.Generator().manual_seed(recipe["seed"])
@@ -113,25 +113,21 @@ def pretrain(recipe: dict | None = None, log=None):
         torch.manual_seed(recipe["seed"])
         model = BertForMaskedLM(BertConfig(**recipe["bert"])).float()
     mask_id = tok.mask_token_id
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        g = torch.Generator().manual_seed(recipe["seed"])
+    g = torch.Generator().manual_seed(recipe["seed"])
 
-        def loss(idx):
-            x = ids[idx].clone()
-            t = torch.rand(len(idx), generator=g)
-            p = (1 - 1e-3) * t + 1e-3
-            m = torch.rand(len(idx), L, generator=g) < p[:, None]
-            x[:, P:][m] = mask_id
-            logits = model(input_ids=x, attention_mask=attn[idx], position_ids=pos[idx]).logits[:, P:]
-            ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[idx, P:].reshape(-1),
-                                                   reduction="none").view(len(idx), L)
-            return ((ce * m) / p[:, None]).sum() / (len(idx) * L)
+    def loss(idx):
+        x = ids[idx].clone()
+        t = torch.rand(len(idx), generator=g)
+        p = (1 - 1e-3) * t + 1e-3
+        m = torch.rand(len(idx), L, generator=g) < p[:, None]
+        x[:, P:][m] = mask_id
+        logits = model(input_ids=x, attention_mask=attn[idx], position_ids=pos[idx]).logits[:, P:]
+        ce = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[idx, P:].reshape(-1),
+                                               reduction="none").view(len(idx), L)
+        return ((ce * m) / p[:, None]).sum() / (len(idx) * L)
 
+    with pretraining(recipe):
         losses = fit(model, len(ids), recipe, loss, g, name="masked_dlm", log=log)
-    finally:
-        torch.set_num_threads(threads)
     return model, tok, losses
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -87,6 +88,20 @@ def cached_build(name: str, recipe: dict, build_fn: Callable[[Path], dict | None
         tmp.rename(target)
         log(f"[grpolab] cached {name} at {target} ({seconds:.0f} s)")
     return target
+
+
+@contextlib.contextmanager
+def pretraining(recipe: dict):
+    """The frame of every built-in tiny model's one-time pre-training: torch on ``recipe["threads"]`` threads (the
+    weights do not depend on the caller's thread count) and the global RNG forked (the recipe's own generator
+    draws everything; the caller's random state is left as it was); both restored on exit."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe["threads"])
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def fit(model, n: int, recipe: dict, batch_loss, generator: torch.Generator, *, name: str, log=None) -> list[float]:

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .cache import cached_build, read_meta
+from .cache import cached_build, pretraining, read_meta
 
 KINDS = ("flow", "ddpm")
 NUM_CLASSES = 10
@@ -185,13 +185,8 @@ def _pretrain_kind(kind: str, recipe: dict | None, log):
     recipe = recipe or pretrain_recipe(kind)
     images, labels = load_digits_tensor()
     model = build_unet(recipe["unet"], seed=recipe["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):  # the recipe's generator draws everything; the global RNG is kept
-            losses = _pretrain(kind, model, images, labels, recipe, log)
-    finally:
-        torch.set_num_threads(threads)
+    with pretraining(recipe):
+        losses = _pretrain(kind, model, images, labels, recipe, log)
     return model, losses
 
 
@@ -348,13 +343,8 @@ def pretrain_frames(recipe: dict | None = None, log=None):
     images, labels = load_digits_tensor()
     stacks = frame_stacks(images)
     model = build_unet(recipe["unet"], seed=recipe["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):
-            losses = _pretrain("flow", model, stacks, labels, recipe, log)  # the flow loop, on 3 channels
-    finally:
-        torch.set_num_threads(threads)
+    with pretraining(recipe):
+        losses = _pretrain("flow", model, stacks, labels, recipe, log)  # the flow loop, on 3 channels
     return model, losses
 
 

@@ -35,7 +35,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .cache import cached_build, cached_path, fit
+from .cache import cached_build, cached_path, fit, pretraining
 
 SIDES = (1, 2, 4, 8)  #: token map side of each scale, coarsest first
 SCALES = len(SIDES)
@@ -207,19 +207,14 @@ def pretrain_var(recipe: dict | None = None, log=None):
     images, labels = load_digits_tensor()
     codes = book.encode(images)
     model = build_var_model(recipe, seed=recipe["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):
-            g = torch.Generator().manual_seed(recipe["seed"])
+    g = torch.Generator().manual_seed(recipe["seed"])
 
-            def batch_loss(idx):
-                logits = model(codes[idx], labels[idx])
-                return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes[idx].reshape(-1))
+    def batch_loss(idx):
+        logits = model(codes[idx], labels[idx])
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), codes[idx].reshape(-1))
 
-            losses = fit(model, len(codes), recipe, batch_loss, g, name="var", log=log)
-    finally:
-        torch.set_num_threads(threads)
+    with pretraining(recipe):
+        losses = fit(model, len(codes), recipe, batch_loss, g, name="var", log=log)
     return model, book, losses, mse
 
 

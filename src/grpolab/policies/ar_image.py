@@ -63,7 +63,7 @@ def build_model(recipe: dict, seed: int = 0):
 def pretrain(recipe: dict | None = None, log=None):
     """``(model, codebook, loss_curve)``: the tiny Llama pre-trained by next-token cross-entropy on
     [bos, class, 16 codes] of every digit (loss on the codes only), not cached (see :func:`ar_model_path`)."""
-    from ..images.cache import fit
+    from ..images.cache import fit, pretraining
     from ..images.codebook import fit_codebook
     from ..images.digits import load_digits_tensor
 
@@ -77,15 +77,10 @@ def pretrain(recipe: dict | None = None, log=None):
     target = seqs.clone()
     target[:, :2] = -100  # no loss on the prompt
     model = build_model(recipe, seed=recipe["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):
-            g = torch.Generator().manual_seed(recipe["seed"])
-            losses = fit(model, len(seqs), recipe, lambda idx: model(input_ids=seqs[idx], labels=target[idx]).loss,
-                         g, name="ar", log=log)
-    finally:
-        torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(recipe["seed"])
+    with pretraining(recipe):
+        losses = fit(model, len(seqs), recipe, lambda idx: model(input_ids=seqs[idx], labels=target[idx]).loss,
+                     g, name="ar", log=log)
     return model, book, losses
 
 

@@ -23,7 +23,7 @@ from ..config import ConfigError
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..images import sde
-from ..images.cache import cached_build
+from ..images.cache import cached_build, pretraining
 from ..registry import POLICIES, param
 from .base import PolicyBase
 from .flow_matching import check_image_policy, gaussian_step_outputs, row_noise
@@ -107,39 +107,34 @@ def pretrain_recipe() -> dict:
 def pretrain_planner(recipe: dict | None = None) -> tuple[PlannerDenoiser, list[float]]:
     """``(model, loss_curve)``: ε-prediction on noised straight-line demos, head 0 trained, then copied to all."""
     recipe = recipe or pretrain_recipe()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(recipe["seed"])
-            model = PlannerDenoiser(**recipe["model"])
-            g = torch.Generator().manual_seed(recipe["seed"])
-            acp = alphas_cumprod()
-            iters, bs = recipe["iterations"], recipe["batch_size"]
-            opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"])
-            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
-            losses, chunk = [], []
-            zero = torch.zeros(bs, dtype=torch.long)
-            for _ in range(iters):
-                scenes = random_scenes(bs, g)
-                x0 = straight_line(scenes)
-                t = torch.randint(0, NUM_TRAIN_TIMESTEPS, (bs,), generator=g)
-                eps = torch.randn(x0.shape, generator=g)
-                a = acp[t][:, None]
-                loss = (model(a.sqrt() * x0 + (1 - a).sqrt() * eps, t, scenes, zero) - eps).pow(2).mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                sched.step()
-                chunk.append(loss.item())
-                if len(chunk) == iters // 10:
-                    losses.append(round(sum(chunk) / len(chunk), 5))
-                    chunk = []
-            with torch.no_grad():
-                for head in model.heads[1:]:  # all heads tied at the end of imitation
-                    head.load_state_dict(model.heads[0].state_dict())
-    finally:
-        torch.set_num_threads(threads)
+    with pretraining(recipe):
+        torch.manual_seed(recipe["seed"])
+        model = PlannerDenoiser(**recipe["model"])
+        g = torch.Generator().manual_seed(recipe["seed"])
+        acp = alphas_cumprod()
+        iters, bs = recipe["iterations"], recipe["batch_size"]
+        opt = torch.optim.AdamW(model.parameters(), lr=recipe["learning_rate"])
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=iters)
+        losses, chunk = [], []
+        zero = torch.zeros(bs, dtype=torch.long)
+        for _ in range(iters):
+            scenes = random_scenes(bs, g)
+            x0 = straight_line(scenes)
+            t = torch.randint(0, NUM_TRAIN_TIMESTEPS, (bs,), generator=g)
+            eps = torch.randn(x0.shape, generator=g)
+            a = acp[t][:, None]
+            loss = (model(a.sqrt() * x0 + (1 - a).sqrt() * eps, t, scenes, zero) - eps).pow(2).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            chunk.append(loss.item())
+            if len(chunk) == iters // 10:
+                losses.append(round(sum(chunk) / len(chunk), 5))
+                chunk = []
+        with torch.no_grad():
+            for head in model.heads[1:]:  # all heads tied at the end of imitation
+                head.load_state_dict(model.heads[0].state_dict())
     return model.eval(), losses
 
 

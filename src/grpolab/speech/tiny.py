@@ -78,7 +78,7 @@ def decoder_inputs(targets: torch.Tensor, bos: int) -> torch.Tensor:
 
 def pretrain(recipe: dict | None = None, log=None):
     """``(model, loss_curve)``: the tiny Speech2Text trained by teacher-forced cross-entropy (not cached)."""
-    from ..images.cache import fit
+    from ..images.cache import fit, pretraining
 
     recipe = recipe or pretrain_recipe()
     vocab = recipe["vocab"]
@@ -88,17 +88,12 @@ def pretrain(recipe: dict | None = None, log=None):
     dec_in = decoder_inputs(targets, vocab["bos"])
     labels = targets.masked_fill(targets == vocab["pad"], -100)
     model = build_model(recipe, seed=recipe["seed"])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(recipe["threads"])
-    try:
-        with torch.random.fork_rng(devices=[]):
-            g = torch.Generator().manual_seed(recipe["seed"])
-            losses = fit(model, len(texts), recipe,
-                         lambda idx: model(input_features=feats[idx], attention_mask=mask[idx],
-                                           decoder_input_ids=dec_in[idx], labels=labels[idx]).loss,
-                         g, name="speech", log=log)
-    finally:
-        torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(recipe["seed"])
+    with pretraining(recipe):
+        losses = fit(model, len(texts), recipe,
+                     lambda idx: model(input_features=feats[idx], attention_mask=mask[idx],
+                                       decoder_input_ids=dec_in[idx], labels=labels[idx]).loss,
+                     g, name="speech", log=log)
     return model, losses
 
 
