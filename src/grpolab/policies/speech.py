@@ -261,18 +261,12 @@ class SpeechToTextPolicy(PolicyBase):
 
 
 def spectrogram_data_uri(features: torch.Tensor, mask: torch.Tensor, scale: int = 3) -> str:
-    """Frames ``[T, D]`` (the real ones: ``mask``) as a grey PNG data URI ``[D·scale, T·scale]``, min-max scaled."""
-    import io
+    """Frames ``[T, D]`` (the real ones: ``mask``) as a grey PNG data URI ``[D·scale, T·scale]``, min-max scaled
+    (the range includes 0), dimension 0 at the bottom (``images.render``'s PNG writer)."""
+    from ..images.render import grid_png, png_data_uri
 
-    import numpy as np
-    from PIL import Image
-
-    from ..images.render import png_data_uri
-
-    x = features[mask.bool()].detach().float().cpu().numpy().T[::-1]  # [D, T], dimension 0 at the bottom
-    lo, hi = float(x.min(initial=0.0)), float(x.max(initial=0.0))
-    u8 = np.round(255 * (x - lo) / (hi - lo if hi > lo else 1.0)).astype(np.uint8)
-    img = Image.fromarray(np.ascontiguousarray(u8)).resize((u8.shape[1] * scale, u8.shape[0] * scale), Image.NEAREST)
-    buf = io.BytesIO()
-    img.save(buf, format="PNG", optimize=True)
-    return png_data_uri(buf.getvalue())
+    x = features[mask.bool()].detach().float().cpu().T.flip(0)  # [D, T]
+    lo = min(float(x.min()), 0.0) if x.numel() else 0.0
+    hi = max(float(x.max()), 0.0) if x.numel() else 0.0
+    x01 = (x - lo) / (hi - lo if hi > lo else 1.0)
+    return png_data_uri(grid_png(x01[None], 1, 1, scale=scale, pad=0))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import random
 import re
 
+from ..data import completion_text
 from ..registry import TASKS, param
 from .base import Task
 
@@ -44,12 +45,9 @@ def _references(reward: str, transcript, n: int) -> list[str]:
 
 
 def _hypotheses(completions) -> list[str]:
-    out = []
-    for c in completions or []:
-        if isinstance(c, list) and c and isinstance(c[-1], dict):  # a chat completion: its last message
-            c = c[-1].get("content", "")
-        out.append(normalize(c))
-    return out
+    """Each completion's text (a string, or chat messages as TRL gives them: ``data.completion_text``),
+    normalised."""
+    return [normalize(completion_text(c)) for c in completions or []]
 
 
 def word_error_rate(reference: str, hypothesis: str) -> float:
