@@ -1,5 +1,6 @@
 """What users rely on, with an image policy: a run killed with ``kill -9`` resumes to the uninterrupted run
-(metrics and final weights identical), and 2 gloo ranks train what one process trains.
+(metrics and final weights identical; also for the dLLM and speech policies), and 2 gloo ranks train what one
+process trains.
 
 The image twins of tests/test_training.py::test_kill_9_and_resume_matches_uninterrupted_run and
 tests/test_distributed.py::test_two_ranks_equal_one_process, for the recipe flow_grpo_images (policy
@@ -35,6 +36,9 @@ TIMING = {"rollout_s", "train_s", "tokens_per_s", "train_seconds_total", "peak_r
 # the tracker's checkpointed buffers within a few steps (DDPO's 16 / 16 would need 4 steps of one prompt)
 EXTRA = {"flow_grpo_images": {}, "ddpo": {"tracker_buffer_size": 8, "tracker_min_count": 8}}
 RECIPES = [r for r in EXTRA if r in recipe_names()]
+# the kill -9 test also covers the other non-causal policies: masked_diffusion_lm (diffu_grpo: per-row mask seeds
+# drawn from the run's generator, mask_reseed's passes) and speech_to_text (asr_grpo)
+KILLED = RECIPES + [r for r in ("diffu_grpo", "asr_grpo") if r in recipe_names()]
 # runs of the 2-rank test: name -> (recipe, settings); flow_random: a random half of each row's denoising steps,
 # drawn from the run's generator after the rollout (DanceGRPO's / DDPO's timestep_fraction < 1)
 RUNS = {**{r: (r, EXTRA[r]) for r in RECIPES},
@@ -58,13 +62,13 @@ def weights(out) -> dict:
 
 # ------------------------------------------------------------------------------------------ kill -9 and resume
 def _cli(recipe: str, out: Path, steps: int) -> list[str]:
-    extra = [a for k, v in EXTRA[recipe].items() for a in (f"--{k}", str(v))]
+    extra = [a for k, v in EXTRA.get(recipe, {}).items() for a in (f"--{k}", str(v))]
     return [sys.executable, "-m", "grpolab", "train", "--recipe", recipe, "--steps", str(steps),
             "--prompts_per_step", "2", "--num_generations", "4", "--eval_before", "false", "--eval_after", "false",
             "--tensorboard", "false", "--save_steps", "2", "--threads", "1", "--out", str(out), "--quiet", *extra]
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", KILLED)
 def test_kill_9_and_resume_matches_uninterrupted_run(tmp_path, recipe):
     """Killed (SIGKILL) after its 3rd step, between the checkpoints of steps 2 and 4, and resumed with
     ``--resume``: every step's metrics (but timings) and the final weights equal the uninterrupted run's, bit for
