@@ -17,7 +17,7 @@ SRC = Path(grpolab.__file__).parent
 LAYERS = [
     {"errors", "registry", "sandbox"},
     {"batch", "data", "config", "components", "devices", "recipes"},
-    {"algorithms", "model", "images", "dllm", "speech"},
+    {"algorithms", "model", "images", "dllm", "speech", "vision"},
     {"generation", "policies"},
     {"rewards", "tasks", "prompts", "rollouts", "stages", "agents"},
     {"catalog", "train", "distributed"},

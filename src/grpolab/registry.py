@@ -243,6 +243,7 @@ CAPABILITIES: dict[str, str] = {
     "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
     "scales": "span_ids number the scales of a next-scale (VAR) image model",
     "audio": "conditions are utterances (speech feature frames): speech tasks",
+    "vision": "conditions include pictures (a row's image / images / built-in scene): vision-language tasks",
     "denoising_loss": "each step is a re-noised final sample scored by the model's flow-matching loss (DGPO): "
                       "per-step denoising losses",
 }

@@ -13,6 +13,7 @@ from . import ar_image  # noqa: F401  (registers the autoregressive image policy
 from . import var_image  # noqa: F401  (registers the next-scale image policy, VAR RL)
 from . import masked_dlm  # noqa: F401  (registers the masked diffusion LM, diffu-GRPO)
 from . import speech  # noqa: F401  (registers the speech recogniser, GRPO for ASR)
+from . import vlm  # noqa: F401  (registers the vision-language policy)
 from .base import CAPABILITIES, PolicyBase
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]

@@ -18,7 +18,7 @@ parameters such as the built-ins' ``seed`` never read the training ``seed``).
 from __future__ import annotations
 
 from ..registry import TASKS, UnknownComponentError
-from . import agent_tasks, arithmetic, countdown, digits, gym, repeat, speech  # noqa: F401  (register the tasks)
+from . import agent_tasks, arithmetic, countdown, digits, gym, repeat, speech, vision  # noqa: F401  (register the tasks)
 from .base import Task, get_task
 from .gym import GYM_PREFIX
 
