@@ -809,3 +809,51 @@ def span_balance(advantages: torch.Tensor, completion_mask: torch.Tensor, batch)
     w = torch.where(alive, n[:, None] / (kinds[:, None].clamp(min=1) * per_span.clamp(min=1)),
                     torch.zeros_like(per_span)).to(advantages.dtype)
     return per_token(advantages, w) * w
+
+
+# --------------------------------------------------------------------------- AVATAR: Temporal Advantage Shaping
+
+
+def tas_weights(completion_mask: torch.Tensor, tas_lambda: float) -> torch.Tensor:
+    """AVATAR's TAS weights ``[R, T]``: ``w_it = 1 + lambda * (2 t / max(L_i - 1, 1) - 1)^2``, ``t`` the column
+    index (0-based), ``L_i = max(sum_t mask_it, 1)``; all ones when ``lambda <= 0`` (the authors' switch-off)."""
+    R, T = completion_mask.shape
+    if tas_lambda <= 0:
+        return torch.ones(R, T, dtype=torch.float32, device=completion_mask.device)
+    t = torch.arange(T, device=completion_mask.device, dtype=torch.float32)[None, :].expand(R, T)
+    L = completion_mask.sum(-1).clamp(min=1).to(torch.float32)
+    denom = (L - 1).clamp(min=1)[:, None]
+    return 1.0 + float(tas_lambda) * (2.0 * t / denom - 1.0) ** 2
+
+
+@WEIGHTINGS.register("avatar_tas", needs=("tokens",))
+def avatar_tas(advantages: torch.Tensor, completion_mask: torch.Tensor, *,
+               avatar_tas_lambda: float = param(0.3, "AVATAR TAS: amplitude lambda of the U-shaped token weight "
+                                                "1 + lambda (2t/(L-1) - 1)^2 (the authors' tas_lambda 0.3; "
+                                                "<= 0 = GRPO)")) -> torch.Tensor:
+    """AVATAR Temporal Advantage Shaping, TAS (AVATAR, 2025, arXiv:2508.03100; seed 000-104).
+
+    ``A'_it = A_i * w_it``,  ``w_it = 1 + lambda * (2 t / (L_i - 1) - 1)^2``
+
+    with ``t`` the token's column in the completion (0-based) and ``L_i`` the row's loss-token count
+    (:func:`tas_weights`): a U over the completion, ``1 + lambda`` at the first and last token and 1 in the
+    middle, so early planning tokens and the final answer weigh more. Not normalised: the weights' mean over a
+    row exceeds 1 (for ``L = 3``, ``lambda = 0.3``: 1.3, 1, 1.3). ``L = 1``: the denominator is clamped to 1,
+    so the single token gets ``1 + lambda``. ``lambda <= 0`` gives weight 1 (GRPO). Output ``[R, T]``.
+
+    The authors multiply the per-token *loss* (the clipped surrogate, before the KL term is added) by ``w``;
+    for ``w > 0`` that equals multiplying the advantage inside the clipped surrogate, since
+    ``-min(rho A w, clip(rho) A w) = w * -min(rho A, clip(rho) A)``, so a weighting gives the same loss with
+    ``policy_loss: clipped_ratio`` and leaves the KL term unweighted, as theirs.
+
+    Provenance: authors' code — https://github.com/yogkul2000/AVATAR,
+    ms-swift/swift/rlhf_trainers/grpo_tas_trainer.py (GRPOTASTrainer._compute_tas_weights: positions are the
+    column index over the padded width, ``L = mask.sum().clamp(min=1)``, denominator ``(L - 1).clamp(min=1)``,
+    no normalisation; applied to every mini-batch, replayed ones included); lambda 0.3 from args_mixin.py and
+    the Qwen2.5-Omni launcher. Known difference: a loss whose per-token term is not linear in the advantage
+    (other than the clipped ratio) sees a weighted advantage rather than a weighted loss; the avatar_replay
+    stage applies the same weights to the rows it replays.
+    Test: tests/test_vision_tools_avatar.py::test_tas_weights_by_hand.
+    """
+    w = tas_weights(completion_mask, avatar_tas_lambda).to(advantages.dtype)
+    return per_token(advantages, completion_mask) * w
