@@ -136,6 +136,11 @@ def test_gui_judge_scores_only_the_unannotated_rows():
     out = lm(None, [hit, miss, hit], scene_seed=[seed] * 3, annotated=ann)
     assert out[2] is None and all(0.0 < v < 1.0 for v in out[:2])
     assert lm(None, [hit], scene_seed=[seed], annotated=[True]) == [None]
+    from grpolab.tasks import get_task
+    with pytest.raises(ValueError, match="gui_judge 'self'"):
+        get_task("gui_actions", gui_judge="self", gui_train_size=2, gui_eval_size=0)
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        GuiJudge("/nonexistent/judge")
 
 
 def test_mixed_reward_weights():
