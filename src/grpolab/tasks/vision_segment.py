@@ -645,4 +645,4 @@ def shape_segmentation(seed: int = 0, *, segment_train_size: int = TRAIN_SIZE, s
         accuracy, what = "box_iou", "PixelThink: five accuracy terms x the difficulty/uncertainty length score"
     return Task("shape_segmentation", train, held_out, rewards=rewards, accuracy_reward=accuracy,
                 description=f"segment the named shape of a synthetic 32-px scene; {what}",
-                extra={"segment_format": segment_format})
+                extra={})
