@@ -10,7 +10,7 @@ import torch
 
 from ..config import ConfigError
 from ..generation.sampling import completion_counts
-from ..registry import POLICIES
+from ..registry import POLICIES, param
 from .base import PolicyBase
 
 BUILT_IN = ("tiny",)
@@ -77,11 +77,15 @@ class VisionLanguagePolicy(PolicyBase):
     float32_only = True  # the tiny model: float32 costs nothing and gives the same numbers on every CPU kind
 
     def __init__(self, *, model: str, task: str, temperature: float, max_completion_length: int,
-                 max_prompt_length: int):
+                 max_prompt_length: int,
+                 vlm_pretrain_steps: int = param(0, "vision_language: pre-training steps of the built-in tiny VLM "
+                                                  "(model tiny); 0 = the task's tuned count (fewer: quick smoke "
+                                                  "runs, a separate cache entry)")):
         self.model_name, self.task_name = model, task
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
         self.processor = None
+        self.pretrain_steps = int(vlm_pretrain_steps)
         self.image_token_id: int | None = None
 
     @property
@@ -99,7 +103,8 @@ class VisionLanguagePolicy(PolicyBase):
 
         if self.model_name in BUILT_IN:
             try:
-                path = vlm_model_path(self.task_name if isinstance(self.task_name, str) else "", log=log)
+                path = vlm_model_path(self.task_name if isinstance(self.task_name, str) else "",
+                                      self.pretrain_steps, log=log)
             except ValueError as e:
                 raise ConfigError(str(e)) from None
         else:
@@ -250,7 +255,8 @@ class VisionLanguagePolicy(PolicyBase):
             logp_all = torch.log_softmax(logits / max(self.temperature, 1e-6), -1)
             out = {"logprobs": logp_all.gather(-1, mb.completion_ids.to(device)[..., None])[..., 0]}
             if want & {"entropy", "entropy_grad"}:
-                ent = -(logp_all.exp() * logp_all).sum(-1)
+                finite = logp_all.masked_fill(torch.isinf(logp_all), 0.0)  # the excluded image token: 0 · log 0 = 0
+                ent = -(logp_all.exp() * finite).sum(-1)
                 out["entropy"], out["entropy_grad"] = ent.detach(), ent
         return out
 

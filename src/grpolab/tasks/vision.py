@@ -70,7 +70,8 @@ def grounding_row(seed: int) -> tuple[dict, str]:
     from ..vision.scenes import shapes_scene
     scene = shapes_scene(seed)
     obj = scene.objects[scene.target]
-    row = {"prompt": [{"role": "user", "content": f"Box the {obj.name}."}], "scene_kind": "shapes",
+    row = {"prompt": [{"role": "user", "content": [{"type": "text", "text": f"Box the {obj.name}."},
+                                                   {"type": "image"}]}], "scene_kind": "shapes",
            "scene_seed": int(seed), "target": obj.name, "target_box": list(obj.box)}
     return row, "<answer>[{},{},{},{}]</answer>".format(*obj.box)
 

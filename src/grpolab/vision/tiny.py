@@ -65,7 +65,7 @@ def build_processor():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import CLIPImageProcessor, LlavaProcessor, PreTrainedTokenizerFast
 
-    chars = list(string.printable[:95])  # digits, letters, punctuation, space
+    chars = list(string.printable[:95]) + ["\n"]  # digits, letters, punctuation, space, newline
     vocab = {t: i for i, t in enumerate(SPECIALS + chars)}
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
@@ -102,14 +102,17 @@ def build_model(config: dict, seed: int = 0):
         return LlavaForConditionalGeneration(cfg).float()
 
 
-def pretrain_recipe(task: str) -> dict:
-    """Everything that determines the pre-trained weights of ``task``'s tiny VLM (hashed into the cache name)."""
+def pretrain_recipe(task: str, iterations: int = 0) -> dict:
+    """Everything that determines the pre-trained weights of ``task``'s tiny VLM (hashed into the cache name);
+    ``iterations`` > 0 replaces the task's tuned count (``vlm_pretrain_steps``: quick smoke runs)."""
     from .scenes import SCENES_VERSION
     tok = build_processor().tokenizer
     settings = {"iterations": PRETRAIN_ITERATIONS, "examples": PRETRAIN_EXAMPLES, "batch_size": 64,
-                "learning_rate": 3e-3, **PRETRAIN_SETTINGS.get(task, {})}
+                "learning_rate": 1e-3, "lr_schedule": "constant", **PRETRAIN_SETTINGS.get(task, {})}
+    if int(iterations) > 0:
+        settings["iterations"] = int(iterations)
     return {"kind": "llava", "version": 1, "task": task, "scenes": SCENES_VERSION, "llava": llava_config(tok),
-            "tags": TAG_TOKENS, **settings, "optimizer": "AdamW", "weight_decay": 0.0, "lr_schedule": "cosine",
+            "tags": TAG_TOKENS, **settings, "optimizer": "AdamW", "weight_decay": 0.0,
             "loss": "cross-entropy of the target tokens and <eos> given prompt and pictures", "seed": 0,
             "dtype": "float32", "threads": 1}
 
@@ -166,14 +169,14 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
 
 
-def vlm_model_path(task: str, log=print) -> Path:
+def vlm_model_path(task: str, iterations: int = 0, log=print) -> Path:
     """Folder with ``task``'s pre-trained tiny VLM (built on first use): a Hugging Face folder (model +
     processor) plus ``meta.json``."""
     from ..images.cache import cached_build, cached_path
 
     if task not in PRETRAINING:
         pretrain(task)  # raises the error naming the tasks that can
-    recipe = pretrain_recipe(task)
+    recipe = pretrain_recipe(task, iterations)
 
     def build(tmp: Path) -> dict:
         t0 = time.perf_counter()

@@ -1,0 +1,200 @@
+"""The vision-language policy (policies/vlm.py), its scenes (vision/scenes.py), TRL's prompt convention
+(vision/prompts.py), the tiny LLaVA (vision/tiny.py), the shape_grounding task and the vlm_grpo recipe."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from grpolab.config import Config, ConfigError
+
+QUIET = dict(log=lambda *a: None)
+SMOKE = {"vlm_pretrain_steps": 5}  # a separate, quickly built cache entry: smoke runs need no skill
+
+
+@pytest.fixture(scope="module")
+def policy_and_model():
+    """The policy around a freshly initialised tiny LLaVA (no pre-training: the log-prob identities hold for any
+    weights)."""
+    from grpolab.policies.vlm import VisionLanguagePolicy
+    from grpolab.vision import tiny
+
+    policy = VisionLanguagePolicy(model="tiny", task="shape_grounding", temperature=1.0, max_completion_length=12,
+                                  max_prompt_length=0)
+    policy.processor = tiny.build_processor()
+    policy.tokenizer = policy.processor.tokenizer
+    model = tiny.build_model(tiny.llava_config(policy.tokenizer), seed=0).eval()
+    policy.image_token_id = model.config.image_token_id
+    return policy, model
+
+
+def test_scenes_are_pure_functions_of_the_seed_and_masks_match_the_pixels():
+    from grpolab.vision.scenes import BACKGROUND, COLOURS, box_mask, shapes_scene
+
+    for seed in range(30):
+        a, b = shapes_scene(seed), shapes_scene(seed)
+        assert np.array_equal(a.image, b.image) and 1 <= len(a.objects) <= 3
+        seen = np.zeros(a.image.shape[:2], dtype=bool)
+        for o in a.objects:
+            assert not (seen & o.mask).any()                        # shapes do not overlap
+            assert (o.mask <= box_mask(o.box)).all() and o.mask.sum() > 0
+            assert (a.image[o.mask] == COLOURS[o.colour]).all()     # painted in its colour
+            seen |= o.mask
+        assert (a.image[~seen] == BACKGROUND).all()
+    assert not np.array_equal(shapes_scene(0).image, shapes_scene(1).image)
+
+
+def test_box_iou_and_box_hit_by_hand():
+    from grpolab.rewards.vision import box_hit, box_iou
+
+    # [0,0,3,3] is 16 pixels, [2,2,5,5] 16 pixels, overlap [2,2,3,3] 4 pixels: IoU 4 / 28
+    comps = ["<answer>[0,0,3,3]</answer>", "<answer>[2, 2, 5, 5]</answer>", "no box here", "[0,0,3,3]",
+             "<answer>[0,0,4,3]</answer>"]
+    got = box_iou(None, comps, target_box=[[2, 2, 5, 5]] * 5)
+    assert got == pytest.approx([4 / 28, 1.0, 0.0, 4 / 28, 6 / 30])  # [0,0,4,3]: 20 px, overlap 3x2 = 6
+    assert box_hit(None, comps, target_box=[[2, 2, 5, 5]] * 5) == [0.0, 1.0, 0.0, 0.0, 0.0]
+    # a box off the canvas is clipped to it: [30,30,40,40] keeps [30,30,31,31] (4 pixels)
+    assert box_iou(None, ["<answer>[30,30,40,40]</answer>"], target_box=[[30, 30, 31, 31]]) == [1.0]
+    with pytest.raises(ValueError, match="target_box"):
+        box_iou(None, comps)
+
+
+def test_prompt_messages_follow_trl():
+    """TRL's prepare_multimodal_messages: a string content becomes a text block, one image block per picture goes
+    before the first user message's text; placeholders already present are kept and must match the pictures."""
+    from grpolab.vision.prompts import prompt_messages
+
+    msgs = prompt_messages({"prompt": [{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "What is it?"}]}, 2)
+    assert msgs[0]["content"] == [{"type": "text", "text": "Be brief."}]
+    assert msgs[1]["content"] == [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "What is it?"}]
+    assert prompt_messages({"prompt": "Hi"}, 1) == [{"role": "user", "content": [{"type": "image"},
+                                                                                {"type": "text", "text": "Hi"}]}]
+    kept = [{"role": "user", "content": [{"type": "text", "text": "Box it."}, {"type": "image"}]}]
+    assert prompt_messages({"prompt": kept}, 1) == kept
+    with pytest.raises(ValueError, match="2 image placeholders but the row has 1"):
+        prompt_messages({"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "image"}]}]}, 1)
+
+
+def test_row_pictures_from_image_images_or_scene(tmp_path):
+    from PIL import Image
+
+    from grpolab.vision.scenes import row_images, shapes_scene
+
+    img = shapes_scene(3).image
+    Image.fromarray(img).save(tmp_path / "a.png")
+    for row in ({"image": Image.fromarray(img)}, {"image": img}, {"image": img.tolist()},
+                {"image": str(tmp_path / "a.png")}, {"scene_kind": "shapes", "scene_seed": 3},
+                {"images": [img, img]}):
+        got = row_images(row)
+        assert all(np.array_equal(g, img) for g in got) and len(got) == (2 if "images" in row else 1)
+    with pytest.raises(ValueError, match="needs a picture"):
+        row_images({"prompt": "x"})
+    with pytest.raises(ValueError, match="scene_kind 'nope'"):
+        row_images({"scene_kind": "nope", "scene_seed": 1})
+
+
+def test_recomputed_logprobs_equal_behaviour(policy_and_model):
+    """The KV-cache sampler's behaviour log-probs equal the full forward's, to 1e-5, on left-padded prompts of
+    different lengths; no completion writes the image token; uncertainty lies in [0, 1]."""
+    from grpolab.tasks.vision import grounding_row
+
+    policy, model = policy_and_model
+    rows = [grounding_row(i)[0] for i in range(6)]
+    rows[0]["prompt"] = "A much longer question about the picture?"  # a different prompt length: left padding
+    batch = policy.sample(model, rows, list(range(6)), num_generations=3, temperature=1.0,
+                          generator=torch.Generator().manual_seed(0))
+    assert batch.completion_ids.shape[0] == 18 and batch.row_data["pixel_values"].shape == (18, 1, 3, 32, 32)
+    lp = policy.forward(model, batch, grad=False)["logprobs"]
+    m = batch.completion_mask
+    assert torch.allclose(lp * m, batch.behavior_logprobs, atol=1e-5)
+    assert not (batch.completion_ids[m > 0] == policy.image_token_id).any()
+    assert all(0.0 <= u <= 1.0 for u in batch.columns["uncertainty"])
+    # entropy per token is that of softmax(logits / tau): non-negative, at most log(vocabulary)
+    ent = policy.forward(model, batch, want=frozenset({"entropy"}), grad=False)["entropy"]
+    assert (ent >= -1e-6).all() and (ent <= np.log(len(policy.tokenizer)) + 1e-4).all()
+
+
+def test_greedy_evaluation_is_the_argmax_and_repeats(policy_and_model):
+    from grpolab.tasks.vision import grounding_row
+
+    policy, model = policy_and_model
+    rows = [grounding_row(i)[0] for i in range(4)]
+    a = policy.sample(model, rows, list(range(4)), num_generations=1, temperature=0.0, evaluation=True)
+    b = policy.sample(model, rows, list(range(4)), num_generations=1, temperature=0.0, evaluation=True)
+    assert a.columns["completion"] == b.columns["completion"]
+    # the first token is the argmax of the prompt's last logits (image token excluded)
+    from grpolab.vision.prompts import encode_prompts
+    from grpolab.vision.tiny import positions
+    enc = encode_prompts(policy.processor, rows)
+    with torch.no_grad():
+        logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
+                       position_ids=positions(enc["attention_mask"]), pixel_values=enc["pixel_values"]).logits[:, -1]
+    logits[:, policy.image_token_id] = -float("inf")
+    assert torch.equal(a.completion_ids[:, 0], logits.argmax(-1))
+
+
+def test_describe_shows_the_picture(policy_and_model):
+    import base64
+    import io
+
+    from PIL import Image
+
+    from grpolab.tasks.vision import grounding_row
+    from grpolab.vision.scenes import shapes_scene
+
+    policy, model = policy_and_model
+    batch = policy.sample(model, [grounding_row(5)[0]], [0], num_generations=1, temperature=1.0,
+                          generator=torch.Generator().manual_seed(0))
+    d = policy.describe(batch, 0)
+    assert d["prompt"] == "Box the " + grounding_row(5)[0]["target"] + ". [image]"
+    png = Image.open(io.BytesIO(base64.b64decode(d["picture"].split(",", 1)[1])))
+    arr = np.asarray(png.convert("RGB"))
+    # 4x nearest-neighbour upscale with a 1-pixel black border: pixel (y, x) of the scene is at (1 + 4y, 1 + 4x)
+    scene = shapes_scene(5).image
+    assert np.abs(arr[1::4, 1::4][:32, :32].astype(int) - scene.astype(int)).max() <= 1
+
+
+def test_save_and_load_round_trip(policy_and_model, tmp_path):
+    from grpolab.policies.vlm import VisionLanguagePolicy
+
+    policy, model = policy_and_model
+    policy.save(model, tmp_path / "m")
+    other = VisionLanguagePolicy(model=str(tmp_path / "m"), task="shape_grounding", temperature=1.0,
+                                 max_completion_length=12, max_prompt_length=0)
+    loaded = other.load(None, [], [], **QUIET)
+    for (k, v), (_, w) in zip(model.state_dict().items(), loaded.state_dict().items()):
+        assert torch.equal(v, w), k
+    assert other.image_token_id == policy.image_token_id
+    with pytest.raises(ConfigError, match="no config.json"):
+        VisionLanguagePolicy(model=str(tmp_path), task="x", temperature=1.0, max_completion_length=4,
+                             max_prompt_length=0).load(None, [], [], **QUIET)
+
+
+def test_text_only_machinery_is_refused_at_start_up():
+    base = {"policy": "vision_language", "num_generations": 4, "micro_batch_size": 8}
+    with pytest.raises(ConfigError, match="rollout_strategy"):
+        Config.build({**base, "rollout_strategy": "agent"})
+    with pytest.raises(ConfigError, match="top_k"):
+        Config.build({**base, "top_k": 5})
+    with pytest.raises(ConfigError, match="vision"):
+        Config.build({"model": "tiny", "task": "shape_grounding", "num_generations": 4, "micro_batch_size": 8})
+    cfg = Config.build({**base})  # the policy's defaults
+    assert cfg.task == "shape_grounding" and cfg.model == "tiny"
+
+
+def test_vlm_grpo_trains_two_steps_end_to_end(tmp_path):
+    import json
+
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("vlm_grpo"), **SMOKE, "steps": 2, "prompts_per_step": 2,
+                        "num_generations": 4, "vision_train_size": 8, "vision_eval_size": 4, "save_steps": 100,
+                        "micro_batch_size": 8, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    summary = Trainer(cfg, **QUIET).train(progress=False)
+    for k in ("before", "after"):
+        assert 0.0 <= summary[k]["rewards/box_iou/mean"] <= 1.0
+    assert (tmp_path / "run" / "final" / "processor_config.json").exists()
+    logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert logged and all(r["picture"].startswith("data:image/png;base64,") for r in logged)
