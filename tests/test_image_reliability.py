@@ -36,9 +36,11 @@ TIMING = {"rollout_s", "train_s", "tokens_per_s", "train_seconds_total", "peak_r
 # the tracker's checkpointed buffers within a few steps (DDPO's 16 / 16 would need 4 steps of one prompt)
 EXTRA = {"flow_grpo_images": {}, "ddpo": {"tracker_buffer_size": 8, "tracker_min_count": 8}}
 RECIPES = [r for r in EXTRA if r in recipe_names()]
+# vision_language (vlm_grpo): the tiny VLM of the smoke runs (5 pre-training steps, its own cache entry)
+KILL_EXTRA = {"vlm_grpo": {"vlm_pretrain_steps": 5}}
 # the kill -9 test also covers the other non-causal policies: masked_diffusion_lm (diffu_grpo: per-row mask seeds
-# drawn from the run's generator, mask_reseed's passes) and speech_to_text (asr_grpo)
-KILLED = RECIPES + [r for r in ("diffu_grpo", "asr_grpo") if r in recipe_names()]
+# drawn from the run's generator, mask_reseed's passes), speech_to_text (asr_grpo) and vision_language (vlm_grpo)
+KILLED = RECIPES + [r for r in ("diffu_grpo", "asr_grpo", "vlm_grpo") if r in recipe_names()]
 # runs of the 2-rank test: name -> (recipe, settings); flow_random: a random half of each row's denoising steps,
 # drawn from the run's generator after the rollout (DanceGRPO's / DDPO's timestep_fraction < 1)
 RUNS = {**{r: (r, EXTRA[r]) for r in RECIPES},
@@ -62,7 +64,7 @@ def weights(out) -> dict:
 
 # ------------------------------------------------------------------------------------------ kill -9 and resume
 def _cli(recipe: str, out: Path, steps: int) -> list[str]:
-    extra = [a for k, v in EXTRA.get(recipe, {}).items() for a in (f"--{k}", str(v))]
+    extra = [a for k, v in {**EXTRA.get(recipe, {}), **KILL_EXTRA.get(recipe, {})}.items() for a in (f"--{k}", str(v))]
     return [sys.executable, "-m", "grpolab", "train", "--recipe", recipe, "--steps", str(steps),
             "--prompts_per_step", "2", "--num_generations", "4", "--eval_before", "false", "--eval_after", "false",
             "--tensorboard", "false", "--save_steps", "2", "--threads", "1", "--out", str(out), "--quiet", *extra]
