@@ -144,7 +144,7 @@ def test_motion_clips_are_deterministic_and_move():
     assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
     # pinned (NumPy PCG64: the same on any machine)
     assert (a.direction, a.step, [o.name for o in a.objects], a.objects[0].box) == \
-        ("left", 4, ["yellow square", "green circle"], [14, 21, 22, 29])
+        ("left", 6, ["yellow square", "green circle"], [16, 21, 24, 29])
     assert int(a.frames[1].sum()) == 120252
     for s in range(60):
         c = motion_clip(s)
@@ -400,3 +400,32 @@ def test_avatar_recipe_trains_with_replay(tmp_path):
     m = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["rollout/avatar_replayed_units"] for x in m] == [0.0, 4.0]  # step 2: 8 units, 4 replayed
     assert [x["rollout/avatar_buffer_units"] for x in m] == [8.0, 16.0]
+
+
+def test_avatar_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
+    """4 steps straight, and 2 steps then a resume to 4 from the step-2 checkpoint (a new Trainer): the replay
+    buffer, the reward histories and the stage's generator come back with the checkpoint, so the replayed units of
+    steps 3-4 and the weights are the same to the bit."""
+    import json
+
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    base = {**recipe_overrides("avatar"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
+            "prompts_per_step": 2, "num_generations": 4, "motion_train_size": 8, "motion_eval_size": 8,
+            "avatar_replay_min_size": 4, "avatar_replay_strategy": "priority"}
+    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **QUIET)
+    sa = a.train(progress=False)
+    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **QUIET).train(progress=False)
+    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, **QUIET)
+    sc = c.train(progress=False)
+    pc = dict(c.model.named_parameters())
+    for k, v in a.model.named_parameters():
+        assert torch.equal(v, pc[k]), k
+    assert sa["after"]["rewards/motion_accuracy/mean"] == sc["after"]["rewards/motion_accuracy/mean"]
+    ma = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    mb = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert [x["loss"] for x in ma][2:] == [x["loss"] for x in mb if x["step"] > 2]
+    assert [x["rollout/avatar_buffer_units"] for x in ma] == [8.0, 16.0, 24.0, 32.0]
+    assert [x["rollout/avatar_buffer_units"] for x in mb if x["step"] > 2] == [24.0, 32.0]  # the buffer came back

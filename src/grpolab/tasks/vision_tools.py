@@ -21,7 +21,12 @@ tools (tests/test_vision_tools_avatar.py checks the tools against it).
 
 Rows: ``{"prompt", "scene_kind": "shapes", "scene_seed", "question_kind", "question_arg", "answer"}``; train scene
 seeds ``TRAIN_BASE + i`` (i < ``vista_train_size``, shuffled with the task seed), held-out ``EVAL_BASE + i``
-(i < ``vista_eval_size``, in order); pre-training (``--model tiny``) uses seeds 0 … 3999.
+(i < ``vista_eval_size``, in order); pre-training (``--model tiny``) uses seeds 0 … 3999 (:func:`pretraining_example`:
+the needed tool for two kinds of question, random tools for the other three).
+
+Measured (recipe vista, 100 steps, seed 0, one thread): held-out mean reward (200 rows, greedy) 0.285 -> 0.568;
+with random tools for every kind in pre-training the model's choice ignored the question and 100 steps moved it
+0.03 -> 0.06 (learning rate 1e-4) or, at 3e-4, to the safe empty selection (0.395) and then to malformed answers.
 """
 from __future__ import annotations
 
@@ -169,17 +174,24 @@ def vista_reward(prompts=None, completions=None, *, question_kind=None, question
     return out
 
 
+#: question kinds whose needed tool the pre-training targets show; the others' targets are random tools
+PRETRAIN_TAUGHT = ("count", "has_shape")
+
+
 def pretraining_example(seed: int) -> tuple[dict, str]:
-    """A row and a target that teaches the answer format only: one or two tools drawn uniformly, whatever the
-    question (the tool a question needs is left for RL to find)."""
+    """A row and a short target: the needed tool for the kinds in :data:`PRETRAIN_TAUGHT`, one or two tools drawn
+    uniformly for the other kinds (whose needed tool is left for RL to find)."""
     row = vista_row(seed)
+    if row["question_kind"] in PRETRAIN_TAUGHT:
+        return row, f"<answer>{QUESTION_KINDS[row['question_kind']]}</answer>"
     rng = np.random.default_rng([74, 1, int(seed)])
     k = 1 + int(rng.integers(2))
     picks = [int(i) + 1 for i in rng.choice(len(TOOL_NAMES), size=k, replace=False)]
     return row, "<answer>" + ",".join(map(str, picks)) + "</answer>"
 
 
-tiny.register_pretraining("visual_tools", pretraining_example)
+tiny.register_pretraining("visual_tools", pretraining_example,
+                         targets=f"vista v2: needed tool for {PRETRAIN_TAUGHT}, else 1-2 uniform")
 
 TRAIN_SIZE = param(400, "visual_tools: training rows (scene seeds TRAIN_BASE + i)")
 EVAL_SIZE = param(200, "visual_tools: held-out rows (scene seeds EVAL_BASE + i, a fixed set)")

@@ -21,7 +21,7 @@ from .scenes import COLOURS, SCENES_VERSION, SHAPES, SIZE, SceneObject, paint, r
 
 FRAMES = 3
 MIN_SIDE, MAX_SIDE = 7, 10
-MIN_STEP, MAX_STEP = 4, 6
+MIN_STEP, MAX_STEP = 6, 8
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 
 
