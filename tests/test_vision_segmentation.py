@@ -339,10 +339,19 @@ QUIET = dict(log=lambda *a: None)
 
 
 @pytest.mark.parametrize("recipe, reward, top", [("seg_r1", "segmentation", 1.0), ("pixelthink", "pixelthink", 5.0)])
-def test_recipe_trains_one_step_on_the_tiny_model(tmp_path, recipe, reward, top):
+def test_recipe_trains_one_step_on_the_tiny_model(tmp_path, monkeypatch, recipe, reward, top):
     from grpolab.config import Config
     from grpolab.recipes import load_recipe, recipe_overrides
+    from grpolab.tasks import vision_segment
     from grpolab.train.trainer import Trainer
+
+    seen = []   # the sampler's per-completion uncertainty reaches PixelThink's reward as a column
+    original = vision_segment.pixelthink_reward
+
+    def spy(prompts=None, completions=None, **kw):
+        seen.append(kw.get("uncertainty"))
+        return original(prompts, completions, **kw)
+    monkeypatch.setattr(vision_segment, "pixelthink_reward", spy)
 
     r = load_recipe(recipe)
     assert r["seed"] == {"seg_r1": "000-72", "pixelthink": "000-116"}[recipe]
@@ -351,5 +360,8 @@ def test_recipe_trains_one_step_on_the_tiny_model(tmp_path, recipe, reward, top)
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, **QUIET).train(progress=False)
     assert summary["skipped_steps"] == 0       # a finite loss and gradient: the optimiser stepped
+    if recipe == "pixelthink":
+        training = [u for u in seen if u is not None]
+        assert training and all(0.0 <= x <= 1.0 for u in training for x in u)
     for k in ("before", "after"):
         assert 0.0 <= summary[k][f"rewards/{reward}/mean"] <= top
