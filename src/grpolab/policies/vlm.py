@@ -45,7 +45,8 @@ class VisionLanguagePolicy(PolicyBase):
     ``prompt_ids`` hold the prompt with its image tokens (left-padded); the pictures' ``pixel_values`` travel in
     ``row_data["pixel_values"]`` [R, k, 3, H, W] (k pictures per row, the same for every row of a run).
 
-    Acting: one token at a time with a KV cache, each drawn from softmax(logits / τ) at the run's ``temperature``
+    Acting: the prompt (with its pictures) runs once per row, then each action continues its own copy of the row's
+    KV cache one token at a time, each token drawn from softmax(logits / τ) at the run's ``temperature``
     from the run's generator (argmax at τ = 0: held-out evaluation); behaviour log-prob log softmax(logits / τ)[o_t];
     the completion runs to the first EOS included (``completion_mask`` 1 there, 0 after) or
     ``max_completion_length`` tokens (``truncated``). ``columns["completion"]`` is the decoded text (special tokens
@@ -169,8 +170,9 @@ class VisionLanguagePolicy(PolicyBase):
         rep = torch.tensor(counts)
         R = int(rep.sum())
         device = next(module.parameters()).device
-        ids, am, pv = self._encode(rows)
-        ids, am, pv = (x.repeat_interleave(rep, dim=0) for x in (ids, am, pv))
+        ids_u, am_u, pv_u = self._encode(rows)
+        index = torch.arange(len(rows)).repeat_interleave(rep)  # action i continues row index[i]
+        ids, am, pv = ids_u[index], am_u[index], pv_u[index]
         temp = temperature if temperature is not None else self.temperature
         temps = (torch.tensor(temp, dtype=torch.float32).repeat_interleave(rep) if isinstance(temp, list)
                  else torch.full((R,), float(temp)))
@@ -179,10 +181,12 @@ class VisionLanguagePolicy(PolicyBase):
         out = torch.full((R, T), pad, dtype=torch.long)
         lps, cmask, unc = torch.zeros(R, T), torch.zeros(R, T), torch.zeros(R, T)
         done = torch.zeros(R, dtype=torch.bool)
-        am_d = am.to(device)
-        o = module(input_ids=ids.to(device), attention_mask=am_d, position_ids=positions(am_d),
-                   pixel_values=pv.flatten(0, 1).to(device), use_cache=True)
-        past, logits, pos = o.past_key_values, self._logits(o.logits[:, -1]).cpu(), positions(am)[:, -1]
+        am_u = am_u.to(device)  # the prompts run once per row; each of its actions continues its cache entry
+        o = module(input_ids=ids_u.to(device), attention_mask=am_u, position_ids=positions(am_u),
+                   pixel_values=pv_u.flatten(0, 1).to(device), use_cache=True)
+        past = o.past_key_values
+        past.reorder_cache(index.to(device))
+        logits, pos, am_d = self._logits(o.logits[:, -1]).cpu()[index], positions(am)[:, -1], am.to(device)
         ckw = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
         for t in range(T):
             draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
