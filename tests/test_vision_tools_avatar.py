@@ -367,6 +367,20 @@ def test_priority_scores_and_state_round_trip():
     assert third.history == st.history and len(third) == len(st)
 
 
+def test_avatar_replay_settings_are_checked_at_start_up():
+    from grpolab.config import Config, ConfigError
+    from grpolab.recipes import recipe_overrides
+
+    base = recipe_overrides("avatar")
+    assert Config.build({**base, "avatar_on_policy_batches": None}).avatar_on_policy_batches is None
+    for bad, msg in (({"avatar_replay_hard_ratio": 0.5}, "sum to 1"), ({"avatar_replay_strategy": "lifo"}, "lifo"),
+                     ({"avatar_unit_rows": 0}, "avatar_unit_rows"), ({"avatar_priority_temperature": 0.0}, "> 0")):
+        with pytest.raises(ConfigError, match=msg):
+            Config.build({**base, **bad})
+    with pytest.raises(ConfigError, match="vision"):  # a vision task with the (text) causal LM
+        Config.build({"task": "motion_clips", "num_generations": 4, "micro_batch_size": 8})
+
+
 # ----------------------------------------------------------------------------- recipes: short runs
 
 def _short(name, extra, tmp_path, steps=2):
