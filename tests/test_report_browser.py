@@ -126,3 +126,29 @@ def test_an_image_run_shows_its_grids_and_thumbnails(chromium, tmp_path):
         page.screenshot(path=shot, full_page=True)
     page.close()
     assert errors == [] and dialogs == [] and requests == []
+
+
+@pytest.mark.parametrize("recipe, extra", [("vlm_grpo", {"vlm_pretrain_steps": 5}), ("asr_grpo", {})])
+def test_a_vision_or_speech_run_shows_each_prompts_picture(chromium, tmp_path, recipe, extra):
+    """A vision-language run (vlm_grpo: the prompt's scene) and a speech run (asr_grpo: the utterance's feature
+    frames as a spectrogram) show each group's picture beside its prompt: decoded in the browser, drawn at a visible
+    size, with no console error and no network request. (There is no audio to play: the speech corpus is feature
+    frames, docs/speech.md.)"""
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = Config.build({**recipe_overrides(recipe), **extra, "steps": 1, "prompts_per_step": 2, "num_generations": 2,
+                        "eval_problems": 4, "micro_batch_size": 8, "out": str(out), "threads": 1})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    report = write_report([out], tmp_path / "report.html")
+    page, errors, dialogs, requests = _open(chromium, report.as_uri())
+    pictures = page.locator("img.cond")
+    assert pictures.count() >= 2
+    first = pictures.first
+    assert first.evaluate("e => e.complete && e.naturalWidth > 0 && e.naturalHeight > 0")
+    box = first.bounding_box()
+    assert box and box["width"] >= 32 and box["height"] >= 32, box
+    page.close()
+    assert errors == [] and dialogs == [] and requests == []

@@ -38,6 +38,7 @@ CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
 .grids{display:flex;gap:1.5em;flex-wrap:wrap}.grids img.grid{image-rendering:pixelated;max-width:100%}
 img.thumb{image-rendering:pixelated;vertical-align:middle;width:32px;height:32px}
+img.cond{image-rendering:pixelated;max-width:100%}
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #ddd;padding:.2em .6em;text-align:left;
 font-size:.9em;vertical-align:top}th{background:#f4f4f4}
@@ -298,7 +299,8 @@ def normalise_completion(rec: dict) -> dict:
             "rewards": rewards, "reward": _first(rec, "reward", "scalar_reward"),
             "advantage": _first(rec, "advantage"),
             "tokens": _first(rec, "tokens", "num_tokens", "token_count", "completion_tokens"),
-            "truncated": rec.get("truncated"), **({"image": rec["image"]} if "image" in rec else {})}
+            "truncated": rec.get("truncated"), **({"image": rec["image"]} if "image" in rec else {}),
+            **({"picture": rec[k] for k in ("picture", "spectrogram") if k in rec})}
 
 
 def completions_html(run: dict, idx: int) -> str:
@@ -331,8 +333,11 @@ def completions_html(run: dict, idx: int) -> str:
                 else:
                     items.append(f'<details class="completion"><summary>{summary}</summary>'
                                  f'<pre class="text">{esc(c["completion"])}</pre></details>')
-            cols.append(f'<div class="group"><b>group {esc(g)}</b><div class="prompt">{esc(members[0]["prompt"])}'
-                        f'</div>{"".join(items)}</div>')
+            picture = members[0].get("picture")  # the condition's picture (a VLM's scene, an utterance's frames)
+            shown = (f'<img class="cond" alt="the prompt\'s picture" src="{esc(picture)}"><br>'
+                     if isinstance(picture, str) and picture.startswith("data:image/png;base64,") else "")
+            cols.append(f'<div class="group"><b>group {esc(g)}</b><div class="prompt">{shown}'
+                        f'{esc(members[0]["prompt"])}</div>{"".join(items)}</div>')
         out.append(f'<div class="step" data-run="{idx}" data-step="{esc(s)}"><div class="groups">{"".join(cols)}'
                    f'</div></div>')
     return "".join(out)
