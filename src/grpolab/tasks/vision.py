@@ -101,7 +101,8 @@ def shape_grounding(seed: int = 0, *, vision_train_size: int = TRAIN_SIZE, visio
 
 def _register_pretraining() -> None:
     from ..vision.tiny import register_pretraining
-    register_pretraining("shape_grounding", grounding_row)
+    # 1,000 steps: the model sees (held-out greedy IoU 0.25 with 1-3 shapes; 300 steps: 0.09, the picture ignored)
+    register_pretraining("shape_grounding", grounding_row, iterations=1000)
 
 
 _register_pretraining()

@@ -8,8 +8,12 @@ columns as the task's rows: ``prompt``, ``scene_kind`` / ``scene_seed`` or ``ima
 (e.g. ``"<answer>[3,4,12,15]</answer>"``). Pre-training uses seeds ``0 … PRETRAIN_EXAMPLES - 1``; a task's RL rows
 use seeds from ``TRAIN_BASE`` and its held-out rows from ``EVAL_BASE`` (disjoint). The loss is the cross-entropy
 of the target tokens and the end-of-sequence token given the prompt and the picture(s) (LLaVA's SFT loss), AdamW
-with a cosine schedule. The cache folder (``$GRPOLAB_CACHE/vlm-<task>-<hash>``) is a Hugging Face model folder
-(``save_pretrained`` of the model and the processor): ``--model`` that folder loads it like any VLM folder.
+at a constant learning rate. Every task but :data:`BACKBONE_TASK` (``shape_grounding``) starts from that task's
+pre-trained model (the "vision backbone", 1,000 steps: it has learnt to see colours, shapes and positions; from
+random weights a 300-step model ignores the picture — the loss with the true, shuffled or blank pictures was the
+same [measured]); a smoke run's ``vlm_pretrain_steps`` starts from random weights. The cache folder
+(``$GRPOLAB_CACHE/vlm-<task>-<hash>``) is a Hugging Face model folder (``save_pretrained`` of the model and the
+processor): ``--model`` that folder loads it like any VLM folder.
 
 **Tokenizer.** One token per printable ASCII character plus the special tokens ``<pad>``, ``<eos>``, ``<unk>``,
 ``<bos>``, the image placeholder ``<image>`` (expanded by the processor into one token per image patch) and
@@ -38,6 +42,9 @@ TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>", "<bbox>", "</bbox>
 IMAGE_SIZE, PATCH = 32, 8
 PRETRAIN_EXAMPLES = 4000
 PRETRAIN_ITERATIONS = 300
+#: the task whose pre-trained model every other task's pre-training starts from (the "vision backbone": it has
+#: learnt to see colours, shapes and positions); its own pre-training starts from random weights
+BACKBONE_TASK = "shape_grounding"
 TRAIN_BASE = 1_000_000
 EVAL_BASE = 2_000_000
 
@@ -109,8 +116,12 @@ def pretrain_recipe(task: str, iterations: int = 0) -> dict:
     tok = build_processor().tokenizer
     settings = {"iterations": PRETRAIN_ITERATIONS, "examples": PRETRAIN_EXAMPLES, "batch_size": 64,
                 "learning_rate": 1e-3, "lr_schedule": "constant", **PRETRAIN_SETTINGS.get(task, {})}
-    if int(iterations) > 0:
-        settings["iterations"] = int(iterations)
+    init_from = settings.pop("init_from", None if task == BACKBONE_TASK else BACKBONE_TASK)
+    if int(iterations) > 0:  # a smoke run's model: a few steps from random weights, no backbone
+        settings["iterations"], init_from = int(iterations), None
+    if init_from is not None:
+        from ..images.cache import recipe_hash
+        settings["init_from"] = {"task": init_from, "recipe_sha256": recipe_hash(pretrain_recipe(init_from))}
     return {"kind": "llava", "version": 1, "task": task, "scenes": SCENES_VERSION, "llava": llava_config(tok),
             "tags": TAG_TOKENS, **settings, "optimizer": "AdamW", "weight_decay": 0.0,
             "loss": "cross-entropy of the target tokens and <eos> given prompt and pictures", "seed": 0,
@@ -151,7 +162,12 @@ def pretrain(task: str, recipe: dict | None = None, log=None):
     data = sft_tensors(processor, examples)
     k = data["images_per_row"]
     pv = data["pixel_values"].view(len(examples), k, *data["pixel_values"].shape[1:])
-    model = build_model(recipe["llava"], seed=recipe["seed"])
+    if recipe.get("init_from"):  # start from the backbone task's pre-trained model
+        from transformers import LlavaForConditionalGeneration
+        model = LlavaForConditionalGeneration.from_pretrained(vlm_model_path(recipe["init_from"]["task"], log=log),
+                                                              dtype=torch.float32)
+    else:
+        model = build_model(recipe["llava"], seed=recipe["seed"])
     g = torch.Generator().manual_seed(recipe["seed"])
 
     def loss(idx):
