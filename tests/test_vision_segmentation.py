@@ -336,6 +336,7 @@ def test_formats_choose_prompt_rewards_and_pretraining_targets():
 
 # ------------------------------------------------------------------------------------- recipes end to end
 QUIET = dict(log=lambda *a: None)
+SMOKE = {"vlm_pretrain_steps": 5}  # a quickly built cache entry from random weights: a smoke run needs no skill
 
 
 @pytest.mark.parametrize("recipe, reward, top", [("seg_r1", "segmentation", 1.0), ("pixelthink", "pixelthink", 5.0)])
@@ -356,7 +357,7 @@ def test_recipe_trains_one_step_on_the_tiny_model(tmp_path, monkeypatch, recipe,
     r = load_recipe(recipe)
     assert r["seed"] == {"seg_r1": "000-72", "pixelthink": "000-116"}[recipe]
     cfg = Config.build({**recipe_overrides(recipe), "steps": 1, "prompts_per_step": 4, "num_generations": 4,
-                        "segment_train_size": 8, "segment_eval_size": 4, "save_steps": 100,
+                        "segment_train_size": 8, "segment_eval_size": 4, "save_steps": 100, **SMOKE,
                         "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
     summary = Trainer(cfg, **QUIET).train(progress=False)
     assert summary["skipped_steps"] == 0       # a finite loss and gradient: the optimiser stepped
