@@ -198,3 +198,21 @@ def test_vlm_grpo_trains_two_steps_end_to_end(tmp_path):
     assert (tmp_path / "run" / "final" / "processor_config.json").exists()
     logged = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
     assert logged and all(r["picture"].startswith("data:image/png;base64,") for r in logged)
+
+
+def test_seeded_evaluation_repeats_whatever_the_batch(policy_and_model):
+    """vlm_eval_sampling seeded: a row's held-out draws come from its own scene_seed: the same alone or in a batch,
+    and not all argmax."""
+    from grpolab.tasks.vision import grounding_row
+
+    policy, model = policy_and_model
+    policy.eval_sampling = "seeded"
+    try:
+        rows = [grounding_row(i)[0] for i in range(5)]
+        together = policy.sample(model, rows, list(range(5)), num_generations=1, temperature=0.0, evaluation=True)
+        alone = policy.sample(model, rows[3:4], [0], num_generations=1, temperature=0.0, evaluation=True)
+        greedy_first = policy.sample(model, rows, list(range(5)), num_generations=1, temperature=0.0)
+    finally:
+        policy.eval_sampling = "greedy"
+    assert together.columns["completion"][3] == alone.columns["completion"][0]
+    assert together.columns["completion"] != greedy_first.columns["completion"]

@@ -250,3 +250,18 @@ def _filter(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
         sorted_lp = sorted_lp.masked_fill(drop, float("-inf"))
         logp = torch.full_like(logp, float("-inf")).scatter(-1, order, sorted_lp)
     return torch.log_softmax(logp, dim=-1)
+
+
+def seeded_uniforms(seeds: list[int], counts: list[int], steps: int) -> torch.Tensor:
+    """``[sum(counts), steps]`` float64 uniforms: row i's ``counts[i]`` actions draw from a generator seeded with
+    ``seeds[i]`` alone, so a row's draws do not depend on the batch around it (the same before and after
+    training: a held-out evaluation of the sampling distribution with common random numbers)."""
+    return torch.cat([torch.rand(c, steps, generator=torch.Generator().manual_seed(int(s)), dtype=torch.float64)
+                      for s, c in zip(seeds, counts)])
+
+
+def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The category of each row of ``probs`` [R, V] at its uniform ``uniforms`` [R]: the first v whose cumulative
+    probability exceeds u · total (float64 sums)."""
+    cdf = probs.double().cumsum(-1)
+    return torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]).contiguous())[:, 0].clamp_max(probs.shape[1] - 1)

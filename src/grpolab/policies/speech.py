@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..generation.sampling import completion_counts
+from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
 from .base import PolicyBase
 
@@ -184,8 +184,7 @@ class SpeechToTextPolicy(PolicyBase):
         if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
             temps = torch.full((R,), self.temperature)
             seeds = [int(r["audio_seed"]) if r.get("audio_seed") is not None else int(u) for r, u in zip(rows, uids)]
-            uniforms = torch.cat([torch.rand(c, MAX_TOKENS, generator=torch.Generator().manual_seed(s), dtype=torch.float64)
-                                  for s, c in zip(seeds, counts)])
+            uniforms = seeded_uniforms(seeds, counts, MAX_TOKENS)
         greedy = torch.full((R,), not seeded) if evaluation else temps <= 0
         eos, pad = self.vocab["eos"], self.vocab["pad"]
         ids = torch.full((R, 1), self.vocab["bos"], dtype=torch.long, device=device)
@@ -199,8 +198,7 @@ class SpeechToTextPolicy(PolicyBase):
             draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
             probs = torch.softmax(logits / draw_t[:, None], -1)
             if seeded:  # inverse CDF at the row's own uniform
-                cdf = probs.double().cumsum(-1)
-                drawn = torch.searchsorted(cdf, uniforms[:, t:t + 1] * cdf[:, -1:])[:, 0].clamp_max(probs.shape[1] - 1)
+                drawn = inverse_cdf(probs, uniforms[:, t])
             else:
                 drawn = torch.multinomial(probs, 1, generator=generator)[:, 0] if not bool(greedy.all()) else None
             tok = logits.argmax(-1) if drawn is None else torch.where(greedy, logits.argmax(-1), drawn)

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
-from ..generation.sampling import completion_counts
+from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
 from .base import PolicyBase
 
@@ -46,9 +46,12 @@ class VisionLanguagePolicy(PolicyBase):
     ``row_data["pixel_values"]`` [R, k, 3, H, W] (k pictures per row, the same for every row of a run).
 
     Acting: the prompt (with its pictures) runs once per row, then each action continues its own copy of the row's
-    KV cache one token at a time, each token drawn from softmax(logits / τ) at the run's ``temperature``
-    from the run's generator (argmax at τ = 0: held-out evaluation); behaviour log-prob log softmax(logits / τ)[o_t];
-    the completion runs to the first EOS included (``completion_mask`` 1 there, 0 after) or
+    KV cache one token at a time, each token drawn from softmax(logits / τ) at the run's ``temperature`` from the
+    run's generator; behaviour log-prob log softmax(logits / τ)[o_t]. Held-out evaluation
+    (``vlm_eval_sampling``): ``greedy`` (the default: argmax) or ``seeded`` (draws at the run's temperature by
+    inverse CDF from uniforms of a generator seeded with the row's ``scene_seed``: the same draws before and after
+    training, whatever the batch; it measures the sampling distribution RL trains). The completion runs to the
+    first EOS included (``completion_mask`` 1 there, 0 after) or
     ``max_completion_length`` tokens (``truncated``). ``columns["completion"]`` is the decoded text (special tokens
     other than tags dropped); ``columns["uncertainty"]`` is PixelThink's per-response uncertainty (seed 000-116): the
     mean over the response's tokens of 1 − (p₁ − p₂), the two largest probabilities of the untempered softmax.
@@ -75,17 +78,25 @@ class VisionLanguagePolicy(PolicyBase):
     description = "a vision-language model (image-text-to-text, e.g. LLaVA); one step = one token"
     default_model = "tiny"
     default_task = "shape_grounding"
-    float32_only = True  # the tiny model: float32 costs nothing and gives the same numbers on every CPU kind
+    float32_only = True  # the tiny model (instances loading a folder: False): the same numbers on every CPU kind
 
     def __init__(self, *, model: str, task: str, temperature: float, max_completion_length: int,
                  max_prompt_length: int,
+                 vlm_eval_sampling: str = param("greedy", "vision_language: held-out evaluation decoding: 'greedy' = "
+                                                "argmax; 'seeded' = draws at the run's temperature from each row's "
+                                                "own seed (scene_seed), the same draws before and after training",
+                                                ["greedy", "seeded"]),
                  vlm_pretrain_steps: int = param(0, "vision_language: pre-training steps of the built-in tiny VLM "
                                                   "(model tiny); 0 = the task's tuned count (fewer: quick smoke "
                                                   "runs, a separate cache entry)")):
         self.model_name, self.task_name = model, task
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
+        if vlm_eval_sampling not in ("greedy", "seeded"):
+            raise ConfigError(f"vlm_eval_sampling: 'greedy' or 'seeded', got {vlm_eval_sampling!r}")
+        self.eval_sampling = vlm_eval_sampling
         self.processor = None
+        self.float32_only = model in BUILT_IN  # a loaded folder runs in the run's dtype (bf16 on a GPU)
         self.pretrain_steps = int(vlm_pretrain_steps)
         self.image_token_id: int | None = None
 
@@ -177,6 +188,11 @@ class VisionLanguagePolicy(PolicyBase):
         temps = (torch.tensor(temp, dtype=torch.float32).repeat_interleave(rep) if isinstance(temp, list)
                  else torch.full((R,), float(temp)))
         greedy = temps <= 0
+        seeded = evaluation and self.eval_sampling == "seeded"
+        if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
+            temps, greedy = torch.full((R,), self.temperature), torch.zeros(R, dtype=torch.bool)
+            uniforms = seeded_uniforms([int(r["scene_seed"]) if r.get("scene_seed") is not None else int(u)
+                                        for r, u in zip(rows, uids)], counts, self.max_completion_length)
         eos, pad, T = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.max_completion_length
         out = torch.full((R, T), pad, dtype=torch.long)
         lps, cmask, unc = torch.zeros(R, T), torch.zeros(R, T), torch.zeros(R, T)
@@ -192,7 +208,9 @@ class VisionLanguagePolicy(PolicyBase):
             draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
             probs = torch.softmax(logits / draw_t[:, None], -1)
             tok = logits.argmax(-1)
-            if not bool(greedy.all()):
+            if seeded:  # inverse CDF at the row's own uniform
+                tok = inverse_cdf(probs, uniforms[:, t])
+            elif not bool(greedy.all()):
                 tok = torch.where(greedy, tok, torch.multinomial(probs, 1, generator=generator)[:, 0])
             logp = torch.log_softmax(logits / max(self.temperature, 1e-6), -1).gather(-1, tok[:, None])[:, 0]
             top2 = torch.softmax(logits, -1).topk(2, dim=-1).values
