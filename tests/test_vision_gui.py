@@ -263,10 +263,16 @@ def test_curriculum_config_checks():
 
 @pytest.mark.parametrize("recipe, task, seed_id, arxiv", [("craft_gui", "gui_actions", "000-19", "2508.11360"),
                                                           ("gui_critic_r1", "gui_critic", "000-121", "2506.04614")])
-def test_recipe_trains_two_steps(tmp_path, recipe, task, seed_id, arxiv):
+def test_recipe_trains_two_steps(tmp_path, monkeypatch, recipe, task, seed_id, arxiv):
+    """Two steps of each recipe; the tiny VLM's pre-training is cut to 20 steps on 256 examples here (its own cache
+    entry: the settings are part of the cache key), since the tasks' full pre-training takes minutes."""
     from grpolab.config import Config
     from grpolab.recipes import load_recipe, recipe_overrides
     from grpolab.train.trainer import Trainer
+    from grpolab.vision import tiny
+
+    monkeypatch.setitem(tiny.PRETRAIN_SETTINGS, task, {**tiny.PRETRAIN_SETTINGS[task], "iterations": 20,
+                                                       "examples": 256})
 
     r = load_recipe(recipe)
     assert r["seed"] == seed_id and arxiv in r["citation"]
