@@ -233,3 +233,41 @@ def test_vlm_grpo_raises_held_out_iou_on_every_seed(tmp_path, seed):
     summary = Trainer(cfg, **QUIET).train(progress=False)
     before, after = (summary[k]["rewards/box_iou/mean"] for k in ("before", "after"))
     assert after > before + 0.02, (before, after)
+
+
+def test_trl_style_vlm_dataset_trains_through_the_python_api(tmp_path):
+    """TRL's VLM convention through grpolab's drop-in API: rows with a PIL ``image`` and a conversational prompt
+    select the vision_language policy; the reward function receives the data columns; a loaded model with its
+    processor trains too, and without the processor it is refused."""
+    from PIL import Image
+
+    from grpolab import GRPOConfig, GRPOTrainer
+    from grpolab.rewards.vision import box_iou
+    from grpolab.tasks.vision import grounding_row
+    from grpolab.vision.scenes import row_images
+
+    rows = []
+    for i in range(4):
+        row, _ = grounding_row(i)
+        rows.append({"prompt": [{"role": "user", "content": f"Box the {row['target']}."}],
+                     "image": Image.fromarray(row_images(row)[0]), "target_box": row["target_box"]})
+    seen = {}
+
+    def reward(completions, target_box, **kw):
+        seen["target_box"] = target_box
+        return box_iou(None, completions, target_box=target_box)
+
+    args = dict(max_steps=1, per_device_train_batch_size=4, num_generations=2, max_completion_length=12,
+                vlm_pretrain_steps=5, report_to="none", threads=1)
+    trainer = GRPOTrainer(model="tiny", reward_funcs=reward, train_dataset=rows,
+                          args=GRPOConfig(output_dir=str(tmp_path / "a"), **args))
+    assert trainer.cfg.policy == "vision_language"
+    trainer.train()
+    assert len(seen["target_box"]) == 4  # 2 rows x 2 completions, each with its row's box
+    assert all(b in [r["target_box"] for r in rows] for b in seen["target_box"])
+    again = GRPOTrainer(model=trainer.model, processing_class=trainer.trainer.policy.processor, reward_funcs=reward,
+                        train_dataset=rows, args=GRPOConfig(output_dir=str(tmp_path / "b"), **args))
+    again.train()
+    with pytest.raises(ConfigError, match="needs its processor"):
+        GRPOTrainer(model=trainer.model, reward_funcs=reward, train_dataset=rows,
+                    args=GRPOConfig(output_dir=str(tmp_path / "c"), **args))

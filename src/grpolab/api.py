@@ -384,7 +384,27 @@ def _rows_of(dataset, what: str) -> list[dict]:
                           f"{type(dataset).__name__} ({e})") from None
     if not rows:
         raise ConfigError(f"{what}: the dataset is empty")
-    return rows
+    return [_pictures_as_uris(r, f"{what} row {i}") for i, r in enumerate(rows)]
+
+
+def _pictures_as_uris(row: dict, where: str) -> dict:
+    """A row whose ``image`` / ``images`` hold pictures (PIL images, arrays: TRL's VLM datasets) with each picture as
+    a PNG data URI, so the row travels through the JSONL data checks (file paths and URIs stay as they are)."""
+    if row.get("image") is None and row.get("images") is None:
+        return row
+    from .vision.scenes import to_data_uri
+
+    def uri(x, at):
+        try:
+            return x if isinstance(x, str) else to_data_uri(x)
+        except ValueError as e:
+            raise ConfigError(f"{at}: {e}") from None
+    out = dict(row)
+    if out.get("image") is not None:
+        out["image"] = uri(out["image"], f"{where} 'image'")
+    if out.get("images") is not None:
+        out["images"] = [uri(x, f"{where} 'images'[{k}]") for k, x in enumerate(out["images"])]
+    return out
 
 
 def _lora_settings(peft_config) -> dict[str, Any]:
@@ -502,6 +522,17 @@ class _APITrainer(Trainer):
             tok = tok or own
             if tok is None:  # a policy whose actions are not text (policy: flow_matching, ...): no tokenizer
                 return model, None
+        elif hasattr(self.policy, "processor"):  # a loaded VLM: its processor is required, as in TRL
+            if tok is None or getattr(tok, "tokenizer", None) is None:
+                raise ConfigError("processing_class: a loaded vision-language model needs its processor "
+                                  "(AutoProcessor.from_pretrained(...)), or pass the model's folder as model=")
+            self.policy.processor, self.policy.tokenizer = tok, tok.tokenizer
+            image_token = getattr(model.config, "image_token_id", None)
+            self.policy.image_token_id = (getattr(model.config, "image_token_index", None) if image_token is None
+                                          else image_token)
+            model.config.use_cache = True
+            model.eval()
+            tok = tok.tokenizer
         else:
             if tok is None:
                 from transformers import AutoTokenizer
@@ -576,6 +607,8 @@ class GRPOTrainer:
                               "column)")
         eval_rows = _rows_of(eval_dataset, "eval_dataset")
         overrides = to_grpolab(self.args)
+        if any(r.get("image") is not None or r.get("images") is not None for r in rows[:100]):
+            overrides.setdefault("policy", "vision_language")  # TRL: an image column makes the run a VLM run
         if "steps" not in overrides:  # TRL: max_steps <= 0 -> epochs over the data
             per_step = overrides["prompts_per_step"]
             overrides["steps"] = max(1, math.ceil(float(self.args.num_train_epochs) * len(rows) / per_step))

@@ -114,11 +114,13 @@ class VisionLanguagePolicy(PolicyBase):
         from ..vision.tiny import vlm_model_path
 
         if self.model_name in BUILT_IN:
-            try:
-                path = vlm_model_path(self.task_name if isinstance(self.task_name, str) else "",
-                                      self.pretrain_steps, log=log)
-            except ValueError as e:
-                raise ConfigError(str(e)) from None
+            from ..vision.tiny import BACKBONE_TASK, PRETRAINING
+            task = self.task_name if isinstance(self.task_name, str) else ""
+            if task not in PRETRAINING:  # the user's own data: the backbone (it sees shapes, colours, positions)
+                log(f"[grpolab] model tiny: task {task!r} registers no pre-training examples (vision tasks that "
+                    f"do: {sorted(PRETRAINING)}); using the {BACKBONE_TASK} backbone")
+                task = BACKBONE_TASK
+            path = vlm_model_path(task, self.pretrain_steps, log=log)
         else:
             path = Path(self.model_name)
             if not (path / "config.json").exists():

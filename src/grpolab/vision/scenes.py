@@ -12,7 +12,7 @@ Kinds of scene (``SCENE_KINDS``; a data row names one by ``scene_kind`` and ``sc
   (colour, shape) pairs, 7–13 px wide, in 4 colours; one of them is the target the question names.
 
 A data row may instead carry its own picture, as TRL's VLM datasets do: ``image`` (a PIL image, an ``[H, W, 3]``
-uint8 array or nested list, or a file path) or ``images`` (a list of them).
+uint8 array or nested list, a file path or a PNG/JPEG data URI) or ``images`` (a list of them).
 
 Provenance: grpolab's own — toy scenes for the vision-language policy's tests and demos; no published method.
 """
@@ -135,15 +135,34 @@ def shapes_scene(seed: int) -> Scene:
 register_scene("shapes", shapes_scene)
 
 
+def to_data_uri(image) -> str:
+    """A picture (anything :func:`to_array` reads) as a PNG data URI: how the Python API carries a PIL image in a
+    row through grpolab's JSONL data checks."""
+    import base64
+    import io
+
+    from PIL import Image
+    buf = io.BytesIO()
+    Image.fromarray(to_array(image)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
 def to_array(image, where: str = "row") -> np.ndarray:
-    """uint8 [H, W, 3] from a PIL image, an array / nested list (uint8, or floats in [0, 1]) or a file path."""
+    """uint8 [H, W, 3] from a PIL image, an array / nested list (uint8, or floats in [0, 1]), a file path or a
+    ``data:image/...;base64,`` URI."""
     if isinstance(image, str):
+        import base64
+        import io
+
         from PIL import Image
         try:
+            if image.startswith("data:image/"):
+                with Image.open(io.BytesIO(base64.b64decode(image.split(",", 1)[1]))) as im:
+                    return np.asarray(im.convert("RGB"), dtype=np.uint8)
             with Image.open(image) as im:
                 return np.asarray(im.convert("RGB"), dtype=np.uint8)
-        except OSError as e:
-            raise ValueError(f"{where}: 'image' {image!r} could not be read as a picture ({e})") from None
+        except (OSError, ValueError, IndexError) as e:
+            raise ValueError(f"{where}: 'image' {image[:60]!r} could not be read as a picture ({e})") from None
     if hasattr(image, "convert"):  # PIL
         return np.asarray(image.convert("RGB"), dtype=np.uint8)
     a = np.asarray(image)
