@@ -301,7 +301,8 @@ def test_rows_are_deterministic_disjoint_and_shuffled_by_seed():
     assert held == list(range(tiny.EVAL_BASE, tiny.EVAL_BASE + 10))            # fixed, in order
     assert {r["scene_seed"] for r in c.train_rows} == train and c.train_rows != a.train_rows   # shuffled by seed
     assert c.eval_rows == a.eval_rows
-    assert not train & set(range(tiny.PRETRAIN_EXAMPLES)) and not set(held) & set(range(tiny.PRETRAIN_EXAMPLES))
+    pretraining = set(range(tiny.pretrain_recipe("shape_segmentation")["examples"]))   # scene seeds 0 … 11,999
+    assert len(pretraining) == 12000 and not train & pretraining and not set(held) & pretraining
     row = a.eval_rows[0]
     scene = shapes_scene(row["scene_seed"])
     t = scene.objects[scene.target]
