@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
+from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
 from .base import PolicyBase
@@ -213,6 +214,7 @@ class SpeechToTextPolicy(PolicyBase):
         columns.pop("features", None)
         columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
         columns["completion"] = [self.text(o) for o in out.tolist()]
+        GENERATED.add(R, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
         return RolloutBatch(
             prompt_ids=torch.full((R, 1), self.vocab["bos"], dtype=torch.long),
             prompt_mask=torch.ones(R, 1, dtype=torch.long), completion_ids=out, completion_mask=cmask,

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from ..config import ConfigError
+from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
 from .base import PolicyBase
@@ -234,6 +235,7 @@ class VisionLanguagePolicy(PolicyBase):
         columns["completion"] = self.tokenizer.batch_decode(
             [o_[m > 0].tolist() for o_, m in zip(out, cmask)], skip_special_tokens=False)
         columns["completion"] = [self.text(c) for c in columns["completion"]]
+        GENERATED.add(R, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
         n = cmask.sum(-1).clamp_min(1)
         columns["uncertainty"] = ((unc * cmask).sum(-1) / n).tolist()
         return RolloutBatch(
