@@ -152,3 +152,29 @@ def test_a_vision_or_speech_run_shows_each_prompts_picture(chromium, tmp_path, r
     assert box and box["width"] >= 32 and box["height"] >= 32, box
     page.close()
     assert errors == [] and dialogs == [] and requests == []
+
+
+def test_a_diffusion_lm_run_shows_its_completions(chromium, tmp_path):
+    """A masked-diffusion LM's run (diffu_grpo, 1 step): the report loads with its plots and a logged completion
+    opens on click and shows the text the dLLM wrote, with no console error and no network request."""
+    import json
+
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    out = tmp_path / "run"
+    cfg = Config.build({**recipe_overrides("diffu_grpo"), "steps": 1, "prompts_per_step": 2, "num_generations": 2,
+                        "eval_problems": 4, "out": str(out), "threads": 1})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    first = json.loads((out / "completions.jsonl").read_text().splitlines()[0])
+    report = write_report([out], tmp_path / "report.html")
+    page, errors, dialogs, requests = _open(chromium, report.as_uri())
+    summary = page.locator("details.completion summary").first
+    summary.click()
+    text = page.locator("details.completion pre.text").first
+    assert text.is_visible()
+    shown = [t.strip() for t in page.locator("details.completion pre.text").all_inner_texts()]
+    assert first["completion"].strip() in shown
+    page.close()
+    assert errors == [] and dialogs == [] and requests == []
