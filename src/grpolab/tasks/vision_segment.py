@@ -31,6 +31,16 @@ of shapes (1–3), ``s`` the target's side in pixels (7–13: a smaller target i
 distractor that can be confused with the target. PixelThink's branches are kept with the authors' thresholds:
 easy ``d < 3.5`` (every one-shape scene: d ≤ 3), medium ``3.5 ≤ d < 5``, hard ``d ≥ 5``.
 
+**Measured** (CPU, one thread, the tiny VLM pre-trained with :data:`PRETRAIN` from the vision backbone; greedy
+held-out means over 200 scenes). ``grpolab train --recipe seg_r1 --steps 20 --segment_eval_size 200 --threads 1
+--seed S --out DIR``: segmentation reward 0.229 before; after 20 steps 0.170, 0.197, 0.177 (seeds 0, 1, 2), mask
+IoU ≥ 0.5 from 15.5% to 1.5%, 9.5%, 5%; 100 steps (seed 0): 0.213 and 9.5%, while the sampled training reward
+rose (20-step means: segmentation 0.137 → 0.223, format 0.76 → 0.92, IoU ≥ 0.5 3% → 10%): at this scale RL brings
+the temperature-1 policy up to the greedy one and no further (the tiny model localises poorly: greedy box IoU 0.13).
+``--recipe pixelthink --steps 20`` (seed 0): reward 1.92 → 2.08, the think block (characters, greedy) from 15.7 /
+27.7 / 31.4 (easy / medium / hard) to 2.5 / 2.9 / 2.4: nothing in the answer needs the reasoning here, so the
+length score removes it on every branch, the medium one (no budget) included.
+
 The reward functions are defined here and published as ``grpolab.rewards.segmentation`` (the ``rewards`` package
 imports ``tasks``, so ``tasks`` may not import ``rewards``: tests/test_architecture.py).
 """
