@@ -25,9 +25,37 @@ def test_off_policy_snapshot_is_stale_between_refreshes(tiny_args):
     assert not same(snapshots[2], snapshots[3])  # refreshed at step 3
     current = {n: p.detach() for n, p in t.model.named_parameters()}
     assert not same(snapshots[3], current)  # the policy moved on since the refresh
-    # stale rollouts: behaviour log-probs differ from the current policy's, so the ratio is not 1
     rows = read_metrics(tiny_args["out"])
     assert len(rows) == 4
+
+
+def test_off_policy_ratio_departs_from_1_exactly_on_stale_steps(tiny_args):
+    """The importance ratio pi_theta / pi_old of each step's first update, measured on the batch the trainer
+    collected: exp(current log-prob - behaviour log-prob) is 1 on the steps whose snapshot was just refreshed
+    (steps 0 and 3 with off_policy_refresh_steps 3) and departs from 1 on the stale ones (1 and 2: sampled by the
+    step-0 snapshot after the policy moved). On-policy (refresh 1) it is 1 on every step."""
+    def ratios(refresh):
+        t = _trainer({**tiny_args, "off_policy_refresh_steps": refresh, "steps": 4,
+                      "out": f"{tiny_args['out']}-{refresh}"})
+        collect, gaps = t.collect, []
+
+        def spy():
+            out = collect()
+            batch = out[0]
+            now = t.policy.logprobs(t.model, batch, micro_batch_size=16)  # before this step's update
+            m = batch.completion_attention_mask.bool()
+            gaps.append(float((now - batch.behavior_logprobs)[m].abs().max()))
+            return out
+
+        t.collect = spy
+        for _ in range(4):
+            t.metrics.write(t.train_step())
+        return gaps
+
+    stale = ratios(3)
+    assert stale[0] < 1e-4 and stale[3] < 1e-4, stale      # fresh snapshot: ratio 1 (to float error)
+    assert stale[1] > 1e-2 and stale[2] > 1e-2, stale      # stale snapshot: ratio departs from 1
+    assert max(ratios(1)) < 1e-4
 
 
 def test_resume_in_process_with_snapshot_matches(tiny_args, tmp_path):
