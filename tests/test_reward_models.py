@@ -303,7 +303,19 @@ def test_egrpo_recipe_selects_its_transform():
 
 @pytest.mark.parametrize("transform", ["irpo_bradley_terry", "paraphrase_consistency"])
 def test_transforms_without_recipe_resolve_from_config(transform):
-    Component(REWARD_TRANSFORMS.get(transform), Config.build({"reward_transforms": [transform]}))
+    """Without a recipe, every parameter the transform declares is bound from the config (its declared default),
+    and a config value given for one of them reaches the component."""
+    from grpolab.registry import declared_params
+
+    obj = REWARD_TRANSFORMS.get(transform)
+    declared = declared_params(obj)
+    assert declared, transform  # each declares its parameters (param(...)), else this test checks nothing
+    comp = Component(obj, Config.build({"reward_transforms": [transform]}))
+    assert {k: comp.fixed[k] for k in declared} == {k: p.default for k, p in declared.items()}
+    key, p = next((k, p) for k, p in declared.items() if isinstance(p.default, (int, float))
+                  and not isinstance(p.default, bool))
+    changed = Component(obj, Config.build({"reward_transforms": [transform], key: p.default + 1}))
+    assert changed.fixed[key] == p.default + 1
 
 
 def test_reward_spec_rm_prefix_goes_to_the_reward_model_loader(tmp_path):
