@@ -37,9 +37,9 @@ held-out means over 200 scenes). ``grpolab train --recipe seg_r1 --steps 20 --se
 IoU ≥ 0.5 from 15.5% to 1.5%, 9.5%, 5%; 100 steps (seed 0): 0.213 and 9.5%, while the sampled training reward
 rose (20-step means: segmentation 0.137 → 0.223, format 0.76 → 0.92, IoU ≥ 0.5 3% → 10%): at this scale RL brings
 the temperature-1 policy up to the greedy one and no further (the tiny model localises poorly: greedy box IoU 0.13).
-``--recipe pixelthink --steps 20`` (seed 0): reward 1.92 → 2.08, the think block (characters, greedy) from 15.7 /
-27.7 / 31.4 (easy / medium / hard) to 2.5 / 2.9 / 2.4: nothing in the answer needs the reasoning here, so the
-length score removes it on every branch, the medium one (no budget) included.
+``--recipe pixelthink --steps 20`` (seed 0): reward 1.92 → 2.13 (box IoU term 6.5% both), the think block
+(characters, greedy) from 15.7 / 27.7 / 31.4 (easy / medium / hard) to 10.2 / 10.9 / 12.0: the easy branch meets
+its budget (9.6), and the other two shorten with it (one policy; nothing in the answer needs the reasoning here).
 
 The reward functions are defined here and published as ``grpolab.rewards.segmentation`` (the ``rewards`` package
 imports ``tasks``, so ``tasks`` may not import ``rewards``: tests/test_architecture.py).
