@@ -117,6 +117,8 @@ def test_every_recipe_trains(tiny_args, recipe, tmp_path):
         args["reward"] = [f"rm:{tmp_path / 'rm'}"]
     if rec.get("update_strategy") == "mask_reseed":  # d1's passes come from mask_reseed_iterations (num_iterations 1)
         args["num_iterations"] = 1
+    if rec.get("policy") == "vision_language":  # the smoke runs' tiny VLM: 5 pre-training steps, no backbone
+        args["vlm_pretrain_steps"] = 5
     if "task" in rec:  # a recipe built around its own task (e.g. countdown) keeps it
         args["task"] = rec["task"]
     with warnings.catch_warnings():

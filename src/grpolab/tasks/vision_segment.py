@@ -608,9 +608,7 @@ PRETRAIN = {"examples": 12000, "iterations": 800}
 
 def _register_pretraining() -> None:
     from ..vision import tiny
-    tiny.register_pretraining("shape_segmentation", pretraining_example)
-    # set directly: register_pretraining's own second parameter is named ``examples``
-    tiny.PRETRAIN_SETTINGS["shape_segmentation"].update(PRETRAIN)
+    tiny.register_pretraining("shape_segmentation", pretraining_example, **PRETRAIN)
 
 
 _register_pretraining()

@@ -58,7 +58,7 @@ PRETRAINING: dict[str, Callable[[int], tuple[dict, str]]] = {}
 PRETRAIN_SETTINGS: dict[str, dict] = {}
 
 
-def register_pretraining(task: str, examples: Callable[[int], tuple[dict, str]], **settings) -> None:
+def register_pretraining(task: str, examples: Callable[[int], tuple[dict, str]], /, **settings) -> None:
     """Make ``--model tiny`` pre-trainable for ``task``: ``examples(seed) -> (row, target completion)``.
     ``settings`` override the pre-training recipe's ``iterations``, ``examples``, ``batch_size``,
     ``learning_rate`` for this task (tuned so the held-out reward leaves RL room)."""
