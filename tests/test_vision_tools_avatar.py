@@ -144,8 +144,8 @@ def test_motion_clips_are_deterministic_and_move():
     assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
     # pinned (NumPy PCG64: the same on any machine)
     assert (a.direction, a.step, [o.name for o in a.objects], a.objects[0].box) == \
-        ("left", 6, ["yellow square", "green circle"], [16, 21, 24, 29])
-    assert int(a.frames[1].sum()) == 120252
+        ("down", 7, ["blue triangle"], [5, 1, 13, 9])
+    assert int(a.frames[1].sum()) == 86356
     for s in range(60):
         c = motion_clip(s)
         assert len(c.frames) == FRAMES and all(f.shape == (32, 32, 3) and f.dtype == np.uint8 for f in c.frames)
@@ -160,6 +160,30 @@ def test_motion_clips_are_deterministic_and_move():
             assert centres[f][0] - centres[0][0] == pytest.approx(dx * c.step * f)
             assert centres[f][1] - centres[0][1] == pytest.approx(dy * c.step * f)
         assert len(row_images({"scene_kind": "motion", "scene_seed": s})) == FRAMES
+
+
+def test_motion_clips_with_a_distractor(monkeypatch):
+    """MAX_DISTRACTORS 1: the still shape is the same in every frame and never touches the mover's path."""
+    from grpolab.vision import clips
+    from grpolab.vision.scenes import box_mask
+
+    monkeypatch.setattr(clips, "MAX_DISTRACTORS", 1)
+    two = 0
+    for s in range(80):
+        c = clips.motion_clip(s)
+        if len(c.objects) < 2:
+            continue
+        two += 1
+        still = c.objects[1]
+        grown = box_mask([still.box[0] - 1, still.box[1] - 1, still.box[2] + 1, still.box[3] + 1])
+        dx, dy = clips.DIRECTIONS[c.direction]
+        for f, frame in enumerate(c.frames):
+            assert (frame[still.mask] == clips.COLOURS[still.colour]).all()
+            m = c.objects[0]
+            moved = box_mask([m.box[0] + dx * c.step * f, m.box[1] + dy * c.step * f,
+                              m.box[2] + dx * c.step * f, m.box[3] + dy * c.step * f])
+            assert not (moved & grown).any()
+    assert two > 20
 
 
 def test_motion_rewards_by_hand():

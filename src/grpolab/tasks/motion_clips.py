@@ -21,12 +21,10 @@ from __future__ import annotations
 import random
 import re
 
-import numpy as np
-
 from ..data import completion_text
 from ..registry import TASKS, param
 from ..vision import tiny
-from ..vision.clips import DIRECTIONS, MAX_STEP, MIN_STEP, motion_clip
+from ..vision.clips import MAX_DISTRACTORS, MAX_STEP, MIN_STEP, motion_clip
 from .base import Task
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -67,25 +65,25 @@ def motion_format(prompts=None, completions=None, **kwargs) -> list[float]:
     return [float(_FORMAT.fullmatch(completion_text(c)) is not None) for c in completions or []]
 
 
-PRETRAIN_CORRECT = 0.5
+#: pre-training steps of the tiny VLM on this task: fewer than the default 300, so that it starts part-way
+PRETRAIN_ITERATIONS = 250
 
 
 def pretraining_example(seed: int) -> tuple[dict, str]:
-    """A row and a one-word target: the true direction with probability :data:`PRETRAIN_CORRECT`, else one drawn
-    uniformly from the four (so the pre-trained model answers in format but is far from always right).
+    """A row and its true one-word target, ``<answer>left</answer>``.
 
-    Measured (one thread): the pre-trained tiny model answers in format on every held-out clip and is right on
-    24.5% of 200 (chance); even with every target true (300 or 600 pre-training steps) it stayed at 24.5%: the
-    tiny LLaVA does not learn to compare positions across frames in that budget, so RL has the whole room
-    (25% -> 100%) but must learn the motion itself."""
+    Tuning (one thread, 200 held-out clips, the direction whose target the pre-trained model finds likeliest):
+    with every target true the tiny LLaVA is at chance (23.5%) after 150 pre-training steps, 31% after 200, 57%
+    after 250 and 94.5% after 300; with noisy targets (the vertical clips' words drawn at random from the four or
+    from up / down) it stayed at chance after 300 and 600 steps, and with a still distractor shape in half the
+    clips it reached 46% after 300. Hence true targets and :data:`PRETRAIN_ITERATIONS` = 250: part-way, with room
+    for RL."""
     row = motion_row(seed)
-    rng = np.random.default_rng([104, 1, int(seed)])
-    word = row["direction"] if rng.random() < PRETRAIN_CORRECT else list(DIRECTIONS)[int(rng.integers(4))]
-    return row, f"<answer>{word}</answer>"
+    return row, f"<answer>{row['direction']}</answer>"
 
 
-tiny.register_pretraining("motion_clips", pretraining_example,
-                          targets=f"motion v1: direction w.p. {PRETRAIN_CORRECT} else uniform; steps {MIN_STEP}-{MAX_STEP}")
+tiny.register_pretraining("motion_clips", pretraining_example, iterations=PRETRAIN_ITERATIONS,
+                          targets=f"motion v3: true; steps {MIN_STEP}-{MAX_STEP}; distractors {MAX_DISTRACTORS}")
 
 TRAIN_SIZE = param(400, "motion_clips: training clips (scene seeds TRAIN_BASE + i)")
 EVAL_SIZE = param(200, "motion_clips: held-out clips (scene seeds EVAL_BASE + i, a fixed set)")

@@ -3,10 +3,10 @@
 A clip is a pure function of its integer seed (``numpy.random.default_rng([SCENES_VERSION, 104, seed])``, PCG64:
 the same pixels on any machine), like the ``shapes`` scenes (:mod:`grpolab.vision.scenes`, whose canvas, palette,
 shapes and painter it uses). :data:`FRAMES` frames of ``SIZE`` × ``SIZE`` RGB uint8; one *mover* (the target)
-shifts by ``step`` pixels (:data:`MIN_STEP`–:data:`MAX_STEP`) per frame in its direction, and 0 or 1 *distractor*
-of another (colour, shape) stands still. Shapes are :data:`MIN_SIDE`–:data:`MAX_SIDE` px; the mover's path stays
-on the canvas and never comes within one pixel of the distractor. ``row_images`` renders a row with
-``scene_kind: motion`` as its frames (several pictures per row).
+shifts by ``step`` pixels (:data:`MIN_STEP`–:data:`MAX_STEP`) per frame in its direction, and up to
+:data:`MAX_DISTRACTORS` (0 or 1; 0 built in) *distractor* of another (colour, shape) stands still. Shapes are
+:data:`MIN_SIDE`–:data:`MAX_SIDE` px; the mover's path stays on the canvas and never comes within one pixel of the
+distractor. ``row_images`` renders a row with ``scene_kind: motion`` as its frames (several pictures per row).
 
 Provenance: grpolab's own — toy clips standing in for AVATAR's audio-video inputs (arXiv 2508.03100); no
 published method.
@@ -23,6 +23,9 @@ FRAMES = 3
 MIN_SIDE, MAX_SIDE = 7, 10
 MIN_STEP, MAX_STEP = 6, 8
 DIRECTIONS = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
+#: still shapes besides the mover: 0 (with one, the tiny LLaVA learned 46% of directions from 300 clean pre-training
+#: steps, against 94.5% without; measured on 200 held-out clips)
+MAX_DISTRACTORS = 0
 
 
 @dataclass
@@ -43,7 +46,7 @@ def motion_clip(seed: int) -> Clip:
     """The clip of ``seed`` (module docstring)."""
     rng = np.random.default_rng([SCENES_VERSION, 104, int(seed)])
     pairs = [(c, s) for c in COLOURS for s in SHAPES]
-    n = 1 + int(rng.integers(2))
+    n = 1 + int(rng.integers(MAX_DISTRACTORS + 1))
     chosen = [pairs[int(k)] for k in rng.choice(len(pairs), size=n, replace=False)]
     direction = list(DIRECTIONS)[int(rng.integers(len(DIRECTIONS)))]
     dx, dy = DIRECTIONS[direction]
