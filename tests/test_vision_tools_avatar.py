@@ -412,8 +412,9 @@ def _short(name, extra, tmp_path, steps=2):
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
+    # vlm_pretrain_steps: a 20-step tiny model from random weights (a smoke run; no backbone to build)
     cfg = Config.build({**recipe_overrides(name), "steps": steps, "save_steps": 100, "stall_steps": 0,
-                        "threads": 1, "out": str(tmp_path / "run"), **extra})
+                        "threads": 1, "vlm_pretrain_steps": 20, "out": str(tmp_path / "run"), **extra})
     return Trainer(cfg, **QUIET).train(progress=False)
 
 
@@ -452,7 +453,7 @@ def test_avatar_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
 
     base = {**recipe_overrides("avatar"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
             "prompts_per_step": 2, "num_generations": 4, "motion_train_size": 8, "motion_eval_size": 8,
-            "avatar_replay_min_size": 4, "avatar_replay_strategy": "priority"}
+            "avatar_replay_min_size": 4, "avatar_replay_strategy": "priority", "vlm_pretrain_steps": 20}
     a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **QUIET)
     sa = a.train(progress=False)
     Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **QUIET).train(progress=False)
