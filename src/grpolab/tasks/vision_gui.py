@@ -162,6 +162,11 @@ def _judge_text(instruction: str, screen_seed: int, completion) -> str:
             f"Action: {format_action(a) if a is not None else completion_text(completion).strip()}")
 
 
+#: the LM judge class (grpolab.rewards.judge.JudgeReward), injected by grpolab.rewards.gui when ``rewards`` is
+#: imported: ``tasks`` sits below ``rewards`` (tests/test_architecture.py) and may not import it
+LM_JUDGE = None
+
+
 class GuiJudge:
     """The model-judged part of CRAFT-GUI's reward (seed 000-19): scores only the rows the rules cannot check
     (``annotated`` false: no element box), ``None`` elsewhere, so the weighted sum adds it exactly where
@@ -182,8 +187,10 @@ class GuiJudge:
         self.judge = str(judge)
         self.lm = None
         if self.judge != "oracle":
-            from ..rewards.judge import JudgeReward
-            self.lm = JudgeReward(self.judge, judge_question=question)
+            if LM_JUDGE is None:  # set by grpolab.rewards.gui (``rewards`` imports ``tasks``, not the reverse)
+                raise RuntimeError("gui_judge: the LM judge comes from grpolab.rewards.gui; import grpolab.rewards "
+                                   "first (grpolab train and the Python API do)")
+            self.lm = LM_JUDGE(self.judge, judge_question=question)
 
     def __call__(self, prompts=None, completions=None, *, scene_seed=None, annotated=None, action_type=None,
                  target_text=None, **kwargs) -> list[float | None]:
