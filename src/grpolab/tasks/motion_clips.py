@@ -15,6 +15,10 @@ Rewards (TRL's contract, ``f(prompts, completions, *, direction, **columns)``), 
   direction;
 * :func:`motion_format` (weight 0.5): 1 when the whole completion is ``<answer>WORD</answer>`` with WORD one of
   left / right / up / down (surrounding whitespace allowed).
+
+Measured (recipe avatar, 60 steps, one thread, 200 held-out clips, draws at temperature 1 from each clip's seed):
+accuracy 0.415 -> 0.485 / 0.48 (seeds 0 / 1); with TAS off and no replay 0.415 -> 0.425 / 0.47. Greedy accuracy
+starts at 57.5% and falls to 45% / 44% (AVATAR / without) in the same 60 steps.
 """
 from __future__ import annotations
 
