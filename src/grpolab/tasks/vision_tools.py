@@ -25,9 +25,10 @@ seeds ``TRAIN_BASE + i`` (i < ``vista_train_size``, shuffled with the task seed)
 the needed tool for two kinds of question, random tools for the other three).
 
 Measured (recipe vista, 100 steps, one thread, the tiny model pre-trained from the shape_grounding backbone):
-held-out mean reward (200 rows, greedy) 0.290 -> 1.000 / 1.000 / 0.858 (seeds 0 / 1 / 2). With the earlier pre-training from random weights (300 steps) and random tools for every kind of
-question, the model's choice ignored the question: 100 steps at learning rate 1e-4 moved it 0.03 -> 0.06; at 3e-4
-it went to the safe empty selection after 40 steps (0.395, the no-tool prior) and to malformed answers after 100.
+held-out mean reward (200 rows, greedy) 0.290 -> 1.000 / 1.000 / 0.858 (seeds 0 / 1 / 2). With the earlier
+pre-training from random weights (300 steps) and random tools for every kind of question, the model's choice
+ignored the question: 100 steps at learning rate 1e-4 moved it 0.03 -> 0.06; at 3e-4 it went to the safe empty
+selection after 40 steps (0.395, the no-tool prior) and to malformed answers after 100.
 """
 from __future__ import annotations
 
