@@ -33,7 +33,8 @@ easy ``d < 3.5`` (every one-shape scene: d ≤ 3), medium ``3.5 ≤ d < 5``, har
 
 **Measured** (CPU, one thread, the tiny VLM pre-trained with :data:`PRETRAIN` from the vision backbone; greedy
 held-out means over 200 scenes). ``grpolab train --recipe seg_r1 --steps 20 --segment_eval_size 200 --threads 1
---seed S --out DIR``: segmentation reward 0.229 before; after 20 steps 0.170, 0.197, 0.177 (seeds 0, 1, 2), mask
+--seed S --out DIR`` with the recipe's first batch, G 4 × 8 scenes (now G 8 × 16, with which the seeded held-out
+reward rises: docs/vision.md): segmentation reward 0.229 before; after 20 steps 0.170, 0.197, 0.177 (seeds 0, 1, 2), mask
 IoU ≥ 0.5 from 15.5% to 1.5%, 9.5%, 5%; 100 steps (seed 0): 0.213 and 9.5%, while the sampled training reward
 rose (20-step means: segmentation 0.137 → 0.223, format 0.76 → 0.92, IoU ≥ 0.5 3% → 10%): at this scale RL brings
 the temperature-1 policy up to the greedy one and no further (the tiny model localises poorly: greedy box IoU 0.13).
