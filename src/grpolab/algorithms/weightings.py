@@ -368,8 +368,11 @@ def sequence_loglik(batch, length_normalize: bool) -> torch.Tensor:
 @WEIGHTINGS.register("seed_semantic_entropy", needs=("text",))
 def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, batch, *,
                           seed_alpha: float = param(0.5, 'SEED-GRPO: sensitivity alpha; A * f(alpha * SE / SE_max)'),
-                          seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear) or exp(-x) '
-                                                    '(exponential)', ['linear', 'exponential']),
+                          seed_scaling: str = param('linear', 'SEED-GRPO: f(x) = 1 - x (linear), exp(-x) '
+                                                    '(exponential) or (1 - x)^gamma (focal)',
+                                                    ['linear', 'exponential', 'focal']),
+                          seed_focal_gamma: float = param(2.0, 'SEED-GRPO: focusing exponent gamma of the focal f(x) '
+                                                          '= (1 - x)^gamma (gamma = 1 is the linear f)'),
                           seed_equivalence: str = param('last_number', 'SEED-GRPO: answer key that clusters '
                                                         "completions: 'last_number', 'final_line', 'exact' or "
                                                         "'module:function' (text -> key)"),
@@ -381,7 +384,8 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     """SEED-GRPO semantic-entropy scaling (Chen et al., 2025, arXiv:2505.12346, seed 000-86).
 
     ``A'_i = A_i * f(alpha * min(SE(q) / SE_max(q), 1))`` with ``f(x) = 1 - x``
-    (linear) or ``exp(-x)`` (exponential); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
+    (linear), ``exp(-x)`` (exponential) or ``(1 - x)^gamma`` (focal, ``gamma =
+    seed_focal_gamma``); ``SE(q) = -(1/K) sum_k log p(C_k | q)``
     over the K answer clusters of the prompt's group, ``SE_max = log G``, and
     the cluster probability from the completions' likelihoods under the
     behaviour (old) policy::
@@ -404,9 +408,12 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     key (``last_number``: the last number, else the stripped final line;
     ``final_line``; ``exact``) or ``module:function`` mapping text to a
     hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
-    linear f zeroes fully uncertain groups). The paper's third f ("focal") is
-    not implemented. A group of one row has ``SE_max = 0`` and keeps its
-    advantages.
+    linear f zeroes fully uncertain groups). The focal f is the focal-loss
+    modulating factor ``(1 - p)^gamma`` (Lin et al., 2017, arXiv:1708.02002)
+    with the normalised uncertainty ``x`` in place of ``p``: ``gamma = 1`` is
+    the linear f, ``gamma > 1`` damps uncertain groups more steeply while
+    confident ones (small x) stay near 1, ``gamma = 0`` switches the scaling
+    off. A group of one row has ``SE_max = 0`` and keeps its advantages.
 
     Provenance: paper equations — SEED-GRPO: Semantic Entropy Enhanced GRPO
     for Uncertainty-Aware Policy Optimization (arXiv:2505.12346v1), Sec. 3, the
@@ -422,7 +429,11 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     clipped at 1 (``SE_max`` is the paper's maximum; with masses a rare
     cluster can push the estimate above ``log G``), so f stays in ``[1 -
     alpha, 1]``; answer-key clustering stands in for the paper's semantic
-    equivalence check.
+    equivalence check. The paper names three f (linear, exponential, focal)
+    but the summaries give no formula for the focal one and there is no code:
+    ``(1 - x)^gamma`` with ``gamma = 2`` (focal loss's usual value) is
+    grpolab's reconstruction.
+    Test: tests/test_seed_focal.py::test_focal_factor_by_hand.
     """
     key = resolve_answer_key(seed_equivalence)
     if "completion" not in batch.columns:
@@ -441,8 +452,12 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
         f = 1.0 - x
     elif seed_scaling == "exponential":
         f = torch.exp(-x)
+    elif seed_scaling == "focal":
+        if seed_focal_gamma < 0:
+            raise ValueError(f"seed_focal_gamma: must be >= 0, got {seed_focal_gamma}")
+        f = (1.0 - x).clamp(min=0.0) ** seed_focal_gamma
     else:
-        raise ValueError(f"seed_scaling: '{seed_scaling}' is not valid; valid values: linear, exponential")
+        raise ValueError(f"seed_scaling: '{seed_scaling}' is not valid; valid values: linear, exponential, focal")
     f = f.to(advantages.dtype)
     return advantages * (f if advantages.dim() == 1 else f[:, None])
 
