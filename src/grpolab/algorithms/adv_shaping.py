@@ -419,7 +419,7 @@ def awpo_gated(reward_matrix: torch.Tensor, group_ids: torch.Tensor, batch, *, a
     same column twice is allowed (the reasoning term then re-weights the
     outcome advantage). ``var`` is the Bessel-corrected group variance from
     :func:`group_stats`. The paper's tailored clipping is a loss feature, not
-    part of this component.
+    part of this component: policy loss ``awpo_clipped`` (losses.py).
     """
     names = _reward_names(batch, reward_matrix)
     o = reward_column(reward_matrix, names, awpo_outcome_reward)
