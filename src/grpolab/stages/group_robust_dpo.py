@@ -1,0 +1,170 @@
+"""Group Robust Preference Optimization (GR-DPO): worst-group weighting of the DPO loss over labeller groups.
+
+Ramesh, Hu, Chaimalas, Mehta, Bou Ammar, Bogunovic et al., 2024, "Group Robust Preference Optimization in
+Reward-free RLHF", arXiv:2405.20304 (seed 000-57; "GRPO" there is *Group Robust* PO, not Group Relative PO).
+The objective over labeller groups g = 1..K with pairs (x, y_w, y_l) labelled by g:
+
+    min_π max_{α ∈ Δ_K} Σ_g α_g · L_g(π),   L_g(π) = mean over g's pairs of ℓ(π; x, y_w, y_l),
+    ℓ = −log σ(β · [(log π(y_w|x) − log π_ref(y_w|x)) − (log π(y_l|x) − log π_ref(y_l|x))]),
+
+solved by alternating a mirror-ascent (exponentiated-gradient) step on α and a gradient step on π with the
+α-weighted loss. Here: the ``preference_pairs`` rollout puts the step's pairs in the batch, the policy loss
+``group_dpo`` gives each pair its DPO loss, and this update strategy does the α step and weights the pairs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..registry import UPDATE_STRATEGIES, param
+
+
+def pair_margins(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
+                 chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(margins [P], chosen_rows [P])``: per pair (a group id of the batch: its chosen and its rejected row)
+    ``m = h(y_w) − h(y_l)`` with ``h(y) = Σ_t (log π − log π_ref)`` over the row's loss tokens."""
+    h = ((logprobs - ref_logprobs.to(logprobs.dtype)) * mask).sum(-1)
+    margins, rows = [], []
+    for g in torch.unique(group_ids).tolist():
+        idx = (group_ids == g).nonzero().squeeze(-1)
+        w = idx[chosen[idx] > 0.5]
+        lose = idx[chosen[idx] <= 0.5]
+        if len(w) != 1 or len(lose) != 1:
+            raise ValueError(f"group_robust_dpo: batch group {g} is not one chosen and one rejected row "
+                             f"(rollout_strategy preference_pairs makes such pairs)")
+        margins.append(h[w[0]] - h[lose[0]])
+        rows.append(w[0])
+    return torch.stack(margins), torch.stack(rows)
+
+
+def group_losses(pair_loss: torch.Tensor, labeller: torch.Tensor, num_groups: int) -> tuple[torch.Tensor,
+                                                                                             torch.Tensor]:
+    """``(L [K], counts [K])``: the mean pair loss of each labeller group in the batch (0 where a group has no
+    pair, with count 0)."""
+    labeller = labeller.long()
+    if labeller.numel() and (int(labeller.min()) < 0 or int(labeller.max()) >= num_groups):
+        raise ValueError(f"group_robust_dpo: labeller groups must be 0..{num_groups - 1} "
+                         f"(group_robust_dpo_num_groups {num_groups}); got {sorted(set(labeller.tolist()))}")
+    sums = torch.zeros(num_groups, dtype=pair_loss.dtype).index_add_(0, labeller, pair_loss)
+    counts = torch.bincount(labeller, minlength=num_groups).to(pair_loss.dtype)
+    return sums / counts.clamp(min=1), counts
+
+
+def alpha_step(alpha: torch.Tensor, losses: torch.Tensor, eta: float) -> torch.Tensor:
+    """One exponentiated-gradient (mirror ascent) step on the simplex: ``α_g ← α_g · exp(η · L_g) / Z``."""
+    a = alpha * torch.exp(eta * losses)
+    return a / a.sum()
+
+
+def _check(cfg) -> None:
+    if cfg.rollout_strategy != "preference_pairs":
+        raise ConfigError("update_strategy 'group_robust_dpo' weights offline preference pairs by labeller group: "
+                          "set rollout_strategy: preference_pairs")
+    if cfg.policy_loss != "group_dpo":
+        raise ConfigError("update_strategy 'group_robust_dpo' weights the pairs' DPO losses: set policy_loss: "
+                          "group_dpo")
+    if cfg.loss_aggregation != "seq_mean_token_mean":
+        raise ConfigError("update_strategy 'group_robust_dpo' sets each pair's weight for the mean over rows of "
+                          "the rows' token means: set loss_aggregation: seq_mean_token_mean")
+    if cfg.group_robust_dpo_num_groups < 1:
+        raise ConfigError(f"group_robust_dpo_num_groups: must be >= 1, got {cfg.group_robust_dpo_num_groups}")
+    if cfg.group_robust_dpo_eta < 0:
+        raise ConfigError(f"group_robust_dpo_eta: must be >= 0, got {cfg.group_robust_dpo_eta}")
+
+
+@UPDATE_STRATEGIES.register("group_robust_dpo", check=_check, needs=("tokens",))
+class GroupRobustDPO:
+    """Group Robust DPO (Ramesh et al., 2024, arXiv:2405.20304, Algorithm 1; seed 000-57): the worst-group
+    weighting of the DPO loss over labeller groups.
+
+    Each step, on the batch's pairs (``preference_pairs``: group id = pair, ``row_data['pref_chosen']``,
+    ``row_data['labeller_group']``) and with β = ``dpo_beta`` (``group_dpo``'s):
+
+    1. ``m_p = h(y_w) − h(y_l)``, ``h(y) = Σ_t log π_θ(y_t) − log π_ref(y_t)`` under the current weights
+       (the batch's behaviour log-probs, teacher-forced before the update) and the frozen initial policy;
+       ``ℓ_p = −log σ(β m_p)``;
+    2. ``L_g = (1/N_g) Σ_{p ∈ g} ℓ_p`` over the N_g pairs of group g in the batch;
+    3. ``α_g ← α_g · exp(η_α · L_g)``, then ``α ← α / Σ_g α_g`` (η_α = ``group_robust_dpo_eta``; α starts
+       uniform, 1/K, and is carried across steps and saved in checkpoints);
+    4. the policy step on ``Σ_g α_g · L_g(θ)`` with the new α: every token of pair p's two rows gets the weight
+       ``P · α_g / N_g`` (P = pairs in the batch) in ``batch.token_weights``, so that ``group_dpo`` (ℓ_p on
+       each token of the pair) with ``seq_mean_token_mean`` (mean over the 2P rows of their token means) gives
+       ``(1/P) Σ_p P α_{g(p)}/N_{g(p)} ℓ_p = Σ_g α_g L_g``; then the ordinary update (``num_iterations``
+       passes; the weights stay fixed over the passes).
+
+    A labeller group with no pair in the batch has L_g = 0 that step (its α is only renormalised).
+    Metrics: ``rollout/grdpo_alpha_<g>`` and ``rollout/grdpo_loss_<g>`` (the L_g of step 2).
+
+    Matched to the authors' code (https://github.com/rsshyam/Group-robust-preference-optimization-bandits,
+    algos/linear_bandit/group_robust_dpo_vectorised_gradfix.py, ``batch_update_once``): the group loss is the
+    batch mean of −log σ(β·margin) over the group's pairs (``group_loss /= cur_group_counts``), the weights are
+    multiplied by ``exp(exp_step_size * group_loss)`` and renormalised *before* the parameter step, and the step
+    uses ``Σ_g α_g · (Σ_{p∈g} ∇ℓ_p)/N_g`` (their "gradfix"). Differences: the policy is a language model
+    trained with AdamW (theirs: a log-linear bandit policy, plain gradient descent); their optional
+    generalisation adjustment ``adj/√N_g`` (default off) and L2 terms are not included; their code divides by
+    a count of 0 for a group absent from the batch (their sampler draws every group), here such a group's loss
+    is 0; their default η_α is 0.01 (``--rdpo_exp_step_size``), the recipe's is larger for its short runs.
+
+    Provenance: authors' code — https://github.com/rsshyam/Group-robust-preference-optimization-bandits,
+    algos/linear_bandit/group_robust_dpo_vectorised_gradfix.py (batch_update_once); a language-model policy with
+    AdamW and a 0 loss for a group absent from the batch are grpolab's.
+    Test: tests/test_group_robust_pref.py::test_alpha_step_by_hand,
+    tests/test_group_robust_pref.py::test_weighted_loss_gradient_is_alpha_weighted_group_gradients.
+    """
+
+    needs_reference_model = True
+    fills_ref_logprobs = True  # group_dpo's config check: the reference log-probs come from here with beta 0
+
+    def __init__(self, *, group_robust_dpo_num_groups: int = param(2, "group_robust_dpo: number of labeller "
+                                                                     "groups K (labeller_group 0..K-1)"),
+                 group_robust_dpo_eta: float = param(1.0, "group_robust_dpo: exponentiated-gradient step size "
+                                                          "η_α of the group weights (the authors' bandit "
+                                                          "default is 0.01)"),
+                 dpo_beta: float = 0.1):
+        self.num_groups = int(group_robust_dpo_num_groups)
+        self.eta = float(group_robust_dpo_eta)
+        self.beta = float(dpo_beta)
+        self.alpha = torch.full((self.num_groups,), 1.0 / self.num_groups, dtype=torch.float64)
+
+    def state_dict(self) -> dict:
+        return {"alpha": self.alpha.clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.alpha = state["alpha"].clone().to(torch.float64)
+
+    def weights(self, batch) -> dict:
+        """Steps 1-3 of the docstring on ``batch`` (with its ``ref_logprobs``); sets ``batch.token_weights``
+        (step 4's weights) and returns the step's group losses."""
+        chosen = batch.row_data["pref_chosen"]
+        labeller = batch.row_data["labeller_group"].long()
+        with torch.no_grad():
+            m, rows = pair_margins(batch.behavior_logprobs.double(), batch.ref_logprobs.double(),
+                                   batch.completion_mask.double(), batch.group_ids, chosen)
+            scalar = getattr(batch, "scalar_rewards", None)
+            if scalar is not None and scalar.shape[0] == chosen.shape[0]:  # group_dpo picks y_w by the reward
+                win = scalar[rows].double()
+                lose = torch.stack([scalar[(batch.group_ids == batch.group_ids[r]) & (chosen <= 0.5)][0]
+                                    for r in rows.tolist()]).double()
+                if not bool((win > lose).all()):
+                    raise ValueError("group_robust_dpo: a pair's chosen row does not have the higher reward, so "
+                                     "group_dpo would not train it as y_w: use a reward that scores the label "
+                                     "(task arithmetic_prefs' 'preferred')")
+            pair_loss = -F.logsigmoid(self.beta * m)
+            L, counts = group_losses(pair_loss, labeller[rows], self.num_groups)
+            self.alpha = alpha_step(self.alpha, L, self.eta)
+            row_w = len(rows) * self.alpha[labeller] / counts[labeller].clamp(min=1)
+        w = row_w.to(batch.behavior_logprobs.dtype)[:, None].expand_as(batch.behavior_logprobs)
+        batch.token_weights = w if batch.token_weights is None else batch.token_weights * w
+        return {"loss": L, "counts": counts}
+
+    def __call__(self, update, batch, ctx):
+        if batch.ref_logprobs is None:  # beta 0: the trainer's KL pass did not fill them
+            with ctx.reference_policy() as ref:
+                batch.ref_logprobs = ctx.logprobs(batch, model=ref)
+        out = self.weights(batch)
+        for g in range(self.num_groups):
+            ctx.metric(f"grdpo_alpha_{g}", float(self.alpha[g]))
+            if out["counts"][g] > 0:
+                ctx.metric(f"grdpo_loss_{g}", float(out["loss"][g]))
+        return update(batch)
