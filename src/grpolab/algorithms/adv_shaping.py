@@ -128,7 +128,8 @@ class SPOValueTracker:
     ``N0 = 1 / (1 - rho_min)`` (the paper estimates it from extra rollouts
     of the initial policy). (3) Rewards must lie in [0, 1] (success rates).
     (4) The tracker's prioritised prompt sampling is a sampler feature and is
-    not part of this component. Unscorable (NaN) rows get A = 0 and do not
+    not part of this component: prompt sampler ``spo_prioritized``
+    (prompts/spo.py) reads this tracker. Unscorable (NaN) rows get A = 0 and do not
     update the tracker.
 
     Provenance: reconstructed from the abstract — the Beta tracker and batch z-score follow the paper's

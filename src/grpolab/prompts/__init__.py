@@ -11,7 +11,7 @@ A sampler is a class registered in ``SAMPLERS`` and built as
 * ``state_dict()`` / ``load_state_dict()``: everything needed to make the same
   choices after a resume, its random generator included.
 """
-from . import adaptive, budgets, uniform  # noqa: F401  (register the samplers)
+from . import adaptive, budgets, spo, uniform  # noqa: F401  (register the samplers)
 from .uniform import UniformSampler
 from ..registry import SAMPLERS
 

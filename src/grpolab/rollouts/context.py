@@ -68,6 +68,9 @@ class RolloutContext:
         self.metrics: dict[str, float] = {}  # this step's rollout/<name> metrics (see metric())
         self.environment = None  # the agent rollout's environment (the API's or the task's; grpolab.agents)
         self._actions = actions  # the policy kind (grpolab/policies/); None: built from cfg.policy on first use
+        # the run's components by key (advantage/<name>, loss/<name>, ...; the trainer sets it): a sampler may read
+        # a component's state through it (spo_prioritized: the spo_single_stream value tracker)
+        self.components: dict = {}
 
     def new_step(self, step: int | None = None) -> None:
         """Start a step (group ids restart at 0, metrics empty); the trainer passes its step number."""

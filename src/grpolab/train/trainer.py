@@ -279,6 +279,7 @@ class Trainer:
                                   reference=self.reference_policy if self.needs_reference else None,
                                   actions=self.policy)
         self.ctx.environment = self.environment
+        self.ctx.components = self.components  # e.g. spo_prioritized reads the advantage's value tracker
         if hasattr(self.sampler, "attach"):  # samplers that read the model (e.g. hidden states)
             self.sampler.attach(self.ctx)
 
