@@ -93,7 +93,8 @@ class GroupRobustDPO:
        ``(1/P) Σ_p P α_{g(p)}/N_{g(p)} ℓ_p = Σ_g α_g L_g``; then the ordinary update (``num_iterations``
        passes; the weights stay fixed over the passes).
 
-    A labeller group with no pair in the batch has L_g = 0 that step (its α is only renormalised).
+    A labeller group with no pair in the batch uses its L_g of the last batch that had one (0 before any), so
+    a small group's weight does not fall because a step happened to draw none of its pairs.
     Metrics: ``rollout/grdpo_alpha_<g>`` and ``rollout/grdpo_loss_<g>`` (the L_g of step 2).
 
     Matched to the authors' code (https://github.com/rsshyam/Group-robust-preference-optimization-bandits,
@@ -103,12 +104,12 @@ class GroupRobustDPO:
     uses ``Σ_g α_g · (Σ_{p∈g} ∇ℓ_p)/N_g`` (their "gradfix"). Differences: the policy is a language model
     trained with AdamW (theirs: a log-linear bandit policy, plain gradient descent); their optional
     generalisation adjustment ``adj/√N_g`` (default off) and L2 terms are not included; their code divides by
-    a count of 0 for a group absent from the batch (their sampler draws every group), here such a group's loss
-    is 0; their default η_α is 0.01 (``--rdpo_exp_step_size``), the recipe's is larger for its short runs.
+    a count of 0 for a group absent from the batch (their default sampler draws groups uniformly), here such a
+    group keeps its last loss; their default η_α is 0.01 (``--rdpo_exp_step_size``), the recipe's is larger for its short runs.
 
     Provenance: authors' code — https://github.com/rsshyam/Group-robust-preference-optimization-bandits,
     algos/linear_bandit/group_robust_dpo_vectorised_gradfix.py (batch_update_once); a language-model policy with
-    AdamW and a 0 loss for a group absent from the batch are grpolab's.
+    AdamW and the last loss for a group absent from the batch are grpolab's.
     Test: tests/test_group_robust_pref.py::test_alpha_step_by_hand,
     tests/test_group_robust_pref.py::test_weighted_loss_gradient_is_alpha_weighted_group_gradients.
     """
@@ -126,12 +127,14 @@ class GroupRobustDPO:
         self.eta = float(group_robust_dpo_eta)
         self.beta = float(dpo_beta)
         self.alpha = torch.full((self.num_groups,), 1.0 / self.num_groups, dtype=torch.float64)
+        self.last_loss = torch.zeros(self.num_groups, dtype=torch.float64)  # L_g of the last batch with g
 
     def state_dict(self) -> dict:
-        return {"alpha": self.alpha.clone()}
+        return {"alpha": self.alpha.clone(), "last_loss": self.last_loss.clone()}
 
     def load_state_dict(self, state: dict) -> None:
         self.alpha = state["alpha"].clone().to(torch.float64)
+        self.last_loss = state["last_loss"].clone().to(torch.float64)
 
     def weights(self, batch) -> dict:
         """Steps 1-3 of the docstring on ``batch`` (with its ``ref_logprobs``); sets ``batch.token_weights``
@@ -152,6 +155,8 @@ class GroupRobustDPO:
                                      "(task arithmetic_prefs' 'preferred')")
             pair_loss = -F.logsigmoid(self.beta * m)
             L, counts = group_losses(pair_loss, labeller[rows], self.num_groups)
+            L = torch.where(counts > 0, L, self.last_loss)  # a group absent from the batch: its last loss
+            self.last_loss = L.clone()
             self.alpha = alpha_step(self.alpha, L, self.eta)
             row_w = len(rows) * self.alpha[labeller] / counts[labeller].clamp(min=1)
         w = row_w.to(batch.behavior_logprobs.dtype)[:, None].expand_as(batch.behavior_logprobs)
