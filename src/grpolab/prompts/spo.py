@@ -32,7 +32,9 @@ class SPOPrioritizedSampler:
     ``gen_batch_size`` rows). ``k <= M``: ``k`` distinct prompts by
     successive weighted draws without replacement (``torch.multinomial``, as
     ``numpy.random.choice(replace=False, p=...)``); ``k > M``: with
-    replacement. Randomness comes from the sampler's own generator, part of
+    replacement (with ``epsilon = 0`` and fewer than ``k`` prompts of
+    non-zero weight, those come first and the rest uniformly from the
+    others). Randomness comes from the sampler's own generator, part of
     ``state_dict``; the tracker's table is checkpointed by the advantage
     component, so a resumed run draws exactly what an uninterrupted one
     draws. ``feedback`` is unused: the advantage updates the tracker.
@@ -103,8 +105,15 @@ class SPOPrioritizedSampler:
         cand = self._candidates()
         w = self.weights(cand)
         probs = w / w.sum() if float(w.sum()) > 0 else torch.full_like(w, 1.0 / len(cand))
-        picks = torch.multinomial(probs, k, replacement=k > len(cand), generator=self.generator)
-        return [cand[i] for i in picks.tolist()]
+        replace = k > len(cand)
+        positive = int((probs > 0).sum())
+        if replace or positive >= k:
+            picks = torch.multinomial(probs, k, replacement=replace, generator=self.generator).tolist()
+        else:  # epsilon 0 and fewer prompts with weight than k: those first, the rest uniformly from the others
+            picks = torch.multinomial(probs, positive, generator=self.generator).tolist()
+            zero = (probs == 0).nonzero().flatten()
+            picks += zero[torch.randperm(len(zero), generator=self.generator)[:k - positive]].tolist()
+        return [cand[i] for i in picks]
 
     def feedback(self, **outcomes) -> None:
         pass
