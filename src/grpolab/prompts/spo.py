@@ -31,10 +31,10 @@ class SPOPrioritizedSampler:
     prompts of an epoch-wise shuffled pass (as the authors' dataloader's
     ``gen_batch_size`` rows). ``k <= M``: ``k`` distinct prompts by
     successive weighted draws without replacement (``torch.multinomial``, as
-    ``numpy.random.choice(replace=False, p=...)``); ``k > M``: with
-    replacement (with ``epsilon = 0`` and fewer than ``k`` prompts of
-    non-zero weight, those come first and the rest uniformly from the
-    others). Randomness comes from the sampler's own generator, part of
+    ``numpy.random.choice(replace=False, p=...)``; with ``epsilon = 0`` and
+    fewer than ``k`` prompts of non-zero weight, those come first and the
+    rest uniformly from the others); ``k > M``: with replacement. Randomness
+    comes from the sampler's own generator, part of
     ``state_dict``; the tracker's table is checkpointed by the advantage
     component, so a resumed run draws exactly what an uninterrupted one
     draws. ``feedback`` is unused: the advantage updates the tracker.
@@ -50,7 +50,8 @@ class SPOPrioritizedSampler:
     drawn with ``np.random.choice(..., replace=target_bs > M, p=probs)``. Differences: the authors initialise
     every prompt from offline rollouts and give a prompt with no estimate weight 0 (uniform if all are 0);
     here an unseen prompt has the tracker's prior value; the candidate pool defaults to every prompt (their
-    ``gen_batch_size`` 14000 is about the whole training subset).
+    train.sh: ``gen_batch_size`` 14000 "for DAPO en subsets" against ``train_batch_size`` 1024, a pool of
+    most of the training data).
     Test: tests/test_spo_sampler.py::test_weights_and_probabilities_by_hand.
     """
 
