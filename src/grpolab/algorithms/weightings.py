@@ -409,7 +409,7 @@ def seed_semantic_entropy(advantages: torch.Tensor, group_ids: torch.Tensor, bat
     ``final_line``; ``exact``) or ``module:function`` mapping text to a
     hashable key. ``alpha = 0.5`` is our default (``alpha = 1`` with the
     linear f zeroes fully uncertain groups). The focal f is the focal-loss
-    modulating factor ``(1 - p)^gamma`` (Lin et al., 2017, arXiv:1708.02002)
+    modulating factor ``(1 - p)^gamma`` (Lin et al., 2017, "Focal Loss for Dense Object Detection")
     with the normalised uncertainty ``x`` in place of ``p``: ``gamma = 1`` is
     the linear f, ``gamma > 1`` damps uncertain groups more steeply while
     confident ones (small x) stay near 1, ``gamma = 0`` switches the scaling
