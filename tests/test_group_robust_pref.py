@@ -100,9 +100,9 @@ def test_alpha_moves_towards_the_worse_group():
 
 def test_update_strategy_alpha_and_row_weights_by_hand():
     """GroupRobustDPO.weights on the fabricated batch: alpha after one step and the per-row weights."""
-    s = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=2.0, dpo_beta=0.1)
+    s = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=2.0)
     b = _batch(LOGP, REF, MASK, CHOSEN, LABELLER)
-    out = s.weights(b)
+    out = s.weights(b, 0.1)
     # L = (0.735168, 0.620957); alpha ~ (0.5 e^{1.470336}, 0.5 e^{1.241914}) -> alpha_A = 1 / (1 + e^{-0.228422})
     alpha_a = 1 / (1 + math.exp(-2.0 * (0.735168 - 0.620957)))
     assert out["loss"].tolist() == pytest.approx([0.735168, 0.620957], abs=1e-6)
@@ -110,15 +110,27 @@ def test_update_strategy_alpha_and_row_weights_by_hand():
     # row weight = P alpha_g / N_g, P = 3: A rows 3 alpha_A / 2, B rows 3 alpha_B / 1
     w = b.token_weights[:, 0]
     assert w.tolist() == pytest.approx([1.5 * alpha_a] * 4 + [3 * (1 - alpha_a)] * 2, abs=1e-6)
+    # the batch must come from preference_pairs; the run must use group_dpo and seq_mean_token_mean
+    from types import SimpleNamespace
+    from grpolab.stages.group_robust_dpo import _needs
+    with pytest.raises(ValueError, match="pair labels"):
+        s.weights(RolloutBatch(**{k: getattr(b, k) for k in ("prompt_ids", "prompt_mask", "completion_ids",
+                                                             "completion_mask", "behavior_logprobs", "group_ids",
+                                                             "prompt_uids", "truncated")}), 0.1)
+    _needs(SimpleNamespace(rollout_strategy="preference_pairs", policy_loss="group_dpo",
+                           loss_aggregation="seq_mean_token_mean"))
+    with pytest.raises(ValueError, match="policy_loss: group_dpo"):
+        _needs(SimpleNamespace(rollout_strategy="preference_pairs", policy_loss="clipped_ratio",
+                               loss_aggregation="seq_mean_token_mean"))
     # state round trip
-    t = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=2.0, dpo_beta=0.1)
+    t = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=2.0)
     t.load_state_dict(s.state_dict())
     assert t.alpha.tolist() == s.alpha.tolist()
     # a pair whose chosen row does not have the higher reward: group_dpo would train it the other way round
     bad = _batch(LOGP, REF, MASK, CHOSEN, LABELLER)
     bad.scalar_rewards = torch.zeros(6)
     with pytest.raises(ValueError, match="higher reward"):
-        s.weights(bad)
+        s.weights(bad, 0.1)
 
 
 def test_weighted_loss_gradient_is_alpha_weighted_group_gradients():
@@ -126,9 +138,9 @@ def test_weighted_loss_gradient_is_alpha_weighted_group_gradients():
     sum_g alpha_g grad L_g with the alpha *after* this step's update, L_g the mean pair loss of group g."""
     theta = torch.zeros(6, 2, requires_grad=True)
     logp = LOGP + theta * torch.arange(1, 13, dtype=torch.float32).view(6, 2) / 10  # logp depends on theta
-    s = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=1.5, dpo_beta=0.1)
+    s = GroupRobustDPO(group_robust_dpo_num_groups=2, group_robust_dpo_eta=1.5)
     b = _batch(logp.detach(), REF, MASK, CHOSEN, LABELLER)
-    s.weights(b)
+    s.weights(b, 0.1)
     alpha = s.alpha.clone()
     per_tok, _ = group_dpo(logp, b.behavior_logprobs, torch.zeros(6), MASK, b.group_ids, ref_logprobs=REF, batch=b,
                            dpo_beta=0.1)

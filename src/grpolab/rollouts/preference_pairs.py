@@ -34,8 +34,10 @@ def preference_pairs(ctx, rows, uids, group_offset, budgets=None, temperatures=N
     exactly its two replies; the recipe sets it to 2). This is how offline preference data enter the trainer;
     the objective is the update strategy's (``group_robust_dpo``) and the policy loss's (``group_dpo``).
 
-    Provenance: grpolab's own — the offline data path of the Group Robust Preference Optimization recipe
-    (arXiv:2405.20304, seed 000-57), whose pairs come from a fixed preference data set; implements no method.
+    Provenance: reconstructed from the abstract — Group Robust Preference Optimization (Ramesh et al., 2024,
+    arXiv:2405.20304, seed 000-57) learns from a fixed (offline) data set of preference pairs labelled by
+    groups, as the authors' bandit code's GroupTransition (state, two actions, group_id, pref) does; putting
+    both replies of each pair in the batch, teacher-forced, with their labels in row_data, is grpolab's.
     """
     tok = ctx.tokenizer
     eos = tok.eos_token_id

@@ -57,16 +57,19 @@ def alpha_step(alpha: torch.Tensor, losses: torch.Tensor, eta: float) -> torch.T
     return a / a.sum()
 
 
+NEEDS = {"rollout_strategy": "preference_pairs", "policy_loss": "group_dpo",
+         "loss_aggregation": "seq_mean_token_mean"}
+
+
+def _needs(cfg) -> None:
+    """The run's other components that the weighting is built for (checked when the update first runs)."""
+    wrong = [f"{k}: {v}" for k, v in NEEDS.items() if getattr(cfg, k, v) != v]
+    if wrong:
+        raise ValueError("update_strategy 'group_robust_dpo' weights the DPO losses of offline preference pairs "
+                         "for the mean over rows of the rows' token means: set " + ", ".join(wrong))
+
+
 def _check(cfg) -> None:
-    if cfg.rollout_strategy != "preference_pairs":
-        raise ConfigError("update_strategy 'group_robust_dpo' weights offline preference pairs by labeller group: "
-                          "set rollout_strategy: preference_pairs")
-    if cfg.policy_loss != "group_dpo":
-        raise ConfigError("update_strategy 'group_robust_dpo' weights the pairs' DPO losses: set policy_loss: "
-                          "group_dpo")
-    if cfg.loss_aggregation != "seq_mean_token_mean":
-        raise ConfigError("update_strategy 'group_robust_dpo' sets each pair's weight for the mean over rows of "
-                          "the rows' token means: set loss_aggregation: seq_mean_token_mean")
     if cfg.group_robust_dpo_num_groups < 1:
         raise ConfigError(f"group_robust_dpo_num_groups: must be >= 1, got {cfg.group_robust_dpo_num_groups}")
     if cfg.group_robust_dpo_eta < 0:
@@ -121,11 +124,9 @@ class GroupRobustDPO:
                                                                      "groups K (labeller_group 0..K-1)"),
                  group_robust_dpo_eta: float = param(1.0, "group_robust_dpo: exponentiated-gradient step size "
                                                           "η_α of the group weights (the authors' bandit "
-                                                          "default is 0.01)"),
-                 dpo_beta: float = 0.1):
+                                                          "default is 0.01)")):
         self.num_groups = int(group_robust_dpo_num_groups)
         self.eta = float(group_robust_dpo_eta)
-        self.beta = float(dpo_beta)
         self.alpha = torch.full((self.num_groups,), 1.0 / self.num_groups, dtype=torch.float64)
         self.last_loss = torch.zeros(self.num_groups, dtype=torch.float64)  # L_g of the last batch with g
 
@@ -136,9 +137,12 @@ class GroupRobustDPO:
         self.alpha = state["alpha"].clone().to(torch.float64)
         self.last_loss = state["last_loss"].clone().to(torch.float64)
 
-    def weights(self, batch) -> dict:
-        """Steps 1-3 of the docstring on ``batch`` (with its ``ref_logprobs``); sets ``batch.token_weights``
-        (step 4's weights) and returns the step's group losses."""
+    def weights(self, batch, beta: float) -> dict:
+        """Steps 1-3 of the docstring on ``batch`` (with its ``ref_logprobs``; ``beta`` = ``dpo_beta``); sets
+        ``batch.token_weights`` (step 4's weights) and returns the step's group losses."""
+        if "pref_chosen" not in batch.row_data or "labeller_group" not in batch.row_data:
+            raise ValueError("update_strategy 'group_robust_dpo' needs the batch's pair labels (row_data "
+                             "pref_chosen, labeller_group): set rollout_strategy: preference_pairs")
         chosen = batch.row_data["pref_chosen"]
         labeller = batch.row_data["labeller_group"].long()
         with torch.no_grad():
@@ -153,7 +157,7 @@ class GroupRobustDPO:
                     raise ValueError("group_robust_dpo: a pair's chosen row does not have the higher reward, so "
                                      "group_dpo would not train it as y_w: use a reward that scores the label "
                                      "(task arithmetic_prefs' 'preferred')")
-            pair_loss = -F.logsigmoid(self.beta * m)
+            pair_loss = -F.logsigmoid(beta * m)
             L, counts = group_losses(pair_loss, labeller[rows], self.num_groups)
             L = torch.where(counts > 0, L, self.last_loss)  # a group absent from the batch: its last loss
             self.last_loss = L.clone()
@@ -164,10 +168,11 @@ class GroupRobustDPO:
         return {"loss": L, "counts": counts}
 
     def __call__(self, update, batch, ctx):
+        _needs(ctx.cfg)
         if batch.ref_logprobs is None:  # beta 0: the trainer's KL pass did not fill them
             with ctx.reference_policy() as ref:
                 batch.ref_logprobs = ctx.logprobs(batch, model=ref)
-        out = self.weights(batch)
+        out = self.weights(batch, ctx.cfg.dpo_beta)
         for g in range(self.num_groups):
             ctx.metric(f"grdpo_alpha_{g}", float(self.alpha[g]))
             if out["counts"][g] > 0:
