@@ -108,7 +108,8 @@ class GroupRobustDPO:
     trained with AdamW (theirs: a log-linear bandit policy, plain gradient descent); their optional
     generalisation adjustment ``adj/√N_g`` (default off) and L2 terms are not included; their code divides by
     a count of 0 for a group absent from the batch (their default sampler draws groups uniformly), here such a
-    group keeps its last loss; their default η_α is 0.01 (``--rdpo_exp_step_size``), the recipe's is larger for its short runs.
+    group keeps its last loss; their default η_α is 0.01 (``--rdpo_exp_step_size``), the recipe's is larger
+    for its short runs.
 
     Provenance: authors' code — https://github.com/rsshyam/Group-robust-preference-optimization-bandits,
     algos/linear_bandit/group_robust_dpo_vectorised_gradfix.py (batch_update_once); a language-model policy with

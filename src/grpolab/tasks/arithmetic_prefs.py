@@ -13,9 +13,9 @@ candidate replies, both with the right value ``v``:
   shorter or differently formatted.
 
 Group 0 (``A``, the majority) prefers the formatted reply; group 1 (``B``, the minority, a share
-``arithmetic_prefs_minority_share`` of the training rows, 0.25 by default) prefers the alternative one. The groups disagree
-on every pair, and the prompt does not say who labelled it, so one policy cannot please both: a loss averaged
-over the pairs favours the majority, a worst-group objective does not.
+``arithmetic_prefs_minority_share`` of the training rows, 0.25 by default) prefers the alternative one. The
+groups disagree on every pair, and the prompt does not say who labelled it, so one policy cannot please
+both: a loss averaged over the pairs favours the majority, a worst-group objective does not.
 
 Rows: ``prompt``, ``question``, ``answer`` (as in ``arithmetic``), ``chosen`` and ``rejected`` (the labeller's
 preferred and dispreferred reply), ``labeller_group`` (0 or 1). Training rows: one labelled pair per
@@ -55,10 +55,11 @@ def _pair(row: dict, alt: str, group: int) -> dict:
 
 @TASKS.register("arithmetic_prefs", needs=("text",))
 def arithmetic_prefs(*,
-                     arithmetic_prefs_minority_share: float = param(0.25, "arithmetic_prefs: share of the training pairs "
-                                                              "labelled by group B (the minority)"),
-                     arithmetic_prefs_seed: int = param(0, "arithmetic_prefs: seed of the alternative replies and of the "
-                                               "labeller of each training pair")) -> Task:
+                     arithmetic_prefs_minority_share: float = param(
+                         0.25, "arithmetic_prefs: share of the training pairs labelled by group B (the minority)"),
+                     arithmetic_prefs_seed: int = param(
+                         0, "arithmetic_prefs: seed of the alternative replies and of the labeller of each training "
+                            "pair")) -> Task:
     """Preference pairs with two disagreeing labeller groups over the ``arithmetic`` prompts (module docstring).
 
     Provenance: grpolab's own — a built-in toy preference data set with labeller groups, for Group Robust
@@ -66,7 +67,8 @@ def arithmetic_prefs(*,
     are not used.
     """
     if not 0.0 < arithmetic_prefs_minority_share < 1.0:
-        raise ValueError(f"arithmetic_prefs_minority_share: must be in (0, 1), got {arithmetic_prefs_minority_share}")
+        raise ValueError(f"arithmetic_prefs_minority_share: must be in (0, 1), got "
+                         f"{arithmetic_prefs_minority_share}")
     base = arithmetic()
     rng = random.Random(arithmetic_prefs_seed)
     train = []
