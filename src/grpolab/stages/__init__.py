@@ -19,6 +19,5 @@ from __future__ import annotations
 
 from ..registry import BATCH_STAGES, COLLECTORS, UPDATE_STRATEGIES
 from . import collectors, dcpo, pruning, replay, sfpo, updates  # noqa: F401  (register stages, updates, collectors)
-from . import trpo  # noqa: F401  (registers update strategy trpo)
 
 __all__ = ["BATCH_STAGES", "COLLECTORS", "UPDATE_STRATEGIES"]
