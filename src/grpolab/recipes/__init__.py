@@ -39,11 +39,15 @@ TASK_KEYS = ("task", "reward_weights", "injection_reference_template", "arithmet
 
 def recipe_overrides(name: str, user_data: bool = False) -> dict[str, Any]:
     """The config keys a recipe sets; with ``user_data`` (a run on --data) without its task settings
-    (:data:`TASK_KEYS`): its method settings apply to any data (docs/data.md)."""
+    (:data:`TASK_KEYS` and the parameters of the recipe's task): its method settings apply to any data
+    (docs/data.md)."""
     r = load_recipe(name)
     out = {**r["components"], **r["parameters"]}
-    if user_data:
-        out = {k: v for k, v in out.items() if k not in TASK_KEYS}
+    if user_data:  # also the parameters its built-in task declares (e.g. shape_segmentation's segment_format)
+        from ..registry import TASKS
+        task = out.get("task")
+        own = set(TASKS.params(task)) if isinstance(task, str) and task in TASKS else set()
+        out = {k: v for k, v in out.items() if k not in TASK_KEYS and k not in own}
     return out
 
 
