@@ -178,8 +178,9 @@ def _run(tiny_args, **over):
     from grpolab.config import Config
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
-    args = {**recipe_overrides("group_robust_dpo"), **tiny_args, "max_completion_length": 16,
-            "micro_batch_size": 32, "threads": 1, "task": "arithmetic_prefs", **over}
+    args = {**recipe_overrides("group_robust_dpo"), "model": "tiny", "max_completion_length": 16,
+            "micro_batch_size": 32, "threads": 1, "eval_before": False, "eval_after": False, "tensorboard": False,
+            "save_steps": 1000, "out": tiny_args["out"], **over}
     t = Trainer(Config.build(args), log=lambda *a: None)
     t.train(progress=False)
     rows = [json.loads(x) for x in open(f"{args['out']}/metrics.jsonl")]
@@ -202,3 +203,40 @@ def test_short_run_alpha_follows_the_worse_group(tiny_args):
     assert checked >= 3  # steps with both groups in the batch and unequal losses
     _, rows0 = _run(tiny_args, steps=2, group_robust_dpo_eta=0.0, out=tiny_args["out"] + "_eta0")
     assert all(r["rollout/grdpo_alpha_1"] == pytest.approx(0.5) for r in rows0)
+
+
+def heldout_preferences(t, beta=0.1):
+    """Per labeller group on the held-out pairs (every held-out prompt labelled by both groups): the share of
+    pairs whose margin h(y_w) - h(y_l) under the trained policy against the reference is > 0, and the mean DPO
+    loss -log sigmoid(beta m)."""
+    from grpolab.rollouts.preference_pairs import preference_pairs
+    rows = t.eval_rows
+    b = preference_pairs(t.ctx, rows, list(range(len(rows))), t.ctx.allocate_groups(len(rows)))
+    logp = t.ctx.logprobs(b)
+    with t.ctx.reference_policy() as ref:
+        ref_logp = t.ctx.logprobs(b, model=ref)
+    h = ((logp - ref_logp) * b.completion_mask).sum(-1).double()   # rows alternate chosen, rejected
+    assert b.row_data["pref_chosen"].tolist() == [1.0, 0.0] * len(rows)
+    m = h[0::2] - h[1::2]
+    g = b.row_data["labeller_group"][0::2]
+    return {k: (float((m[g == k] > 0).double().mean()), float(-F.logsigmoid(beta * m[g == k]).mean()))
+            for k in (0, 1)}
+
+
+def test_robust_weighting_protects_the_minority_group(tiny_args):
+    """30 steps of the recipe on the tiny model against plain DPO (every pair weight 1). Measured on seeds
+    0, 1, 2 (docs/variants/objectives.md, group_robust_dpo): worst-group held-out DPO loss robust 0.695 /
+    0.798 / 0.806 against plain DPO 1.974 / 1.638 / 1.513; plain DPO's minority group B loses every held-out
+    pair (accuracy 0.0 on all three); the robust run's worst-group accuracy is 0.45 / 0.0 / 0.0, so it is not
+    higher on every seed, and neither is it against uniform alpha (eta 0: 0.0 / 0.27 / 0.40; the groups
+    disagree on every pair, so any balanced weighting ends near a coin flip per prompt). Asserted here (seed 0):
+    what held on all three seeds."""
+    common = {"seed": 0, "steps": 30, "learning_rate": 1e-3}
+    t, _ = _run(tiny_args, **common)
+    robust = heldout_preferences(t)
+    t, _ = _run({"out": tiny_args["out"] + "_dpo"}, group_robust_dpo_weighting="pairs", **common)
+    plain = heldout_preferences(t)
+    assert plain[1][0] == 0.0 and plain[0][0] == 1.0           # plain DPO: the majority's preference wins
+    worst = lambda r: (min(r[0][0], r[1][0]), max(r[0][1], r[1][1]))  # noqa: E731
+    assert worst(robust)[1] < worst(plain)[1] - 0.3             # measured gaps: 1.28, 0.84, 0.71
+    assert worst(robust)[0] >= worst(plain)[0]

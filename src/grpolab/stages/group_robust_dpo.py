@@ -96,6 +96,9 @@ class GroupRobustDPO:
        ``(1/P) Σ_p P α_{g(p)}/N_{g(p)} ℓ_p = Σ_g α_g L_g``; then the ordinary update (``num_iterations``
        passes; the weights stay fixed over the passes).
 
+    ``group_robust_dpo_weighting: pairs`` gives every pair weight 1 instead (plain DPO, the mean over all
+    pairs, so each group counts by its share of the pairs: the paper's baseline); ``group_robust_dpo_eta: 0``
+    keeps α uniform (each group's mean loss counts equally, whatever its share).
     A labeller group with no pair in the batch uses its L_g of the last batch that had one (0 before any), so
     a small group's weight does not fall because a step happened to draw none of its pairs.
     Metrics: ``rollout/grdpo_alpha_<g>`` and ``rollout/grdpo_loss_<g>`` (the L_g of step 2).
@@ -125,9 +128,17 @@ class GroupRobustDPO:
                                                                      "groups K (labeller_group 0..K-1)"),
                  group_robust_dpo_eta: float = param(1.0, "group_robust_dpo: exponentiated-gradient step size "
                                                           "η_α of the group weights (the authors' bandit "
-                                                          "default is 0.01)")):
+                                                          "default is 0.01)"),
+                 group_robust_dpo_weighting: str = param(
+                     "robust", "group_robust_dpo: 'robust' = the alpha-weighted group losses (GR-DPO); 'pairs' = "
+                               "every pair weight 1, plain DPO's mean over pairs (the paper's baseline; alpha is "
+                               "still stepped and logged)", ["robust", "pairs"])):
+        if group_robust_dpo_weighting not in ("robust", "pairs"):
+            raise ValueError(f"group_robust_dpo_weighting: expected robust or pairs, got "
+                             f"'{group_robust_dpo_weighting}'")
         self.num_groups = int(group_robust_dpo_num_groups)
         self.eta = float(group_robust_dpo_eta)
+        self.weighting = group_robust_dpo_weighting
         self.alpha = torch.full((self.num_groups,), 1.0 / self.num_groups, dtype=torch.float64)
         self.last_loss = torch.zeros(self.num_groups, dtype=torch.float64)  # L_g of the last batch with g
 
@@ -164,6 +175,8 @@ class GroupRobustDPO:
             self.last_loss = L.clone()
             self.alpha = alpha_step(self.alpha, L, self.eta)
             row_w = len(rows) * self.alpha[labeller] / counts[labeller].clamp(min=1)
+            if self.weighting == "pairs":  # plain DPO: the mean over pairs
+                row_w = torch.ones_like(row_w)
         w = row_w.to(batch.behavior_logprobs.dtype)[:, None].expand_as(batch.behavior_logprobs)
         batch.token_weights = w if batch.token_weights is None else batch.token_weights * w
         return {"loss": L, "counts": counts}
