@@ -1,6 +1,6 @@
 """Group Robust Preference Optimization (GR-DPO): worst-group weighting of the DPO loss over labeller groups.
 
-Ramesh, Hu, Chaimalas, Mehta, Bou Ammar, Bogunovic et al., 2024, "Group Robust Preference Optimization in
+Ramesh et al., 2024, "Group Robust Preference Optimization in
 Reward-free RLHF", arXiv:2405.20304 (seed 000-57; "GRPO" there is *Group Robust* PO, not Group Relative PO).
 The objective over labeller groups g = 1..K with pairs (x, y_w, y_l) labelled by g:
 
@@ -78,7 +78,7 @@ def _check(cfg) -> None:
 
 @UPDATE_STRATEGIES.register("group_robust_dpo", check=_check, needs=("tokens",))
 class GroupRobustDPO:
-    """Group Robust DPO (Ramesh et al., 2024, arXiv:2405.20304, Algorithm 1; seed 000-57): the worst-group
+    """Group Robust DPO (Ramesh et al., 2024, arXiv:2405.20304; seed 000-57): the worst-group
     weighting of the DPO loss over labeller groups.
 
     Each step, on the batch's pairs (``preference_pairs``: group id = pair, ``row_data['pref_chosen']``,
