@@ -10,8 +10,9 @@ missing, unless the user set ``allow_stand_ins: true`` (then it is a warning).
 e.g. math-verify) stays a visible warning.
 
 Recipes whose method cannot get its defining input on the tiny model's built-in tasks are listed in
-``NEEDS_USER_DATA`` with the reason: on built-in data they must stop with the error (and run, warning, with
-``allow_stand_ins``).
+``NEEDS_USER_DATA`` with the reason (none today: ``dtpo``, ``dgrpo_vital`` and ``rank_grpo`` train on their own
+built-in tasks). ``WITHOUT_INPUT`` runs recipes on a task that lacks their input: they must stop with the error
+(and run, warning, with ``allow_stand_ins``).
 """
 import warnings
 
@@ -23,47 +24,38 @@ from grpolab.errors import (FallbackWarning, OptionalDependencyWarning, StandInE
 from grpolab.recipes import recipe_overrides
 from grpolab.train.trainer import Trainer
 
-NEEDS_USER_DATA = {
-    "dgrpo_vital": "DGRPO's task factor needs multi-task data (a 'task' column); no built-in task mixes task "
-                   "types, so every row is one task",
-    "rank_grpo": "Rank-GRPO's rank-level ratio needs rank-item spans; no built-in task/rollout marks the items "
-                 "of a ranked list, so the ratio is GSPO's sequence ratio",
-    "dtpo": "DTPO's decoupled advantages need tool-call / answer spans from a tool rollout; no built-in "
-            "rollout on the tiny model marks them",
+NEEDS_USER_DATA: dict[str, str] = {}  # recipe -> why no built-in task gives its input (none today)
+
+# Recipes whose own task gives their defining input, run here on a task without it (``repeat``, plain rollout,
+# the recipe's task-specific settings dropped): (what the error names, the overrides).
+WITHOUT_INPUT = {
+    "dgrpo_vital": ("task column", {"task": "repeat"}),
+    "rank_grpo": ("span ids", {"task": "repeat", "rollout_strategy": "plain", "span_reward_columns": [""]}),
+    "dtpo": ("span ids", {"task": "repeat", "rollout_strategy": "plain", "reward": [], "reward_weights": None,
+                          "gold_tool_calls_template": None, "max_turns": None, "max_prompt_length": None,
+                          "env_reward_weight": None, "tca_match": None, "span_reward_columns": [""]}),
 }
 
 
-MISSING = {"dgrpo_vital": "task column", "rank_grpo": "rank-item spans", "dtpo": "span ids"}
+def _without_input(recipe, tiny_args, tmp_path, **extra) -> dict:
+    overrides = WITHOUT_INPUT[recipe][1]
+    args = {**recipe_overrides(recipe), **tiny_args, "steps": 1, "num_iterations": 1, **overrides, **extra}
+    return {k: v for k, v in args.items() if v is not None}
 
 
-def _inputs(recipe: str, tmp_path) -> dict:
-    """What a recipe's method needs beyond its task, built here (never a silent skip)."""
-    if recipe == "irpo":  # IRPO scores completions with a pointwise reward model: a tiny local one
-        from test_reward_models import _save_tiny_rm
-        _save_tiny_rm(tmp_path / "rm")
-        return {"reward": [f"rm:{tmp_path / 'rm'}"]}
-    return {}
-
-
-def _args(recipe, tiny_args, tmp_path, **extra) -> dict:
-    rec = recipe_overrides(recipe)
-    args = {**rec, **tiny_args, "steps": 1, "num_iterations": 1, **_inputs(recipe, tmp_path), **extra}
-    if "task" in rec:  # a recipe built around its own task (countdown, paraphrased arithmetic, ...) keeps it
-        args["task"] = rec["task"]
-    return args
-
-
-@pytest.mark.parametrize("recipe", sorted(NEEDS_USER_DATA))
+@pytest.mark.parametrize("recipe", sorted(WITHOUT_INPUT))
 def test_recipe_without_its_input_stops_naming_it(tiny_args, recipe, tmp_path):
-    """On built-in data these methods lack their defining input: the step stops with an error naming it and the
-    fix; with allow_stand_ins the stand-in runs, reported as a FallbackWarning."""
-    trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path)), log=lambda *a: None)
-    with pytest.raises(StandInError, match=f"{MISSING[recipe]}.*allow_stand_ins: true"):
+    """On a task that lacks their defining input (``repeat``: one task type, no ranked list, no tool episode)
+    these methods stop with an error naming it and the fix; with allow_stand_ins the stand-in runs, reported as
+    a FallbackWarning. Their own recipes train without stand-ins (tests/test_training.py)."""
+    missing = WITHOUT_INPUT[recipe][0]
+    trainer = Trainer(Config.build(_without_input(recipe, tiny_args, tmp_path)), log=lambda *a: None)
+    with pytest.raises(StandInError, match=f"{missing}.*allow_stand_ins: true"):
         trainer.train_step()
     trainer.metrics.close()
-    trainer = Trainer(Config.build(_args(recipe, tiny_args, tmp_path, allow_stand_ins=True,
-                                         out=str(tmp_path / "allowed"))), log=lambda *a: None)
-    with pytest.warns(FallbackWarning, match=MISSING[recipe]):
+    trainer = Trainer(Config.build(_without_input(recipe, tiny_args, tmp_path, allow_stand_ins=True,
+                                                  out=str(tmp_path / "allowed"))), log=lambda *a: None)
+    with pytest.warns(FallbackWarning, match=missing):
         m = trainer.train_step()
     trainer.metrics.close()
     assert m["loss"] is not None
