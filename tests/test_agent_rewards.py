@@ -304,15 +304,26 @@ def test_fc_entropy_bonus_hand_computed():
 def test_pta_plan_hand_computed():
     fn = spec("pta_plan").fn
     good = "<plan>\n1. add 4\n2. state the answer\n</plan>\n28 + 4 = 32\nAnswer: 32"
-    texts = [good,
-             good.replace("2. state", "2. check\n3. state"),          # 3 planned, 2 done: 2/3
-             good.replace("Answer: 32", "Answer: 31"),                # wrong: x 0
-             "28 + 4 = 32\nAnswer: 32",                                # no plan
-             "<plan>\n" + "\n".join(f"{k}. s" for k in range(9)) + "\n</plan>\nAnswer: 32"]  # 9 > 8 steps
-    out = fn(prompts=[""] * 5, completions=texts, answer=["32"] * 5)
-    assert close(out, [1.0, 2 / 3, 0.0, 0.0, 0.0])
-    out = spec("pta_plan", pta_wrong_factor=0.5).fn(prompts=[""], completions=texts[2:3], answer=["32"])
-    assert close(out, [0.5])
+    texts = [good,                                                       # plan P1, right
+             "<plan>\n- Add  4\n- State the answer\n</plan>\n28+4=32\nAnswer: 32",  # P1 written otherwise, right
+             good.replace("Answer: 32", "Answer: 31"),                   # P1, wrong
+             good.replace("2. state", "2. check\n3. state"),             # plan P2, right
+             "28 + 4 = 32\nAnswer: 32",                                   # no plan
+             "<plan>\n" + "\n".join(f"{k}. s" for k in range(9)) + "\n</plan>\nAnswer: 32",  # 9 > 8 steps
+             good.replace("Answer: 32", "Answer: 30")]                   # P1, wrong, another question
+    prompts = ["q1"] * 6 + ["q2"]
+    out = fn(prompts=prompts, completions=texts, answer=["32"] * 7)
+    # q1/P1: rows 0, 1, 2, of which 2 right -> 2/3 for each (the wrong row 2 too: the plan's rate, not the reply's);
+    # q1/P2: row 3 alone, right -> 1; no plan, too long a plan -> 0; q2/P1: row 6 alone, wrong -> 0 (not pooled
+    # with q1's P1)
+    assert close(out, [2 / 3, 2 / 3, 2 / 3, 1.0, 0.0, 0.0, 0.0])
+    # the plan reward is the plan's, whatever the reply's outcome: the two wrong P1 replies of one question get
+    # what the right ones get
+    out = fn(prompts=["q"] * 4, completions=[good, texts[2], texts[2], good], answer=["32"] * 4)
+    assert close(out, [0.5] * 4)
+    # one reply per question: its own accuracy when it has a plan
+    assert close(fn(prompts=["a", "b"], completions=[good, texts[2]], answer=["32", "32"]), [1.0, 0.0])
+    assert close(spec("pta_plan", pta_max_plan_steps=1).fn(prompts=["q"], completions=[good], answer=["32"]), [0.0])
 
 
 def test_sft_pta_mode_targets():

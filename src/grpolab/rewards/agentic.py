@@ -633,58 +633,76 @@ def split_plan(text: str, tag: str = "plan") -> tuple[list[str] | None, str]:
     return steps, m.group(2)
 
 
-def plan_quality(text: str, tag: str = "plan", max_steps: int = 8) -> float:
-    """``q = [well-formed plan] * min(p, s) / max(p, s)``: ``p`` plan steps (1..max_steps), ``s`` steps after it
-    (non-empty lines, the ``Answer:`` line included) — a plan the reply actually follows step by step."""
-    steps, rest = split_plan(text, tag)
-    if not steps or len(steps) > max_steps:
-        return 0.0
-    s = sum(1 for line in rest.splitlines() if line.strip())
-    return min(len(steps), s) / max(len(steps), s) if s else 0.0
+def plan_key(steps: list[str]) -> tuple[str, ...]:
+    """What a plan says, for comparing plans: its steps lower-cased with whitespace collapsed (numbering and
+    bullets are already gone, :func:`split_plan`), so ``"1. Add  4"`` and ``"- add 4"`` are the same step."""
+    return tuple(" ".join(s.lower().split()) for s in steps)
+
+
+def plan_success_rates(prompt_keys: list, plans: list, correct: list[bool]) -> list[float]:
+    """For each row, the share of correct rows among the rows with the same prompt key and the same plan
+    (``plan_key``; the row itself included): the batch's Monte-Carlo estimate of ``P(correct | prompt, plan)``.
+    Rows whose plan is ``None`` get 0 and count for no plan."""
+    tally: dict = {}
+    for k, p, ok in zip(prompt_keys, plans, correct):
+        if p is not None:
+            n, c = tally.get((k, p), (0, 0))
+            tally[(k, p)] = (n + 1, c + int(bool(ok)))
+    out = []
+    for k, p in zip(prompt_keys, plans):
+        n, c = tally.get((k, p), (0, 0)) if p is not None else (0, 0)
+        out.append(c / n if n else 0.0)
+    return out
 
 
 class PTAPlanReward:
-    """PTA-GRPO plan-quality reward (Plan-Then-Action Enhanced Reasoning with GRPO, 2025; seed 000-108).
+    """PTA-GRPO plan-quality reward (Plan-Then-Action Enhanced Reasoning with GRPO, arXiv:2510.01833, 2025;
+    seed 000-108).
 
     Stage 1 (SFT, ``grpolab sft --sft_mode pta``) teaches the format ``<plan>`` numbered high-level steps
     ``</plan>`` then the step-by-step reasoning and ``Answer:``; stage 2 (GRPO, recipe ``pta_grpo``) rewards the
-    final answer (the task's ``accuracy``) *and* the plan::
+    final answer (the task's ``accuracy``) *and* the quality of the plan, judged by what the plan leads to::
 
-        q_plan = [the reply opens with one <plan>..</plan> of 1..pta_max_plan_steps steps] * min(p, s) / max(p, s)
-        R_plan = q_plan * (1 if the answer is correct else pta_wrong_factor)
+        R_plan(i) = [reply i opens with one <plan>..</plan> of 1..pta_max_plan_steps steps]
+                    * (# correct replies j with prompt_j = prompt_i and plan_j = plan_i) / (# such replies j)
 
-    with ``p`` the plan's steps and ``s`` the steps after it (non-empty lines, ``Answer:`` included): a plan
-    that the reply follows one step per planned step scores 1; a plan much shorter or longer than the
-    reasoning it guides scores less.
-    ``pta_wrong_factor`` (default 0) credits plans only when they led to the right answer ("guidance-aware":
-    a plan is good when the reasoning it guides succeeds). Correctness: ``Answer:`` / ``\\boxed{}`` equal to the
-    ``answer`` column (:func:`~grpolab.rewards.answers.math_equal`).
+    i.e. the plan's success rate: the share of right answers among the replies of the same question that wrote
+    the *same plan* (the same steps, compared lower-cased with whitespace collapsed; reply i itself included), a
+    Monte-Carlo estimate of ``P(correct | question, plan)`` from the step's rollouts. A plan is credited for how
+    often the reasoning it guides succeeds — the same for every reply that wrote it, right or wrong, and apart
+    from the reply's own outcome reward; a plan no reply shares is judged by its one reply. Correctness:
+    ``Answer:`` / ``\\boxed{}`` equal to the ``answer`` column (:func:`~grpolab.rewards.answers.math_equal`).
+    Replies are compared within the call, i.e. the step's batch (the scorer passes all of its rows).
 
-    Provenance: reconstructed from the abstract — an SFT stage on compact plans, then GRPO rewarding the
-    answer and the plan's quality; the plan format, the step-agreement score and the correctness gate are
-    grpolab's (the paper distils plans with a stronger LLM; ``--sft_mode pta`` derives them from the task's
-    worked solutions).
+    Provenance: reconstructed from the abstract — the abstract says the guidance-aware RL stage "jointly optimizes
+    the final output and the quality of high-level guidance"; the paper's equations could not be read here.
+    grpolab scores a plan's quality by the accuracy of the replies that follow it (its success rate within the
+    group, as summaries of the paper describe the plan reward: how well a plan tends to yield correct solutions);
+    the plan format, the compactness cap, the plan comparison and estimating the rate from the ordinary group
+    (the paper may sample several reasonings per plan) are grpolab's choices. ``--sft_mode pta`` derives the
+    stage-1 plans from the task's worked solutions, where the paper distils them with a stronger LLM.
+    Test: tests/test_agent_rewards.py::test_pta_plan_hand_computed.
     """
 
     def __init__(self, *, pta_plan_tag: str = PLAN_TAG,
                  pta_max_plan_steps: int = param(8, 'PTA-GRPO: most plan steps that still count as compact'),
-                 pta_wrong_factor: float = param(0.0, 'PTA-GRPO: factor of the plan reward when the answer is wrong'),
                  agent_answer_column: str = ANSWER_COLUMN):
-        self.tag, self.max_steps, self.wrong, self.column = (pta_plan_tag, pta_max_plan_steps, pta_wrong_factor,
-                                                             agent_answer_column)
+        self.tag, self.max_steps, self.column = pta_plan_tag, pta_max_plan_steps, agent_answer_column
         self.__name__ = "pta_plan"
 
     def __call__(self, prompts=None, completions=None, **columns) -> list[float]:
         answers = data_column(columns, self.column, "pta_plan", "agent_answer_column")
         eps = columns.get(EPISODE) or [None] * len(completions)
-        out = []
-        for c, a, e in zip(completions, answers, eps):
+        prompts = prompts if prompts is not None else [""] * len(completions)
+        keys, plans, correct = [], [], []
+        for p, c, a, e in zip(prompts, completions, answers, eps):
             text = completion_text(c) if e is None else "\n".join(str(t.get("text") or "") for t in e["turns"])
-            q = plan_quality(text, self.tag, self.max_steps)
+            steps, _ = split_plan(text, self.tag)
+            plans.append(plan_key(steps) if steps and len(steps) <= self.max_steps else None)
             pred = extract_answer(text)
-            ok = pred is not None and math_equal(pred, a)
-            out.append(q * (1.0 if ok else self.wrong))
-        return out
+            correct.append(pred is not None and math_equal(pred, a))
+            keys.append((repr(p), str(a)))
+        return plan_success_rates(keys, plans, correct)
 
 
 _spec("pta_plan", PTAPlanReward)
