@@ -170,6 +170,11 @@ def test_task_groups_disagree_and_rollout_pairs(tiny_args):
         assert (r["chosen"] == formatted) == (r["labeller_group"] == 0)
         assert {r["chosen"], r["rejected"]} >= {formatted}
     assert [r["labeller_group"] for r in ev[:4]] == [0, 1, 0, 1] and ev[0]["chosen"] == ev[1]["rejected"]
+    assert "Reader:" not in json.dumps(tr[0]["prompt"])
+    tagged = get_task("arithmetic_prefs", arithmetic_prefs_tag_group=True)
+    assert [r["prompt"][0]["content"].endswith(f"Reader: group {'AB'[r['labeller_group']]}.")
+            for r in tagged.eval_rows[:2]] == [True, True]
+    assert [r["chosen"] for r in tagged.train_rows[:20]] == [r["chosen"] for r in tr[:20]]  # same pairs, same labels
     reward = dict((n, f) for n, f, _ in t.rewards)["preferred"]
     assert reward(completions=["Answer: 3 ", "3"], chosen=["Answer: 3", "Answer: 3"]) == [1.0, 0.0]
 

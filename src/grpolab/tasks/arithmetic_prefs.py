@@ -14,8 +14,10 @@ candidate replies, both with the right value ``v``:
 
 Group 0 (``A``, the majority) prefers the formatted reply; group 1 (``B``, the minority, a share
 ``arithmetic_prefs_minority_share`` of the training rows, 0.25 by default) prefers the alternative one. The
-groups disagree on every pair, and the prompt does not say who labelled it, so one policy cannot please
-both: a loss averaged over the pairs favours the majority, a worst-group objective does not.
+groups disagree on every pair, and by default the prompt does not say who labelled it, so one policy cannot please
+both: a loss averaged over the pairs favours the majority, a worst-group objective does not. With
+``arithmetic_prefs_tag_group`` the system message ends with ``Reader: group A.`` / ``Reader: group B.`` (the
+paper's group-conditioned prompts), and a policy can learn both preferences.
 
 Rows: ``prompt``, ``question``, ``answer`` (as in ``arithmetic``), ``chosen`` and ``rejected`` (the labeller's
 preferred and dispreferred reply), ``labeller_group`` (0 or 1). Training rows: one labelled pair per
@@ -46,10 +48,14 @@ def preferred(prompts=None, completions=None, chosen=None, **kwargs) -> list[flo
     return [float(completion_text(c).strip() == str(w).strip()) for c, w in zip(completions, chosen)]
 
 
-def _pair(row: dict, alt: str, group: int) -> dict:
+def _pair(row: dict, alt: str, group: int, tag: bool = False) -> dict:
     formatted = f"Answer: {row['answer']}"
     chosen, rejected = (formatted, alt) if group == 0 else (alt, formatted)
-    return {"prompt": row["prompt"], "question": row["question"], "answer": row["answer"],
+    prompt = row["prompt"]
+    if tag:  # the paper's group-conditioned prompt x_g: the system message names the labeller group
+        prompt = [{**prompt[0], "content": f"{prompt[0]['content']} Reader: group {GROUP_NAMES[group]}."},
+                  *prompt[1:]]
+    return {"prompt": prompt, "question": row["question"], "answer": row["answer"],
             "chosen": chosen, "rejected": rejected, "labeller_group": group}
 
 
@@ -59,7 +65,10 @@ def arithmetic_prefs(*,
                          0.25, "arithmetic_prefs: share of the training pairs labelled by group B (the minority)"),
                      arithmetic_prefs_seed: int = param(
                          0, "arithmetic_prefs: seed of the alternative replies and of the labeller of each training "
-                            "pair")) -> Task:
+                            "pair"),
+                     arithmetic_prefs_tag_group: bool = param(
+                         False, "arithmetic_prefs: name the labeller group in the system message (the paper's "
+                                "group-conditioned prompts x_g), so one policy can please both groups")) -> Task:
     """Preference pairs with two disagreeing labeller groups over the ``arithmetic`` prompts (module docstring).
 
     Provenance: grpolab's own — a built-in toy preference data set with labeller groups, for Group Robust
@@ -74,11 +83,12 @@ def arithmetic_prefs(*,
     train = []
     for row in base.train_rows:
         alt = rng.choice(ALTERNATIVES).format(v=row["answer"])
-        train.append(_pair(row, alt, int(rng.random() < arithmetic_prefs_minority_share)))
+        train.append(_pair(row, alt, int(rng.random() < arithmetic_prefs_minority_share),
+                           arithmetic_prefs_tag_group))
     held = []
     for row in base.eval_rows:
         alt = rng.choice(ALTERNATIVES).format(v=row["answer"])
-        held += [_pair(row, alt, 0), _pair(row, alt, 1)]
+        held += [_pair(row, alt, 0, arithmetic_prefs_tag_group), _pair(row, alt, 1, arithmetic_prefs_tag_group)]
     return Task("arithmetic_prefs", train, held, rewards=[("preferred", preferred, 1.0)],
                 accuracy_reward="preferred",
                 description="arithmetic prompts, two replies, labeller groups A (majority: 'Answer: v') and B "
