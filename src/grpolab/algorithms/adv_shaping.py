@@ -14,6 +14,7 @@ import math
 
 import torch
 
+from ..errors import ConfigError
 from ..registry import param
 from .advantages import ADVANTAGES, group_stats, group_zscore
 from .groups import group_index, masked_row_mean
@@ -31,8 +32,8 @@ def reward_column(reward_matrix: torch.Tensor, names: list[str], spec: str) -> t
     try:
         idx = int(spec)
     except ValueError:
-        raise ValueError(f"reward column '{spec}' is neither a reward name ({', '.join(names) or 'none'}) "
-                         f"nor an integer index") from None
+        raise ConfigError(f"reward column '{spec}' is neither a reward name ({', '.join(names) or 'none'}) "
+                          f"nor an integer index") from None
     K = reward_matrix.shape[1]
     if not -K <= idx < K:
         raise ValueError(f"reward column index {idx} is out of range for {K} reward function(s) "

@@ -42,7 +42,7 @@ def rank_items(ctx, rows, uids, group_offset, budgets=None, temperatures=None):
     tokens take the group-normalised advantage of reward column ``span_reward_columns[k]``, e.g. ``rank_k`` of
     the ``ranked_list`` task). Tokens off the completion mask get span 0.
 
-    Provenance: authors' code — github.com/yaochenzhu/Rank-GRPO, libs/trl/rank_grpo_trainer.py
+    Provenance: authors' code — https://github.com/yaochenzhu/Rank-GRPO, libs/trl/rank_grpo_trainer.py
     ``_segment_items_from_tokens`` (item index per token from each token's decoded text; a newline is attached
     to the previous item and the count rises after it); ids here start at 1 (0 = no span in grpolab). Known
     differences: the authors' code clamps items past ``rec_num`` (advantage 0) and treats the EOS token
