@@ -40,3 +40,23 @@ def test_one_reward_scores_both_task_types():
     got = acc(completions=[f"Answer: {copy['answer']}", f"Answer: {multi['answer']}", "Answer: 0.5", "x"],
               answer=[copy["answer"], multi["answer"], copy["answer"], multi["answer"]])
     assert got == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_dgrpo_task_factor_reads_the_task_column():
+    """dgrpo_difficulty_weight on multitask_mix rows: the task column gives each type its own difficulty."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from grpolab.algorithms.weightings import dgrpo_difficulty_weight
+    rows = get_task("multitask_mix").train_rows
+    copy = next(r for r in rows if r["task"] == "copy")
+    multi = next(r for r in rows if r["task"] == "multistep")
+    batch = SimpleNamespace(columns={"task": [copy["task"]] * 2 + [multi["task"]] * 2})
+    rewards = torch.tensor([1.0, 0.6, 0.2, 0.0])
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    out = dgrpo_difficulty_weight(adv, rewards, torch.tensor([0, 0, 1, 1]), batch)
+    # by hand: d_copy = 1 - 0.8 = 0.2, d_multistep = 1 - 0.1 = 0.9, mean over the two tasks 0.55;
+    # one prompt per task, so the prompt factor is 1: A' = A * d_task / 0.55
+    expected = torch.tensor([0.2 / 0.55, -0.2 / 0.55, 0.9 / 0.55, -0.9 / 0.55])
+    assert torch.allclose(out.double(), expected.double(), atol=1e-6)
