@@ -503,6 +503,12 @@ def span_decoupled_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, rew
     the list. Choices: the generic text-LLM mechanism; the crop tool and visual
     tokens of the paper are domain-specific and not part of this component.
 
+    The recipe ``rank_grpo`` uses it for Rank-GRPO's per-rank advantages (seed
+    000-91): the ``rank_items`` rollout marks line k as span k and
+    ``span_reward_columns: ["", rank_1, rank_2, rank_3]`` gives item k the group
+    z-score of its causal reward ``rank_k`` (the authors' per-rank
+    normalisation, Bessel std, epsilon 1e-4).
+
     Provenance: reconstructed from the abstract — per-span reward columns, each group-normalised, for the
     generic text-LLM case; the paper's crop tool and visual tokens are not included.
     """
