@@ -670,7 +670,9 @@ class PTAPlanReward:
     the *same plan* (the same steps, compared lower-cased with whitespace collapsed; reply i itself included), a
     Monte-Carlo estimate of ``P(correct | question, plan)`` from the step's rollouts. A plan is credited for how
     often the reasoning it guides succeeds — the same for every reply that wrote it, right or wrong, and apart
-    from the reply's own outcome reward; a plan no reply shares is judged by its one reply. Correctness:
+    from the reply's own outcome reward; a plan no reply shares is judged by its one reply. With the rollout
+    ``pta_plans`` (recipe ``pta_grpo``) every plan has ``num_generations / pta_plans_per_prompt`` reasonings, so
+    the rate is measured over the plan's own reasonings. Correctness:
     ``Answer:`` / ``\\boxed{}`` equal to the ``answer`` column (:func:`~grpolab.rewards.answers.math_equal`).
     Replies are compared within the call, i.e. the step's batch (the scorer passes all of its rows).
 
@@ -678,8 +680,8 @@ class PTAPlanReward:
     the final output and the quality of high-level guidance"; the paper's equations could not be read here.
     grpolab scores a plan's quality by the accuracy of the replies that follow it (its success rate within the
     group, as summaries of the paper describe the plan reward: how well a plan tends to yield correct solutions);
-    the plan format, the compactness cap, the plan comparison and estimating the rate from the ordinary group
-    (the paper may sample several reasonings per plan) are grpolab's choices. ``--sft_mode pta`` derives the
+    the plan format, the compactness cap, the plan comparison and estimating the rate from the replies that
+    share a plan (``pta_plans`` samples several per plan) are grpolab's choices. ``--sft_mode pta`` derives the
     stage-1 plans from the task's worked solutions, where the paper distils them with a stronger LLM.
     Test: tests/test_agent_rewards.py::test_pta_plan_hand_computed.
     """
