@@ -271,3 +271,15 @@ def test_trl_style_vlm_dataset_trains_through_the_python_api(tmp_path):
     with pytest.raises(ConfigError, match="needs its processor"):
         GRPOTrainer(model=trainer.model, reward_funcs=reward, train_dataset=rows,
                     args=GRPOConfig(output_dir=str(tmp_path / "c"), **args))
+
+
+def test_rows_without_pictures_are_refused_before_any_pre_training(tmp_path, monkeypatch):
+    """Data without pictures stops at load with the column to add, before the tiny VLM is built (no cache entry)."""
+    from grpolab.policies.vlm import VisionLanguagePolicy
+
+    monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
+    policy = VisionLanguagePolicy(model="tiny", task="shape_grounding", temperature=1.0, max_completion_length=4,
+                                  max_prompt_length=0)
+    with pytest.raises(ConfigError, match="the column 'image'"):
+        policy.load(None, [{"prompt": "say 1:", "answer": "1"}], [], **QUIET)
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())

@@ -114,6 +114,16 @@ class VisionLanguagePolicy(PolicyBase):
         from ..vision.scenes import row_images
         from ..vision.tiny import vlm_model_path
 
+        counts = set()
+        for where, part in (("train", rows), ("held-out", eval_rows)):
+            for i, row in enumerate(part[:200]):
+                try:
+                    counts.add(len(row_images(row, f"{where} row {i}")))
+                except ValueError as e:
+                    raise ConfigError(str(e)) from None
+        if len(counts) > 1:
+            raise ConfigError(f"data: every row must show the same number of pictures (LLaVA stacks them); the rows "
+                              f"show {sorted(counts)}")
         if self.model_name in BUILT_IN:
             from ..vision.tiny import BACKBONE_TASK, PRETRAINING
             task = self.task_name if isinstance(self.task_name, str) else ""
@@ -134,16 +144,6 @@ class VisionLanguagePolicy(PolicyBase):
                               f"image-text-to-text model folder: AutoProcessor + AutoModelForImageTextToText)")
         if self.tokenizer.pad_token_id is None:  # as TRL: pad with EOS
             self.tokenizer.pad_token = self.tokenizer.eos_token
-        counts = set()
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:200]):
-                try:
-                    counts.add(len(row_images(row, f"{where} row {i}")))
-                except ValueError as e:
-                    raise ConfigError(str(e)) from None
-        if len(counts) > 1:
-            raise ConfigError(f"data: every row must show the same number of pictures (LLaVA stacks them); the rows "
-                              f"show {sorted(counts)}")
         module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         module.config.use_cache = True
         image_token = getattr(module.config, "image_token_id", None)
