@@ -28,7 +28,26 @@ import torch
 
 from ..registry import CAPABILITIES, POLICIES
 
-__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
+__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler"]
+
+
+def check_own_sampler(cfg, reason: str) -> None:
+    """The start-up checks of a token policy that samples in the trainer with its own sampler (speech, vision):
+    a text generation engine, rollout strategies other than ``plain`` (hints, injected text and tools continue a
+    text prompt) and ``top_k`` / ``top_p`` (the sampler draws from the full softmax) are refused; ``reason`` says
+    why the text machinery does not apply (e.g. "transcribes audio")."""
+    from ..config import ConfigError
+    from ..generation.engines import engine_name
+    if engine_name(cfg) is not None:
+        raise ConfigError(f"generation_engine: {engine_name(cfg)} samples text from a text-only causal LM; policy "
+                          f"{cfg.policy} samples in the trainer (set generation_engine: native and "
+                          f"generation_workers: 0)")
+    if cfg.rollout_strategy != "plain":
+        raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt (hints, injected "
+                          f"text, tools); policy {cfg.policy} {reason}: use rollout_strategy: plain")
+    if int(getattr(cfg, "top_k", 0) or 0) != 0 or float(getattr(cfg, "top_p", 1.0)) != 1.0:
+        raise ConfigError(f"top_k / top_p: policy {cfg.policy} samples from the full softmax at the run's "
+                          f"temperature (set top_k: 0 and top_p: 1.0)")
 
 
 class PolicyBase(ABC):

@@ -12,7 +12,7 @@ from ..config import ConfigError
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, check_own_sampler
 
 BUILT_IN = ("spoken_digits", "tiny")
 
@@ -21,17 +21,7 @@ def check_speech(cfg) -> None:
     """The text machinery that continues a causal LM's prompt cannot drive an encoder-decoder over audio: a text
     generation engine, rollout strategies other than ``plain``, and ``top_k`` / ``top_p`` (the speech sampler
     draws from the full softmax at the run's temperature)."""
-    from ..generation.engines import engine_name
-    if engine_name(cfg) is not None:
-        raise ConfigError(f"generation_engine: {engine_name(cfg)} samples text from a causal LM; policy "
-                          f"{cfg.policy} samples in the trainer (set generation_engine: native and "
-                          f"generation_workers: 0)")
-    if cfg.rollout_strategy != "plain":
-        raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt (hints, injected "
-                          f"text, tools); policy {cfg.policy} transcribes audio: use rollout_strategy: plain")
-    if int(getattr(cfg, "top_k", 0) or 0) != 0 or float(getattr(cfg, "top_p", 1.0)) != 1.0:
-        raise ConfigError(f"top_k / top_p: policy {cfg.policy} samples from the full softmax at the run's "
-                          f"temperature (set top_k: 0 and top_p: 1.0)")
+    check_own_sampler(cfg, "transcribes audio")
 
 
 @POLICIES.register("speech_to_text", check=check_speech)

@@ -12,7 +12,7 @@ from ..config import ConfigError
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, check_own_sampler
 
 BUILT_IN = ("tiny",)
 
@@ -21,17 +21,7 @@ def check_vlm(cfg) -> None:
     """What drives a text-only causal LM cannot drive this one: a text generation engine (vLLM here runs text
     models only), rollout strategies other than ``plain`` (hints, injected text and tools continue a prompt
     without its pictures), ``top_k`` / ``top_p`` (the sampler draws from the full softmax)."""
-    from ..generation.engines import engine_name
-    if engine_name(cfg) is not None:
-        raise ConfigError(f"generation_engine: {engine_name(cfg)} samples text from a text-only causal LM; policy "
-                          f"{cfg.policy} samples in the trainer (set generation_engine: native and "
-                          f"generation_workers: 0)")
-    if cfg.rollout_strategy != "plain":
-        raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt (hints, injected "
-                          f"text, tools) without its pictures; policy {cfg.policy} supports rollout_strategy: plain")
-    if int(getattr(cfg, "top_k", 0) or 0) != 0 or float(getattr(cfg, "top_p", 1.0)) != 1.0:
-        raise ConfigError(f"top_k / top_p: policy {cfg.policy} samples from the full softmax at the run's "
-                          f"temperature (set top_k: 0 and top_p: 1.0)")
+    check_own_sampler(cfg, "shows pictures that those rollouts would not carry")
 
 
 @POLICIES.register("vision_language", check=check_vlm)
