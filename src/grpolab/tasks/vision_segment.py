@@ -280,6 +280,18 @@ def _scene(kind: str, seed: int):
     return SCENE_KINDS[kind](seed)
 
 
+def _predicted_masks(completions, scene_kind, scene_seed, image, gt_mask, name: str):
+    """``(stand-in mask or None, ground-truth mask)`` per completion: None when its points, labels or boxes do not
+    parse (Seg-R1's rewards give 0 there)."""
+    texts = [completion_text(c) for c in completions or []]
+    out = []
+    for text, (img, gt) in zip(texts, _scenes(len(texts), scene_kind, scene_seed, image, gt_mask, name)):
+        points, labels, boxes = parse_seg_r1(text)
+        ok = points is not None and len(points) > 0 and labels is not None and boxes is not None
+        out.append((stand_in_segment(img, points, labels, boxes) if ok else None, gt))
+    return out
+
+
 def segmentation_reward(prompts=None, completions=None, *, scene_kind=None, scene_seed=None, image=None,
                         gt_mask=None, **kwargs) -> list[float]:
     """Seg-R1's segmentation reward: ``r = 0.7·IoU(M, M*) + 0.3·clip(S(M, M*), 0, 1)``, 0 when the completion has
@@ -300,16 +312,10 @@ def segmentation_reward(prompts=None, completions=None, *, scene_kind=None, scen
     1 − mean(M); here S is computed against the true mask, as the paper states the reward.
     Test: tests/test_vision_segmentation.py::test_segmentation_reward_weights_iou_and_s_measure.
     """
-    texts = [completion_text(c) for c in completions or []]
     out = []
-    for text, (img, gt) in zip(texts, _scenes(len(texts), scene_kind, scene_seed, image, gt_mask,
-                                              "segmentation_reward")):
-        points, labels, boxes = parse_seg_r1(text)
-        if points is None or len(points) == 0 or labels is None or boxes is None:
-            out.append(0.0)
-            continue
-        m = stand_in_segment(img, points, labels, boxes)
-        out.append(0.7 * mask_iou(m, gt) + 0.3 * min(1.0, max(0.0, s_measure(m.astype(np.float64), gt))))
+    for m, gt in _predicted_masks(completions, scene_kind, scene_seed, image, gt_mask, "segmentation_reward"):
+        out.append(0.0 if m is None else
+                   0.7 * mask_iou(m, gt) + 0.3 * min(1.0, max(0.0, s_measure(m.astype(np.float64), gt))))
     return out
 
 
@@ -337,15 +343,8 @@ def mask_iou_at_50(prompts=None, completions=None, *, scene_kind=None, scene_see
 
     Provenance: grpolab's own — a pass/fail metric for the log (the papers report mIoU / S-measure).
     """
-    texts = [completion_text(c) for c in completions or []]
-    out = []
-    for text, (img, gt) in zip(texts, _scenes(len(texts), scene_kind, scene_seed, image, gt_mask,
-                                              "mask_iou_at_50")):
-        points, labels, boxes = parse_seg_r1(text)
-        if points is None or len(points) == 0 or labels is None or boxes is None:
-            out.append(0.0)
-            continue
-        out.append(float(mask_iou(stand_in_segment(img, points, labels, boxes), gt) >= 0.5))
+    return [0.0 if m is None else float(mask_iou(m, gt) >= 0.5)
+            for m, gt in _predicted_masks(completions, scene_kind, scene_seed, image, gt_mask, "mask_iou_at_50")]
     return out
 
 
