@@ -345,7 +345,7 @@ def test_countdown_rewards_and_splits():
 
 @pytest.mark.parametrize("name,transform", [
     ("redit", "redit"), ("grpo_lead_full", "lead_length_reward"), ("fgrpr", "fuzzy_numeric"),
-    ("lc_r1", "lc_length"), ("rewarding_unlikely", "unlikeliness"), ("gcpo_geometry", "gcpo_length"),
+    ("lc_r1", "lc_length"), ("rewarding_unlikely", "unlikeliness"),
     ("bapo_idk", "bapo_idk")])
 def test_recipes_select_their_transform(name, transform):
     rec = recipe_overrides(name)

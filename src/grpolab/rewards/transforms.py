@@ -426,8 +426,8 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
     ``sign = gcpo_len_sign`` (+1 as in the paper: longer is better; -1 turns it
     into a brevity reward), added to the reward — by default only for correct
     rows (``gcpo_len_correct_only``), so length cannot be farmed with wrong
-    answers. The paper's Group Contrastive Masking of the
-    auxiliary-construction reward is geometry specific and not implemented.
+    answers. The paper's other component, Group Contrastive Masking of the
+    auxiliary-construction reward, is ``gcpo_aux_mask``.
 
     Provenance: reconstructed from the abstract — "a length reward that
     promotes longer reasoning chains"; the saturating linear ramp, its
@@ -444,6 +444,80 @@ def gcpo_length(rewards: torch.Tensor, lengths: torch.Tensor, reward_matrix: tor
         term = term * correct_rows(reward_matrix, reward_names, shaping_correct_reward,
                                    shaping_correct_threshold)
     return rewards + (gcpo_len_sign * gcpo_len_weight * term).to(rewards.dtype)
+
+
+GCPO_AUX_PATTERN = param(r"<aux>.*?</aux>", "GCPO-geometry: regex (re.S) whose match in a completion marks it as "
+                                             "using the auxiliary construction (arithmetic_aux's <aux>...</aux>)")
+
+
+def gcpo_contrastive_mask(correct: torch.Tensor, uses_aux: torch.Tensor, group_ids: torch.Tensor,
+                          margin: float = 0.0) -> torch.Tensor:
+    """Per-row mask ``M`` in {-1, 0, +1} of the group it belongs to (see :func:`gcpo_aux_mask`).
+
+    ``correct`` and ``uses_aux``: bool ``[R]``; a group with no row on one side of the contrast gets ``M = 0``.
+    """
+    mask = torch.zeros(len(correct), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        c, a = correct[idx].to(torch.float64), uses_aux[idx]
+        if a.all() or not a.any():
+            continue
+        diff = float(c[a].mean() - c[~a].mean())
+        mask[idx] = 1.0 if diff > margin else (-1.0 if diff < -margin else 0.0)
+    return mask
+
+
+@REWARD_TRANSFORMS.register("gcpo_aux_mask", needs=("text",))
+def gcpo_aux_mask(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                  reward_names: list[str], batch, *,
+                  gcpo_aux_weight: float = param(0.5, 'GCPO-geometry: weight of the masked auxiliary-construction '
+                                                 'reward'),
+                  gcpo_aux_margin: float = param(0.0, 'GCPO-geometry: the with/without-construction accuracy '
+                                                 'difference must exceed this for a +1 / -1 mask (else 0)'),
+                  gcpo_aux_pattern: str = GCPO_AUX_PATTERN,
+                  shaping_correct_reward: str = CORRECT_REWARD,
+                  shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """GCPO Group Contrastive Masking (Wang et al., 2025, GeometryZero, arXiv:2506.07160; seed 000-56).
+
+    The unconditional auxiliary reward ``R_aux(o_i) = 1`` if completion ``o_i``
+    uses the auxiliary construction, else 0 (the paper's Eq. 3), is multiplied
+    by a mask judged within the group of the prompt. With ``A`` the group's
+    rows that use the construction and ``N`` those that do not::
+
+        d     = acc(A) - acc(N)        (acc: fraction of correct rows)
+        M     = +1 if d > margin, -1 if d < -margin, else 0
+                 (0 also when A or N is empty: no contrast to judge)
+        r_i  <- r_i + weight * M * R_aux(o_i)
+
+    so a construction is rewarded where, in this group, completions that use
+    it succeed more often than those that do not, penalised where they
+    succeed less often, and left alone otherwise; rows without it are
+    unchanged. "Uses the construction" is a match of ``gcpo_aux_pattern``
+    (default: an ``<aux>...</aux>`` span, the ``arithmetic_aux`` task's
+    marker); "correct" is the reward column ``shaping_correct_reward`` >=
+    ``shaping_correct_threshold`` (an unscorable row counts as wrong). NaN
+    rewards stay NaN.
+
+    Provenance: reconstructed from the abstract — "Group Contrastive Masking,
+    which adaptively provides positive or negative reward signals for
+    auxiliary construction based on contextual utility"; the unconditional
+    R_aux (1 if the output constructs auxiliary lines, else 0; Eq. 3) is from
+    a stored review of the paper (themoonlight.io). The contrast (accuracy
+    with minus without the construction in the group), the margin (default 0),
+    M = 0 for a one-sided group, the additive weight 0.5 and the regex marker
+    are grpolab's choices, not checked against the paper's masking equation
+    or the authors' code (github.com/ekonwang/GeometryZero: not in the
+    searched store; snapshot fetch refused). Test:
+    tests/test_gcpo_aux.py::test_gcpo_aux_mask_hand_computed.
+    """
+    try:
+        pattern = re.compile(gcpo_aux_pattern, re.S)
+    except re.error as exc:
+        raise ValueError(f"gcpo_aux_pattern: not a regular expression ({exc}): {gcpo_aux_pattern!r}") from exc
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    uses_aux = torch.tensor([pattern.search(t) is not None for t in _texts(batch)], dtype=torch.bool)
+    mask = gcpo_contrastive_mask(correct, uses_aux, group_ids.cpu(), gcpo_aux_margin)
+    bonus = gcpo_aux_weight * mask * uses_aux.to(torch.float64)
+    return rewards + bonus.to(device=rewards.device, dtype=rewards.dtype)
 
 
 # ---------------------------------------------------------------- BAPO IDK boundary reward (000-109)
