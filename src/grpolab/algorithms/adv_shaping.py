@@ -260,8 +260,9 @@ def tempsamp_soft_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, a
     differences: the code shapes only the IoU term and adds a 0.1-weighted
     format reward afterwards; here ``phi`` is applied to the task's scalar
     reward. The code's ground-truth injection (one rollout per group replaced
-    by the ground-truth answer, ``_inject_gt_rollout_in_gen_output``) is a
-    rollout feature that this advantage component does not include.
+    by the ground-truth answer, ``_inject_gt_rollout_in_gen_output``) is the
+    rollout strategy ``tempsamp_r1`` (grpolab.rollouts.tempsamp), not part of
+    this advantage component.
     Test: tests/test_advantage_shaping.py::test_tempsamp_soft_advantage.
     """
     shaped = asymmetric_soft_reward(rewards, tempsamp_tau, tempsamp_log_scale, tempsamp_alpha)
