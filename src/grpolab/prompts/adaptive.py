@@ -304,6 +304,9 @@ class VASSampler:
 
 # ----------------------------------------------------------------------------- SRPO (000-50)
 
+SRPO_DROP_PERMANENTLY = param(False, 'SRPO: never resample a prompt once all its rollouts were correct')
+
+
 @SAMPLERS.register("srpo_history")
 class SRPOHistorySampler:
     """SRPO History Resampling: skip prompts whose rollouts were all correct last epoch.
@@ -326,8 +329,8 @@ class SRPOHistorySampler:
     every prompt would be skipped, the history is cleared with a warning
     (resample all).
 
-    The paper's two-stage cross-domain schedule (math first, then code) is a
-    data schedule, not a sampler: it is not part of this component.
+    The paper's two-stage cross-domain schedule (math first, then code) is
+    the subclass ``srpo_two_stage`` below.
 
     Provenance: reconstructed from the abstract — history resampling as
     described in the paper's text: all-correct prompts of an epoch are skipped
@@ -338,8 +341,7 @@ class SRPOHistorySampler:
     """
 
     def __init__(self, num_rows: int, seed: int = 0, *,
-                 srpo_drop_permanently: bool = param(False, 'SRPO: never resample a prompt once all its rollouts '
-                                                     'were correct'),
+                 srpo_drop_permanently: bool = SRPO_DROP_PERMANENTLY,
                  success_threshold: float = 1.0):
         if num_rows < 1:
             raise ValueError("the prompt sampler needs at least one data row")
@@ -353,6 +355,10 @@ class SRPOHistorySampler:
         self.solved_epoch = [-1] * num_rows    # epoch in which its rollouts were all correct (-1: not)
         self.skipped = 0                       # prompts skipped so far (a metric)
 
+    def pool(self) -> list[int]:
+        """The rows a pass draws from (all of them here; ``srpo_two_stage`` narrows it in stage 1)."""
+        return list(range(self.num_rows))
+
     def is_skipped(self, uid: int) -> bool:
         e = self.solved_epoch[uid]
         return e >= 0 and (self.permanent or e == self.epoch - 1)
@@ -361,10 +367,11 @@ class SRPOHistorySampler:
         out: list[int] = []
         while len(out) < k:
             if self.position >= len(self.order):
-                self.order = torch.randperm(self.num_rows, generator=self.generator).tolist()
+                pool = self.pool()
+                self.order = [pool[i] for i in torch.randperm(len(pool), generator=self.generator).tolist()]
                 self.position = 0
                 self.epoch += 1
-                if all(self.is_skipped(u) for u in range(self.num_rows)):
+                if all(self.is_skipped(u) for u in pool):
                     warnings.warn("srpo_history: every prompt was solved in its last epoch; "
                                   "clearing the history and resampling all prompts")
                     self.solved_epoch = [-1] * self.num_rows
@@ -393,6 +400,95 @@ class SRPOHistorySampler:
         self.order, self.position, self.epoch = list(state["order"]), state["position"], state["epoch"]
         self.sampled_epoch, self.solved_epoch = list(state["sampled_epoch"]), list(state["solved_epoch"])
         self.skipped = state["skipped"]
+
+
+@SAMPLERS.register("srpo_two_stage")
+class SRPOTwoStageSampler(SRPOHistorySampler):
+    """SRPO two-stage cross-domain schedule, with History Resampling (``srpo_history``) in both stages.
+
+    Kwaipilot team (Zhang et al.) 2025, *SRPO: A Cross-Domain Implementation
+    of Large-Scale Reasoning Model Reinforcement Learning*, arXiv:2504.14286,
+    seed 000-50: stage 1 trains on math only, stage 2 adds the code data.
+
+    Each data row names its domain in the column ``srpo_task_column``
+    (default ``task``). With ``S = srpo_stage2_step``:
+
+    * **stage 1** (training steps ``0 .. S-1``): the epoch-wise passes of
+      ``srpo_history`` draw only the rows whose domain is in
+      ``srpo_stage1_tasks``;
+    * **stage 2** (steps ``>= S``): every row is drawable. At the first
+      ``next`` call of stage 2 the current stage-1 pass is abandoned and a new
+      pass (a new epoch) over all rows starts, so the second domain's rows
+      join at once.
+
+    The step is the one the trainer reports to ``feedback`` (0-based): after
+    the feedback of step ``s`` the sampler is at step ``s + 1``; before any
+    feedback at step 0 (a step that ends without feedback is not counted).
+    History Resampling runs unchanged over the current pool: a prompt all of
+    whose rollouts were correct in epoch ``e`` is skipped in ``e + 1``, also
+    across the stage boundary. ``S = 0`` is single-stage ``srpo_history``
+    over all rows. The stage, the step and the pass are in ``state_dict``.
+
+    Provenance: reconstructed from the abstract — the abstract names the
+    two stages (math, then math + code); the switch at a fixed training
+    step, the abandoned pass at the switch and the domain column are
+    grpolab's choices (the paper's stage lengths are not in the abstract).
+    Searched: the code index and GitHub issues (SRPO / Kwaipilot / two-stage:
+    no authors' code found).
+    Test: tests/test_srpo_two_stage.py::test_stage1_draws_only_stage1_rows_then_all.
+    """
+
+    def __init__(self, num_rows: int, seed: int = 0, rows: list[dict] | None = None, *,
+                 srpo_stage2_step: int = param(10, 'SRPO two-stage: first training step (0-based) of stage 2, '
+                                               'when every domain becomes drawable'),
+                 srpo_stage1_tasks: list = param(['multistep'], 'SRPO two-stage: the domains (values of the '
+                                                 'task column) drawable in stage 1'),
+                 srpo_task_column: str = param('task', 'SRPO two-stage: data column naming each row\'s domain'),
+                 srpo_drop_permanently: bool = SRPO_DROP_PERMANENTLY,
+                 success_threshold: float = 1.0):
+        super().__init__(num_rows, seed, srpo_drop_permanently=srpo_drop_permanently,
+                         success_threshold=success_threshold)
+        if srpo_stage2_step < 0:
+            raise ValueError(f"srpo_stage2_step: must be >= 0, got {srpo_stage2_step}")
+        if rows is None or len(rows) != num_rows:
+            raise ValueError("srpo_two_stage needs the data rows (one per prompt)")
+        stage1 = {str(t) for t in ([srpo_stage1_tasks] if isinstance(srpo_stage1_tasks, str)
+                                   else srpo_stage1_tasks)}
+        missing = [i for i, r in enumerate(rows) if srpo_task_column not in r]
+        if missing:
+            raise ValueError(f"srpo_two_stage: row {missing[0]} has no '{srpo_task_column}' column "
+                             f"(srpo_task_column)")
+        self.stage1_rows = [i for i, r in enumerate(rows) if str(r[srpo_task_column]) in stage1]
+        if not self.stage1_rows:
+            found = sorted({str(r[srpo_task_column]) for r in rows})
+            raise ValueError(f"srpo_stage1_tasks {sorted(stage1)}: no row has one of these domains "
+                             f"(the data has {found})")
+        self.stage2_step = int(srpo_stage2_step)
+        self.step = 0
+        self.stage = 2 if self.stage2_step == 0 else 1
+
+    def pool(self) -> list[int]:
+        return list(self.stage1_rows) if self.stage == 1 else list(range(self.num_rows))
+
+    def next(self, k: int) -> list[int]:
+        if self.stage == 1 and self.step >= self.stage2_step:
+            self.stage = 2
+            self.position = len(self.order)  # abandon the stage-1 pass: a new pass over all rows starts
+        return super().next(k)
+
+    def feedback(self, prompt_uids, rewards, step: int | None = None, **outcomes) -> None:
+        super().feedback(prompt_uids, rewards, **outcomes)
+        self.step = self.step + 1 if step is None else int(step) + 1
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "step": self.step, "stage": self.stage,
+                "stage1_rows": list(self.stage1_rows)}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if list(state["stage1_rows"]) != self.stage1_rows:
+            raise ValueError("srpo_two_stage: the checkpoint's stage-1 rows differ from this data's")
+        self.step, self.stage = int(state["step"]), int(state["stage"])
 
 
 # ----------------------------------------------------------------------------- Prompt-GDRO (000-28)

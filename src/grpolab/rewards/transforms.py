@@ -1160,3 +1160,72 @@ class SelfPaced:
     def load_state_dict(self, state: dict) -> None:
         self.competence, self.before = float(state["competence"]), float(state["before"])
         self.step, self.seen, self.seen_before = int(state["step"]), bool(state["seen"]), bool(state["seen_before"])
+
+
+# ---------------------------------------------------------------- Open-RS cosine length-scaled reward (000-60)
+
+def cosine_scaled_value(length: float, correct: bool, max_len: float, min_value_wrong: float,
+                        max_value_wrong: float, min_value_correct: float, max_value_correct: float) -> float:
+    """One row of the cosine length-scaled reward (formula: :func:`cosine_length_reward`)."""
+    cos = math.cos(math.pi * length / max_len)
+    lo, hi = (min_value_correct, max_value_correct) if correct else (max_value_wrong, min_value_wrong)
+    return lo + 0.5 * (hi - lo) * (1.0 + cos)
+
+
+@REWARD_TRANSFORMS.register("cosine_length_reward", needs=("text",))
+def cosine_length_reward(rewards: torch.Tensor, reward_matrix: torch.Tensor, reward_names: list[str], batch, *,
+                         cosine_min_value_wrong: float = param(0.0, "cosine length reward: a wrong answer's reward "
+                                                               "at length 0 (authors' script default 0.0)"),
+                         cosine_max_value_wrong: float = param(-0.5, "cosine length reward: a wrong answer's "
+                                                               "reward at length cosine_max_len"),
+                         cosine_min_value_correct: float = param(0.5, "cosine length reward: a correct answer's "
+                                                                 "reward at length cosine_max_len"),
+                         cosine_max_value_correct: float = param(1.0, "cosine length reward: a correct answer's "
+                                                                 "reward at length 0"),
+                         cosine_max_len: int = param(1000, "cosine length reward: length scale in characters of "
+                                                     "the completion text (the authors' len(content))"),
+                         cosine_reward_weight: float = param(2.0, "cosine length reward: weight of the term added "
+                                                             "to the combined reward (Open-RS recipe: 2.0)"),
+                         shaping_correct_reward: str = CORRECT_REWARD,
+                         shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+    """Cosine length-scaled accuracy reward, as used by Open-RS (Dang & Ngo, 2025, arXiv:2503.16219; 000-60).
+
+    With ``L`` the completion's length in *characters* (the authors' ``len(content)``), ``L_max =
+    cosine_max_len`` and ``c = cos(pi * L / L_max)``::
+
+        R_cos = lo + 0.5 * (hi - lo) * (1 + c)
+        correct: lo = cosine_min_value_correct, hi = cosine_max_value_correct   (defaults 0.5, 1.0)
+        wrong:   lo = cosine_max_value_wrong,   hi = cosine_min_value_wrong     (defaults -0.5, 0.0)
+
+    so at ``L = 0`` a correct row gets ``hi`` = 1.0 and at ``L = L_max`` it gets 0.5; a wrong row gets 0.0
+    at ``L = 0`` and -0.5 at ``L = L_max``. The swap of min and max for wrong rows is the authors'; with
+    their *script* defaults (``cosine_min_value_wrong = 0.0``, ``cosine_max_value_wrong = -0.5``) it makes
+    longer wrong answers score *lower* (with the function's own defaults -1.0 / -0.5 it is the reverse); the
+    defaults here are the script's, which the Open-RS runs used. ``L`` is not clamped: past ``L_max`` the
+    cosine rises again (period ``2 L_max``), as in the authors' code.
+
+    Returned: ``rewards + cosine_reward_weight * R_cos``. The Open-RS recipe trains on ``format`` (weight 1)
+    + ``cosine`` (weight 2) with no separate accuracy term, which is this transform with the accuracy
+    column at reward weight 0 (recipe ``open_rs``). "Correct" is the reward column
+    ``shaping_correct_reward`` ``>= shaping_correct_threshold`` (the authors use math-verify's
+    ``verify``). Rows whose combined reward is NaN, or whose accuracy column is unscorable, are unchanged.
+
+    Provenance: authors' code — https://github.com/knoveleng/open-rs, src/open_r1/rewards.py
+    (get_cosine_scaled_reward) and src/open_r1/grpo.py (the cosine_* defaults); character length, the
+    wrong-row swap and the unclamped cosine as there; correctness from the task's accuracy column instead of
+    math-verify.
+    Test: tests/test_open_rs.py::test_cosine_length_reward_hand_computed.
+    """
+    if cosine_max_len <= 0:
+        raise ValueError(f"cosine_max_len: must be > 0, got {cosine_max_len}")
+    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
+    acc = reward_matrix[:, reward_names.index(shaping_correct_reward)]
+    texts = _texts(batch)
+    out = rewards.clone()
+    for i, text in enumerate(texts):
+        if math.isnan(float(acc[i])) or math.isnan(float(rewards[i])):
+            continue
+        v = cosine_scaled_value(len(text), bool(correct[i]), float(cosine_max_len), cosine_min_value_wrong,
+                                cosine_max_value_wrong, cosine_min_value_correct, cosine_max_value_correct)
+        out[i] = rewards[i] + cosine_reward_weight * v
+    return out

@@ -1,0 +1,98 @@
+"""SRPO's two-stage cross-domain schedule (``srpo_two_stage``, seed 000-50): which rows are drawable at which step."""
+import pytest
+import torch
+
+from grpolab.prompts import SAMPLERS
+
+# rows 0, 2, 4 are math ("multistep"), rows 1, 3, 5 are the second domain ("copy")
+ROWS = [{"task": t} for t in ("multistep", "copy") * 3]
+MATH, ALL = {0, 2, 4}, set(range(6))
+
+
+def make(stage2_step, seed=0, **kw):
+    return SAMPLERS.get("srpo_two_stage")(num_rows=6, seed=seed, rows=ROWS, srpo_stage2_step=stage2_step,
+                                          srpo_stage1_tasks=["multistep"], **kw)
+
+
+def mixed(s, uids, step):
+    """Feedback in which every drawn prompt got one right and one wrong completion (never skipped)."""
+    pu = [u for u in uids for _ in range(2)]
+    s.feedback(prompt_uids=pu, rewards=[1.0, 0.0] * len(uids), step=step)
+
+
+def test_stage1_draws_only_stage1_rows_then_all():
+    s = make(stage2_step=4)
+    for step in range(4):  # steps 0..3: stage 1, each next(3) is one pass over the 3 math rows
+        got = s.next(3)
+        assert set(got) == MATH  # one full pass of the 3 math rows (no skip: mixed feedback)
+        mixed(s, got, step)
+    assert s.stage == 1 and s.step == 4
+    got = s.next(6)  # step 4: stage 2, a new pass over all 6 rows
+    assert s.stage == 2 and sorted(got) == sorted(ALL)
+    mixed(s, got, 4)
+    assert set(s.next(6)) == ALL
+
+
+def test_switch_abandons_the_stage1_pass():
+    s = make(stage2_step=1)
+    first = s.next(2)  # 2 of the 3 math rows; the third is left in the stage-1 pass
+    assert set(first) <= MATH and len(set(first)) == 2
+    mixed(s, first, 0)
+    got = s.next(6)  # step 1: the stage-1 pass is dropped, the 6 come from a fresh pass over all rows
+    assert sorted(got) == [0, 1, 2, 3, 4, 5]
+
+
+def test_history_resampling_crosses_the_stage_boundary():
+    s = make(stage2_step=1)
+    got = s.next(3)  # epoch 1 = the stage-1 pass over {0, 2, 4}
+    assert set(got) == MATH
+    # row 0: both completions correct (all correct -> skipped in epoch 2); rows 2, 4 mixed
+    s.feedback(prompt_uids=[0, 0, 2, 2, 4, 4], rewards=[1.0, 1.0, 1.0, 0.0, 0.0, 1.0], step=0)
+    got = s.next(5)  # epoch 2 over all 6 rows, row 0 skipped -> exactly the other five
+    assert sorted(got) == [1, 2, 3, 4, 5] and s.skipped == 1
+
+
+def test_stage2_step_zero_is_srpo_history():
+    a, b = make(stage2_step=0, seed=3), SAMPLERS.get("srpo_history")(num_rows=6, seed=3)
+    for step in range(3):
+        ga, gb = a.next(4), b.next(4)
+        assert ga == gb  # same generator, same pool: the same draws
+        mixed(a, ga, step)
+        mixed(b, gb, step)
+
+
+def test_checkpoint_resume_makes_the_same_choices():
+    ref = make(stage2_step=2, seed=7)
+    seq_ref = []
+    for step in range(5):
+        g = ref.next(2)
+        seq_ref.append(g)
+        mixed(ref, g, step)
+    a = make(stage2_step=2, seed=7)
+    seq = []
+    for step in range(2):
+        g = a.next(2)
+        seq.append(g)
+        mixed(a, g, step)
+    state = a.state_dict()
+    b = make(stage2_step=2, seed=99)  # another seed: everything must come from the state
+    b.load_state_dict(state)
+    for step in range(2, 5):
+        g = b.next(2)
+        seq.append(g)
+        mixed(b, g, step)
+    assert seq == seq_ref
+    assert all(set(g) <= MATH for g in seq_ref[:2]) and set().union(*seq_ref[2:]) - MATH  # stage 2 reached copy rows
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="no row has one"):
+        SAMPLERS.get("srpo_two_stage")(num_rows=6, rows=ROWS, srpo_stage1_tasks=["code"])
+    with pytest.raises(ValueError, match="column"):
+        SAMPLERS.get("srpo_two_stage")(num_rows=2, rows=[{"task": "copy"}, {}], srpo_stage1_tasks=["copy"])
+    with pytest.raises(ValueError, match=">= 0"):
+        make(stage2_step=-1)
+    state = make(stage2_step=1).state_dict()
+    other = SAMPLERS.get("srpo_two_stage")(num_rows=6, rows=ROWS, srpo_stage1_tasks=["copy"])
+    with pytest.raises(ValueError, match="stage-1 rows"):
+        other.load_state_dict(state)
