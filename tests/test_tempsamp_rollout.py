@@ -108,3 +108,15 @@ def test_check_rejects_bad_fraction(tiny_args):
     with pytest.raises(ConfigError, match="tempsamp_cot_fraction"):
         Config.build({**tiny_args, "rollout_strategy": "tempsamp_r1", "tempsamp_cot_fraction": 1.5,
                       "injection_reference_template": "{answer}"})
+
+
+def test_cut_ground_truth_is_logged_once(tr, monkeypatch):
+    rows, uids = short_rows(tr, 2)
+    seen = []
+    monkeypatch.setattr(tr.ctx, "log", lambda *a: seen.append(" ".join(map(str, a))))
+    monkeypatch.setattr(tr.cfg, "max_completion_length", 5)  # 'Answer: ...' + EOS needs more than 5 tokens
+    for _ in range(2):
+        b = ts.tempsamp_r1(tr.ctx, rows, uids, 0, injection_reference_template="Answer: {solution}",
+                           tempsamp_hybrid_cot=False)
+        assert b.truncated[[3, 7]].all()
+    assert len(seen) == 1 and "2 of 2 ground-truth solutions were cut" in seen[0]

@@ -104,9 +104,11 @@ def tempsamp_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, 
     CoT and non-CoT inference modes"); that code has no CoT mode. grpolab's
     choices: a per-prompt Bernoulli(p) mode with p = 0.5, the mode set by an
     appended instruction, the same ground-truth solution (no reasoning) in
-    both modes.
+    both modes. A ground truth cut to ``max_completion_length`` is logged
+    once per run (it usually earns no reward).
     Test: tests/test_tempsamp_rollout.py::test_gt_replaces_last_row_of_every_group,
-    tests/test_tempsamp_rollout.py::test_hybrid_cot_modes_hand_computed.
+    tests/test_tempsamp_rollout.py::test_hybrid_cot_modes_hand_computed,
+    tests/test_tempsamp_rollout.py::test_hybrid_groups_share_one_mode_and_train_on_its_prompt.
     """
     if tempsamp_hybrid_cot:
         rows = hybrid_cot_rows(rows, tempsamp_cot_fraction, ctx.generator, tempsamp_cot_instruction,
@@ -119,4 +121,9 @@ def tempsamp_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, 
     src = [rows[g - group_offset] for g in groups]
     new = reference_rows(ctx, src, batch.prompt_uids[idx].tolist(), groups, train=True,
                          template=injection_reference_template)
+    cut = int(new.truncated.sum())
+    if cut and not getattr(ctx, "_tempsamp_cut_logged", False):  # a cut ground truth usually earns no reward
+        ctx.log(f"tempsamp_r1: {cut} of {len(groups)} ground-truth solutions were cut to max_completion_length="
+                f"{ctx.cfg.max_completion_length} (raise it or shorten injection_reference_template)")
+        ctx._tempsamp_cut_logged = True
     return replace_rows(batch, idx, new, ctx.tokenizer.pad_token_id)
