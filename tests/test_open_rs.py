@@ -55,3 +55,5 @@ def test_open_rs_recipe_settings():
     assert flat["reward_transforms"] == ["cosine_length_reward"]
     assert flat["reward_weights"] == [0.0, 1.0] and flat["cosine_reward_weight"] == 2.0
     assert flat["num_generations"] == 6 and flat["temperature"] == 0.7 and flat["beta"] == 0.04
+    # the pinned TRL commit (69ad852) divides the summed token losses by the token count: token_mean
+    assert flat["loss_aggregation"] == "token_mean" and flat["kl_estimator"] == "k3"

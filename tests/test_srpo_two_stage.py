@@ -96,3 +96,25 @@ def test_bad_settings_are_refused():
     other = SAMPLERS.get("srpo_two_stage")(num_rows=6, rows=ROWS, srpo_stage1_tasks=["copy"])
     with pytest.raises(ValueError, match="stage-1 rows"):
         other.load_state_dict(state)
+
+
+def test_recipe_sampler_on_multitask_mix():
+    """The srpo_two_stage recipe's sampler, built by the trainer's build_sampler on multitask_mix: steps
+    0..9 draw only 3-step arithmetic rows, step 10 on also the copy rows."""
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.tasks import get_task
+    from grpolab.train.trainer import build_sampler
+
+    over = recipe_overrides("srpo_two_stage")
+    assert over["prompt_sampler"] == "srpo_two_stage" and over["srpo_stage2_step"] == 10
+    rows = get_task("multitask_mix", n_train=40, n_eval=4).train_rows
+    cfg = Config(**{k: v for k, v in over.items() if k in Config.__dataclass_fields__},
+                 params={k: v for k, v in over.items() if k not in Config.__dataclass_fields__})
+    s = build_sampler(cfg, rows)
+    for step in range(10):
+        got = s.next(4)
+        assert {rows[i]["task"] for i in got} == {"multistep"}
+        mixed(s, got, step)
+    got = s.next(40)  # step 10: one pass over all 40 rows (none all-correct)
+    assert sorted(got) == list(range(40)) and {rows[i]["task"] for i in got} == {"copy", "multistep"}
