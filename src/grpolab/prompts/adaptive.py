@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from ..errors import warn_fallback
+from ..errors import ConfigError, warn_fallback
 from ..registry import SAMPLERS
 from ..registry import param
 
@@ -449,19 +449,19 @@ class SRPOTwoStageSampler(SRPOHistorySampler):
         super().__init__(num_rows, seed, srpo_drop_permanently=srpo_drop_permanently,
                          success_threshold=success_threshold)
         if srpo_stage2_step < 0:
-            raise ValueError(f"srpo_stage2_step: must be >= 0, got {srpo_stage2_step}")
+            raise ConfigError(f"srpo_stage2_step: must be >= 0, got {srpo_stage2_step}")
         if rows is None or len(rows) != num_rows:
-            raise ValueError("srpo_two_stage needs the data rows (one per prompt)")
+            raise ConfigError("srpo_two_stage needs the data rows (one per prompt)")
         stage1 = {str(t) for t in ([srpo_stage1_tasks] if isinstance(srpo_stage1_tasks, str)
                                    else srpo_stage1_tasks)}
         missing = [i for i, r in enumerate(rows) if srpo_task_column not in r]
         if missing:
-            raise ValueError(f"srpo_two_stage: row {missing[0]} has no '{srpo_task_column}' column "
+            raise ConfigError(f"srpo_two_stage: row {missing[0]} has no '{srpo_task_column}' column "
                              f"(srpo_task_column)")
         self.stage1_rows = [i for i, r in enumerate(rows) if str(r[srpo_task_column]) in stage1]
         if not self.stage1_rows:
             found = sorted({str(r[srpo_task_column]) for r in rows})
-            raise ValueError(f"srpo_stage1_tasks {sorted(stage1)}: no row has one of these domains "
+            raise ConfigError(f"srpo_stage1_tasks {sorted(stage1)}: no row has one of these domains "
                              f"(the data has {found})")
         self.stage2_step = int(srpo_stage2_step)
         self.step = 0
