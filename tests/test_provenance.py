@@ -105,3 +105,29 @@ def test_a_recipe_without_citation_shows_none_of_it(monkeypatch, capsys):
     assert main(["recipes"]) == 0 and main(["recipes", "mine"]) == 0
     out = capsys.readouterr().out
     assert "None" not in out and "mine" in out and "My method" in out
+
+
+def test_a_partial_recipe_says_what_is_missing_everywhere_it_is_listed(monkeypatch, capsys, tmp_path):
+    """A recipe with ``partial:`` is shown as a partial reconstruction, with its sentence, in the table,
+    `grpolab recipes`, `grpolab recipes NAME` and the JSON; an empty ``partial`` is refused."""
+    import json
+
+    import grpolab.recipes
+    from grpolab.cli import recipes_markdown
+    from grpolab.config import ConfigError
+
+    mine = {"name": "mine", "title": "My method", "citation": "Me, 2026", "seed": None, "partial": "no  tree  search",
+            "components": {"advantage": "x"}, "parameters": {}}
+    assert "**partial reconstruction: no tree search**" in recipes_markdown([mine])
+    monkeypatch.setattr(grpolab.recipes, "all_recipes", lambda: [mine])
+    monkeypatch.setattr(grpolab.recipes, "load_recipe", lambda name: mine)
+    for argv in (["recipes"], ["recipes", "mine"]):
+        assert main(argv) == 0
+        assert "partial reconstruction: no tree search" in capsys.readouterr().out
+    assert main(["recipes", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["partial"] == "no  tree  search"
+    monkeypatch.undo()
+    (tmp_path / "bad.yaml").write_text("name: bad\ntitle: t\npartial: ''\n")
+    monkeypatch.setattr(grpolab.recipes, "HERE", tmp_path)
+    with pytest.raises(ConfigError, match="'partial' must be one sentence"):
+        grpolab.recipes.load_recipe("bad")

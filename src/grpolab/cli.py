@@ -457,16 +457,20 @@ def recipes_markdown(recipes: list[dict]) -> str:
     def cell(d: dict) -> str:
         return ", ".join(f"{k}={'/'.join(map(str, v)) if isinstance(v, list) else v}" for k, v in d.items())
 
+    from .recipes import partial_note
+
     lines = ["| recipe | paper | seed | components | parameters |", "|---|---|---|---|---|"]
     for r in recipes:
         cited = f" ({r['citation']})" if r.get("citation") else ""  # a user's own recipe may cite nothing
+        if r.get("partial"):
+            cited += f" — **{partial_note(r)}**"
         lines.append(f"| `{r['name']}` | {r['title']}{cited} | {r.get('seed') or '—'} | "
                      f"{cell(r['components'])} | {cell(r['parameters'])} |")
     return "\n".join(lines) + "\n"
 
 
 def cmd_recipes(args, rest: list[str]) -> int:
-    from .recipes import all_recipes
+    from .recipes import all_recipes, partial_note
 
     recipes = all_recipes()
     if args.name:
@@ -475,13 +479,15 @@ def cmd_recipes(args, rest: list[str]) -> int:
         print(recipes_markdown(recipes), end="")
         return 0
     if args.json:
-        print(json.dumps([{k: r.get(k) for k in ("name", "title", "citation", "seed", "description",
+        print(json.dumps([{k: r.get(k) for k in ("name", "title", "citation", "seed", "description", "partial",
                                                  "components", "parameters")} for r in recipes], indent=2))
         return 0
     for r in recipes:
         seed = f" [seed {r['seed']}]" if r.get("seed") else ""
         print(f"{r['name']:<14} {r.get('citation') or '(no citation)'}{seed}")
         print(f"{'':<14} {r['title']}")
+        if r.get("partial"):
+            print(f"{'':<14} {partial_note(r)}")
         comps = ", ".join(f"{k}={v}" for k, v in r["components"].items())
         params = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
         print(f"{'':<14} components: {comps}")
@@ -491,18 +497,20 @@ def cmd_recipes(args, rest: list[str]) -> int:
 
 def _show_recipe(args) -> int:
     """`grpolab recipes NAME`: one recipe, whole."""
-    from .recipes import load_recipe
+    from .recipes import load_recipe, partial_note
 
     r = load_recipe(args.name)
     if args.json:
-        print(json.dumps({k: r.get(k) for k in ("name", "title", "citation", "seed", "description", "components",
-                                                 "parameters")}, indent=2))
+        print(json.dumps({k: r.get(k) for k in ("name", "title", "citation", "seed", "description", "partial",
+                                                 "components", "parameters")}, indent=2))
         return 0
     print(f"{r['name']}: {r['title']}")
     if r.get("citation") or r.get("seed"):
         print(f"  {r.get('citation') or '(no citation)'}" + (f" [seed {r['seed']}]" if r.get("seed") else ""))
     if r.get("description"):
         print("  " + " ".join(str(r["description"]).split()))
+    if r.get("partial"):
+        print("  " + partial_note(r))
     for title, part in (("components", r["components"]), ("parameters", r["parameters"])):
         print(f"  {title}:")
         for k, v in part.items():

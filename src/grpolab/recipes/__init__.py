@@ -2,7 +2,8 @@
 
 Each file ``<name>.yaml`` holds ``name``, ``title``, ``citation``, ``seed``
 (the seed-catalog id, when the paper is one of the seeds), ``description``,
-``components`` (which registered functions to use) and ``parameters`` (their
+optionally ``partial`` (one sentence: what of the paper is not built and why; the
+recipe is then listed as a partial reconstruction), ``components`` (which registered functions to use) and ``parameters`` (their
 settings). Both ``components`` and ``parameters`` are config keys: applying a
 recipe is merging them into the config, below ``--config`` and ``--key value``.
 """
@@ -29,7 +30,17 @@ def load_recipe(name: str) -> dict[str, Any]:
     data = yaml.safe_load(path.read_text())
     data.setdefault("components", {})
     data.setdefault("parameters", {})
+    if "partial" in data and not (isinstance(data["partial"], str) and data["partial"].strip()):
+        raise ConfigError(f"{path}: 'partial' must be one sentence saying what of the paper is not built")
     return data
+
+
+PARTIAL = "partial reconstruction"
+
+
+def partial_note(recipe: dict[str, Any]) -> str:
+    """``"partial reconstruction: <what is missing>"`` for a recipe that builds only part of its paper, else ""."""
+    return f"{PARTIAL}: {' '.join(recipe['partial'].split())}" if recipe.get("partial") else ""
 
 
 # A recipe's *task* settings: they describe its built-in task (which task, weights of that task's rewards,
