@@ -207,61 +207,146 @@ def test_edge_entropy_driven():
 
 # ---------------------------------------------------------------------- SPO (000-113)
 
-def spo_step(tracker, reward, nll, uid=7):
-    lp = torch.full((1, 2), -nll)
-    return tracker(torch.tensor([reward]), torch.tensor([uid]), lp, torch.ones(1, 2)).item()
+class ThetaPolicy:
+    """A stand-in policy for the tracker's drift: token t of a completion has log-prob -theta * t."""
+
+    def __init__(self, theta=1.0):
+        self.theta, self.calls = theta, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        return -self.theta * batch.completion_ids.double() * batch.completion_attention_mask
+
+
+def spo_step(tracker, policy, reward, ids, uid=7):
+    """One step: the advantage (value before the step), then the tracker update under ``policy``."""
+    b = make_batch([ids], prompt_uids=[uid])
+    a = tracker(torch.tensor([reward]), torch.tensor([uid]), b).item()
+    tracker.after_optimizer_step(policy)
+    return a
 
 
 def test_spo_tracker_hand_computed():
+    """The authors' order (verl recipe/spo): A = r - v before the step; after the update, D on the prompt's
+    last completion between the log-probs stored then and now, rho = clip(2^(-D / .06), .875, .96)."""
     t = SPOValueTracker(spo_rho_min=0.875, spo_rho_max=0.96, spo_kl_half=0.06, spo_prior_value=0.5,
                         spo_normalize="none")
-    # new prompt: N0 = 1/(1-.875) = 8 -> a = b = 4, v = .5; A = 1 - .5; then a=5, b=4
-    assert spo_step(t, 1.0, 1.0) == pytest.approx(0.5)
-    assert t.table[7][:2] == (5.0, 4.0)
-    # same nll -> D = 0 -> rho = clip(1) = .96; v = 5/9; A = -5/9; a = 4.8, b = 3.84 + 1 = 4.84
-    assert spo_step(t, 0.0, 1.0) == pytest.approx(-5 / 9)
-    assert t.table[7][:2] == pytest.approx((4.8, 4.84))
-    # nll moved by .06 = D_half -> 2^-1 = .5 -> clip to .875; v = 4.8/9.64 = .497925; A = .502075
-    assert spo_step(t, 1.0, 1.06) == pytest.approx(1 - 4.8 / 9.64, abs=1e-6)
-    assert t.table[7][:2] == pytest.approx((0.875 * 4.8 + 1, 0.875 * 4.84))  # (5.2, 4.235)
+    pol = ThetaPolicy(1.0)
+    # step 1, new prompt: N0 = 1/(1-.875) = 8 -> a = b = 4, v = .5, A = 1 - .5. First visit: D = 0 -> rho =
+    # clip(1) = .96: a = .96*4 + 1 = 4.84, b = .96*4 = 3.84; stored: y = [1, 2], log-probs [-1, -2]
+    assert spo_step(t, pol, 1.0, [1, 2]) == pytest.approx(0.5)
+    assert t.table[7] == pytest.approx((4.84, 3.84))
+    assert t.last[7][1].tolist() == [[-1.0, -2.0]]
+    # step 2: A = 0 - 4.84/8.68 = -.557604. The update moved theta to 1.03: on y_last = [1, 2] the log-probs are
+    # now [-1.03, -2.06]: D = (.03 + .06)/2 = .045, 2^(-.045/.06) = .594604 -> clipped to .875:
+    # a = .875*4.84 = 4.235, b = .875*3.84 + 1 = 4.36; stored: y = [3], log-prob -3.09
+    pol.theta = 1.03
+    assert spo_step(t, pol, 0.0, [3]) == pytest.approx(-4.84 / 8.68, abs=1e-6)
+    assert t.table[7] == pytest.approx((4.235, 4.36))
+    # step 3: v = 4.235/8.595 = .492728 -> A = .507272. theta 1.033: D = |-3.09 + 3.099| = .009 (on y_last = [3],
+    # not on this step's completion) -> rho = 2^(-.15) = .901250 inside the clip: a = .90125*4.235 + 1 = 4.816793,
+    # b = .90125*4.36 = 3.929450
+    pol.theta = 1.033
+    assert spo_step(t, pol, 1.0, [5, 5, 5]) == pytest.approx(1 - 4.235 / 8.595, abs=1e-6)
+    assert t.table[7] == pytest.approx((2 ** -0.15 * 4.235 + 1, 2 ** -0.15 * 4.36), abs=1e-6)
+    assert t.rho(0.009) == pytest.approx(0.9012504626, abs=1e-9)
+    # the next advantage call before the update is an error, not a silent skip of the tracker update
+    b = make_batch([[1]], prompt_uids=[7])
+    t(torch.tensor([1.0]), torch.tensor([7]), b)
+    with pytest.raises(RuntimeError, match="after_optimizer_step"):
+        t(torch.tensor([1.0]), torch.tensor([7]), b)
 
 
 def test_spo_batch_normalisation_and_groups():
     t = SPOValueTracker(spo_normalize="batch")
     r = torch.tensor([1.0, 0.0, 1.0, 0.0])
     uids = torch.tensor([1, 1, 2, 3])
-    out = t(r, uids, torch.zeros(4, 2), torch.ones(4, 2), advantage_epsilon=EPS)
+    out = t(r, uids, make_batch([[1, 2], [1, 4], [2, 0], [3, 3]], mask=[[1, 1], [1, 1], [1, 0], [1, 1]],
+                                prompt_uids=[1, 1, 2, 3]), advantage_epsilon=EPS)
     # fresh prompts: A = r - .5 = [.5,-.5,.5,-.5]; batch mean 0, std = sqrt(4*.25/3) = .57735
     assert out.tolist() == pytest.approx([0.5 / (0.57735027 + EPS), -0.5 / (0.57735027 + EPS)] * 2, abs=1e-6)
-    assert t.table[1][:2] == (5.0, 5.0)  # G = 2 rows of prompt 1 share one update: 4+1, 4+1
+    pol = ThetaPolicy(1.0)
+    t.after_optimizer_step(pol)
+    assert pol.calls == 1  # nothing seen before: only this batch's log-probs, stored for the next visit
+    assert t.table[1] == pytest.approx((0.96 * 4 + 1, 0.96 * 4 + 1))  # G = 2 rows of prompt 1 share one update
+    assert t.last[2][1].tolist() == [[-2.0]]  # stored trimmed to the prompt's own completion width
+    # prompt 1 again: D = mean over its 2 rows of each row's mean |delta|: theta 1 -> 1.1 changes row [1, 2] by
+    # (.1 + .2)/2 = .15 and row [1, 4] by (.1 + .4)/2 = .25: D = .2 -> rho = clip(2^(-.2/.06)) = .875
+    pol.theta = 1.1
+    t(torch.tensor([1.0]), torch.tensor([1]), make_batch([[7]], prompt_uids=[1]))
+    t.after_optimizer_step(pol)
+    assert t.table[1] == pytest.approx((0.875 * 4.84 + 1, 0.875 * 4.84), abs=1e-9)
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        t(torch.tensor([2.0]), torch.tensor([1]), torch.zeros(1, 2), torch.ones(1, 2))
+        t(torch.tensor([2.0]), torch.tensor([1]), make_batch([[1]], prompt_uids=[1]))
     # unscorable rows: A = 0, no tracker update
-    out = t(torch.tensor([float("nan"), 1.0]), torch.tensor([9, 1]), torch.zeros(2, 2), torch.ones(2, 2))
-    assert out[0].item() == 0.0 and 9 not in t.table
+    out = t(torch.tensor([float("nan"), 1.0]), torch.tensor([9, 1]), make_batch([[1], [2]], prompt_uids=[9, 1]))
+    t.after_optimizer_step(pol)
+    assert out[0].item() == 0.0 and 9 not in t.table and 9 not in t.last
 
 
 def test_spo_restore_is_exact():
+    """Through the checkpoint's own encoding (weights_only loading): the table, the stored completions and their
+    log-probs come back, and the restored tracker continues exactly as the original."""
+    from grpolab.train.checkpoint import decode_state, encode_state
     gen = torch.Generator().manual_seed(0)
 
     def inputs():
         r = (torch.rand(6, generator=gen) > 0.5).float()
         uids = torch.randint(0, 4, (6,), generator=gen)
-        lp = -torch.rand(6, 3, generator=gen)
-        return r, uids, lp, torch.ones(6, 3)
+        ids = torch.randint(1, 9, (6, 3), generator=gen)
+        return r, uids, make_batch(ids, prompt_uids=uids)
 
-    a = SPOValueTracker()
-    for _ in range(3):
+    a, pol = SPOValueTracker(), ThetaPolicy(1.0)
+    for step in range(3):
         a(*inputs())
+        pol.theta += 0.01
+        a.after_optimizer_step(pol)
     buf = io.BytesIO()
-    torch.save(a.state_dict(), buf)
+    torch.save(encode_state(a.state_dict()), buf)
     buf.seek(0)
     b = SPOValueTracker()
-    b.load_state_dict(torch.load(buf))
+    b.load_state_dict(decode_state(torch.load(buf, weights_only=True)))
     for _ in range(3):
         x = inputs()
         assert torch.equal(a(*x), b(*x))
-    assert a.table == b.table
+        pol.theta += 0.01
+        a.after_optimizer_step(pol)
+        b.after_optimizer_step(pol)
+    assert a.table == b.table and a.last.keys() == b.last.keys()
+
+
+def test_spo_trainer_updates_the_tracker_with_the_updated_policy(tiny_args):
+    """In the trainer the tracker update runs after the optimiser step: the log-probs stored for a prompt are the
+    updated model's on that completion (not the behaviour log-probs it was sampled with)."""
+    from grpolab.train.trainer import Trainer
+    args = {**recipe_overrides("spo_single_stream"), **tiny_args, "steps": 1, "prompts_per_step": 3,
+            "num_generations": 1, "learning_rate": 5e-2, "max_completion_length": 6}
+    tr = Trainer(Config.build(args), log=lambda *a: None)
+    seen = []
+    compute, update = tr.compute_advantages, tr.update_strategy
+    tr.compute_advantages = lambda batch: seen.append(batch) or compute(batch)
+
+    def update_then_move(**kw):  # the step's update, plus a move of every weight that cannot go unnoticed
+        out = update(**kw)
+        with torch.no_grad():
+            for p in tr.model.parameters():
+                p.add_(0.05)
+        return out
+    tr.update_strategy = update_then_move
+    tr.train(progress=False)
+    tracker = tr.components["advantage/spo_single_stream"].fn
+    assert tracker.pending is None and len(tracker.last) == 3
+    batch = seen[0]
+    for u, (stored, lp) in tracker.last.items():
+        now = tr.ctx.logprobs(stored, model=tr.model).float()
+        assert torch.allclose(lp, now, atol=1e-5)  # the model as the step left it
+        row = batch.prompt_uids.tolist().index(u)
+        T = lp.shape[1]
+        behaviour = batch.behavior_logprobs[row, :T] * batch.completion_attention_mask[row, :T]
+        assert not torch.allclose(lp[0], behaviour, atol=1e-3)  # ... not the policy that sampled it
+        a, b = tracker.table[u]
+        r = float(batch.scalar_rewards[row])
+        assert (a, b) == pytest.approx((0.96 * 4 + r, 0.96 * 4 + 1 - r))  # first visit: rho = .96
 
 
 def test_spo_recipe_single_stream_validates():

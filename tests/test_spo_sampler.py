@@ -19,7 +19,7 @@ def attached(num_rows, tracker, **kw):
 
 def tracker_with(table):
     t = SPOValueTracker(spo_prior_value=0.5)
-    t.table = {u: (a, b, 0.0) for u, (a, b) in table.items()}
+    t.table = {u: (a, b) for u, (a, b) in table.items()}
     return t
 
 
@@ -49,14 +49,14 @@ def test_reads_the_tracker_live_and_epsilon_keeps_prompts_reachable():
     # prompt 2 unseen (v = .5) is the only one with weight: always drawn
     assert {s.next(1)[0] for _ in range(50)} == {2}
     # the advantage updates the tracker: prompt 2 solved, prompt 0 now at v = .5 -> the sampler follows
-    tr.table[2] = (10.0, 0.0, 0.0)
-    tr.table[0] = (5.0, 5.0, 0.0)
+    tr.table[2] = (10.0, 0.0)
+    tr.table[0] = (5.0, 5.0)
     assert {s.next(1)[0] for _ in range(50)} == {0}
     # fewer prompts with weight than asked for: those first, then the others (distinct)
     draws = [s.next(2) for _ in range(50)]
     assert all(d[0] == 0 and d[1] in (1, 2) for d in draws) and {d[1] for d in draws} == {1, 2}
     # all weights 0 (epsilon 0, every prompt solved or hopeless): uniform
-    tr.table[0] = (10.0, 0.0, 0.0)
+    tr.table[0] = (10.0, 0.0)
     assert {s.next(1)[0] for _ in range(200)} == {0, 1, 2}
 
 

@@ -109,33 +109,43 @@ class SPOValueTracker:
     (Single-stream Policy Optimization, Xu & Ding, 2025, arXiv:2509.13232, seed 000-113).
 
     Per prompt ``x`` (keyed by ``prompt_uids``) a Beta posterior ``(a, b)`` of the
-    success rate; ``v(x) = a / (a + b)``. For each row, before this batch updates
-    the tracker::
+    success rate; ``v(x) = a / (a + b)``. Each row's advantage uses the value the
+    tracker had before this step::
 
         A_i = r_i - v(x_i)                            (no group baseline)
         A~  = (A - mean_B A) / (std_B A + epsilon)     (batch-global z-score)
 
-    then, per prompt in the batch, ``a <- rho a + sum r``, ``b <- rho b + sum (1 - r)``
-    with the KL-adaptive forgetting ``rho = clip(2^(-D / D_half), rho_min, rho_max)``.
-    Works with any number of completions per prompt (``num_generations: 1``
-    is the paper's setting; with G > 1 all rows of a prompt share the baseline).
+    After the step's optimiser update (:meth:`after_optimizer_step`, which the
+    trainer calls with the updated policy's log-probs), per prompt of the batch::
 
-    Choices: (1) the drift ``D`` should be the KL between the current policy and
-    the one that last saw ``x``; the advantage stage only has behaviour
-    log-probs of new samples, so we use the change of the prompt's mean
-    per-token negative log-likelihood since its last visit, ``D = |nll_now -
-    nll_last|`` (0 on a stale-free revisit, large when the policy moved). (2)
-    A new prompt starts from ``v = spo_prior_value`` with the effective count
-    ``N0 = 1 / (1 - rho_min)`` (the paper estimates it from extra rollouts
-    of the initial policy). (3) Rewards must lie in [0, 1] (success rates).
-    (4) The tracker's prioritised prompt sampling is a sampler feature and is
-    not part of this component: prompt sampler ``spo_prioritized``
-    (prompts/spo.py) reads this tracker. Unscorable (NaN) rows get A = 0 and do not
-    update the tracker.
+        D   = mean over the tokens of y_last of |log pi_last(y_last) - log pi_now(y_last)|
+        rho = clip(2^(-D / D_half), rho_min, rho_max)
+        a  <- rho a + sum r,     b <- rho b + sum (1 - r)
 
-    Provenance: reconstructed from the abstract — the Beta tracker and batch z-score follow the paper's
-    description; the drift D from the change of the prompt's mean NLL, the prior count N0 and the [0, 1] reward
-    assumption are grpolab's choices.
+    where ``y_last`` is the completion of the prompt's previous visit and
+    ``log pi_last`` its log-probs under the policy as it was right after that
+    visit's update (stored then), ``pi_now`` the policy right after this step's
+    update. A prompt's first visit has ``D = 0`` (``rho = rho_max``). The new
+    completion and its log-probs under the updated policy are stored for the
+    next visit. A new prompt starts from ``a = v0 N0``, ``b = (1 - v0) N0`` with
+    ``v0 = spo_prior_value`` and ``N0 = 1 / (1 - rho_min)``. Works with any
+    number of completions per prompt (``num_generations: 1`` is the paper's
+    setting; with G > 1 the rows of a prompt share the baseline, ``D`` is the
+    mean of their per-row drifts). Rewards must lie in [0, 1]; unscorable (NaN)
+    rows get A = 0 and do not update the tracker. The prioritised prompt
+    sampling is the sampler ``spo_prioritized`` (prompts/spo.py), which reads
+    this tracker.
+
+    Provenance: authors' code — https://github.com/volcengine/verl, recipe/spo/spo_ray_trainer.py (commit
+    4b2b364: ``RayPPOTrainer.fit`` for the advantage ``r - alpha / (alpha + beta)`` z-scored over the batch, then
+    ``alpha = rho * alpha + r``, ``beta = rho * beta + (1 - r)`` after ``update_actor``; ``_get_spo_rho`` type
+    ``kl`` for ``D = masked_mean(|old_log_probs - cur_log_probs|)`` on the prompt's last stored response, the
+    first visit using the current log-probs as old (D = 0), ``D_half = 0.06``, ``clamp(rho, clip_lower, 0.96)``);
+    differences: the authors initialise ``alpha, beta = N_init (s + 0.5) / (N + 1), N_init (N - s + 0.5) /
+    (N + 1)`` from N offline rollouts of the initial policy per prompt (N_init = 1 / (1 - clip_lower)), or 0.5
+    and 0.5 without them; here a prior value ``v0`` with the same count N_init stands in for the offline
+    success rate ``(s + 0.5) / (N + 1)``; the batch std is Bessel-corrected as theirs, with grpolab's
+    ``advantage_epsilon`` (1e-4) for their 1e-8. Test: tests/test_advantage_shaping.py::test_spo_tracker_hand_computed.
     """
 
     def __init__(self, *,
@@ -146,63 +156,98 @@ class SPOValueTracker:
                  spo_normalize: str = param('batch', 'SPO: z-score advantages over the whole batch, or not',
                                             ['batch', 'none'])):
         if not 0.0 < spo_rho_min <= spo_rho_max < 1.0:
-            raise ValueError(f"spo_rho_min/spo_rho_max: need 0 < rho_min <= rho_max < 1, "
-                             f"got {spo_rho_min}, {spo_rho_max}")
+            raise ConfigError(f"spo_rho_min/spo_rho_max: need 0 < rho_min <= rho_max < 1, "
+                              f"got {spo_rho_min}, {spo_rho_max}")
         if spo_kl_half <= 0:
-            raise ValueError(f"spo_kl_half: must be > 0, got {spo_kl_half}")
+            raise ConfigError(f"spo_kl_half: must be > 0, got {spo_kl_half}")
         if not 0.0 <= spo_prior_value <= 1.0:
-            raise ValueError(f"spo_prior_value: must be in [0, 1], got {spo_prior_value}")
+            raise ConfigError(f"spo_prior_value: must be in [0, 1], got {spo_prior_value}")
         if spo_normalize not in ("batch", "none"):
-            raise ValueError(f"spo_normalize: '{spo_normalize}' is not valid; valid values: batch, none")
+            raise ConfigError(f"spo_normalize: '{spo_normalize}' is not valid; valid values: batch, none")
         self.rho_min, self.rho_max, self.kl_half = spo_rho_min, spo_rho_max, spo_kl_half
         self.prior, self.normalize = spo_prior_value, spo_normalize
-        self.table: dict[int, tuple[float, float, float]] = {}  # uid -> (a, b, nll at last visit)
+        self.table: dict[int, tuple[float, float]] = {}  # uid -> (a, b)
+        self.last: dict[int, tuple] = {}  # uid -> (its last completions as a RolloutBatch, their log-probs then)
+        self.pending: dict | None = None  # this step's scored rows, until after_optimizer_step
 
     def value(self, uid: int) -> float:
         if uid in self.table:
-            a, b, _ = self.table[uid]
+            a, b = self.table[uid]
             return a / (a + b)
         return self.prior
 
     def rho(self, drift: float) -> float:
         return min(max(2.0 ** (-drift / self.kl_half), self.rho_min), self.rho_max)
 
-    def __call__(self, rewards: torch.Tensor, prompt_uids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                 completion_mask: torch.Tensor, *, advantage_epsilon: float = 1e-4) -> torch.Tensor:
+    def __call__(self, rewards: torch.Tensor, prompt_uids: torch.Tensor, batch, *,
+                 advantage_epsilon: float = 1e-4) -> torch.Tensor:
+        if self.pending is not None:
+            raise RuntimeError("spo_single_stream: the last batch's tracker update is still pending; "
+                               "after_optimizer_step(logprobs) must follow every advantage call (the trainer "
+                               "calls it after the optimiser step)")
         scored = ~torch.isnan(rewards)
         r = rewards.double()
         if bool(((r[scored] < 0) | (r[scored] > 1)).any()):
             raise ValueError("spo_single_stream: rewards must lie in [0, 1] (the tracker estimates success rates)")
-        nll = masked_row_mean(-behavior_logprobs.double(), completion_mask)
         uids = prompt_uids.tolist()
         baseline = torch.tensor([self.value(u) for u in uids], dtype=torch.float64)
         adv = torch.where(scored, r - baseline, torch.zeros_like(r))
-        for uid in dict.fromkeys(uids):  # batch order, each prompt once
-            rows = [i for i, u in enumerate(uids) if u == uid and bool(scored[i])]
-            if not rows:
-                continue
-            succ = float(r[rows].sum())
-            fail = len(rows) - succ
-            nll_now = float(nll[rows].mean())
-            if uid in self.table:
-                a, b, nll_last = self.table[uid]
-                rho = self.rho(abs(nll_now - nll_last))
-                a, b = rho * a, rho * b
-            else:
-                n0 = 1.0 / (1.0 - self.rho_min)
-                a, b = self.prior * n0, (1.0 - self.prior) * n0
-            self.table[uid] = (a + succ, b + fail, nll_now)
+        rows = [i for i in range(len(uids)) if bool(scored[i])]
+        if rows:
+            self.pending = {"batch": batch.select(rows), "uids": [uids[i] for i in rows],
+                            "rewards": [float(r[i]) for i in rows]}
         if self.normalize == "batch":
             mean, std, count = group_stats(torch.where(scored, adv, torch.full_like(adv, float("nan"))),
                                            torch.zeros_like(prompt_uids))
             adv = torch.nan_to_num((adv - mean) / (std + advantage_epsilon), nan=0.0) * scored
         return adv.to(rewards.dtype)
 
+    def drift(self, old: torch.Tensor, now: torch.Tensor, mask: torch.Tensor) -> float:
+        """``D``: the mean over rows of each row's mean ``|old - now|`` over its completion tokens."""
+        return float(masked_row_mean((old.double() - now.double()).abs(), mask).mean())
+
+    def after_optimizer_step(self, logprobs, pad_id: int = 0) -> None:
+        """The tracker update of the step's batch, after the optimiser step. ``logprobs(batch)``: the updated
+        policy's per-token log-probs ``[R, T]`` of a batch's completions."""
+        from ..batch import RolloutBatch  # the batch type, for concatenating stored completions
+
+        p, self.pending = self.pending, None
+        if p is None:
+            return
+        order = list(dict.fromkeys(p["uids"]))
+        seen = [u for u in order if u in self.last]
+        drift = dict.fromkeys(order, 0.0)  # a first visit: old = now, D = 0
+        if seen:
+            now = logprobs(RolloutBatch.concat([self.last[u][0] for u in seen], pad_id=pad_id))
+            start = 0
+            for u in seen:
+                past, old = self.last[u]
+                n, T = old.shape
+                drift[u] = self.drift(old, now[start:start + n, :T], past.completion_attention_mask[:, :T])
+                start += n
+        current = logprobs(p["batch"])
+        for u in order:
+            rows = [i for i, v in enumerate(p["uids"]) if v == u]
+            succ = sum(p["rewards"][i] for i in rows)
+            if u in self.table:
+                a, b = self.table[u]
+            else:
+                n0 = 1.0 / (1.0 - self.rho_min)
+                a, b = self.prior * n0, (1.0 - self.prior) * n0
+            rho = self.rho(drift[u])
+            self.table[u] = (rho * a + succ, rho * b + len(rows) - succ)
+            mine = p["batch"].select(rows).trim()
+            self.last[u] = (mine, current[rows, :mine.completion_ids.shape[1]].detach().cpu())
+
     def state_dict(self) -> dict:
-        return {"table": {int(k): list(v) for k, v in self.table.items()}}
+        return {"table": {int(k): list(v) for k, v in self.table.items()},
+                "last": {int(k): [b, lp] for k, (b, lp) in self.last.items()}, "pending": self.pending}
 
     def load_state_dict(self, state: dict) -> None:
-        self.table = {int(k): tuple(float(x) for x in v) for k, v in state["table"].items()}
+        # a checkpoint before the authors' drift stored (a, b, nll): the completions it lacks start over
+        self.table = {int(k): (float(v[0]), float(v[1])) for k, v in state["table"].items()}
+        self.last = {int(k): (v[0], v[1]) for k, v in state.get("last", {}).items()}
+        self.pending = state.get("pending")
 
 
 # -------------------------------------------------------------- TempSamp-R1

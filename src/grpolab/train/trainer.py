@@ -361,6 +361,21 @@ class Trainer:
     def after_update(self) -> None:
         """Called once the step's optimiser passes are done."""
 
+    def components_after_step(self) -> None:
+        """Components whose state follows the policy as the step's update left it (SPO's value tracker): their
+        ``after_optimizer_step(logprobs, pad_id)``, ``logprobs(batch)`` the updated policy's log-probs [R, T]."""
+        hooks = [c.fn.after_optimizer_step for c in self.components.values()
+                 if hasattr(c.fn, "after_optimizer_step")]
+        if not hooks:
+            return
+
+        def logprobs(batch):
+            with torch.no_grad(), self.precision():
+                return self.ctx.logprobs(batch.to(self.device), model=self.model).float().cpu()
+
+        for hook in hooks:
+            hook(logprobs, pad_id=self.policy.pad_id)
+
     # hooks a subclass may replace (the Python API, grpolab/api.py: in-memory data, callables, a loaded model)
     def setup_data(self, cfg: Config):
         """``(train rows, eval rows, reward functions, accuracy reward name, extra eval rewards)``."""
@@ -675,6 +690,7 @@ class Trainer:
         upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
                                    ctx=self.ctx, step=self.step)
         self.after_update()
+        self.components_after_step()
         self.scheduler.step()  # once per step, however many optimiser passes the update strategy made
         self._engine_stale = True
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
