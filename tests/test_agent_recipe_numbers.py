@@ -1,0 +1,377 @@
+"""The numbers of every agent recipe through the real pipeline (issue 27): the recipe's config -> Trainer -> the
+agent rollout (a scripted policy whose episodes act differently, in a deterministic environment) -> the rewards ->
+the advantages (and, for llds_search, its regulariser's loss term).
+
+tests/test_agent_credit.py has each estimator's hand test on hand-built batches and a smoke run per recipe (it
+only checks that training runs); here each recipe's own settings (gamma, anchors, turn-reward sources, statistics,
+...) meet the batch the rollout really packs (spans, observations, episode records, states, step rewards), and
+every per-turn advantage is compared with a value computed by hand from the method's formula (the arithmetic is in
+the comments; ``z`` below is the textbook z-score written out, no grpolab code).
+
+The environment is test_agent_credit.CorridorGame: three rooms in a ring, a turn's text length moves the player
+(room <- (room + len(text)) mod 3), entering room 2 pays 0.5, the episode is done after two steps; its state key
+(read before each turn) is the room. The user reward is test_agent_credit.reached (1 if the last step paid), and
+the agent rollout adds the environment's summed step rewards (column env_reward, weight 1): R = reached + env.
+"""
+import json
+import math
+import statistics
+import warnings
+
+import pytest
+import torch
+
+from grpolab.agents import rollout as agent_rollout
+from grpolab.agents.base import EPISODE_COLUMN
+from grpolab.batch import ENVIRONMENT
+from grpolab.config import Config
+from grpolab.errors import FallbackWarning
+from grpolab.generation.turns import Continuation
+from grpolab.recipes import load_recipe, recipe_overrides
+from grpolab.train.trainer import Trainer
+from test_agent_credit import AGENT_RECIPES, turn_value
+
+EPS = 1e-4  # advantage_epsilon (the config default; no agent recipe sets it)
+TOL = 1e-5  # the advantages are float32
+
+
+def z(x, pool):
+    """``(x - mean(pool)) / (std(pool) + EPS)`` with the Bessel (n - 1) std: the group z-score, written out."""
+    return (x - statistics.mean(pool)) / (statistics.stdev(pool) + EPS)
+
+
+def per_episode(script, logprobs=None):
+    """A scripted policy whose episodes act differently: at the k-th call (turn k) the j-th episode of the call
+    says ``script[k][j]`` ("" = no action: the episode ends, ended_by no_action). The rollout calls sample_turns
+    with the live episodes only, in their order (grpolab/agents/rollout.py play()), so ``script[k]`` lists the
+    episodes still playing at turn k. Every token gets log-prob ``logprobs[k][j]`` (default -1.0), recorded as
+    the behaviour log-prob."""
+    calls = {"k": 0}
+
+    def sample(ctx, contexts, max_new_tokens, temperatures, stop_strings, model=None):
+        k = calls["k"]
+        calls["k"] += 1
+        texts = script[k]
+        assert len(texts) == len(contexts), f"turn {k}: {len(contexts)} live episodes, script has {len(texts)}"
+        ids = [ctx.tokenizer(t, add_special_tokens=False)["input_ids"][:m] for t, m in zip(texts, max_new_tokens)]
+        lps = [[(logprobs[k][j] if logprobs else -1.0)] * len(a) for j, a in enumerate(ids)]
+        return Continuation(ids, lps, ["stop_string"] * len(ids))
+    return sample
+
+
+NOTE = "go```\n"  # a data column holding every character of the scripted turns (the tiny tokenizer is the data's)
+
+
+def recipe_step(recipe, tmp_path, tiny_args, monkeypatch, script, *, prompts=2, generations=3, max_len=8):
+    """One rollout + reward + advantage of ``recipe`` (its method settings, ``recipe_overrides(user_data=True)``)
+    on user rows ``go <i>:`` (column hops = 1 + i % 2), CorridorGame, the user reward ``reached``, 2 turns."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"go {i}:", "answer": str(i), "hops": 1 + i % 2, "note": NOTE})
+                            + "\n" for i in range(8)))
+    args = {**recipe_overrides(recipe, user_data=True), **{k: v for k, v in tiny_args.items() if k != "task"},
+            "data": str(path), "eval_split": 0, "reward": ["test_agent_credit:reached"],
+            "environment": "test_agent_credit:CorridorGame", "max_turns": 2, "prompts_per_step": prompts,
+            "num_generations": generations, "max_completion_length": max_len, "out": str(tmp_path / recipe)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)  # no stand-in anywhere on the way
+        tr = Trainer(Config.build(args), log=lambda *a: None)
+        monkeypatch.setattr(agent_rollout, "sample_turns", per_episode(script))
+        tr.ctx.new_step()
+        rows = tr.rows[:prompts]
+        assert [r["prompt"] for r in rows] == [f"go {i}:" for i in range(prompts)]
+        b = tr.strategy(ctx=tr.ctx, rows=rows, uids=list(range(prompts)), group_offset=0, budgets=None,
+                        temperatures=None)
+        b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+        adv = tr.compute_advantages(b)
+    assert adv.shape == b.completion_mask.shape
+    assert float(adv[b.token_origin == ENVIRONMENT].abs().sum()) == 0.0  # observations carry no advantage
+    assert float(adv[b.completion_mask == 0].abs().sum()) == 0.0
+    return tr, b, adv
+
+
+def values(adv, b, row):
+    """Row ``row``'s advantage per model turn (every token of a turn carries the same value: turn_value checks)."""
+    return [turn_value(adv, b, row, k) for k in range(len(b.columns[EPISODE_COLUMN][row]["turns"]))]
+
+
+def assert_turns(adv, b, expected):
+    for i, want in enumerate(expected):
+        assert values(adv, b, i) == pytest.approx(want, abs=TOL), f"episode {i}"
+
+
+# ----------------------------------------------------------------------------------- the common scenario
+#
+# 2 prompts x 3 episodes; group 0 = e0, e1, e2 (prompt "go 0:"), group 1 = e3, e4, e5 ("go 1:").
+#   turn 1 text (room after, step reward)     turn 2                       reached  env   R
+#   e0 "gg"  (0 -> 2, 0.5)                    "ggg" (2 -> 2, 0.5)           1        1.0   2.0
+#   e1 "gg"  (0 -> 2, 0.5)                    "g"   (2 -> 0, 0)             0        0.5   0.5
+#   e2 "g"   (0 -> 1, 0)                      "g"   (1 -> 2, 0.5)           1        0.5   1.5
+#   e3 "g"   (0 -> 1, 0)                      "ggg" (1 -> 1, 0)             0        0     0.0
+#   e4 "o"   (0 -> 1, 0)                      "g"   (1 -> 2, 0.5)           1        0.5   1.5
+#   e5 "gg"  (0 -> 2, 0.5)                    ""    (no action: 1 turn)     1        0.5   1.5
+# States (the room before the turn): turn 1 "room 0" for all; turn 2: e0, e1 "room 2"; e2, e3, e4 "room 1".
+# Histories: e0 and e1 share turn 1 ("gg", the same observation "room 2"); e3 and e4 reach the same room by
+# different texts ("g" / "o"): same state, different history.
+SCRIPT = [["gg", "gg", "g", "g", "o", "gg"],
+          ["ggg", "g", "g", "ggg", "g", ""]]
+R = [2.0, 0.5, 1.5, 0.0, 1.5, 1.5]
+K = [2, 2, 2, 2, 2, 1]  # turns per episode
+
+# the statistics several methods share
+#   per episode, group 0: R = (2, .5, 1.5): mean 4/3, deviations 2/3, -5/6, 1/6, ss = 16/36 + 25/36 + 1/36 = 7/6,
+#     Bessel var 7/12; group 1: R = (0, 1.5, 1.5): mean 1, deviations -1, .5, .5, ss 3/2, var 3/4
+#   per turn sample (episode i counted K_i times), group 0: (2, 2, .5, .5, 1.5, 1.5): mean 4/3, ss 2 * 7/6 = 7/3,
+#     var 7/15; group 1: (0, 0, 1.5, 1.5, 1.5): mean .9, ss 2 * .81 + 3 * .36 = 2.7, var 2.7 / 4 = 27/40
+S_EP0, S_EP1 = math.sqrt(7 / 12), math.sqrt(3 / 4)
+S_TURN0, S_TURN1 = math.sqrt(7 / 15), math.sqrt(27 / 40)
+GRPO = [(2 / 3) / (S_EP0 + EPS), (-5 / 6) / (S_EP0 + EPS), (1 / 6) / (S_EP0 + EPS),
+        -1 / (S_EP1 + EPS), 0.5 / (S_EP1 + EPS), 0.5 / (S_EP1 + EPS)]
+TURN_POOLED = [(2 / 3) / (S_TURN0 + EPS), (-5 / 6) / (S_TURN0 + EPS), (1 / 6) / (S_TURN0 + EPS),
+               -0.9 / (S_TURN1 + EPS), 0.6 / (S_TURN1 + EPS), 0.6 / (S_TURN1 + EPS)]
+
+
+def check_scenario(b, texts=None):
+    """The rollout played the scenario: texts, states, step rewards, turns, the reward columns and R."""
+    eps = b.columns[EPISODE_COLUMN]
+    texts = texts or SCRIPT
+    assert b.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
+    assert [e["num_turns"] for e in eps] == K
+    assert [e["ended_by"] for e in eps] == ["done"] * 5 + ["no_action"]
+    assert [[t["text"] for t in e["turns"]] for e in eps] == [[texts[k][i] for k in range(K[i])] for i in range(6)]
+    assert [[t["state"] for t in e["turns"]] for e in eps] == [
+        ["room 0", "room 2"], ["room 0", "room 2"], ["room 0", "room 1"], ["room 0", "room 1"],
+        ["room 0", "room 1"], ["room 0"]]
+    assert [[t["reward"] for t in e["turns"]] for e in eps] == [
+        [0.5, 0.5], [0.5, 0.0], [0.0, 0.5], [0.0, 0.0], [0.0, 0.5], [0.5]]
+    assert b.reward_names == ["reached", "env_reward"]
+    assert b.rewards.tolist() == [[1, 1.0], [0, 0.5], [1, 0.5], [0, 0.0], [1, 0.5], [1, 0.5]]
+    assert b.scalar_rewards.tolist() == pytest.approx(R)
+
+
+# ------------------------------------------------------------------------------------------------- GiGPO
+
+
+def gigpo_episode_level():
+    """A^E with the recipes' gigpo_episode_stats steps (per turn sample): the turn-pooled z-scores."""
+    return TURN_POOLED
+
+
+def test_gigpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """gigpo: gamma .95, omega 1, mean_std_norm, anchor = the interaction history, step rewards = the outcome on
+    the last turn. A_ik = A^E_i + A^S_ik (GiGPO Eqs. 3, 5-8)."""
+    rec = load_recipe("gigpo")["parameters"]
+    assert (rec["gigpo_gamma"], rec["gigpo_step_weight"], rec["gigpo_anchor"]) == (0.95, 1.0, "history")
+    _, b, adv = recipe_step("gigpo", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    AE = gigpo_episode_level()
+    # step returns, outcome on the last turn, gamma .95: G_i = (.95 R_i, R_i); e5 (one turn): (R_5) = (1.5)
+    #   group 0: e0 (1.9, 2), e1 (.475, .5), e2 (1.425, 1.5); group 1: e3 (0, 0), e4 (1.425, 1.5), e5 (1.5)
+    # anchor groups (same history = same earlier turns and observations):
+    #   group 0, turn 1 (empty history): {1.9, .475, 1.425} = .95 * (2, .5, 1.5): mean 19/15, std .95 sqrt(7/12)
+    #   group 0, turn 2: e0 and e1 share ("gg", "room 2"): {2, .5}: mean 1.25, std .75 sqrt(2) -> +-.75 / ...;
+    #     e2 alone -> 0
+    #   group 1, turn 1 (empty history): {0, 1.425, 1.5}: mean .975, deviations -.975, .45, .525,
+    #     ss = .950625 + .2025 + .275625 = 1.42875, var .714375
+    #   group 1, turn 2: e3 ("g", "room 1") and e4 ("o", "room 1") differ -> 0 each
+    s01 = 0.95 * S_EP0
+    s02 = 0.75 * math.sqrt(2)
+    s11 = math.sqrt(0.714375)
+    expected = [
+        [AE[0] + 0.95 * (2 / 3) / (s01 + EPS), AE[0] + 0.75 / (s02 + EPS)],
+        [AE[1] + 0.95 * (-5 / 6) / (s01 + EPS), AE[1] - 0.75 / (s02 + EPS)],
+        [AE[2] + 0.95 * (1 / 6) / (s01 + EPS), AE[2] + 0.0],
+        [AE[3] - 0.975 / (s11 + EPS), AE[3] + 0.0],
+        [AE[4] + 0.45 / (s11 + EPS), AE[4] + 0.0],
+        [AE[5] + 0.525 / (s11 + EPS)],
+    ]
+    assert expected[3][0] == pytest.approx(TURN_POOLED[3] + z(0.0, [0.0, 1.425, 1.5]))
+    assert_turns(adv, b, expected)
+
+
+def test_gigpo_gridworld_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """gigpo_gridworld: anchor = the environment's state (the room), step rewards = the environment's, gamma .95."""
+    rec = load_recipe("gigpo_gridworld")["parameters"]
+    assert (rec["gigpo_anchor"], rec["gigpo_step_rewards"], rec["gigpo_gamma"]) == ("state", "env", 0.95)
+    _, b, adv = recipe_step("gigpo_gridworld", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    AE = gigpo_episode_level()
+    # step rewards (the environment's): e0 (.5, .5), e1 (.5, 0), e2 (0, .5), e3 (0, 0), e4 (0, .5), e5 (.5)
+    # returns, gamma .95: e0 (.5 + .95 * .5 = .975, .5), e1 (.5, 0), e2 (.475, .5), e3 (0, 0), e4 (.475, .5), e5 (.5)
+    # anchor states inside each group:
+    #   group 0 "room 0" (turn 1 of e0, e1, e2): {.975, .5, .475}: mean .65, deviations .325, -.15, -.175,
+    #     ss = .105625 + .0225 + .030625 = .15875, var .079375
+    #   group 0 "room 2" (turn 2 of e0, e1): {.5, 0}: mean .25, std sqrt(.125) -> +-.25 / ...
+    #   group 0 "room 1" (turn 2 of e2 alone) -> 0
+    #   group 1 "room 0" (turn 1 of e3, e4, e5): {0, .475, .5}: mean .325, deviations -.325, .15, .175, var .079375
+    #   group 1 "room 1" (turn 2 of e3, e4: the same room by different texts): {0, .5}: -+.25 / ...
+    s_r0, s_pair = math.sqrt(0.079375), math.sqrt(0.125)
+    expected = [
+        [AE[0] + 0.325 / (s_r0 + EPS), AE[0] + 0.25 / (s_pair + EPS)],
+        [AE[1] - 0.15 / (s_r0 + EPS), AE[1] - 0.25 / (s_pair + EPS)],
+        [AE[2] - 0.175 / (s_r0 + EPS), AE[2] + 0.0],
+        [AE[3] - 0.325 / (s_r0 + EPS), AE[3] - 0.25 / (s_pair + EPS)],
+        [AE[4] + 0.15 / (s_r0 + EPS), AE[4] + 0.25 / (s_pair + EPS)],
+        [AE[5] + 0.175 / (s_r0 + EPS)],
+    ]
+    assert_turns(adv, b, expected)
+
+
+# -------------------------------------------------------------------------------------------------- SALT
+
+
+def test_salt_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """salt (salt_node: history): a turn gets the mean GRPO advantage of the group's trajectories through its
+    node (same interaction so far and same action)."""
+    assert load_recipe("salt")["parameters"]["salt_node"] == "history"
+    _, b, adv = recipe_step("salt", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    A = GRPO  # trajectory advantages: per-episode z-scores (S_EP0, S_EP1)
+    # group 0 nodes: turn 1 "gg" from the empty history holds e0 and e1 -> (A0 + A1) / 2 = (2/3 - 5/6) / 2 / ... =
+    #   (-1/12) / (sqrt(7/12) + eps); turn 1 "g" (e2) and every turn 2 are their own trajectory's nodes.
+    # group 1: no two trajectories share a step ("g", "o", "gg" first) -> GRPO on every turn.
+    shared = (-1 / 12) / (S_EP0 + EPS)
+    assert shared == pytest.approx((A[0] + A[1]) / 2)
+    assert_turns(adv, b, [[shared, A[0]], [shared, A[1]], [A[2], A[2]], [A[3], A[3]], [A[4], A[4]], [A[5]]])
+
+
+# ------------------------------------------------------------------------------------------- GTPO (turns)
+
+# as SCRIPT, but e3, e4, e5 write fenced code of the length that keeps their moves (len mod 3):
+#   e5 turn 1 "```\ng```" (8 chars: 0 -> 2), e3 turn 2 "```\ngo```" (9: 1 -> 1), e4 turn 2 "```\nggo```" (10: 1 -> 2)
+GTPO_SCRIPT = [["gg", "gg", "g", "g", "o", "```\ng```"],
+               ["ggg", "g", "g", "```\ngo```", "```\nggo```", ""]]
+
+
+def test_gtpo_turn_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """gtpo_turn: turn rewards = step rewards + the (shaped) outcome on the last turn, returns with gamma .9,
+    z-scored over every turn of the group; a failed episode's outcome gains .5 x the code similarity to its
+    group's closest successful episode."""
+    rec = load_recipe("gtpo_turn")["parameters"]
+    assert (rec["gtpo_gamma"], rec["gtpo_turn_rewards"], rec["gtpo_norm"], rec["gtpo_shaping_coef"]) == (
+        0.9, "env+outcome", "group", 0.5)
+    _, b, adv = recipe_step("gtpo_turn", tmp_path, tiny_args, monkeypatch, GTPO_SCRIPT, max_len=12)
+    check_scenario(b, GTPO_SCRIPT)
+    # shaping: the only failed episode (R <= 0) is e3, code "go"; its group's successes: e4 "ggo", e5 "g".
+    #   difflib ratio = 2 M / (|a| + |b|): ("go", "ggo"): the block "go", M = 2 -> 4/5; ("go", "g"): M = 1 -> 2/3
+    #   R'_3 = 0 + .5 * max(.8, 2/3) = .4 (group 0 has no failed episode)
+    # turn rewards (step reward, + R' on the last turn) and returns G_k = r_k + .9 G_{k+1}:
+    #   e0 (.5, .5 + 2) -> (.5 + .9 * 2.5 = 2.75, 2.5); e1 (.5, 0 + .5) -> (.95, .5); e2 (0, .5 + 1.5) -> (1.8, 2)
+    #   e3 (0, 0 + .4) -> (.36, .4); e4 (0, .5 + 1.5) -> (1.8, 2); e5 (.5 + 1.5) -> (2)
+    # group 0 pool (2.75, 2.5, .95, .5, 1.8, 2): mean 10.5/6 = 1.75, deviations 1, .75, -.8, -1.25, .05, .25,
+    #   ss = 1 + .5625 + .64 + 1.5625 + .0025 + .0625 = 3.83, var .766
+    # group 1 pool (.36, .4, 1.8, 2, 2): mean 6.56/5 = 1.312, deviations -.952, -.912, .488, .688, .688,
+    #   ss = .906304 + .831744 + .238144 + 2 * .473344 = 2.92288, var .73072
+    s0, s1 = math.sqrt(0.766), math.sqrt(0.73072)
+    expected = [[1 / (s0 + EPS), 0.75 / (s0 + EPS)], [-0.8 / (s0 + EPS), -1.25 / (s0 + EPS)],
+                [0.05 / (s0 + EPS), 0.25 / (s0 + EPS)],
+                [-0.952 / (s1 + EPS), -0.912 / (s1 + EPS)], [0.488 / (s1 + EPS), 0.688 / (s1 + EPS)],
+                [0.688 / (s1 + EPS)]]
+    assert expected[3][1] == pytest.approx(z(0.4, [0.36, 0.4, 1.8, 2.0, 2.0]))
+    assert_turns(adv, b, expected)
+
+
+# ---------------------------------------------------------------------------------------------- Flow-GRPO
+
+
+def test_flow_grpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """flow_grpo (flow_grpo_stats: turns): every turn of episode i gets (R_i - mean) / (std + eps) over the
+    group's turn samples (each episode counted once per turn)."""
+    assert load_recipe("flow_grpo")["parameters"]["flow_grpo_stats"] == "turns"
+    _, b, adv = recipe_step("flow_grpo", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    A = TURN_POOLED  # group 0 std sqrt(7/15), group 1 (e5 counted once: one turn) mean .9, std sqrt(27/40)
+    assert_turns(adv, b, [[A[0]] * 2, [A[1]] * 2, [A[2]] * 2, [A[3]] * 2, [A[4]] * 2, [A[5]]])
+    assert A[4] != pytest.approx(GRPO[4], abs=1e-2)  # the per-turn statistics are not GRPO's here
+
+
+# ---------------------------------------------------------------------------------------------- Step-GRPO
+
+
+def test_step_grpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """step_grpo: step k's reward (the environment's, the outcome R_i on the last step) z-scored against the
+    same step of the group's other episodes."""
+    _, b, adv = recipe_step("step_grpo", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    # step rewards s_ik: e0 (.5, R=2), e1 (.5, R=.5), e2 (0, R=1.5); e3 (0, R=0), e4 (0, R=1.5), e5 (R=1.5: its only
+    # step is its last)
+    # group 0 step 1 {.5, .5, 0}: mean 1/3, deviations 1/6, 1/6, -1/3, ss 1/6, var 1/12
+    # group 0 step 2 {2, .5, 1.5}: mean 4/3, std sqrt(7/12)
+    # group 1 step 1 {0, 0, 1.5}: mean .5, deviations -.5, -.5, 1, ss 1.5, var .75
+    # group 1 step 2 {0 (e3), 1.5 (e4)}: mean .75, std .75 sqrt(2) -> -+.75 / ...
+    s01, s11, s12 = math.sqrt(1 / 12), math.sqrt(0.75), 0.75 * math.sqrt(2)
+    expected = [[(1 / 6) / (s01 + EPS), GRPO[0]], [(1 / 6) / (s01 + EPS), GRPO[1]],
+                [(-1 / 3) / (s01 + EPS), GRPO[2]],
+                [-0.5 / (s11 + EPS), -0.75 / (s12 + EPS)], [-0.5 / (s11 + EPS), 0.75 / (s12 + EPS)],
+                [1 / (s11 + EPS)]]
+    assert_turns(adv, b, expected)
+
+
+# --------------------------------------------------------------------------------------------------- HRPO
+
+# 4 prompts x 2 episodes; patterns A ("gg", "ggg": R 2), B ("gg", "g": .5), C ("g", "g": 1.5), D ("g", "ggg": 0),
+# F ("gg", then no action: 1.5). Prompt rows 0..3 have hops 1, 2, 1, 2.
+#   row 0 (hops 1): e0 A, e1 B; row 1 (hops 2): e2 C, e3 D; row 2 (hops 1): e4 D, e5 F; row 3 (hops 2): e6 B, e7 A
+HRPO_SCRIPT = [["gg", "gg", "g", "g", "g", "gg", "gg", "gg"],
+               ["ggg", "g", "g", "ggg", "ggg", "", "g", "ggg"]]
+
+
+def test_hrpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """hrpo: the baseline is the hop cluster's (every episode of the step whose question has the same hops),
+    not the prompt group's; one advantage per episode on all its model tokens."""
+    _, b, adv = recipe_step("hrpo", tmp_path, tiny_args, monkeypatch, HRPO_SCRIPT, prompts=4, generations=2)
+    assert b.columns["hops"] == [1, 1, 2, 2, 1, 1, 2, 2]
+    assert b.group_ids.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert b.scalar_rewards.tolist() == pytest.approx([2.0, 0.5, 1.5, 0.0, 0.0, 1.5, 0.5, 2.0])
+    # hops 1: e0, e1, e4, e5 = (2, .5, 0, 1.5): mean 1, deviations 1, -.5, -1, .5, ss 2.5, var 5/6
+    # hops 2: e2, e3, e6, e7 = (1.5, 0, .5, 2): mean 1, deviations .5, -1, -.5, 1, var 5/6
+    s = math.sqrt(5 / 6)
+    want = [1, -0.5, 0.5, -1, -1, 0.5, -0.5, 1]
+    for i, d in enumerate(want):
+        assert values(adv, b, i) == pytest.approx([d / (s + EPS)] * len(b.columns[EPISODE_COLUMN][i]["turns"]),
+                                                  abs=TOL), i
+    # the prompt groups' own baseline would give row 0 (2, .5): +-.75 / (.75 sqrt 2): not what HRPO gives
+    assert values(adv, b, 0)[0] != pytest.approx(0.75 / (0.75 * math.sqrt(2) + EPS), abs=1e-2)
+
+
+# -------------------------------------------------------------------------------- LLDS (search agent)
+
+
+def test_llds_search_recipe_numbers(tmp_path, tiny_args, monkeypatch):
+    """llds_search: GRPO advantages on every model token, and the recipe's regulariser (coef .1, gate per action
+    = per model turn) on the real batch's spans with hand-chosen current log-probs."""
+    rec = load_recipe("llds_search")["parameters"]
+    assert (rec["llds_coef"], rec["llds_gate"]) == (0.1, "action")
+    tr, b, adv = recipe_step("llds_search", tmp_path, tiny_args, monkeypatch, SCRIPT)
+    check_scenario(b)
+    assert_turns(adv, b, [[GRPO[0]] * 2, [GRPO[1]] * 2, [GRPO[2]] * 2, [GRPO[3]] * 2, [GRPO[4]] * 2, [GRPO[5]]])
+    # current log-probs = behaviour (-1 per token) + delta: turn 1 every token -.2 (the turn's likelihood fell);
+    # turn 2 first token +.5, the others -.1 (e0's "ggg": +.3 in all, rose; a one-token turn 2 rose)
+    old = b.behavior_logprobs
+    delta = torch.zeros_like(old)
+    eps = b.columns[EPISODE_COLUMN]
+    for i, ep in enumerate(eps):
+        for k, t in enumerate(ep["turns"]):
+            pos = (b.span_ids[i] == t["span"]).nonzero().squeeze(-1)
+            delta[i, pos] = -0.2 if k == 0 else -0.1
+            if k == 1:
+                delta[i, pos[0]] = 0.5
+    term, _ = tr.regularizers[0](logprobs=old + delta, old_logprobs=old, advantages=adv, mask=b.completion_mask,
+                                 batch=b)
+    # preserving set A_i >= 0: e0, e2, e4, e5 (e1, e3 have A < 0: no term)
+    # turn 1 fell (sum -.2 per token < 0): every token fell by .2 -> .1 * .2 = .02 each
+    # turn 2 rose (e0: .5 - .1 - .1 = .3; e2, e4: +.5) -> 0, although e0's last two tokens fell
+    want = {0: [0.02, 0.0], 1: [0.0, 0.0], 2: [0.02, 0.0], 3: [0.0, 0.0], 4: [0.02, 0.0], 5: [0.02]}
+    for i, per_turn in want.items():
+        for k, v in enumerate(per_turn):
+            span = eps[i]["turns"][k]["span"]
+            vals = term[i][b.span_ids[i] == span]
+            assert vals.tolist() == pytest.approx([v] * len(vals), abs=1e-6), (i, k)
+    assert float(term[b.completion_mask == 0].abs().sum()) == 0.0
+    # the response gate would see e0's whole reply fall (-.4 + .3 = -.1) and penalise turn 2's falling tokens
+    # (.1 * .1 = .01): the recipe's action gate does not
+    assert float(term[0][b.span_ids[0] == eps[0]["turns"][1]["span"]].abs().sum()) == 0.0
+
+
+def test_every_agent_recipe_has_a_numbers_test():
+    names = {n.removeprefix("test_").removesuffix("_recipe_numbers") for n in globals() if n.endswith("_recipe_numbers")}
+    assert names == set(AGENT_RECIPES)
