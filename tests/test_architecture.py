@@ -289,6 +289,8 @@ def test_each_component_resolves_from_its_defaults(kind):
         base = {"model": "tiny", "task": "repeat", reg.key: value, "num_generations": 4, "micro_batch_size": 16}
         if name in ("dynamic_kl",) or name.startswith(("gvpo", "copg")):
             base["beta"] = 0.1
+        if name == "auto_group_kl":  # per-group KL coefficients from the auto_group sampler's groups
+            base.update(beta=0.1, prompt_sampler="auto_group")
         # built with the causal LM, else with the first policy that has what it needs and passes its check
         # (an image policy on an image task, or the trajectory task of a policy without images)
         candidates = [name] if kind == "policy" else [

@@ -417,10 +417,11 @@ class GainRLSampler:
 class AutoGroupSampler:
     """Automatic grouping that maximises performance variance, with worst-group emphasis.
 
-    Group-robust RLHF with automatic grouping (seed 000-115, *"learn a
-    consistent policy via RL across various data groups"*; no arXiv id in the
-    catalogue) and Ramesh et al. 2024, *Group Robust Preference Optimization
-    in Reward-free RLHF*, arXiv:2405.20304 (seed 000-57) for the weights.
+    Zheng et al. 2024, *Improving Generalization of Alignment with Human
+    Preferences through Group Invariant Learning*, arXiv:2310.11971 (seed
+    000-115, *"learn a consistent policy via RL across various data groups"*)
+    and Ramesh et al. 2024, *Group Robust Preference Optimization in
+    Reward-free RLHF*, arXiv:2405.20304 (seed 000-57) for the weights.
 
     * **Performance.** Each prompt keeps an EMA of its success rate,
       ``p <- ema p + (1 - ema) s/n`` per visit (``auto_group_prior_success``
@@ -441,10 +442,14 @@ class AutoGroupSampler:
       w + gamma / K`` and a prompt of that group uniformly (without
       replacement while the group lasts).
 
+    * **Exploration space per group.** The regulariser ``auto_group_kl``
+      (``algorithms/regularizers.py``) gives each group its own KL
+      coefficient from this sampler's groups and success rates (hard groups
+      a looser KL, easy ones a tighter one); :meth:`attach` binds it when
+      both are selected.
+
     Choices: the partition rule (sorted equal-size split), the error-rate loss,
-    the exploration mix and the constants are ours; the paper's per-group
-    exploration-space adaptation (KL/clip per group) is not part of this
-    sampler.
+    the exploration mix and the constants are ours.
 
     Provenance: reconstructed from the abstract — sorted equal-size partition by EMA success rate, error-rate
     group loss, exponentiated-gradient worst-group weights with a uniform mix, and their constants are grpolab's
@@ -488,6 +493,24 @@ class AutoGroupSampler:
 
     def probabilities(self) -> torch.Tensor:
         return (1.0 - self.gamma) * self.weights() + self.gamma / self.K
+
+    def attach(self, ctx) -> None:
+        """Bind the ``auto_group_kl`` regulariser, when the run selects it, to these groups."""
+        reg = getattr(ctx, "components", {}).get("loss/auto_group_kl")
+        if reg is not None:
+            reg.fn.bind(self)
+
+    def row_groups(self, prompt_uids) -> torch.Tensor:
+        """The current group (0 = weakest) of each prompt uid."""
+        return self.group[torch.as_tensor(prompt_uids, dtype=torch.long)]
+
+    def group_success(self) -> torch.Tensor:
+        """Mean EMA success rate of each group's prompts, ``[K]`` (0 for an empty group)."""
+        sums = torch.zeros(self.K, dtype=torch.float64).index_add_(0, self.group, self.success)
+        return sums / self.group_sizes().clamp_min(1)
+
+    def group_sizes(self) -> torch.Tensor:
+        return torch.bincount(self.group, minlength=self.K).to(torch.float64)
 
     def next(self, k: int) -> list[int]:
         members = [(self.group == g).nonzero().flatten().tolist() for g in range(self.K)]
