@@ -471,7 +471,8 @@ SMOKE["hrpo"] = {"hops": True, "environment": "test_agent_credit:CorridorGame"}
 @pytest.mark.parametrize("recipe", sorted(AGENT_RECIPES))
 def test_agent_recipe_trains_two_steps_on_the_tiny_model(recipe, tiny_args, tmp_path):
     """End to end on the tiny model (SMOKE: which task and environment): the agent rollout (the tiny model's random tokens end episodes by
-    max_turns / no_action), the estimator on real episode records, two optimiser steps, no stand-in."""
+    max_turns / no_action), the estimator on real episode records, two optimiser steps, no stand-in. A smoke
+    test: each recipe's numbers through the same pipeline are checked by hand in tests/test_agent_recipe_numbers.py."""
     import warnings
 
     from grpolab.config import Config
