@@ -785,6 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "generation_engine: vllm_server (see `grpolab vllm-serve --help`)",
                    add_help=False)
     _report_parsers(sub)
+    sub.add_parser("mqr", help="`grpolab mqr --model M --data ROWS --out FILE`: MathForge multi-aspect question "
+                               "reformulation (seed 000-05): harder rewrites with the same gold answer, added to "
+                               "the originals (see `grpolab mqr --help`)", add_help=False)
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)
     sub.add_parser("compare", help="`grpolab compare --recipes a,b --seeds 0,1,2 [train options] --out DIR`: "
@@ -825,6 +828,15 @@ def _main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # its own argument parser (src/grpolab/bench.py)
         from .bench import main as bench_main
         return bench_main(argv[1:])
+    if argv[:1] == ["mqr"]:  # its own argument parser (src/grpolab/tasks/mqr.py)
+        from .data import DataError
+        from .errors import ConfigError
+        from .tasks.mqr import main as mqr_main
+        try:
+            return mqr_main(argv[1:])
+        except (ConfigError, DataError, FileNotFoundError) as e:
+            print(f"grpolab: error: {e}", file=sys.stderr)
+            return 2
     if argv[:1] == ["vllm-serve"]:  # its own argument parser (src/grpolab/generation/vllm_server.py)
         from .generation.vllm_server import main as serve_main
         return serve_main(argv[1:])
