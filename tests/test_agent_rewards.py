@@ -13,7 +13,7 @@ import torch
 
 from _helpers import close, tr
 from grpolab.config import Config
-from grpolab.registry import REWARD_SPECS, WEIGHTINGS
+from grpolab.registry import REWARD_SPECS
 from grpolab.rewards.scoring import RewardScorer, parse_reward_spec
 
 
@@ -285,20 +285,6 @@ def test_fc_ast_hand_computed():
         fn(prompts=[""], completions=[""], episode=eps[:1])
 
 
-def test_fc_entropy_bonus_hand_computed():
-    """A' = A * clip(1 + beta (H / Hbar_group - 1), 0, cap) for A > 0; H = mean -log pi_old over model tokens."""
-    lp = torch.tensor([[-1.0, -1.0, -9.0], [-2.0, -2.0, -2.0], [-3.0, -3.0, -3.0], [-0.5, -0.5, -0.5]])
-    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 1, 1], [1, 1, 1]])  # row 0's last token: a tool output
-    adv = torch.tensor([1.0, -1.0, 0.5, 2.0])
-    out = WEIGHTINGS.get("fc_entropy_bonus")(adv, torch.tensor([0, 0, 0, 1]), lp, mask, fc_entropy_beta=0.5,
-                                             fc_entropy_max_scale=2.0)
-    # group 0: H = 1, 2, 3, mean 2 -> scales 0.75, (1.0), 1.25; group 1 alone: scale 1
-    assert close(out, [0.75, -1.0, 0.625, 2.0])
-    # equal entropies: GRPO's advantages
-    assert close(WEIGHTINGS.get("fc_entropy_bonus")(adv, torch.zeros(4), torch.full((4, 3), -1.0),
-                                                    torch.ones(4, 3)), adv)
-
-
 # ----------------------------------------------------------------------------- PTA-GRPO (000-108)
 
 def test_pta_plan_hand_computed():
@@ -465,10 +451,11 @@ def test_agent_rewards_score_rollout_episodes_end_to_end(tmp_path, tiny_args, mo
 
 def test_agent_rewards_train_two_steps_on_the_tiny_model(tmp_path, tiny_args):
     """Two real training steps with the agent rollout, the agent reward specs, the OTC transform and the
-    entropy-bonus weighting on the tiny model (random tokens: no valid call, episodes end by the turn limit or
+    CoT-entropy advantage weighting (seed 000-106; its numbers: tests/test_fc_entropy_grpo.py) on the tiny model (random tokens: no valid call, episodes end by the turn limit or
     without an action; the run proves the pipeline)."""
     from grpolab.train.metrics import read_metrics
-    tr = _agent_data_trainer(tmp_path, tiny_args, {"advantage_weightings": ["fc_entropy_bonus"], "max_turn_tokens": 16})
+    tr = _agent_data_trainer(tmp_path, tiny_args, {"advantage_weightings": ["fc_cot_entropy_advantage"],
+                                                        "max_turn_tokens": 16})
     tr.train(progress=False)
     rows = read_metrics(tr.cfg.out)
     assert len(rows) == 2 and all(r["skipped"] == 0 for r in rows)

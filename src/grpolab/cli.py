@@ -785,6 +785,9 @@ def build_parser() -> argparse.ArgumentParser:
                                       "generation_engine: vllm_server (see `grpolab vllm-serve --help`)",
                    add_help=False)
     _report_parsers(sub)
+    sub.add_parser("fc-prep", help="`grpolab fc-prep --data ROWS --out KEPT [--model M]`: two-stage data "
+                                   "preparation for function-calling GRPO (model evaluation, AST validation of "
+                                   "the reference calls; see `grpolab fc-prep --help`)", add_help=False)
     sub.add_parser("mqr", help="`grpolab mqr --model M --data ROWS --out FILE`: MathForge multi-aspect question "
                                "reformulation (seed 000-05): harder rewrites with the same gold answer, added to "
                                "the originals (see `grpolab mqr --help`)", add_help=False)
@@ -828,6 +831,14 @@ def _main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["bench"]:  # its own argument parser (src/grpolab/bench.py)
         from .bench import main as bench_main
         return bench_main(argv[1:])
+    if argv[:1] == ["fc-prep"]:  # its own argument parser (src/grpolab/tasks/fc_data_prep.py)
+        from .errors import ConfigError
+        from .tasks.fc_data_prep import main as fc_prep_main
+        try:
+            return fc_prep_main(argv[1:])
+        except (ConfigError, ValueError) as e:
+            print(f"grpolab: error: {e}", file=sys.stderr)
+            return 2
     if argv[:1] == ["mqr"]:  # its own argument parser (src/grpolab/tasks/mqr.py)
         from .data import DataError
         from .errors import ConfigError

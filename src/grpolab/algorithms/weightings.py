@@ -17,7 +17,7 @@ import torch
 
 from ..batch import SAMPLED
 from ..data import completion_text
-from ..errors import warn_fallback
+from ..errors import ConfigError, warn_fallback
 from ..registry import WEIGHTINGS, param
 from .advantages import group_stats
 from .answer_keys import resolve_answer_key
@@ -515,41 +515,77 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
 # --------------------------------------------------------------------------- entropy-guided function calling (000-106)
 
 
-@WEIGHTINGS.register("fc_entropy_bonus", needs=("tokens",))
-def fc_entropy_bonus(advantages: torch.Tensor, group_ids: torch.Tensor, behavior_logprobs: torch.Tensor,
-                     completion_mask: torch.Tensor, *,
-                     fc_entropy_beta: float = param(0.5, 'entropy-guided exploration: strength beta of the '
-                                                    'entropy bonus on positive advantages'),
-                     fc_entropy_max_scale: float = param(2.0, 'entropy-guided exploration: cap on the advantage '
-                                                         'scale')) -> torch.Tensor:
-    """Entropy-guided exploration for function calling (seed 000-106): positive advantages of exploratory
-    (higher-entropy) episodes are enlarged.
+@WEIGHTINGS.register("fc_cot_entropy_advantage", needs=("tokens",))
+def fc_cot_entropy_advantage(advantages: torch.Tensor, token_entropy: torch.Tensor, think_token_mask: torch.Tensor,
+                             completion_mask: torch.Tensor, *,
+                             fc_entropy_lambda: float = param(0.4, 'CoT-entropy advantage (seed 000-106): weight '
+                                                              'lambda of the entropy term'),
+                             fc_entropy_kappa: float = param(2.0, 'CoT-entropy advantage: the entropy term is '
+                                                             'capped at |A_i| / kappa (kappa > 1 keeps the sign '
+                                                             'of A_i)'),
+                             fc_entropy_span: str = param('think', "CoT-entropy advantage: tokens whose entropy "
+                                                          "is averaged: 'think' (inside <think>...</think>) or "
+                                                          "'completion' (every model token)",
+                                                          ['think', 'completion']),
+                             fc_entropy_form: str = param('scale_then_clip', "CoT-entropy advantage: "
+                                                          "'scale_then_clip' min(lambda H, |A|/kappa) (Cheng et "
+                                                          "al.'s psi) or 'clip_then_scale' lambda min(H, "
+                                                          "|A|/kappa)", ['scale_then_clip', 'clip_then_scale'])
+                             ) -> torch.Tensor:
+    """Entropy-enhanced advantage of entropy-guided GRPO for function calling (FunRL / EGPO, "Exploring
+    Superior Function Calls via Reinforcement Learning", later "Reasoning through Exploration: A Reinforcement
+    Learning Framework for Robust Function Calling", Hao et al., arXiv:2508.05118, seed 000-106).
 
-    With ``H_i`` the episode's mean negative behaviour log-prob over its model tokens (``completion_mask``: tool
-    outputs excluded; the sampled-token estimate of the policy entropy the rollout already has) and
-    ``Hbar_g`` the mean over its group::
+    With ``H_i`` the mean vocabulary entropy of row i's chain-of-thought tokens (``token_entropy`` of the
+    current policy, averaged over ``think_token_mask``, or over every model token with ``fc_entropy_span:
+    completion``; 0 for a row without a ``<think>`` block) and ``A_i`` its GRPO advantage::
 
-        A'_i = A_i * clip(1 + beta (H_i / Hbar_g - 1), 0, max_scale)   if A_i > 0
-             = A_i                                                    otherwise
+        A'_i = A_i + psi(H_i),   psi(H) = min(lambda * H, |A_i| / kappa)          (scale_then_clip)
+                                 psi(H) = lambda * min(H, |A_i| / kappa)          (clip_then_scale)
 
-    so among the successful calls of a group, those reached along less certain paths (an argument or a
-    function the policy was unsure of) are reinforced more, which keeps exploring the large action space of
-    structured calls; failures are not amplified. Equal entropies give ``A' = A`` (GRPO).
+    ``psi >= 0`` is detached (it changes the weight of the policy gradient, not its direction) and
+    ``psi <= |A_i| / kappa`` with ``kappa > 1`` never flips the sign of ``A_i``: a success along a more
+    uncertain chain of thought is reinforced more, a failure along it is punished less, and an all-equal group
+    (``A_i = 0``) gets no term. ``lambda = 0.4``, ``kappa = 2``.
 
-    Provenance: reconstructed from the abstract — "strategic entropy-based exploration" as an advantage
-    weighting (grpolab's choice of component kind, rather than a rollout temperature schedule, so it needs no
-    extra sampling); the form 1 + beta (H / Hbar - 1) on positive advantages, the cap and the sampled-token
-    entropy estimate are grpolab's.
+    Provenance: reconstructed from the abstract — with the authors' README and a third-party reading of the
+    paper: the authors' repository (https://github.com/BingguangHao/RLFC, README.md and img/pipeline.png, no code:
+    "release pending review") shows the objective ``J = J_GRPO(A_i + sigma(H_i))`` with ``H_i`` the entropy of
+    rollout i's chain of thought, and the v4 abstract says the entropy bonus "is carefully constrained by a
+    clipping mechanism"; the paper's own equation could not be read here. The clip form and lambda = 0.4,
+    kappa = 2 are those of the entropy-based advantage of "Reasoning with Exploration: An Entropy Perspective"
+    (Cheng et al., arXiv:2506.14758: ``psi(H_t) = min(alpha * H_t^detach, |A_t| / kappa)``, alpha = 0.4,
+    kappa = 2), applied here per rollout to the CoT entropy; a third-party reproduction plan
+    (github.com/zhangdw156/verl, docs/algo/EGPO_reproduction_plan.md) reports the paper's
+    ``A_i + lambda * clip(H_i, -|A_i|/alpha, |A_i|/alpha)`` with lambda = 0.4, alpha = 2, which is the
+    ``clip_then_scale`` form. The entropy is the policy's at advantage time (on-policy: the behaviour policy);
+    with per-token advantages ``[R, T]`` the cap is per token (``|A_it| / kappa``), the entropy per row.
+    Test: tests/test_fc_entropy_grpo.py::test_cot_entropy_advantage_hand_computed,
+    tests/test_fc_entropy_grpo.py::test_trainer_adds_the_entropy_term_to_grpo_advantages.
     """
-    H = masked_row_mean(-behavior_logprobs.double(), completion_mask)
-    ref = torch.zeros_like(H)
-    for g in torch.unique(group_ids):
-        idx = (group_ids == g).nonzero().squeeze(-1).tolist()
-        ref[idx] = H[idx].mean()
-    scale = (1 + fc_entropy_beta * (H / ref.clamp(min=1e-8) - 1)).clamp(0.0, fc_entropy_max_scale)
-    rows = advantages if advantages.dim() == 1 else advantages.mean(-1)
-    scale = torch.where(rows > 0, scale.to(advantages.dtype), torch.ones_like(scale, dtype=advantages.dtype))
-    return advantages * (scale if advantages.dim() == 1 else scale[:, None])
+    if fc_entropy_kappa <= 1:
+        raise ConfigError(f"fc_entropy_kappa: expected > 1 (so the entropy term cannot flip the advantage's "
+                          f"sign), got {fc_entropy_kappa}")
+    if fc_entropy_lambda < 0:
+        raise ConfigError(f"fc_entropy_lambda: expected >= 0, got {fc_entropy_lambda}")
+    if fc_entropy_span == "think":
+        span = think_token_mask.to(completion_mask.device) * completion_mask
+    elif fc_entropy_span == "completion":
+        span = completion_mask
+    else:
+        raise ConfigError(f"fc_entropy_span: '{fc_entropy_span}' is not valid; valid values: think, completion")
+    H = masked_row_mean(token_entropy.double().to(completion_mask.device), span)
+    if advantages.dim() == 2:
+        H = H[:, None]
+    cap = advantages.double().abs() / fc_entropy_kappa  # per row ([R]) or per token ([R, T] advantages)
+    if fc_entropy_form == "scale_then_clip":
+        psi = torch.minimum(fc_entropy_lambda * H, cap)
+    elif fc_entropy_form == "clip_then_scale":
+        psi = fc_entropy_lambda * torch.minimum(H, cap)
+    else:
+        raise ConfigError(f"fc_entropy_form: '{fc_entropy_form}' is not valid; valid values: scale_then_clip, "
+                          f"clip_then_scale")
+    return advantages + psi.to(advantages.dtype)
 
 
 # --------------------------------------------------------------------------- lambda-GRPO

@@ -3,11 +3,40 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from ..data import model_texts
 from ..generation.plain import plain_rollout
 from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..registry import POLICIES
 from .base import PolicyBase
+
+
+def tag_token_mask(tokenizer, completion_ids, attention_mask, open_tag: str = "<think>",
+                   close_tag: str = "</think>"):
+    """``[R, T]`` float mask: 1 on the completion tokens whose decoded characters overlap the text between the
+    first ``open_tag`` and the ``close_tag`` after it (to the end when it is not closed); 0 elsewhere and on
+    rows without ``open_tag``. Token boundaries come from decoding growing prefixes (special tokens kept), so
+    they match the text the reward functions read."""
+    R, T = completion_ids.shape
+    mask = torch.zeros(R, T)
+    for i in range(R):
+        n = int(attention_mask[i].sum())
+        ids = completion_ids[i, :n].tolist()
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        o = text.find(open_tag)
+        if o < 0:
+            continue
+        start = o + len(open_tag)
+        c = text.find(close_tag, start)
+        end = len(text) if c < 0 else c
+        prev = 0
+        for k in range(n):
+            cur = len(tokenizer.decode(ids[:k + 1], skip_special_tokens=False))
+            if prev < end and cur > start and cur > prev:
+                mask[i, k] = 1.0
+            prev = cur
+    return mask
 
 
 @POLICIES.register("causal_lm")
@@ -88,11 +117,26 @@ class CausalLMPolicy(PolicyBase):
     def advantage_inputs(self, module, batch, want: frozenset[str], *, micro_batch_size: int,
                          max_tokens: int = 0) -> dict:
         """Inputs of advantage components that need the model: ``token_group_divergence`` [R, T] (TW-GRPO's
-        per-token divergence across the group's completions, grpolab/model/logprobs.py)."""
-        if "token_group_divergence" not in want:
-            return {}
-        return {"token_group_divergence": group_token_divergence(module, batch, self.temperature, micro_batch_size,
-                                                                 max_tokens)}
+        per-token divergence across the group's completions, grpolab/model/logprobs.py); ``token_entropy``
+        [R, T] (the vocabulary entropy of every completion token under the current policy at the sampling
+        temperature, no gradient; seed 000-106's CoT entropy); ``think_token_mask`` [R, T] (1 on the
+        completion tokens inside the first ``<think>…</think>``, :func:`tag_token_mask`)."""
+        out = {}
+        if "token_group_divergence" in want:
+            out["token_group_divergence"] = group_token_divergence(module, batch, self.temperature,
+                                                                   micro_batch_size, max_tokens)
+        if "token_entropy" in want:
+            T = batch.completion_ids.shape[1]
+            parts = []
+            for mb in batch.micro_batches(micro_batch_size, trim=False, max_tokens=max_tokens):
+                ent = completion_logprobs(module, mb, self.temperature, with_entropy=True,
+                                          shared_prefix=self.shared_prefix_no_grad)[1]
+                parts.append(ent.detach().float().cpu()[:, :T])
+            out["token_entropy"] = torch.cat(parts) * batch.completion_attention_mask.float()
+        if "think_token_mask" in want:
+            out["think_token_mask"] = tag_token_mask(self.tokenizer, batch.completion_ids,
+                                                     batch.completion_attention_mask)
+        return out
 
     def prepare(self, module):
         """LoRA adapters (PEFT, ``use_lora``) and activation checkpointing (``gradient_checkpointing``)."""

@@ -11,7 +11,7 @@ recipe's ``reward: [NAME]``): one value per row, the TRL reward contract; the ep
 The agent reward transforms that need the *group* (the G episodes of one task instance) or the training
 ``step`` (``otc_tool_reward``, ``sem_search_reward``, ``graphrag_r1_phases``) are in ``transforms.py`` with
 every other transform and use the episode helpers here; the entropy-guided exploration of seed 000-106 is an
-advantage weighting, ``fc_entropy_bonus`` (``grpolab/algorithms/weightings.py``).
+advantage weighting, ``fc_cot_entropy_advantage`` (``grpolab/algorithms/weightings.py``).
 
 A reward that needs the episode and gets a batch without one (a single-turn rollout) raises an error naming
 the fix (``rollout_strategy: agent``); a reward that needs a data column the task does not have raises an
@@ -29,6 +29,7 @@ from collections import Counter, deque
 from ..data import completion_text
 from ..registry import REWARD_SPECS, declared_params, param
 from .answers import extract_answer, math_equal
+from ..tasks.function_calls import ast_match, ast_valid_call, canon_value as _canon
 from .scoring import RewardFn
 
 EPISODE = "episode"  # grpolab.agents.base.EPISODE_COLUMN (the agents package sits above rewards in the layers)
@@ -441,26 +442,6 @@ def reference_calls(columns: dict, column: str, template: str, who: str) -> list
     return out
 
 
-def _canon(v):
-    """A value in a canonical comparable form: numbers as floats, strings case-folded without whitespace (as
-    BFCL's checker standardises strings)."""
-    if isinstance(v, bool):
-        return v
-    if isinstance(v, (int, float)):
-        return float(v)
-    if isinstance(v, str):
-        s = v.strip()
-        try:
-            return float(s)
-        except ValueError:
-            return re.sub(r"\s+", "", s).casefold()
-    if isinstance(v, dict):
-        return tuple(sorted((str(k), _canon(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_canon(x) for x in v)
-    return v
-
-
 def call_key(call: dict, with_args: bool) -> tuple:
     args = call.get("arguments")
     return (call.get("name"), _canon(args if isinstance(args, dict) else {}) if with_args else None)
@@ -519,32 +500,6 @@ _spec("tool_call_accuracy", ToolCallAccuracyReward)
 
 # ----------------------------------------------------------------------------- function calling + AST (000-106)
 
-def ast_valid_call(pred: dict, gold: dict) -> bool:
-    """BFCL-style AST check of one call against a reference: same function name, arguments parsed, every
-    reference argument present with an equal (canonical) value, no argument the reference lacks."""
-    if pred.get("name") != gold.get("name") or not isinstance(pred.get("arguments"), dict) or pred.get("error"):
-        return False
-    pa, ga = pred["arguments"], gold.get("arguments") or {}
-    if set(pa) != set(ga):
-        return False
-    return all(_canon(pa[k]) == _canon(ga[k]) for k in ga)
-
-
-def ast_match(pred: list[dict], gold: list[dict], ordered: bool) -> bool:
-    """All calls AST-valid against the references, one to one (in order, or any order)."""
-    if len(pred) != len(gold):
-        return False
-    if ordered:
-        return all(ast_valid_call(p, g) for p, g in zip(pred, gold))
-    left = list(gold)
-    for p in pred:
-        hit = next((j for j, g in enumerate(left) if ast_valid_call(p, g)), None)
-        if hit is None:
-            return False
-        left.pop(hit)
-    return True
-
-
 class FunctionCallASTReward:
     """Function-calling reward with AST validation of the extracted parameters (seed 000-106, "Entropy-guided
     GRPO for function calling": structured CoT, verification of parameter extraction, AST validation).
@@ -556,7 +511,7 @@ class FunctionCallASTReward:
     numbers, strings case-folded without whitespace), and the calls paired one to one (in order with
     ``fc_ast_ordered``, else in any order, BFCL's parallel calls). ``fc_ast_partial: true`` gives instead the
     share of reference calls matched (a denser signal). The entropy-guided exploration of the same paper is
-    the advantage weighting ``fc_entropy_bonus``.
+    the advantage weighting ``fc_cot_entropy_advantage`` (its single-turn reward: task ``function_calls``).
 
     Provenance: reconstructed from the abstract — "verification of parameter extraction" and "abstract syntax
     tree validation" as a BFCL-style AST match used as the reward; the binary score, canonicalisation and

@@ -21,6 +21,7 @@ from ..registry import TASKS, UnknownComponentError
 from . import agent_tasks, arithmetic, countdown, digits, gym, repeat, speech, vision  # noqa: F401  (register the tasks)
 from . import vision_segment  # noqa: F401  (shape_segmentation: Seg-R1 / PixelThink)
 from . import arithmetic_aux  # noqa: F401  (GCPO-geometry: optional <aux> step)
+from . import function_calls  # noqa: F401  (seed 000-106: BFCL-style calls with <think> reasoning)
 from . import mqr  # noqa: F401  (seed 000-05: MathForge MQR, arithmetic_mqr)
 from .base import Task, get_task
 from .gym import GYM_PREFIX
