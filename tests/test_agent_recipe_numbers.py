@@ -12,6 +12,8 @@ The environment is test_agent_credit.CorridorGame: three rooms in a ring, a turn
 (room <- (room + len(text)) mod 3), entering room 2 pays 0.5, the episode is done after two steps; its state key
 (read before each turn) is the room. The user reward is test_agent_credit.reached (1 if the last step paid), and
 the agent rollout adds the environment's summed step rewards (column env_reward, weight 1): R = reached + env.
+The last test does the same for the agent-rewards pipeline of tests/test_agent_rewards.py (tool-call rewards, the
+OTC transform, the CoT-entropy advantage weighting) with the user tool ``add``.
 """
 import json
 import math
@@ -254,7 +256,9 @@ def test_gtpo_turn_recipe_numbers(tmp_path, tiny_args, monkeypatch):
     # shaping: the only failed episode (R <= 0) is e3, code "go"; its group's successes: e4 "ggo", e5 "g".
     #   difflib ratio = 2 M / (|a| + |b|): ("go", "ggo"): the block "go", M = 2 -> 4/5; ("go", "g"): M = 1 -> 2/3
     #   R'_3 = 0 + .5 * max(.8, 2/3) = .4 (group 0 has no failed episode)
-    # turn rewards (step reward, + R' on the last turn) and returns G_k = r_k + .9 G_{k+1}:
+    # turn rewards (step reward, + R' on the last turn) and returns G_k = r_k + .9 G_{k+1} (R already holds the
+    # summed step rewards, env_reward weight 1: a user environment's step rewards count twice here; the recipe's
+    # own task, calculator, gives none):
     #   e0 (.5, .5 + 2) -> (.5 + .9 * 2.5 = 2.75, 2.5); e1 (.5, 0 + .5) -> (.95, .5); e2 (0, .5 + 1.5) -> (1.8, 2)
     #   e3 (0, 0 + .4) -> (.36, .4); e4 (0, .5 + 1.5) -> (1.8, 2); e5 (.5 + 1.5) -> (2)
     # group 0 pool (2.75, 2.5, .95, .5, 1.8, 2): mean 10.5/6 = 1.75, deviations 1, .75, -.8, -1.25, .05, .25,
@@ -293,7 +297,8 @@ def test_step_grpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
     _, b, adv = recipe_step("step_grpo", tmp_path, tiny_args, monkeypatch, SCRIPT)
     check_scenario(b)
     # step rewards s_ik: e0 (.5, R=2), e1 (.5, R=.5), e2 (0, R=1.5); e3 (0, R=0), e4 (0, R=1.5), e5 (R=1.5: its only
-    # step is its last)
+    # step is its last). The last step's R is the run's reward, which holds the summed step rewards (env_reward,
+    # weight 1), the earlier steps' included.
     # group 0 step 1 {.5, .5, 0}: mean 1/3, deviations 1/6, 1/6, -1/3, ss 1/6, var 1/12
     # group 0 step 2 {2, .5, 1.5}: mean 4/3, std sqrt(7/12)
     # group 1 step 1 {0, 0, 1.5}: mean .5, deviations -.5, -.5, 1, ss 1.5, var .75
@@ -373,5 +378,95 @@ def test_llds_search_recipe_numbers(tmp_path, tiny_args, monkeypatch):
 
 
 def test_every_agent_recipe_has_a_numbers_test():
-    names = {n.removeprefix("test_").removesuffix("_recipe_numbers") for n in globals() if n.endswith("_recipe_numbers")}
+    """Every recipe of test_agent_credit.AGENT_RECIPES (the smoke-tested ones) has its numbers test here."""
+    names = {n.removeprefix("test_").removesuffix("_recipe_numbers") for n in globals()
+             if n.startswith("test_") and n.endswith("_recipe_numbers")}
     assert names == set(AGENT_RECIPES)
+
+
+# ------------------------------------------------------------- agent rewards: OTC + the CoT-entropy weighting
+
+CALL12 = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'  # test_agent_rewards.CALL_TEXT
+CALL13 = CALL12.replace('"b": 2', '"b": 3')
+THINK = "<think>go</think>"  # its inner text "go": two tokens of the tiny character-level tokenizer
+
+# 2 prompts x 3 episodes with the user tool add; a turn without a call is the final answer (ToolsEnv).
+# Row 0's reference call is add(1, 2), row 1's add(1, 3); the answer is 3 for both.
+#   e0: THINK + add(1,2) | "Answer: 3"                      1 call
+#   e1: THINK + add(1,2) | add(1,2) | "Answer: 3"           2 calls
+#   e2: "Answer: 4"                                         0 calls, no <think>
+#   e3: THINK + "Answer: 3"                                 0 calls
+#   e4: THINK + add(1,2) | "Answer: 3"                      1 call (the wrong reference for row 1)
+#   e5: THINK + add(1,3) | "Answer: 4"                      1 call
+REWARDS_SCRIPT = [[THINK + CALL12, THINK + CALL12, "Answer: 4", THINK + "Answer: 3", THINK + CALL12, THINK + CALL13],
+                  ["Answer: 3", CALL12, "Answer: 3", "Answer: 4"],   # the live e0, e1, e4, e5
+                  ["Answer: 3"]]                                     # e1
+
+
+def test_agent_rewards_pipeline_numbers(tmp_path, tiny_args, monkeypatch):
+    """The agent-rewards pipeline of tests/test_agent_rewards.py (reward specs accuracy + tool_call_accuracy +
+    fc_ast, transform otc_tool_reward, weighting fc_cot_entropy_advantage) on one scripted step: the scalar
+    rewards and the weighted advantages by hand; the entropy H_i is recomputed here from a plain forward pass."""
+    gold = [[{"name": "add", "arguments": {"a": 1, "b": 2}}], [{"name": "add", "arguments": {"a": 1, "b": 3}}]]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"add 1 and {i}", "answer": "3", "note": CALL12 + " Answer: 3"
+                                        + THINK, "gold_tool_calls": json.dumps(gold[i % 2])}) + "\n"
+                            for i in range(8)))
+    args = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": str(path), "eval_split": 0,
+            "reward": ["test_agent_rewards:accuracy", "tool_call_accuracy", "fc_ast"],
+            "rollout_strategy": "agent", "tools": ["test_agent_rewards:add"], "max_turns": 3,
+            "max_episode_tokens": 400, "max_turn_tokens": 100, "env_reward_weight": 0.0, "prompts_per_step": 2,
+            "num_generations": 3, "reward_transforms": ["otc_tool_reward"],
+            "advantage_weightings": ["fc_cot_entropy_advantage"], "fc_entropy_lambda": 0.05}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FallbackWarning)
+        tr = Trainer(Config.build(args), log=lambda *a: None)
+        monkeypatch.setattr(agent_rollout, "sample_turns", per_episode(REWARDS_SCRIPT))
+        tr.ctx.new_step()
+        b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=0, budgets=None, temperatures=None)
+        b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+        adv = tr.compute_advantages(b)
+    eps = b.columns[EPISODE_COLUMN]
+    assert [e["num_turns"] for e in eps] == [2, 3, 1, 1, 2, 2]
+    # reward columns: accuracy ("Answer: 3" in the final turn), tool_call_accuracy (F1 of the call multisets:
+    # e1 2 x add(1,2) vs 1 reference -> P 1/2, R 1, F1 2/3; no call vs a reference call -> 0), fc_ast (AST match,
+    # one to one: e1's extra call -> 0)
+    assert b.reward_names == ["accuracy", "tool_call_accuracy", "fc_ast"]
+    assert b.rewards.flatten().tolist() == pytest.approx([1, 1, 1, 1, 2 / 3, 0, 0, 0, 0, 1, 0, 0, 1, 0, 0, 0, 1, 1])
+    # r = the weighted sum (weights 1): 3, 5/3, 0, 1, 1, 2; OTC-GRPO (c 1, alpha 1): r' = r_tool(m, n) r, n = the
+    # fewest calls among the group's correct episodes
+    #   group 0: correct e0 (m 1), e1 (m 2) -> n = 1. e0: f = 2*1*1/2 = 1, sin(1 pi / 2) = 1 -> 3;
+    #     e1: f = 2*1*2/3 = 4/3, sin(4/3 pi / 2) = sin(2 pi / 3) = sqrt(3)/2 -> 5 sqrt(3) / 6; e2: f = 0 -> 0
+    #   group 1: correct e3 (m 0), e4 (m 1) -> n = 0. e3: m = n = 0 -> 1 -> 1; e4, e5 (m 1):
+    #     cos(1 pi / (2 + 1)) = 1/2 -> .5, 1
+    r = [3.0, 5 * math.sqrt(3) / 6, 0.0, 1.0, 0.5, 1.0]
+    assert b.scalar_rewards.tolist() == pytest.approx(r, abs=1e-6)
+    # GRPO: group 0 (3, 1.443376, 0): mean 1.481125, deviations 1.518875, -.037749, -1.481125, Bessel std 1.500359
+    #   group 1 (1, .5, 1): mean 5/6, deviations 1/6, -1/3, 1/6, std sqrt(1/12)
+    A = [z(r[0], r[:3]), z(r[1], r[:3]), z(r[2], r[:3]), z(1.0, r[3:]), z(0.5, r[3:]), z(1.0, r[3:])]
+    assert A[0] == pytest.approx(1.518875 / (1.500359 + EPS), abs=1e-5)
+    assert A[3] == pytest.approx((1 / 6) / (math.sqrt(1 / 12) + EPS))
+    # H_i: the mean vocabulary entropy (at the sampling temperature) of the current policy on the tokens inside
+    # the episode's <think>...</think> ("go", the 8th and 9th tokens of turn 1); e2 has no <think>: H = 0
+    H = []
+    for i in range(6):
+        if i == 2:
+            H.append(0.0)
+            continue
+        p = b.prompt_ids[i][b.prompt_mask[i] > 0]
+        c = b.completion_ids[i][b.completion_attention_mask[i] > 0]
+        assert tr.ctx.tokenizer.decode(c[7:9]) == "go"
+        with torch.no_grad():
+            logits = tr.model(input_ids=torch.cat([p, c])[None]).logits[0, len(p) - 1:-1].double()
+        logp = torch.log_softmax(logits / tr.cfg.temperature, -1)
+        H.append(float(-(logp.exp() * logp).sum(-1)[7:9].mean()))
+    # psi_i = min(lambda H_i, |A_i| / kappa), lambda .05, kappa 2; A'_i = A_i + psi_i on every model token
+    psi = [min(0.05 * h, abs(a) / 2) for h, a in zip(H, A)]
+    # the random tiny model is nearly uniform (H about 4 nats): lambda H (about .2) is the smaller term for e0, e3,
+    # e4, e5; the cap |A| / 2 = .0126 for e1 (A close to 0); e2 (no <think>, H = 0) gets psi = 0
+    assert [0.05 * h < abs(a) / 2 for h, a in zip(H, A)] == [True, False, True, True, True, True]
+    assert 3.0 < min(H[:2] + H[3:]) and abs(A[1]) / 2 < 0.013
+    for i in range(6):
+        want = A[i] + psi[i]
+        assert values(adv, b, i) == pytest.approx([want] * eps[i]["num_turns"], abs=1e-4), i
+    assert float(adv[b.token_origin == ENVIRONMENT].abs().sum()) == 0.0
