@@ -451,8 +451,10 @@ def test_agent_rewards_score_rollout_episodes_end_to_end(tmp_path, tiny_args, mo
 
 def test_agent_rewards_train_two_steps_on_the_tiny_model(tmp_path, tiny_args):
     """Two real training steps with the agent rollout, the agent reward specs, the OTC transform and the
-    CoT-entropy advantage weighting (seed 000-106; its numbers: tests/test_fc_entropy_grpo.py) on the tiny model (random tokens: no valid call, episodes end by the turn limit or
-    without an action; the run proves the pipeline)."""
+    CoT-entropy advantage weighting (seed 000-106; its numbers: tests/test_fc_entropy_grpo.py) on the tiny model
+    (random tokens: no valid call, episodes end by the turn limit or without an action; the run proves the
+    pipeline). A smoke test: one scripted step of this pipeline, its scalar rewards and weighted advantages by
+    hand, is tests/test_agent_recipe_numbers.py::test_agent_rewards_pipeline_numbers."""
     from grpolab.train.metrics import read_metrics
     tr = _agent_data_trainer(tmp_path, tiny_args, {"advantage_weightings": ["fc_cot_entropy_advantage"],
                                                         "max_turn_tokens": 16})
