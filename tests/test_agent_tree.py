@@ -13,8 +13,8 @@ import torch
 
 from grpolab.agents.base import AgentEnv, StepResult
 from grpolab.agents.critic import TurnPPOCritic, masked_whiten, turn_gae, turn_starts
-from grpolab.agents.tree import (StepNode, backpropagate, best_path, revealed_steps, select, stage_fraction,
-                                 tree_grpo_advantage, uct_child)
+from grpolab.agents.tree import (StepNode, backpropagate, best_path, group_health, remedied_reveal, revealed_steps,
+                                 select, stage_fraction, tree_grpo_advantage, uct_child)
 from grpolab.algorithms.advantages import group_zscore
 from grpolab.batch import ENVIRONMENT, INJECTED, SAMPLED, RolloutBatch
 from grpolab.config import Config
@@ -279,10 +279,86 @@ def test_mcts_staged_rollout_injects_the_revealed_prefix(model_tok):
     forced = ctx.logprobs(b)
     alive = b.completion_attention_mask > 0
     assert float((forced - b.behavior_logprobs).abs()[alive & (b.token_origin != ENVIRONMENT)].max()) < 1e-5
-    # a later stage reveals nothing: plain episodes, all sampled
+    # a later stage reveals nothing: plain episodes, all sampled (the collapse remedy off: it would reveal one)
     ctx.new_step(40)
-    b = run_strategy(ctx, "mcts_staged", [0], step=40, mcts_simulations=2, max_turn_tokens=4)
+    b = run_strategy(ctx, "mcts_staged", [0], step=40, mcts_simulations=2, max_turn_tokens=4,
+                     mcts_collapse_remedy="none")
     assert b.columns["mcts_revealed_steps"] == [0] * 3 and not bool((b.token_origin == INJECTED).any())
+
+
+def test_mcts_group_health_and_remedy_by_hand():
+    nan = float("nan")
+    r = torch.tensor([1., 1., 1., 0., 0., 0., 1., 0., 1., 1., nan])
+    g = torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3])
+    # g0 all >= 1: saturated; g1 all 0: std 0 -> collapsed; g2 [1, 0, 1]: mean 2/3, Bessel var
+    # ((1/3)^2 * 2 + (2/3)^2) / 2 = 1/3, std 0.5774 > 0 -> ok; g3: its one scored row succeeded -> saturated
+    assert group_health(r, g, 1.0, 0.0) == {0: "saturated", 1: "collapsed", 2: "ok", 3: "saturated"}
+    # collapse_std 0.6 >= 0.5774: g2 collapsed too; success 0.5: g2 still has a 0, not saturated
+    assert group_health(r, g, 1.0, 0.6)[2] == "collapsed" and group_health(r, g, 0.5, 0.0)[2] == "ok"
+    assert group_health(torch.tensor([0.5, 0.75]), torch.tensor([0, 0]), 0.5, 0.0) == {0: "saturated"}
+    assert group_health(torch.tensor([0.0, nan]), torch.tensor([0, 0]), 1.0, 0.0) == {0: "collapsed"}  # 1 scored
+    # remedies: saturated reveals shift fewer (floor 0), collapsed shift more (cap n - 1), 'none' or ok: unchanged
+    assert remedied_reveal(2, 3, "saturated", "reveal_less", "reveal_more", 1) == 1
+    assert remedied_reveal(2, 4, "saturated", "reveal_less", "reveal_more", 3) == 0
+    assert remedied_reveal(0, 3, "saturated", "reveal_less", "reveal_more", 1) == 0
+    assert remedied_reveal(0, 3, "collapsed", "reveal_less", "reveal_more", 1) == 1
+    assert remedied_reveal(1, 4, "collapsed", "reveal_less", "reveal_more", 5) == 3
+    assert remedied_reveal(2, 3, "collapsed", "reveal_less", "reveal_more", 1) == 2
+    assert remedied_reveal(2, 3, "saturated", "none", "reveal_more", 1) == 2
+    assert remedied_reveal(0, 3, "collapsed", "reveal_less", "none", 1) == 0
+    assert remedied_reveal(1, 3, "ok", "reveal_less", "reveal_more", 1) == 1
+
+
+def _staged_ctx(model_tok, reward):
+    model, tok, rows = model_tok
+    cfg = Config.build({"model": "tiny", "task": "tree_test_env", "max_completion_length": 6, "micro_batch_size": 16,
+                        "rollout_strategy": "mcts_staged", "num_generations": 3})
+    scorer = BatchScorer(RewardScorer([RewardFn("staged", reward, 1.0)]))
+    ctx = RolloutContext(cfg, tok, rows, policy=model, scorer=scorer, generator=torch.Generator().manual_seed(1))
+    ctx.environment = lambda row: CountEnv()
+    ctx.new_step(0)
+    return ctx
+
+
+def test_mcts_staged_saturated_group_is_redrawn_from_a_shorter_prefix(model_tok):
+    """Stage 0 reveals 2 of CountEnv's 3 steps; the reward is 1 whenever 2 steps are revealed (every group
+    saturates), else 1 on odd rows only, so the redraw from 1 revealed step has rewards [0, 1, 0], [1, 0, 1]."""
+    def reward(prompts=None, completions=None, mcts_revealed_steps=None, **kw):
+        return [1.0 if k >= 2 else float(i % 2) for i, k in enumerate(mcts_revealed_steps)]
+
+    ctx = _staged_ctx(model_tok, reward)
+    b = run_strategy(ctx, "mcts_staged", [0, 1], step=0, mcts_simulations=3, max_turn_tokens=4)
+    assert b.columns["mcts_revealed_steps"] == [1] * 6 and b.columns["mcts_remedy"] == ["reveal_less"] * 6
+    m = ctx.metrics
+    assert (m["mcts/saturated_groups"], m["mcts/collapsed_groups"], m["mcts/remedied_groups"],
+            m["mcts/saturated_after"], m["mcts/collapsed_after"]) == (1.0, 0.0, 1.0, 0.0, 0.0)
+    for r, ep in enumerate(b.columns["episode"]):   # the redrawn rows: 1 injected turn, then 2 sampled ones
+        spans = b.span_ids[r]
+        for k, turn in enumerate(ep["turns"]):
+            assert bool((b.token_origin[r][spans == turn["span"]] == (INJECTED if k < 1 else SAMPLED)).all())
+    # remedy off: the saturated groups stay (and are reported)
+    ctx = _staged_ctx(model_tok, reward)
+    b = run_strategy(ctx, "mcts_staged", [0, 1], step=0, mcts_simulations=3, max_turn_tokens=4,
+                     mcts_saturation_remedy="none")
+    assert b.columns["mcts_revealed_steps"] == [2] * 6 and b.columns["mcts_remedy"] == [""] * 6
+    assert ctx.metrics["mcts/saturated_groups"] == 1.0 and ctx.metrics["mcts/saturated_after"] == 1.0
+    with pytest.raises(ConfigError, match="mcts_saturation_remedy"):
+        run_strategy(ctx, "mcts_staged", [0], step=0, mcts_simulations=1, mcts_saturation_remedy="drop")
+
+
+def test_mcts_staged_collapsed_group_is_redrawn_from_a_longer_prefix(model_tok):
+    """At a late stage nothing is revealed; every completion fails (reward 0: collapse), so each group is drawn
+    again from 1 revealed step, where the reward is 0.5 on even rows (rewards [0.5, 0, 0.5], [0, 0.5, 0])."""
+    def reward(prompts=None, completions=None, mcts_revealed_steps=None, **kw):
+        return [0.5 * (i % 2 == 0) if k >= 1 else 0.0 for i, k in enumerate(mcts_revealed_steps)]
+
+    ctx = _staged_ctx(model_tok, reward)
+    ctx.new_step(40)
+    b = run_strategy(ctx, "mcts_staged", [0, 1], step=40, mcts_simulations=2, max_turn_tokens=4)
+    assert b.columns["mcts_revealed_steps"] == [1] * 6 and b.columns["mcts_remedy"] == ["reveal_more"] * 6
+    m = ctx.metrics
+    assert (m["mcts/saturated_groups"], m["mcts/collapsed_groups"], m["mcts/remedied_groups"],
+            m["mcts/collapsed_after"]) == (0.0, 1.0, 1.0, 0.0)
 
 
 # --------------------------------------------------------------------------- turn-PPO critic
@@ -363,6 +439,10 @@ def test_tree_grpo_recipe_trains(tmp_path):
 def test_mcts_staged_recipe_trains(tmp_path):
     _, rows, _ = _train(tmp_path, "mcts_staged_grpo", mcts_simulations=2)
     assert rows[0]["rollout/mcts/reveal_fraction"] == 0.75
+    # the saturation / collapse rates are logged every step (shares of the step's groups)
+    assert all(0.0 <= r[f"rollout/mcts/{k}"] <= 1.0 for r in rows
+               for k in ("saturated_groups", "collapsed_groups", "remedied_groups", "saturated_after",
+                         "collapsed_after"))
 
 
 def test_turn_ppo_recipe_trains_and_resumes_its_critic(tmp_path):

@@ -413,6 +413,41 @@ def stage_fraction(step: int, schedule: list, stage_steps: int) -> float:
     return float(schedule[min(step // max(stage_steps, 1), len(schedule) - 1)])
 
 
+SATURATED, COLLAPSED, HEALTHY = "saturated", "collapsed", "ok"
+
+
+def group_health(scalar: torch.Tensor, group_ids: torch.Tensor, success: float, collapse_std: float) -> dict:
+    """``{group id: state}`` of a staged batch's groups (one revealed prefix each), from the scored rows only.
+
+    ``saturated``: every completion reached ``success`` (scalar reward >= success): the prefix made the task
+    trivial and every advantage is 0 (advantage saturation). ``collapsed``: not saturated, and the rewards'
+    Bessel std is <= ``collapse_std`` (identical rewards, e.g. every completion failed: the reward signal
+    collapsed and again every advantage is 0); a group with fewer than two scored rows counts as collapsed.
+    ``ok`` otherwise."""
+    out = {}
+    for g in torch.unique(group_ids).tolist():
+        r = scalar[group_ids == g]
+        r = r[~torch.isnan(r)].double()
+        if len(r) and bool((r >= success).all()):
+            out[g] = SATURATED
+        elif len(r) < 2 or float(r.std()) <= collapse_std:
+            out[g] = COLLAPSED
+        else:
+            out[g] = HEALTHY
+    return out
+
+
+def remedied_reveal(k: int, n: int, state: str, saturation_remedy: str, collapse_remedy: str, shift: int) -> int:
+    """The revealed steps of a group's second try: a saturated group reveals ``shift`` steps fewer (not below 0:
+    a harder sub-problem), a collapsed one ``shift`` more (at most ``n - 1``: an easier one), with remedies
+    ``reveal_less`` / ``reveal_more``; otherwise (remedy ``none``, healthy, or no room) ``k``."""
+    if state == SATURATED and saturation_remedy == "reveal_less":
+        return max(0, k - shift)
+    if state == COLLAPSED and collapse_remedy == "reveal_more":
+        return max(k, min(n - 1, k + shift))
+    return k
+
+
 @ROLLOUT_STRATEGIES.register("mcts_staged", check=_check, needs=("text",))
 def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperatures=None, step: int = 0, *,
                         mcts_simulations: int = param(6, "staged MCTS GRPO: MCTS simulations per prompt and step"),
@@ -422,6 +457,21 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
                         mcts_reveal_schedule: list = param([0.75, 0.5, 0.25, 0.0], "staged MCTS GRPO: share of the "
                                                            "MCTS trajectory's steps revealed, one value per stage"),
                         mcts_stage_steps: int = param(10, "staged MCTS GRPO: training steps per stage"),
+                        mcts_saturation_remedy: str = param("reveal_less", "staged MCTS GRPO: what a group whose "
+                                                            "completions all succeed gets: 'reveal_less' (its "
+                                                            "completions are drawn again from a prefix "
+                                                            "mcts_remedy_shift steps shorter) or 'none'",
+                                                            ["reveal_less", "none"]),
+                        mcts_collapse_remedy: str = param("reveal_more", "staged MCTS GRPO: what a group whose "
+                                                          "rewards collapsed (std <= mcts_collapse_std, not all "
+                                                          "successes) gets: 'reveal_more' (drawn again from a "
+                                                          "prefix mcts_remedy_shift steps longer) or 'none'",
+                                                          ["reveal_more", "none"]),
+                        mcts_remedy_shift: int = param(1, "staged MCTS GRPO: steps a remedy moves the reveal by"),
+                        mcts_success_reward: float = param(1.0, "staged MCTS GRPO: a completion with scalar "
+                                                           "reward >= this succeeded (saturation test)"),
+                        mcts_collapse_std: float = param(0.0, "staged MCTS GRPO: a group whose reward std is <= "
+                                                         "this (and not saturated) has collapsed"),
                         max_turns: int = MAX_TURNS, max_episode_tokens: int = MAX_EPISODE_TOKENS,
                         max_turn_tokens: int = MAX_TURN_TOKENS, tool_timeout: float = TOOL_TIMEOUT,
                         tool_output_chars: int = TOOL_OUTPUT_CHARS, max_tool_calls: int = MAX_TOOL_CALLS,
@@ -446,11 +496,31 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     prefix form a GRPO group (rewards conditioned on the shared prefix). The
     agent keys are the ``agent`` rollout's.
 
-    Provenance: reconstructed from the abstract — the abstract gives no MCTS settings, stage schedule or advantage
-    formula: UCT over agent steps with mean backed-up task reward, a fresh tree per prompt and step, the
-    most-visited path as the trajectory, a falling reveal share per stage of mcts_stage_steps steps, one group
-    per revealed prefix (use it with group_zscore); the paper's mitigations of advantage saturation and reward
-    collapse are not specified in the abstract and are not implemented.
+    Saturation and collapse (:func:`group_health`, :func:`remedied_reveal`):
+    after scoring, a group whose completions all succeed (scalar reward >=
+    ``mcts_success_reward``: advantage saturation, every advantage 0) is drawn
+    again once from a prefix ``mcts_remedy_shift`` steps shorter
+    (``mcts_saturation_remedy: reveal_less``), and a group whose rewards have
+    collapsed (std <= ``mcts_collapse_std`` without all succeeding, e.g. all
+    fail) once from a prefix that many steps longer (``mcts_collapse_remedy:
+    reveal_more``, at most ``n - 1``); the second draw replaces the group.
+    Metrics: ``mcts/saturated_groups`` and ``mcts/collapsed_groups`` (shares
+    of the step's groups before the remedies), ``mcts/remedied_groups`` (share
+    drawn again), ``mcts/saturated_after`` and ``mcts/collapsed_after`` (shares
+    in the returned batch); ``columns["mcts_remedy"]`` names each row's remedy
+    ("" for none).
+
+    Provenance: reconstructed from the abstract — the abstract (Tree-OPO, Huang, Nguyen and Zimmer,
+    arXiv:2509.09284, seed 000-20) gives no MCTS settings, stage schedule or advantage formula and names
+    "heuristic and statistical solutions" to advantage saturation and reward collapse without stating them;
+    the paper's text could not be read here: UCT over agent steps with mean backed-up task reward, a fresh
+    tree per prompt and step, the most-visited path as the trajectory, a falling reveal share per stage of
+    mcts_stage_steps steps, one group per revealed prefix (use it with group_zscore), and the two remedies
+    (a saturated group redrawn from a shorter prefix, a collapsed one from a longer prefix, once, with the
+    tests above) are grpolab's; the paper's later version's staged advantage estimation (tree-consistent
+    prefix baselines, known here only from third-party summaries) is not built.
+    Test: tests/test_agent_tree.py::test_mcts_group_health_and_remedy_by_hand,
+    tests/test_agent_tree.py::test_mcts_staged_saturated_group_is_redrawn_from_a_shorter_prefix.
     """
     cfg = ctx.cfg
     search = new_search(ctx, dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
@@ -467,19 +537,59 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
         values = ctx.score(pack_leaves(ctx, search, ends)).nan_to_num(0.0).tolist()
         for (_, leaf), v in zip(ends, values):
             backpropagate(leaf, float(v))
+    for name, value, valid in (("mcts_saturation_remedy", mcts_saturation_remedy, ("reveal_less", "none")),
+                               ("mcts_collapse_remedy", mcts_collapse_remedy, ("reveal_more", "none"))):
+        if value not in valid:
+            raise ConfigError(f"{name}: '{value}' is not valid; valid values: {', '.join(valid)}")
+    if mcts_remedy_shift < 1:
+        raise ConfigError(f"mcts_remedy_shift: expected >= 1, got {mcts_remedy_shift}")
     frac = stage_fraction(step, list(mcts_reveal_schedule), mcts_stage_steps)
-    starts, reveal = [], []
+    starts, reveal, paths = [], [], []
     for i, t in enumerate(trees):
         path = best_path(t.root)
-        k = revealed_steps(len([n for n in path if n.ids or not n.is_leaf]), frac)
+        n_steps = len([n for n in path if n.ids or not n.is_leaf])
+        k = revealed_steps(n_steps, frac)
+        paths.append((path, n_steps))
         node = path[k - 1] if k else t.root
         n = budgets[i] if budgets else cfg.num_generations
         starts += [(t, node)] * n
         reveal += [k] * n
     leaves = grow(ctx, search, starts)
-    batch = pack_leaves(ctx, search, [(t, leaf) for (t, _), leaf in zip(starts, leaves)], injected_steps=reveal)
+    chosen = [(t, leaf) for (t, _), leaf in zip(starts, leaves)]
+    batch = pack_leaves(ctx, search, chosen, injected_steps=reveal)
     batch.columns["mcts_revealed_steps"] = reveal
     scalar = ctx.score(batch)
+    # advantage saturation / reward collapse: one redraw per affected group from a shorter / longer prefix
+    health = group_health(scalar, batch.group_ids, mcts_success_reward, mcts_collapse_std)
+    tree_of = {t.group: (j, t) for j, t in enumerate(trees)}
+    remedy = [""] * len(chosen)
+    redo = {}
+    for g, state in health.items():
+        j, t = tree_of[g]
+        path, n_steps = paths[j]
+        rows_g = [r for r, (tt, _) in enumerate(chosen) if tt is t]
+        k = reveal[rows_g[0]]
+        k2 = remedied_reveal(k, n_steps, state, mcts_saturation_remedy, mcts_collapse_remedy, mcts_remedy_shift)
+        if k2 != k:
+            redo[g] = (rows_g, k2, path[k2 - 1] if k2 else t.root, "reveal_less" if k2 < k else "reveal_more")
+    if redo:
+        again = [(tree_of[g][1], node) for g, (rows_g, _, node, _) in redo.items() for _ in rows_g]
+        new_leaves = iter(grow(ctx, search, again))
+        for g, (rows_g, k2, _, name) in redo.items():
+            for r in rows_g:
+                chosen[r] = (chosen[r][0], next(new_leaves))
+                reveal[r], remedy[r] = k2, name
+        batch = pack_leaves(ctx, search, chosen, injected_steps=reveal)
+        batch.columns["mcts_revealed_steps"] = reveal
+        scalar = ctx.score(batch)
+    after = group_health(scalar, batch.group_ids, mcts_success_reward, mcts_collapse_std)
+    batch.columns["mcts_remedy"] = remedy
+    n_groups = max(len(health), 1)
+    ctx.metric("mcts/saturated_groups", sum(s == SATURATED for s in health.values()) / n_groups)
+    ctx.metric("mcts/collapsed_groups", sum(s == COLLAPSED for s in health.values()) / n_groups)
+    ctx.metric("mcts/remedied_groups", len(redo) / n_groups)
+    ctx.metric("mcts/saturated_after", sum(s == SATURATED for s in after.values()) / n_groups)
+    ctx.metric("mcts/collapsed_after", sum(s == COLLAPSED for s in after.values()) / n_groups)
     _log_tree(ctx, trees, batch, scalar)
     ctx.metric("mcts/reveal_fraction", frac)
     ctx.metric("mcts/revealed_steps", sum(reveal) / max(len(reveal), 1))
