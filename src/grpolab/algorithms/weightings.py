@@ -552,13 +552,14 @@ def fc_cot_entropy_advantage(advantages: torch.Tensor, token_entropy: torch.Tens
     paper: the authors' repository (https://github.com/BingguangHao/RLFC, README.md and img/pipeline.png, no code:
     "release pending review") shows the objective ``J = J_GRPO(A_i + sigma(H_i))`` with ``H_i`` the entropy of
     rollout i's chain of thought, and the v4 abstract says the entropy bonus "is carefully constrained by a
-    clipping mechanism"; the paper's own equation could not be read here. The clip form and lambda = 0.4,
-    kappa = 2 are those of the entropy-based advantage of "Reasoning with Exploration: An Entropy Perspective"
-    (Cheng et al., arXiv:2506.14758: ``psi(H_t) = min(alpha * H_t^detach, |A_t| / kappa)``, alpha = 0.4,
-    kappa = 2), applied here per rollout to the CoT entropy; a third-party reproduction plan
-    (github.com/zhangdw156/verl, docs/algo/EGPO_reproduction_plan.md) reports the paper's
-    ``A_i + lambda * clip(H_i, -|A_i|/alpha, |A_i|/alpha)`` with lambda = 0.4, alpha = 2, which is the
-    ``clip_then_scale`` form. The entropy is the policy's at advantage time (on-policy: the behaviour policy);
+    clipping mechanism"; the paper's own equation could not be read here. The clip form is that of the
+    entropy-based advantage of "Reasoning with Exploration: An Entropy Perspective" (Cheng et al.,
+    arXiv:2506.14758: a gradient-detached entropy term capped at ``|A_t| / kappa``,
+    ``psi(H_t) = min(alpha * H_t^detach, |A_t| / kappa)``, per token there), applied here per rollout to the
+    CoT entropy; lambda = 0.4 and kappa = 2 are the values a third-party reproduction plan
+    (github.com/zhangdw156/verl, docs/algo/EGPO_reproduction_plan.md) reports for the paper, whose formula
+    there, ``A_i + lambda * clip(H_i, -|A_i|/alpha, |A_i|/alpha)`` with alpha = 2, is the ``clip_then_scale``
+    form. The entropy is the policy's at advantage time (on-policy: the behaviour policy);
     with per-token advantages ``[R, T]`` the cap is per token (``|A_it| / kappa``), the entropy per row.
     Test: tests/test_fc_entropy_grpo.py::test_cot_entropy_advantage_hand_computed,
     tests/test_fc_entropy_grpo.py::test_trainer_adds_the_entropy_term_to_grpo_advantages.
