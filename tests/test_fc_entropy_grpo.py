@@ -263,6 +263,22 @@ def test_fc_prep_cli(tmp_path, capsys):
     assert main(["fc-prep", "--data", str(data), "--out", str(out)]) == 2   # stage 1 without --model
 
 
+def test_prepared_rows_train_with_the_recipe(tmp_path, capsys):
+    """The rows fc-prep keeps are training data for the recipe, scored by the single-criteria reward."""
+    from grpolab.train.metrics import read_metrics
+
+    data, kept = tmp_path / "rows.jsonl", tmp_path / "kept.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _prep_rows()))
+    assert main(["fc-prep", "--data", str(data), "--attempts", "0", "--out", str(kept)]) == 0
+    out = tmp_path / "run"
+    assert main(["train", "--recipe", "fc_entropy_grpo", "--model", "tiny", "--data", str(kept), "--reward",
+                 "grpolab.tasks.function_calls:fc_single_criteria", "--steps", "1", "--prompts_per_step", "2",
+                 "--num_generations", "2", "--max_completion_length", "4", "--eval_split", "0.34",
+                 "--eval_before", "false", "--eval_after", "false", "--tensorboard", "false", "--out", str(out)]) == 0
+    rows = read_metrics(out)
+    assert len(rows) == 1 and "rewards/fc_single_criteria/mean" in rows[0]
+
+
 # ----------------------------------------------------------------------------- the recipe
 
 def test_fc_entropy_grpo_recipe_trains_with_the_entropy_term(tiny_args):
