@@ -11,7 +11,8 @@ the comments; ``z`` below is the textbook z-score written out, no grpolab code).
 The environment is test_agent_credit.CorridorGame: three rooms in a ring, a turn's text length moves the player
 (room <- (room + len(text)) mod 3), entering room 2 pays 0.5, the episode is done after two steps; its state key
 (read before each turn) is the room. The user reward is test_agent_credit.reached (1 if the last step paid), and
-the agent rollout adds the environment's summed step rewards (column env_reward, weight 1): R = reached + env.
+the agent rollout adds the environment's summed step rewards (column env_reward, weight 1): R = reached + env;
+step_grpo and gtpo_turn, which give each step its own reward, set that weight to 0 (R = reached).
 The last test does the same for the agent-rewards pipeline of tests/test_agent_rewards.py (tool-call rewards, the
 OTC transform, the CoT-entropy advantage weighting) with the user tool ``add``.
 """
@@ -117,6 +118,7 @@ def assert_turns(adv, b, expected):
 SCRIPT = [["gg", "gg", "g", "g", "o", "gg"],
           ["ggg", "g", "g", "ggg", "g", ""]]
 R = [2.0, 0.5, 1.5, 0.0, 1.5, 1.5]
+REACHED = [1.0, 0.0, 1.0, 0.0, 1.0, 1.0]  # R of a recipe with env_reward_weight 0 (step_grpo, gtpo_turn)
 K = [2, 2, 2, 2, 2, 1]  # turns per episode
 
 # the statistics several methods share
@@ -132,8 +134,9 @@ TURN_POOLED = [(2 / 3) / (S_TURN0 + EPS), (-5 / 6) / (S_TURN0 + EPS), (1 / 6) / 
                -0.9 / (S_TURN1 + EPS), 0.6 / (S_TURN1 + EPS), 0.6 / (S_TURN1 + EPS)]
 
 
-def check_scenario(b, texts=None):
-    """The rollout played the scenario: texts, states, step rewards, turns, the reward columns and R."""
+def check_scenario(b, texts=None, outcome=None):
+    """The rollout played the scenario: texts, states, step rewards, turns, the reward columns and R (``outcome``:
+    R of a recipe that weighs the columns differently, e.g. env_reward_weight 0)."""
     eps = b.columns[EPISODE_COLUMN]
     texts = texts or SCRIPT
     assert b.group_ids.tolist() == [0, 0, 0, 1, 1, 1]
@@ -145,9 +148,12 @@ def check_scenario(b, texts=None):
         ["room 0", "room 1"], ["room 0"]]
     assert [[t["reward"] for t in e["turns"]] for e in eps] == [
         [0.5, 0.5], [0.5, 0.0], [0.0, 0.5], [0.0, 0.0], [0.0, 0.5], [0.5]]
-    assert b.reward_names == ["reached", "env_reward"]
-    assert b.rewards.tolist() == [[1, 1.0], [0, 0.5], [1, 0.5], [0, 0.0], [1, 0.5], [1, 0.5]]
-    assert b.scalar_rewards.tolist() == pytest.approx(R)
+    if outcome is None:
+        assert b.reward_names == ["reached", "env_reward"]
+        assert b.rewards.tolist() == [[1, 1.0], [0, 0.5], [1, 0.5], [0, 0.0], [1, 0.5], [1, 0.5]]
+    else:  # env_reward_weight 0: no env_reward column
+        assert b.reward_names == ["reached"] and b.rewards[:, 0].tolist() == outcome
+    assert b.scalar_rewards.tolist() == pytest.approx(R if outcome is None else outcome)
 
 
 # ------------------------------------------------------------------------------------------------- GiGPO
@@ -251,26 +257,30 @@ def test_gtpo_turn_recipe_numbers(tmp_path, tiny_args, monkeypatch):
     rec = load_recipe("gtpo_turn")["parameters"]
     assert (rec["gtpo_gamma"], rec["gtpo_turn_rewards"], rec["gtpo_norm"], rec["gtpo_shaping_coef"]) == (
         0.9, "env+outcome", "group", 0.5)
+    # the recipe's outcome is the task reward alone (env_reward_weight 0): R = reached = (1, 0, 1 | 0, 1, 1)
+    assert load_recipe("gtpo_turn")["parameters"]["env_reward_weight"] == 0.0
     _, b, adv = recipe_step("gtpo_turn", tmp_path, tiny_args, monkeypatch, GTPO_SCRIPT, max_len=12)
-    check_scenario(b, GTPO_SCRIPT)
-    # shaping: the only failed episode (R <= 0) is e3, code "go"; its group's successes: e4 "ggo", e5 "g".
-    #   difflib ratio = 2 M / (|a| + |b|): ("go", "ggo"): the block "go", M = 2 -> 4/5; ("go", "g"): M = 1 -> 2/3
-    #   R'_3 = 0 + .5 * max(.8, 2/3) = .4 (group 0 has no failed episode)
-    # turn rewards (step reward, + R' on the last turn) and returns G_k = r_k + .9 G_{k+1} (R already holds the
-    # summed step rewards, env_reward weight 1: a user environment's step rewards count twice here; the recipe's
-    # own task, calculator, gives none):
-    #   e0 (.5, .5 + 2) -> (.5 + .9 * 2.5 = 2.75, 2.5); e1 (.5, 0 + .5) -> (.95, .5); e2 (0, .5 + 1.5) -> (1.8, 2)
-    #   e3 (0, 0 + .4) -> (.36, .4); e4 (0, .5 + 1.5) -> (1.8, 2); e5 (.5 + 1.5) -> (2)
-    # group 0 pool (2.75, 2.5, .95, .5, 1.8, 2): mean 10.5/6 = 1.75, deviations 1, .75, -.8, -1.25, .05, .25,
-    #   ss = 1 + .5625 + .64 + 1.5625 + .0025 + .0625 = 3.83, var .766
-    # group 1 pool (.36, .4, 1.8, 2, 2): mean 6.56/5 = 1.312, deviations -.952, -.912, .488, .688, .688,
-    #   ss = .906304 + .831744 + .238144 + 2 * .473344 = 2.92288, var .73072
-    s0, s1 = math.sqrt(0.766), math.sqrt(0.73072)
-    expected = [[1 / (s0 + EPS), 0.75 / (s0 + EPS)], [-0.8 / (s0 + EPS), -1.25 / (s0 + EPS)],
-                [0.05 / (s0 + EPS), 0.25 / (s0 + EPS)],
-                [-0.952 / (s1 + EPS), -0.912 / (s1 + EPS)], [0.488 / (s1 + EPS), 0.688 / (s1 + EPS)],
-                [0.688 / (s1 + EPS)]]
-    assert expected[3][1] == pytest.approx(z(0.4, [0.36, 0.4, 1.8, 2.0, 2.0]))
+    check_scenario(b, GTPO_SCRIPT, outcome=REACHED)
+    # shaping: failed episodes (R <= 0) are e1 (no code: keeps R = 0) and e3, code "go"; e3's group's successes:
+    #   e4 "ggo", e5 "g". difflib ratio = 2 M / (|a| + |b|): ("go", "ggo"): the block "go", M = 2 -> 4/5;
+    #   ("go", "g"): M = 1 -> 2/3. R'_3 = 0 + .5 * max(.8, 2/3) = .4
+    # turn rewards (step reward, + R' on the last turn; each step reward counted once) and returns
+    # G_k = r_k + .9 G_{k+1}:
+    #   e0 (.5, .5 + 1) -> (.5 + .9 * 1.5 = 1.85, 1.5); e1 (.5, 0 + 0) -> (.5, 0); e2 (0, .5 + 1) -> (1.35, 1.5)
+    #   e3 (0, 0 + .4) -> (.36, .4); e4 (0, .5 + 1) -> (1.35, 1.5); e5 (.5 + 1) -> (1.5)
+    # group 0 pool (1.85, 1.5, .5, 0, 1.35, 1.5): mean 6.7/6 = 1.116667, deviations .733333, .383333, -.616667,
+    #   -1.116667, .233333, .383333, ss = .537778 + .146944 + .380278 + 1.246944 + .054444 + .146944 = 2.513333,
+    #   Bessel var .502667
+    # group 1 pool (.36, .4, 1.35, 1.5, 1.5): mean 5.11/5 = 1.022, deviations -.662, -.622, .328, .478, .478,
+    #   ss = .438244 + .386884 + .107584 + 2 * .228484 = 1.38968, var .34742
+    s0, s1 = math.sqrt(2.513333333333 / 5), math.sqrt(0.34742)
+    m0, m1 = 6.7 / 6, 1.022
+    expected = [[(1.85 - m0) / (s0 + EPS), (1.5 - m0) / (s0 + EPS)], [(0.5 - m0) / (s0 + EPS), -m0 / (s0 + EPS)],
+                [(1.35 - m0) / (s0 + EPS), (1.5 - m0) / (s0 + EPS)],
+                [-0.662 / (s1 + EPS), -0.622 / (s1 + EPS)], [0.328 / (s1 + EPS), 0.478 / (s1 + EPS)],
+                [0.478 / (s1 + EPS)]]
+    assert expected[0][0] == pytest.approx(z(1.85, [1.85, 1.5, 0.5, 0.0, 1.35, 1.5]))
+    assert expected[3][1] == pytest.approx(z(0.4, [0.36, 0.4, 1.35, 1.5, 1.5]))
     assert_turns(adv, b, expected)
 
 
@@ -294,20 +304,22 @@ def test_flow_grpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
 def test_step_grpo_recipe_numbers(tmp_path, tiny_args, monkeypatch):
     """step_grpo: step k's reward (the environment's, the outcome R_i on the last step) z-scored against the
     same step of the group's other episodes."""
+    # the recipe's outcome is the task reward alone (env_reward_weight 0): R = reached = (1, 0, 1 | 0, 1, 1)
+    assert load_recipe("step_grpo")["parameters"]["env_reward_weight"] == 0.0
     _, b, adv = recipe_step("step_grpo", tmp_path, tiny_args, monkeypatch, SCRIPT)
-    check_scenario(b)
-    # step rewards s_ik: e0 (.5, R=2), e1 (.5, R=.5), e2 (0, R=1.5); e3 (0, R=0), e4 (0, R=1.5), e5 (R=1.5: its only
-    # step is its last). The last step's R is the run's reward, which holds the summed step rewards (env_reward,
-    # weight 1), the earlier steps' included.
+    check_scenario(b, outcome=REACHED)
+    # step rewards s_ik: e0 (.5, R=1), e1 (.5, R=0), e2 (0, R=1); e3 (0, R=0), e4 (0, R=1), e5 (R=1: its only
+    # step is its last). Each step reward counts once: the last step's R is the task reward, not the env sum.
     # group 0 step 1 {.5, .5, 0}: mean 1/3, deviations 1/6, 1/6, -1/3, ss 1/6, var 1/12
-    # group 0 step 2 {2, .5, 1.5}: mean 4/3, std sqrt(7/12)
-    # group 1 step 1 {0, 0, 1.5}: mean .5, deviations -.5, -.5, 1, ss 1.5, var .75
-    # group 1 step 2 {0 (e3), 1.5 (e4)}: mean .75, std .75 sqrt(2) -> -+.75 / ...
-    s01, s11, s12 = math.sqrt(1 / 12), math.sqrt(0.75), 0.75 * math.sqrt(2)
-    expected = [[(1 / 6) / (s01 + EPS), GRPO[0]], [(1 / 6) / (s01 + EPS), GRPO[1]],
-                [(-1 / 3) / (s01 + EPS), GRPO[2]],
-                [-0.5 / (s11 + EPS), -0.75 / (s12 + EPS)], [-0.5 / (s11 + EPS), 0.75 / (s12 + EPS)],
-                [1 / (s11 + EPS)]]
+    # group 0 step 2 {1, 0, 1}: mean 2/3, deviations 1/3, -2/3, 1/3, ss 2/3, var 1/3
+    # group 1 step 1 {0, 0, 1 (e5's last step)}: mean 1/3, deviations -1/3, -1/3, 2/3, ss 2/3, var 1/3
+    # group 1 step 2 {0 (e3), 1 (e4)}: mean .5, std sqrt(.5) -> -+.5 / ...
+    s01, s02, s11, s12 = math.sqrt(1 / 12), math.sqrt(1 / 3), math.sqrt(1 / 3), math.sqrt(0.5)
+    expected = [[(1 / 6) / (s01 + EPS), (1 / 3) / (s02 + EPS)], [(1 / 6) / (s01 + EPS), (-2 / 3) / (s02 + EPS)],
+                [(-1 / 3) / (s01 + EPS), (1 / 3) / (s02 + EPS)],
+                [(-1 / 3) / (s11 + EPS), -0.5 / (s12 + EPS)], [(-1 / 3) / (s11 + EPS), 0.5 / (s12 + EPS)],
+                [(2 / 3) / (s11 + EPS)]]
+    assert expected[5][0] == pytest.approx(z(1.0, [0.0, 0.0, 1.0]))
     assert_turns(adv, b, expected)
 
 
