@@ -824,7 +824,9 @@ def paraphrase_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, bat
     ``alpha r_cons + gamma Acc`` with the task's rewards as the accuracy term.
     NaN rows stay NaN.
 
-    Provenance: paper equations — PS-GRPO (Hamman et al., 2025, arXiv:2510.04392), the group similarity reward
+    Provenance: reconstructed from the abstract — the paper's own text and code were not available, so the
+    formulas below are as a secondary source quotes them, not checked against the paper: PS-GRPO (Hamman et al.,
+    2025, arXiv:2510.04392), the group similarity reward
     r_ij = 1/((n-1)g) sum_{u != i} sum_m sim(o_ij, o_um), the relaxed approximation 1/(kappa s) sum_{u in K}
     sum_{m in S_u} sim(o_ij, o_um), BLEU as sim (BLEU-2 best in the paper's ablation) and the joint reward
     alpha r_cons + gamma Acc, as given by the paper note
@@ -924,7 +926,9 @@ def information_consistency(rewards: torch.Tensor, prompt_uids: torch.Tensor, ba
     ``H_min`` / ``H_max``. The paper forms the GRPO groups over the prompt
     variants: rollout strategy ``paraphrase_groups``.
 
-    Provenance: paper equations — information-consistency GRPO (Prabhune et al., 2025, arXiv:2512.12858),
+    Provenance: reconstructed from the abstract — the paper's own text was not available, so the formulas are
+    as a secondary source quotes them, not checked against the paper: information-consistency GRPO (Prabhune et
+    al., 2025, arXiv:2512.12858),
     H(r) = -sum_v p(v) log p(v), H_norm = (H - H_min)/(H_max - H_min), the entropy gap |H(r^a) - H(r^b)|, F_norm
     = 1 - (1/K) sum_k gap_k / MAX_GAP and the weighted sum alpha H_norm + beta F_norm, as quoted from the paper by
     a third-party reading note in the public code index (file id 63467514345, "LLM consistency/robustness"; the
