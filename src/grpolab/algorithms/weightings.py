@@ -515,7 +515,7 @@ def edge_entropy_driven(advantages: torch.Tensor, group_ids: torch.Tensor, behav
 # --------------------------------------------------------------------------- entropy-guided function calling (000-106)
 
 
-@WEIGHTINGS.register("fc_cot_entropy_advantage", needs=("tokens",))
+@WEIGHTINGS.register("fc_cot_entropy_advantage", needs=("tokens", "text"))
 def fc_cot_entropy_advantage(advantages: torch.Tensor, token_entropy: torch.Tensor, think_token_mask: torch.Tensor,
                              completion_mask: torch.Tensor, *,
                              fc_entropy_lambda: float = param(0.4, 'CoT-entropy advantage (seed 000-106): weight '
