@@ -722,7 +722,11 @@ def main(argv: list[str] | None = None) -> int:
     does not reach its end never exits 0 (train/supervisor.py)."""
     from .train import supervisor
     if argv is not None or not supervisor.wanted(sys.argv[1:]):
-        return _main(argv)
+        try:
+            return _main(argv)
+        except BrokenPipeError:  # `grpolab recipes | head`: the reader has gone; no traceback, as other tools
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's docs: SIGPIPE)
+            return 0
     code = supervisor.fork()
     if code is not None:  # the process the user started: the training process has ended
         return code
