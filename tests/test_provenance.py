@@ -134,10 +134,10 @@ def test_a_partial_recipe_says_what_is_missing_everywhere_it_is_listed(monkeypat
 
 
 def test_the_recipe_list_piped_into_head_ends_quietly():
-    """`grpolab recipes | head -3`: the reader closes the pipe early; the command exits 0 without a traceback."""
+    """`grpolab recipes --json | head -3` (more than a pipe buffer, 64 KiB): the reader closes the pipe early; the command exits 0 without a traceback."""
     import subprocess
     import sys
-    proc = subprocess.run(f"{sys.executable} -m grpolab recipes | head -3", shell=True, capture_output=True,
+    proc = subprocess.run(f"{sys.executable} -m grpolab recipes --json | head -3", shell=True, capture_output=True,
                           text=True, cwd=ROOT, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
     assert len(proc.stdout.splitlines()) == 3
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
