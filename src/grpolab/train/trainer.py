@@ -51,6 +51,13 @@ from .budget import Budget
 from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before, write_atomic, write_failure
 
 
+def run_writes(cfg: Config) -> list[str]:
+    """The names the run writes in its folder (its manifest, train/rundir.py): the run's and its trackers', and
+    those its selected components declare in a ``run_paths`` attribute (e.g. training_free's experience library)."""
+    return run_paths(tracker_names(cfg.report_to, cfg.tensorboard)) + [
+        p for _, obj in cfg.selected() for p in getattr(obj, "run_paths", ())]
+
+
 def rollout_columns(cfg: Config) -> set[str]:
     """Columns the run's rollout strategy adds to every batch (``columns`` attribute, e.g. the agent rollout's
     ``episode``): reward functions may ask for them."""
@@ -162,7 +169,7 @@ class Trainer:
         if self.is_main:
             checks.check_out(self.out)
             claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True,  # refuse before any work
-                             writes=run_paths(tracker_names(cfg.report_to, cfg.tensorboard)))
+                             writes=run_writes(cfg))
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
         torch.manual_seed(cfg.seed)
@@ -294,7 +301,7 @@ class Trainer:
         self.budget = Budget(cfg, reduce=self.reduce_sums)
         if self.is_main:
             claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log,  # never lose a user's files
-                             writes=run_paths(tracker_names(cfg.report_to, cfg.tensorboard)))
+                             writes=run_writes(cfg))
         if resume:
             self.resume()
         # the engine loaded the initial weights from disk (a server may hold an earlier run's: needs_sync)
