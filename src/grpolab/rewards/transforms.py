@@ -610,6 +610,62 @@ def irpo_bradley_terry(rewards: torch.Tensor, group_ids: torch.Tensor, reward_ma
     return rewards + (irpo_weight * p).to(rewards.dtype)
 
 
+# ---------------------------------------------------------------- GRPO-S dynamic reward scaling (DR-IRL, 000-43)
+
+@REWARD_TRANSFORMS.register("grpo_s_scaling")
+def grpo_s_scaling(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.Tensor,
+                   reward_names: list[str], batch, *,
+                   grpo_s_reward_column: str = param('drirl', 'GRPO-S: reward column of the (category) reward model '
+                                                     'whose gap to the demonstration measures responsiveness'),
+                   grpo_s_hardness_column: str = param('hardness', 'GRPO-S: data column with the data-level '
+                                                       'hardness h(x) in [0, 1]'),
+                   grpo_s_demo_reward_column: str = param('demo_reward', "GRPO-S: data column with the reward "
+                                                          "r(x, y*) of the prompt's demonstration"),
+                   grpo_s_alpha: float = param(1.0, 'GRPO-S: weight of the data-level hardness in the scale'),
+                   grpo_s_beta: float = param(1.0, 'GRPO-S: weight of the model-level responsiveness in the '
+                                                   'scale')) -> torch.Tensor:
+    """GRPO-S reward scaling by task difficulty (DR-IRL, Cheng et al., 2025, arXiv:2503.18991; seed 000-43).
+
+    Each group (the G completions of prompt x) has its reward multiplied by one scale::
+
+        gap(x)   = r(x, y*) - mean_{i in group, scored} r_i        (r = column grpo_s_reward_column)
+        s(x)     = 1 + alpha * h(x) + beta * tanh(max(gap(x), 0))
+        r'_i     = s(x) * r_i
+
+    ``h(x)`` is the data-level hardness (data column ``grpo_s_hardness_column``; task ``drirl_safety``:
+    ``1 - cos`` of the request and its demonstration) and the reward gap between the demonstration and the
+    policy's completions is the model-level responsiveness: the further the policy is from the demonstration's
+    reward, the harder the prompt for it now and the larger its scale. ``tanh`` bounds that term by ``beta``, so
+    ``1 <= s(x) <= 1 + alpha + beta`` (for h in [0, 1]). A group with no scored row gets ``gap = 0``. NaN
+    rewards stay NaN.
+
+    A per-group scale cancels in group_zscore's ``(r - mean) / std``: use it with an advantage that does not
+    divide by the group's std (``group_mean``, recipe ``grpo_s``), where it scales the group's advantages by
+    ``s(x)`` (tested).
+
+    Provenance: reconstructed from the abstract — GRPO-S (arXiv:2503.18991, seed 000-43) "scales the reward ...
+    to task difficulty -- data-level hardness measured by CLIP similarity and model-level responsiveness
+    measured by reward gaps"; the multiplicative form 1 + alpha h + beta tanh(max(gap, 0)), the gap to the
+    demonstration's reward and the hashed-word cosine in place of CLIP are grpolab's choices; no authors' code
+    found (searched the code index for DR-IRL, GRPO-S, the title and the arXiv id).
+    """
+    if grpo_s_reward_column not in reward_names:
+        raise ValueError(f"grpo_s_reward_column: no reward column '{grpo_s_reward_column}' (reward functions: "
+                         f"{', '.join(reward_names) or 'none'}); task drirl_safety has 'drirl'")
+    who = "grpo_s_scaling"
+    h = torch.tensor([float(v) for v in data_column(batch.columns, grpo_s_hardness_column, who,
+                                                    "grpo_s_hardness_column")], dtype=torch.float64)
+    demo = torch.tensor([float(v) for v in data_column(batch.columns, grpo_s_demo_reward_column, who,
+                                                       "grpo_s_demo_reward_column")], dtype=torch.float64)
+    r = reward_matrix[:, reward_names.index(grpo_s_reward_column)].to(torch.float64)
+    scale = torch.ones(len(rewards), dtype=torch.float64)
+    for idx in _groups(group_ids):
+        ok = idx[~torch.isnan(r[idx])]
+        gap = float(demo[idx[0]] - r[ok].mean()) if len(ok) else 0.0
+        scale[idx] = 1.0 + grpo_s_alpha * h[idx] + grpo_s_beta * math.tanh(max(gap, 0.0))
+    return rewards * scale.to(rewards.dtype)
+
+
 # ---------------------------------------------------------------- E-GRPO entity-match partial reward (000-54)
 
 def entity_match_rate(text: str, entities) -> float:

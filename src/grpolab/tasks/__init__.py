@@ -23,6 +23,8 @@ from . import vision_segment  # noqa: F401  (shape_segmentation: Seg-R1 / PixelT
 from . import arithmetic_aux  # noqa: F401  (GCPO-geometry: optional <aux> step)
 from . import function_calls  # noqa: F401  (seed 000-106: BFCL-style calls with <think> reasoning)
 from . import mqr  # noqa: F401  (seed 000-05: MathForge MQR, arithmetic_mqr)
+from . import irpo_prefs  # noqa: F401  (seed 000-21: IRPO's generative reward model on preference pairs)
+from . import drirl_safety  # noqa: F401  (seed 000-43: DR-IRL category reward models learnt by IRL)
 from .base import Task, get_task
 from .gym import GYM_PREFIX
 
