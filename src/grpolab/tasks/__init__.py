@@ -25,6 +25,7 @@ from . import function_calls  # noqa: F401  (seed 000-106: BFCL-style calls with
 from . import mqr  # noqa: F401  (seed 000-05: MathForge MQR, arithmetic_mqr)
 from . import irpo_prefs  # noqa: F401  (seed 000-21: IRPO's generative reward model on preference pairs)
 from . import drirl_safety  # noqa: F401  (seed 000-43: DR-IRL category reward models learnt by IRL)
+from . import team_tasks  # noqa: F401  (issue 26: split_facts, the cooperative task of the team rollout)
 from .base import Task, get_task
 from .gym import GYM_PREFIX
 

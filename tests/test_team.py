@@ -1,0 +1,168 @@
+"""Several roles in one run (issue 26, the roles core): the ``team`` rollout, ``split_facts`` and MAGRPO."""
+import json
+
+import pytest
+import torch
+
+from grpolab.batch import ENVIRONMENT, SAMPLED
+from grpolab.config import Config, ConfigError
+from grpolab.generation.turns import Continuation
+from grpolab.recipes import recipe_overrides
+from grpolab.rollouts import team as team_mod
+from grpolab.rollouts.team import parse_roles
+from grpolab.tasks import get_task
+from grpolab.train.trainer import Trainer
+
+EPS = 1e-4
+
+
+def test_roles_are_parsed_and_bad_specs_name_the_fix():
+    roles = parse_roles(["a", {"name": "b", "prompt": "B!", "view": "v", "trainable": False}])
+    assert [(r.name, r.prompt, r.view, r.trainable) for r in roles] == [("a", "", None, True), ("b", "B!", "v", False)]
+    assert [r.name for r in parse_roles("x, y")] == ["x", "y"]
+    for bad, msg in ((["a"], "at least two"), (["a", "a"], "more than once"), (["a", {"prompt": "p"}], "no name"),
+                     (["a", {"name": "b", "colour": 1}], "unknown key"), (["a", "2b"], "must be a letter"),
+                     ([{"name": "a", "trainable": False}, {"name": "b", "trainable": False}], "at least one role")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_roles(bad)
+    with pytest.raises(ConfigError, match="team_reward: 'shared' is not valid"):
+        Config.build({"rollout_strategy": "team", "team_reward": "shared", "roles": ["a", "b"]})
+    with pytest.raises(ConfigError, match="team_answer_role: 'c' is none of the roles"):
+        Config.build({"rollout_strategy": "team", "team_answer_role": "c", "roles": ["a", "b"]})
+    with pytest.raises(ConfigError, match="zero_sum needs exactly two roles"):
+        Config.build({"rollout_strategy": "team", "team_reward": "zero_sum", "roles": ["a", "b", "c"]})
+
+
+def test_split_facts_needs_both_views():
+    task = get_task("split_facts", split_facts_rows=50, split_facts_eval=10)
+    assert len(task.train_rows) == 40 and len(task.eval_rows) == 10
+    for r in task.train_rows + task.eval_rows:
+        # the scout's view names the city, the solver's the countries of 3 cities, the person's among them
+        assert r["scout_facts"] == f"{r['person']} lives in {r['city']}."
+        assert f"{r['city']} is in {r['answer']}." in r["solver_facts"] and len(r["candidates"]) == 3
+        assert r["answer"] not in r["scout_facts"] and r["city"] not in r["prompt"][0]["content"]
+    rw = task.rewards[0][1]
+    assert rw(completions=["It is France.", "Italy", "france!"], answer=["France", "France", "France"]) == [1, 0, 1]
+
+
+def scripted(texts):
+    """Role turns by call: call k (role k % n of round k // n) says ``texts[k][j]`` in its j-th live episode."""
+    calls = {"k": 0}
+
+    def sample(ctx, contexts, budgets, temperatures, model=None):
+        k = calls["k"]
+        calls["k"] += 1
+        sample.contexts.append([ctx.tokenizer.decode(c) for c in contexts])
+        ids = [ctx.tokenizer(t, add_special_tokens=False)["input_ids"][:b] for t, b in zip(texts[k], budgets)]
+        return Continuation(ids, [[-1.0] * len(a) for a in ids], ["stop_string"] * len(ids))
+    sample.contexts = []
+    return sample
+
+
+def user_rows(tmp_path):
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "team.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}:", "answer": "yes", "hint": f"h{i}",
+                                        "note": "abcdefghnoxyzw12"}) + "\n"
+                            for i in range(4)))
+    return str(path)
+
+
+def hit(completions, answer, **kw):
+    return [1.0 if a in c else 0.0 for c, a in zip(completions, answer)]
+
+
+def team_step(tmp_path, tiny_args, monkeypatch, texts, **extra):
+    args = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+            "reward": ["test_team:hit"], "rollout_strategy": "team", "prompts_per_step": 2, "num_generations": 2,
+            "max_completion_length": 6, "advantage": "group_mean",
+            "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "out": str(tmp_path / "run"),
+            **extra}
+    tr = Trainer(Config.build(args), log=lambda *a: None)
+    fake = scripted(texts)
+    monkeypatch.setattr(team_mod, "sample_role_turns", fake)
+    tr.ctx.new_step()
+    b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
+                    budgets=None, temperatures=None)
+    b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+    return tr, b, fake
+
+
+# 2 prompts x 2 team episodes, 1 round: the scout speaks first (call 0), then the solver (call 1)
+ONE_ROUND = [["ab", "cd", "ef", "gh"], ["yes", "no", "no", "yes"]]
+
+
+def test_one_row_per_role_groups_per_role_and_the_shared_reward(tmp_path, tiny_args, monkeypatch):
+    tr, b, fake = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND)
+    # rows team-major: (e0 scout, e0 solver, e1 scout, e1 solver, e2 ..., e3 ...); e0, e1 of prompt 0
+    assert b.columns["role"] == ["scout", "solver"] * 4 and b.row_data["role"].tolist() == [0, 1] * 4
+    g = b.group_ids.tolist()
+    # each role's 2 rows of one prompt are a group; 4 distinct groups (2 prompts x 2 roles)
+    assert g[0] == g[2] and g[1] == g[3] and g[4] == g[6] and g[5] == g[7] and len(set(g)) == 4
+    assert b.prompt_uids.tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
+    # the solver's first prompt holds its instruction-less prompt and the scout's message; the scout saw its hint
+    assert "h0" in fake.contexts[0][0] and "h1" in fake.contexts[0][2]
+    assert "scout: ab" in fake.contexts[1][0] and "scout: gh" in fake.contexts[1][3]
+    assert "h0" not in fake.contexts[1][0]  # the hint is the scout's alone
+    # cooperative: every role gets the solver's (answer role's) reward: e0 yes, e1 no, e2 no, e3 yes
+    assert b.rewards[:, 0].tolist() == [1, 1, 0, 0, 0, 0, 1, 1]
+    # tokens: each row's completion is its own turn (SAMPLED, producer = its role)
+    for i in range(8):
+        n = int(b.completion_attention_mask[i].sum())
+        assert (b.token_origin[i, :n] == SAMPLED).all() and (b.step_data["role"][i, :n] == i % 2).all()
+        assert (b.step_data["role"][i, n:] == -1).all()
+    # advantages per role group: R - mean: prompt 0 (1, 0) -> +-.5 for both roles; prompt 1 (0, 1) -> -+.5
+    adv = tr.compute_advantages(b)
+    per_row = [float(adv[i, 0]) for i in range(8)]
+    assert per_row == pytest.approx([0.5, 0.5, -0.5, -0.5, -0.5, -0.5, 0.5, 0.5])
+    m = tr.ctx.metrics
+    assert m["team/reward"] == 0.5 and m["team/scout/reward"] == 0.5 and m["team/solver/reward"] == 0.5
+
+
+def test_two_rounds_interleave_turns_and_observations(tmp_path, tiny_args, monkeypatch):
+    texts = [["a1", "b1", "c1", "d1"], ["x1", "y1", "z1", "w1"], ["a2", "b2", "c2", "d2"], ["yes", "y", "n", "yes"]]
+    tr, b, fake = team_step(tmp_path, tiny_args, monkeypatch, texts, team_rounds=2)
+    # the scout's row: turn a1, the solver's message x1 (ENVIRONMENT, producer solver), turn a2
+    tok = tr.ctx.tokenizer
+    row = b.completion_ids[0][b.completion_attention_mask[0].bool()]
+    origin = b.token_origin[0][b.completion_attention_mask[0].bool()]
+    producer = b.step_data["role"][0][b.completion_attention_mask[0].bool()]
+    assert tok.decode(row[origin == SAMPLED]).replace(" ", "") in ("a1a2", "a1\na2")
+    env = row[origin == ENVIRONMENT]
+    assert "solver: x1" in tok.decode(env) and (producer[origin == ENVIRONMENT] == 1).all()
+    assert (producer[origin == SAMPLED] == 0).all()
+    assert (b.completion_mask[0][b.completion_attention_mask[0].bool()] == (origin == SAMPLED).float()).all()
+    # the solver's second turn context holds the scout's second message
+    assert "scout: a2" in fake.contexts[3][0] and "scout: a1" in fake.contexts[3][0]
+    assert b.columns["completion"][1] == "yes" and b.columns["completion"][0] == "a2"  # final messages
+    assert b.columns["team_transcript"][0][0]["turns"] == ["a1", "a2"]
+
+
+def test_channel_off_per_role_zero_sum_and_frozen_roles(tmp_path, tiny_args, monkeypatch):
+    _, b, fake = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND, team_channel="off")
+    assert not any("scout:" in c for c in fake.contexts[1])  # alone: the solver never hears the scout
+    # per_role: each row on its own final message ("ab", "cd", ... never contain "yes")
+    _, b, _ = team_step(tmp_path / "p", tiny_args, monkeypatch, ONE_ROUND, team_reward="per_role")
+    assert b.rewards[:, 0].tolist() == [0, 1, 0, 0, 0, 0, 0, 1]
+    # zero_sum: the answer role's reward, the other role its negation
+    _, b, _ = team_step(tmp_path / "z", tiny_args, monkeypatch, ONE_ROUND, team_reward="zero_sum")
+    assert b.rewards[:, 0].tolist() == [-1, 1, 0, 0, 0, 0, -1, 1]
+    # a frozen role plays and is scored, then leaves the batch: only the solver's rows are trained
+    _, b, _ = team_step(tmp_path / "f", tiny_args, monkeypatch, ONE_ROUND,
+                        roles=[{"name": "scout", "view": "hint", "trainable": False}, {"name": "solver"}])
+    assert b.columns["role"] == ["solver"] * 4 and b.rewards[:, 0].tolist() == [1, 0, 0, 1]
+
+
+def test_magrpo_recipe_trains_and_evaluates_the_team(tiny_args, tmp_path):
+    from grpolab.train.metrics import read_metrics
+    args = {**recipe_overrides("magrpo"), **tiny_args, "task": "split_facts", "steps": 2, "prompts_per_step": 2,
+            "num_generations": 2, "max_completion_length": 6, "split_facts_rows": 24, "split_facts_eval": 4,
+            "eval_steps": 2, "save_steps": 2, "out": str(tmp_path / "magrpo")}
+    cfg = Config.build(args)
+    assert (cfg.rollout_strategy, cfg.advantage, cfg.policy_loss) == ("team", "group_mean", "policy_gradient")
+    tr = Trainer(cfg, log=lambda *a: None)
+    tr.train(progress=False)
+    rows = read_metrics(args["out"])
+    assert len([r for r in rows if "loss" in r]) >= 2
+    assert any("rollout/team/solver/reward" in r for r in rows) and any("rollout/team/reward" in r for r in rows)
+    assert torch.isfinite(torch.tensor([r["loss"] for r in rows if r.get("loss") is not None])).all()
