@@ -166,3 +166,43 @@ def test_magrpo_recipe_trains_and_evaluates_the_team(tiny_args, tmp_path):
     assert len([r for r in rows if "loss" in r]) >= 2
     assert any("rollout/team/solver/reward" in r for r in rows) and any("rollout/team/reward" in r for r in rows)
     assert torch.isfinite(torch.tensor([r["loss"] for r in rows if r.get("loss") is not None])).all()
+
+
+def test_kill_9_of_a_team_run_resumes_exactly(tmp_path):
+    """A magrpo run (two roles) killed with SIGKILL after its 3rd step and resumed matches the uninterrupted run
+    metric for metric (every role's) and weight for weight."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from safetensors.torch import load_file
+
+    from grpolab.cli import main
+    from grpolab.train.metrics import read_metrics
+    from test_training import TIMING
+
+    def cli(out):
+        return [sys.executable, "-m", "grpolab", "train", "--recipe", "magrpo", "--model", "tiny", "--steps", "5",
+                "--prompts_per_step", "2", "--num_generations", "2", "--max_completion_length", "5",
+                "--split_facts_rows", "24", "--split_facts_eval", "4", "--learning_rate", "3e-3",
+                "--eval_before", "false", "--eval_after", "false", "--tensorboard", "false", "--save_steps", "2",
+                "--threads", "1", "--dtype", "float32", "--out", str(out), "--quiet"]
+    ref, out = tmp_path / "ref", tmp_path / "killed"
+    assert main(cli(ref)[3:]) == 0
+    proc = subprocess.Popen(cli(out), env={**os.environ, "HF_HUB_OFFLINE": "1"}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(read_metrics(out)) < 3:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(read_metrics(out)) < 5
+    assert main(["train", "--resume", str(out), "--quiet"]) == 0
+    a, b = read_metrics(ref), read_metrics(out)
+    assert [r["step"] for r in b] == [1, 2, 3, 4, 5] and "rollout/team/scout/reward" in b[-1]
+    for ra, rb in zip(a, b):
+        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+    wa, wb = load_file(str(ref / "final" / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
