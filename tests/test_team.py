@@ -206,3 +206,26 @@ def test_kill_9_of_a_team_run_resumes_exactly(tmp_path):
         assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
     wa, wb = load_file(str(ref / "final" / "model.safetensors")), load_file(str(out / "final" / "model.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_propose_solve_game_rewards_by_hand(tiny_args, tmp_path, monkeypatch):
+    """Per-role rewards of the proposer/solver game on scripted turns (limit 9 for row 0, 20 for row 1)."""
+    from grpolab.tasks.team_tasks import proposed_question
+    assert proposed_question("What is 3 + 4?", 9) == (3, 4) and proposed_question("12+1", 9) is None
+    assert proposed_question("no question", 9) is None
+    args = {**recipe_overrides("team_self_play"), **tiny_args, "task": "propose_solve", "prompts_per_step": 2,
+            "num_generations": 2, "max_completion_length": 8, "propose_solve_rows": 8, "propose_solve_eval": 2,
+            "out": str(tmp_path / "game")}
+    tr = Trainer(Config.build(args), log=lambda *a: None)
+    # row 0 (limit 9): e0 proposer "3+4" solver "7" (solved); e1 "8+9" / "16" (wrong)
+    # row 1 (limit 20): e2 "15+5" / "20" (solved); e3 "30+1" (invalid: 30 > 20) / "31"
+    monkeypatch.setattr(team_mod, "sample_role_turns", scripted([["3+4", "8+9", "15+5", "30+1"],
+                                                                 ["7", "16", "20", "31"]]))
+    tr.ctx.new_step()
+    rows = [r for r in tr.rows if r["limit"] == 9][:1] + [r for r in tr.rows if r["limit"] == 20][:1]
+    b = tr.strategy(ctx=tr.ctx, rows=rows, uids=[0, 1], group_offset=tr.ctx.allocate_groups(2), budgets=None,
+                    temperatures=None)
+    got = b.rewards[:, 0].tolist()
+    # (proposer, solver) per episode: e0 (0, 1); e1 (1, 0); e2 (0, 1); e3 (0, unscorable)
+    assert got[:7] == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0] and got[7] != got[7]
+    assert tr.ctx.metrics["team/proposer/reward"] == pytest.approx(0.25)

@@ -1,4 +1,7 @@
-"""``split_facts``: a question two roles can answer only together (the cooperative task of the ``team`` rollout).
+"""Tasks for several roles in one run (the ``team`` rollout): ``split_facts`` (cooperative) and ``propose_solve``
+(a proposer/solver game).
+
+``split_facts``: a question two roles can answer only together.
 
 Each row asks in which country a person lives. The scout's view (column ``scout_facts``) says the person's
 city; the solver's view (``solver_facts``) says the country of ``split_facts_cities`` cities, the person's among
@@ -16,6 +19,7 @@ countries the solver sees).
 from __future__ import annotations
 
 import random
+import re
 
 from ..data import completion_text
 from ..errors import ConfigError
@@ -73,3 +77,74 @@ def split_facts(*,
                 accuracy_reward="accuracy",
                 description=f"a person's country: the scout knows the city, the solver the countries of "
                             f"{split_facts_cities} cities; they must talk (rollout_strategy team)")
+
+
+# ------------------------------------------------------------------------------------- proposer / solver
+PROPOSER_PROMPT = "You are the proposer. Write one question A+B with whole numbers A and B from 1 to the limit."
+SOLVER_GAME_PROMPT = "You are the solver. Answer the proposer's question with one number."
+GAME_ROLES = [{"name": "proposer", "prompt": PROPOSER_PROMPT}, {"name": "solver", "prompt": SOLVER_GAME_PROMPT}]
+_QUESTION = re.compile(r"(\d+)\s*\+\s*(\d+)")
+_NUMBER = re.compile(r"-?\d+")
+
+
+def proposed_question(text: str, limit: int) -> tuple[int, int] | None:
+    """``(A, B)`` of the first ``A+B`` in ``text`` when both are whole numbers in 1..limit, else None."""
+    m = _QUESTION.search(str(text))
+    if m is None:
+        return None
+    a, b = int(m.group(1)), int(m.group(2))
+    return (a, b) if 1 <= a <= limit and 1 <= b <= limit else None
+
+
+def game_reward(prompts=None, completions=None, role=None, team_transcript=None, limit=None, **kwargs):
+    """Per role (``team_reward: per_role``), from the team episode's transcript:
+
+    * solver: 1.0 if the first number of its final message is A + B of the proposer's question, else 0.0;
+      unscorable (None) when the proposer asked no valid question (nothing to learn from);
+    * proposer: 1.0 for a valid question the solver got wrong, 0.0 for one it solved or an invalid question.
+    """
+    if role is None or team_transcript is None:
+        raise ValueError("propose_solve's reward reads the team rollout's columns 'role' and 'team_transcript' "
+                         "(rollout_strategy: team, team_reward: per_role)")
+    out = []
+    for c, r, team, lim in zip(completions, role, team_transcript, limit):
+        seats = {s["role"]: s for s in team}
+        asked = seats.get("proposer", {}).get("turns") or [""]
+        q = proposed_question(asked[-1], int(lim))
+        said = (seats.get("solver", {}).get("turns") or [""])[-1]
+        nums = _NUMBER.findall(said)
+        solved = q is not None and bool(nums) and int(nums[0]) == q[0] + q[1]
+        if r == "solver":
+            out.append(None if q is None else float(solved))
+        else:
+            out.append(float(q is not None and not solved))
+    return out
+
+
+@TASKS.register("propose_solve", needs=("text",))
+def propose_solve(*,
+                  propose_solve_limits: list = param([9, 20, 50], "propose_solve: the limits a row may set for A "
+                                                     "and B (one per row, cycled)"),
+                  propose_solve_rows: int = param(60, "propose_solve: rows"),
+                  propose_solve_eval: int = param(12, "propose_solve: of them held out")) -> Task:
+    """A self-play game for two roles of one model: the proposer writes a question A+B within the row's limit,
+    the solver answers it. Per-role rewards (:func:`game_reward`): the solver is right or wrong; the proposer
+    wins with a valid question the solver gets wrong. Train with ``rollout_strategy: team`` and
+    ``team_reward: per_role`` (the ``propose_solve`` roles: ``roles: [proposer, solver]``).
+
+    Provenance: grpolab's own — a built-in proposer/solver game (issue 26) for the multi-role rollout;
+    implements no published method (Dr. Zero's proposer reward, 000-110, is a different rule).
+    """
+    if not propose_solve_limits or any(int(x) < 1 for x in propose_solve_limits):
+        raise ConfigError(f"propose_solve_limits: whole numbers >= 1, got {propose_solve_limits}")
+    if not 0 <= propose_solve_eval < propose_solve_rows:
+        raise ConfigError(f"propose_solve_eval: expected 0..{propose_solve_rows - 1}, got {propose_solve_eval}")
+    rows = []
+    for i in range(propose_solve_rows):
+        lim = int(propose_solve_limits[i % len(propose_solve_limits)])
+        rows.append({"prompt": [{"role": "user", "content": f"The limit is {lim}."}], "limit": lim,
+                     "answer": "", "symbols": "0123456789 +=?"})  # what a tokenizer built from the data needs
+    return Task("propose_solve", rows[propose_solve_eval:], rows[:propose_solve_eval],
+                rewards=[("game", game_reward, 1.0)], accuracy_reward=None,
+                description="proposer/solver self-play: A+B questions within a limit (team rollout, per-role "
+                            "rewards)")
