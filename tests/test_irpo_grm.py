@@ -124,17 +124,39 @@ def test_phase_two_without_a_grm_stops_and_names_it(tmp_path):
                 log=lambda *a: None)
 
 
+def test_format_warmup_rows_are_label_free():
+    from grpolab.tasks.irpo_prefs import format_warmup_rows
+    rows = get_task("irpo_prefs").train_rows[:400]
+    warm = format_warmup_rows(rows, seed=3)
+    assert [w["prompt"] for w in warm] == [r["prompt"] for r in rows]
+    scores = [parse_judge_score(w["completion"]) for w in warm]
+    assert all(s is not None for s in scores) and len(set(scores)) == 11  # the format, every score 0..10
+    assert scores == [parse_judge_score(w["completion"]) for w in format_warmup_rows(rows[::-1], seed=3)]  # row order
+    # label-free: the targets do not depend on the side (the same draws whichever response a row judges)
+    flipped = [{**r, "irpo_side": 1 - r["irpo_side"]} for r in rows]
+    assert [w["completion"] for w in format_warmup_rows(flipped, seed=3)] == [w["completion"] for w in warm]
+
+
 def test_two_phases_train_the_grm_then_a_policy_with_it(tmp_path):
-    """Phase 1: two GRPO steps of the reward model on preference pairs, saved to OUT/final. Phase 2: one policy
-    step on arithmetic whose reward column 'grm' is the saved GRM's judgement of each completion."""
+    """A label-free format warm-up of the tiny GRM (grpolab sft, 40 steps: a random tiny model writes no
+    parseable score, so IRPO would have no signal), phase 1: two GRPO steps of the GRM on preference pairs, saved
+    to OUT/final, phase 2: one policy step on arithmetic whose reward column 'grm' is the saved GRM's judgement of
+    each completion."""
+    from grpolab.cli import main
+    from grpolab.tasks.irpo_prefs import format_warmup_rows
+    data = tmp_path / "warm.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in format_warmup_rows(get_task("irpo_prefs").train_rows[:200])))
+    assert main(["sft", "--model", "tiny", "--data", str(data), "--out", str(tmp_path / "sft"), "--sft_steps", "40",
+                 "--sft_batch_size", "8", "--sft_learning_rate", "3e-3", "--threads", "1"]) == 0
     out1 = tmp_path / "grm"
-    t = Trainer(Config.build(_args("irpo_grm", out1, steps=2, prompts_per_step=4, num_generations=4,
-                                   max_completion_length=12)), log=lambda *a: None)
+    t = Trainer(Config.build(_args("irpo_grm", out1, model=str(tmp_path / "sft"), steps=2, prompts_per_step=4,
+                                   num_generations=4, max_completion_length=8)), log=lambda *a: None)
     t.train(progress=False)
     rows = [json.loads(x) for x in open(out1 / "metrics.jsonl")]
     assert len(rows) == 2 and (out1 / "final" / "config.json").exists()
-    assert {"rewards/irpo_bt/mean", "rewards/judge_format/mean", "rewards/pair_accuracy/unscorable"} <= set(rows[0])
     assert all(r["reward_errors"] == 0 for r in rows)
+    # measured (seed 0): 94% of the judgements parse and the BT rewards spread (std 0.26, 0.30): a GRPO signal
+    assert all(r["rewards/judge_format/mean"] > 0.5 and r["reward_std"] > 0.05 for r in rows)
     out2 = tmp_path / "policy"
     t = Trainer(Config.build(_args("irpo_policy", out2, steps=1, prompts_per_step=2, num_generations=4,
                                    max_completion_length=8, grm_max_new_tokens=8,
@@ -142,5 +164,6 @@ def test_two_phases_train_the_grm_then_a_policy_with_it(tmp_path):
     assert list(t.scorer.names) == ["accuracy", "format", "grm"]
     t.train(progress=False)
     rows = [json.loads(x) for x in open(out2 / "metrics.jsonl")]
-    assert len(rows) == 1 and rows[0]["reward_errors"] == 0 and "rewards/grm/unscorable" in rows[0]
+    assert len(rows) == 1 and rows[0]["reward_errors"] == 0
+    assert rows[0]["rewards/grm/unscorable"] < 8 and rows[0]["rewards/grm/mean"] is not None  # the GRM scored
     assert math.isfinite(rows[0]["reward_mean"])

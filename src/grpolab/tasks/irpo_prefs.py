@@ -27,6 +27,9 @@ Rewards (all see the whole batch, so they read the other response's judgements t
   opposing group's mean score (above it for the chosen response, below for the rejected one), 0.0 where not or
   unparseable, unscorable (None) when the batch holds no parseable judgement of the other response.
 
+A GRM too small to write the format (the tiny test model, SmolLM2-135M) first gets a label-free format cold
+start: :func:`format_warmup_rows` -> JSONL -> ``grpolab sft --data`` -> ``--model`` of the ``irpo_grm`` run.
+
 The trained GRM (the run's ``OUT/final`` folder) then scores a policy's completions pointwise through the reward
 spec ``grm:PATH`` (:mod:`grpolab.rewards.grm`, recipe ``irpo_policy``), with the same prompt
 (:func:`judge_prompt`) and parser.
@@ -137,6 +140,15 @@ def pair_accuracy(prompts=None, completions=None, irpo_pair=None, irpo_side=None
             m = sum(other) / len(other)
             out.append(float(s > m if int(side) == 1 else s < m))
     return out
+
+
+def format_warmup_rows(rows: list[dict], seed: int = 0) -> list[dict]:
+    """A label-free format cold start for a GRM too small to follow the format (``grpolab sft --data``): each
+    judging prompt of ``rows`` with the target ``Score: k``, ``k`` uniform in ``SCORE_MIN..SCORE_MAX`` drawn with
+    ``random.Random(seed)`` in row order, independent of the row's side — it teaches the format and a spread of
+    scores, and nothing about which response is preferred (that is left to the IRPO reward)."""
+    rng = random.Random(seed)
+    return [{"prompt": r["prompt"], "completion": f"Score: {rng.randint(SCORE_MIN, SCORE_MAX)}"} for r in rows]
 
 
 def _pair_rows(row: dict, pair_id: str, wrong: int) -> list[dict]:
