@@ -59,6 +59,8 @@ def test_reward_functions_read_the_pair_columns():
     sides = [1, 1, 0, 0, 1, 0, 1, 0]
     assert irpo_bt(completions=comps, irpo_pair=pairs, irpo_side=sides)[:6] == \
         pytest.approx([S3, S1, (S3 + S1) / 2, 0.0, 0.5, 0.0])
+    with pytest.raises(ValueError, match="paraphrase_sets.*irpo_pair"):  # prompts drawn one by one: no pair whole
+        irpo_bt(completions=comps[:3], irpo_pair=["p", "q", "r"], irpo_side=[1, 0, 1])
     assert judge_format(completions=comps) == [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0]
     # chosen above the mean of the rejected scores / rejected below the chosen mean; q's chosen has no
     # parseable opponent (None), q's rejected is unparseable with an opponent (0); r is ordered wrong (0, 0)

@@ -111,7 +111,17 @@ def intergroup_bt_rewards(scores: list, pairs: list, sides: list, scale: float =
 
 
 def irpo_bt(prompts=None, completions=None, irpo_pair=None, irpo_side=None, **kwargs) -> list[float]:
-    """The intergroup Bradley-Terry reward of each judgement (:func:`intergroup_bt_rewards`, k = 1)."""
+    """The intergroup Bradley-Terry reward of each judgement (:func:`intergroup_bt_rewards`, k = 1).
+
+    Raises (the scorer reports it every step) when no pair of the batch has both responses in it: the prompts
+    were drawn one by one, so no judgement can be compared (select ``prompt_sampler: paraphrase_sets`` with
+    ``paraphrase_set_column: irpo_pair``, as recipe ``irpo_grm`` does)."""
+    sides: dict = {}
+    for p, side in zip(irpo_pair, irpo_side):
+        sides.setdefault(p, set()).add(int(side))
+    if sides and not any(len(v) == 2 for v in sides.values()):
+        raise ValueError("irpo_bt: no preference pair has both responses in this batch; draw whole pairs with "
+                         "prompt_sampler: paraphrase_sets and paraphrase_set_column: irpo_pair (recipe irpo_grm)")
     return intergroup_bt_rewards([parse_judge_score(c) for c in completions], irpo_pair, irpo_side)
 
 
