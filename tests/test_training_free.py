@@ -37,7 +37,7 @@ def test_parse_operations_forms_and_prose():
     ("DELETE 1", 0, r"the library is empty"),
     ("MODIFY 1: a\nDELETE 1", 2, r"line 2 .*already has an operation on line 1"),
     ("KEEP\nADD: x", 2, "KEEP .* must be the only operation"),
-    ("KEEP everything", 2, r"written 'KEEP'"),
+    ("KEEP everything", 2, r"write a KEEP operation as 'KEEP'"),
     ("ADD: " + "w " * 5, 2, r"5 words, more than training_free_max_words=4"),
 ])
 def test_parse_operations_is_strict(reply, size, match):

@@ -83,7 +83,7 @@ def parse_operations(reply: str, size: int, max_words: int) -> list[Operation]:
                 "KEEP": "KEEP"}[kind]
         p = pattern.match(rest)
         if p is None:
-            raise OperationError(f"{where}: a {kind} operation is written '{form}'")
+            raise OperationError(f"{where}: write a {kind} operation as '{form}'")
         index = int(p.group("n")) if "n" in p.groupdict() else None
         text = p.group("text").strip() if "text" in p.groupdict() else None
         if index is not None:
