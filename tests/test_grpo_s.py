@@ -145,3 +145,30 @@ def test_recipe_and_smoke_step(tiny_args):
     rows = [json.loads(x) for x in open(f"{tiny_args['out']}/metrics.jsonl")]
     assert len(rows) == 2 and all(r["reward_errors"] == 0 for r in rows)
     assert all(math.isfinite(r["reward_mean"]) for r in rows) and "rewards/drirl/mean" in rows[0]
+
+
+# ---------------------------------------------------------------- your own demonstrations: fit, save, drirl:PATH
+
+def test_fit_rows_save_load_and_the_drirl_reward_spec(tmp_path):
+    from grpolab.rewards import parse_reward_spec
+    from grpolab.tasks.drirl_safety import CategoryRewardModels
+    rows = [{"category": "tone", "demonstration": "thank you kindly friend", "response": "go away"},
+            {"category": "tone", "demonstration": "thank you so much", "response": "whatever"},
+            {"category": "brevity", "demonstration": "ok", "response": "well it is a long story really"}]
+    rms = CategoryRewardModels.fit_rows(rows)
+    assert set(rms.thetas) == {"tone", "brevity"}
+    assert rms.score("tone", "thank you") > rms.score("tone", "go away")
+    assert rms.score("tone", "thank you") > rms.score("brevity", "thank you")  # the other category's expert text
+    path = tmp_path / "rms.json"
+    rms.save(path)
+    back = CategoryRewardModels.load(path)
+    assert back.score("tone", "thank you kindly") == rms.score("tone", "thank you kindly")
+    r = parse_reward_spec(f"drirl:{path}=2")
+    assert r.name == "drirl" and r.weight == 2.0
+    comps = ["thank you", "whatever"]
+    assert r.fn(completions=comps, category=["tone", "tone"]) == [rms.score("tone", y) for y in comps]
+    with pytest.raises(ValueError, match="drirl_category_column"):
+        r.fn(completions=comps)
+    (tmp_path / "bad.json").write_text('{"format": 9}')
+    with pytest.raises(ValueError, match="format 1"):
+        parse_reward_spec(f"drirl:{tmp_path / 'bad.json'}")

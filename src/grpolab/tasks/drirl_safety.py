@@ -23,10 +23,12 @@ reward): 1.0 where the completion refuses (``can't`` / ``cannot``) and names its
 """
 from __future__ import annotations
 
+import json
 import math
 import random
 import re
 import zlib
+from pathlib import Path
 
 import torch
 
@@ -115,6 +117,37 @@ class CategoryRewardModels:
         feats = lambda texts: torch.stack([text_features(t) for t in texts])  # noqa: E731
         return cls({c: fit_irl_reward(feats(demos[c]), feats(list(demos[c]) + list(samples[c])), **kw)
                     for c in demos})
+
+    @classmethod
+    def fit_rows(cls, rows: list[dict], *, category_column: str = "category",
+                 demonstration_column: str = "demonstration", response_column: str = "response",
+                 **kw) -> "CategoryRewardModels":
+        """Fit from data rows: each row's ``demonstration`` is an expert response of its ``category``; a row's
+        optional ``response`` is a non-expert one of that category. A category's sample set is its
+        demonstrations, its non-expert responses and the other categories' demonstrations."""
+        demos: dict[str, list[str]] = {}
+        others: dict[str, list[str]] = {}
+        for r in rows:
+            c = str(r[category_column])
+            if r.get(demonstration_column):
+                demos.setdefault(c, []).append(str(r[demonstration_column]))
+            if r.get(response_column):
+                others.setdefault(c, []).append(str(r[response_column]))
+        samples = {c: others.get(c, []) + [d for o in demos if o != c for d in demos[o]] for c in demos}
+        return cls.fit(demos, samples, **kw)
+
+    def save(self, path) -> None:
+        """Write the models as JSON (``{"format": 1, "dim": d, "thetas": {category: [d floats]}}``)."""
+        data = {"format": 1, "dim": FEATURE_DIM, "thetas": {c: t.tolist() for c, t in self.thetas.items()}}
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path) -> "CategoryRewardModels":
+        data = json.loads(Path(path).read_text())
+        if data.get("format") != 1 or data.get("dim") != FEATURE_DIM:
+            raise ValueError(f"drirl: {path} is not a category reward model file of format 1 with {FEATURE_DIM} "
+                             f"features (write one with CategoryRewardModels.save)")
+        return cls({c: torch.tensor(t, dtype=torch.float64) for c, t in data["thetas"].items()})
 
     def score(self, category: str, text) -> float:
         if category not in self.thetas:
