@@ -16,7 +16,7 @@ SRC = Path(grpolab.__file__).parent
 # From the ground up: a module may import from its own layer or below (docs/architecture.md).
 LAYERS = [
     {"errors", "registry", "sandbox"},
-    {"batch", "data", "config", "components", "devices", "recipes"},
+    {"batch", "data", "config", "components", "devices", "recipes", "roles"},
     {"algorithms", "model", "images", "dllm", "speech", "vision"},
     {"generation", "policies"},
     {"rewards", "tasks", "prompts", "rollouts", "stages", "agents"},

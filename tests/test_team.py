@@ -229,3 +229,71 @@ def test_propose_solve_game_rewards_by_hand(tiny_args, tmp_path, monkeypatch):
     # (proposer, solver) per episode: e0 (0, 1); e1 (1, 0); e2 (0, 1); e3 (0, unscorable)
     assert got[:7] == [0.0, 1.0, 1.0, 0.0, 0.0, 1.0, 0.0] and got[7] != got[7]
     assert tr.ctx.metrics["team/proposer/reward"] == pytest.approx(0.25)
+
+
+def test_role_adapters_one_lora_per_role_trained_on_its_own_rows(tmp_path, tiny_args, monkeypatch):
+    """role_adapters lora: one adapter per role on the shared base; each role samples with its adapter, each row's
+    log-probs go through its role's adapter, and a step moves each adapter only through its own rows."""
+    with pytest.raises(ConfigError, match="needs use_lora: true"):
+        Config.build({"rollout_strategy": "team", "role_adapters": "lora", "roles": ["a", "b"]})
+    extra = {"use_lora": True, "lora_r": 4, "lora_alpha": 8, "lora_target_modules": "q_proj,v_proj",
+             "role_adapters": "lora", "learning_rate": 1e-2}
+    tr, b, _ = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND, **extra)
+    model = tr.model
+    assert sorted(model.peft_config) == ["scout", "solver"]
+    lora = {n: p for n, p in model.named_parameters() if "lora_" in n}
+    assert lora and all(p.requires_grad for p in lora.values())  # every adapter trainable after sampling
+    # make the adapters differ, then: a row's log-probs are those of its role's adapter alone
+    with torch.no_grad():
+        for n, p in lora.items():
+            if ".solver." in n and "lora_B" in n:
+                p.add_(0.5)
+    lp = tr.ctx.logprobs(b, model=model)
+    for i, name in ((0, "scout"), (1, "solver")):
+        model.set_adapter(name)
+        alone = tr.ctx.logprobs(b.select([i]), model=model)
+        n = int(b.completion_attention_mask[i].sum())
+        assert torch.allclose(lp[i, :n], alone[0, :n], atol=1e-5), name
+    model.set_requires_grad(list(model.peft_config), True)
+    as_solver = b.select([0])
+    as_solver.row_data["role"] = torch.tensor([1])  # the scout's row through the solver's adapter: different
+    assert not torch.allclose(lp[0], tr.ctx.logprobs(as_solver, model=model)[0])
+    # a training step on the solver's rows only moves the solver's adapter
+    before = {n: p.detach().clone() for n, p in lora.items()}
+    b.scalar_rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    b.advantages = tr.compute_advantages(b)
+    solver_rows = b.select([1, 3, 5, 7])
+    solver_rows.advantages = b.advantages[[1, 3, 5, 7]]
+    tr.update(solver_rows)
+    moved = {n for n, p in lora.items() if not torch.equal(p, before[n])}
+    assert moved and all(".solver." in n for n in moved)
+
+
+def longer(completions, **kw):
+    """A reward that varies with the tiny model's random replies (so the adapters move): length, capped at 5."""
+    return [min(len(c), 5) / 5 for c in completions]
+
+
+def test_role_adapters_resume_exactly(tmp_path, tiny_args):
+    """4 steps straight, and 2 steps then a resume from the step-2 checkpoint: the same adapters to the bit; the
+    adapters moved, and final/<role> holds the base with that role's adapter merged in."""
+    base = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+            "reward": ["test_team:longer"], "rollout_strategy": "team", "advantage": "group_mean",
+            "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "prompts_per_step": 2,
+            "num_generations": 2, "max_completion_length": 5, "save_steps": 2, "eval_before": False,
+            "eval_after": False, "use_lora": True, "lora_r": 4, "lora_alpha": 8,
+            "lora_target_modules": "q_proj,v_proj", "role_adapters": "lora", "learning_rate": 3e-2,
+            "dtype": "float32"}
+    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), log=lambda *x: None)
+    a.train(progress=False)
+    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), log=lambda *x: None).train(progress=False)
+    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, log=lambda *x: None)
+    c.train(progress=False)
+    pa, pc = dict(a.model.named_parameters()), dict(c.model.named_parameters())
+    for k, v in pa.items():
+        assert torch.equal(v, pc[k]), k
+    for role in ("scout", "solver"):  # each adapter was trained (lora_B starts at zero)
+        assert any(float(v.abs().sum()) > 0 for k, v in pa.items() if f"lora_B.{role}." in k), role
+    from safetensors.torch import load_file
+    scout, solver = (load_file(str(tmp_path / "a" / "final" / r / "model.safetensors")) for r in ("scout", "solver"))
+    assert scout.keys() == solver.keys() and not all(torch.equal(scout[k], solver[k]) for k in scout)

@@ -160,12 +160,20 @@ def load_policy(name: str, *, task_texts: list[str] | None = None, tiny_arch: st
     return model, tok
 
 
-def apply_lora(model, r: int, alpha: int, target_modules: list[str], dropout: float = 0.0):
+def apply_lora(model, r: int, alpha: int, target_modules: list[str], dropout: float = 0.0, adapters=()):
+    """LoRA adapters (PEFT) on ``model``: one named ``default``, or one per name of ``adapters`` (a team's roles),
+    every one trainable."""
     from peft import LoraConfig, get_peft_model
 
     cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=target_modules, lora_dropout=dropout,
                      task_type="CAUSAL_LM")
-    return get_peft_model(model, cfg)
+    if not adapters:
+        return get_peft_model(model, cfg)
+    model = get_peft_model(model, cfg, adapter_name=adapters[0])
+    for name in adapters[1:]:
+        model.add_adapter(name, cfg)
+    model.set_requires_grad(list(adapters), True)
+    return model
 
 
 def save_policy(model, tok, path: Path) -> None:

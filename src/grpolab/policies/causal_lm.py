@@ -9,6 +9,7 @@ from ..data import model_texts
 from ..generation.plain import plain_rollout
 from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..registry import POLICIES
+from ..roles import ROLE_ADAPTERS, ROLES, per_row_adapters, role_names
 from .base import PolicyBase
 
 
@@ -60,7 +61,8 @@ class CausalLMPolicy(PolicyBase):
     def __init__(self, *, temperature: float, shared_prefix_forward: bool, gradient_checkpointing: bool,
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list,
                  max_completion_length: int, max_prompt_length: int, top_k: int, top_p: float,
-                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int):
+                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int,
+                 roles: list = ROLES, role_adapters: str = ROLE_ADAPTERS):
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
         self.top_k, self.top_p, self.sampling_method = int(top_k), float(top_p), sampling_method
@@ -70,6 +72,8 @@ class CausalLMPolicy(PolicyBase):
         self.shared_prefix_no_grad = bool(shared_prefix_forward)  # nothing is checkpointed without gradients
         self.checkpointing = bool(gradient_checkpointing)
         self.lora = (int(lora_r), int(lora_alpha), list(lora_target_modules)) if use_lora else None
+        # role_adapters lora: one adapter per role of a team run, named after it (grpolab/roles.py)
+        self.adapters = role_names(roles) if use_lora and role_adapters == "lora" else []
 
     @property
     def pad_id(self) -> int:
@@ -142,7 +146,7 @@ class CausalLMPolicy(PolicyBase):
         """LoRA adapters (PEFT, ``use_lora``) and activation checkpointing (``gradient_checkpointing``)."""
         if self.lora is not None:
             from ..model.loading import apply_lora
-            module = apply_lora(module, *self.lora)
+            module = apply_lora(module, *self.lora, adapters=self.adapters)
         if self.checkpointing:
             enable = getattr(module, "activation_checkpointing_enable", None)  # transformers >= 5.x name
             if enable is not None:
@@ -159,6 +163,16 @@ class CausalLMPolicy(PolicyBase):
         """``logprobs`` [R, T] of ``mb``'s completion tokens under ``module``; with ``entropy`` or
         ``entropy_grad`` in ``want``, the vocabulary entropy [R, T] too (``entropy`` detached; the entropy
         carries gradients only when ``entropy_grad`` is asked for)."""
+        if self.adapters and "role" in mb.row_data:  # each row through its role's adapter (PEFT mixed batch)
+            names = [self.adapters[int(r)] for r in mb.row_data["role"]]
+            with per_row_adapters(module, names):
+                logp, ent = completion_logprobs(module, mb, self.temperature, shared_prefix=False,
+                                                with_entropy=bool(want & {"entropy", "entropy_grad"}),
+                                                entropy_grad="entropy_grad" in want)
+            out = {"logprobs": logp}
+            if ent is not None:
+                out.update(entropy=ent.detach(), entropy_grad=ent)
+            return out
         if not want & {"entropy", "entropy_grad"}:
             shared = self.shared_prefix if grad else self.shared_prefix_no_grad
             return {"logprobs": completion_logprobs(module, mb, self.temperature, shared_prefix=shared)[0]}

@@ -31,7 +31,6 @@ put after it; ``trainable``: default true).
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import torch
@@ -43,51 +42,10 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES, param
+from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter
 
 TEAM_REWARDS = ("cooperative", "per_role", "zero_sum")
-_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ROLE_COLUMN = "role"
-
-
-@dataclass(frozen=True)
-class Role:
-    """One role of a team: the run's model with its own instruction and view of the row."""
-    name: str
-    prompt: str = ""
-    view: str | None = None
-    trainable: bool = True
-
-
-def parse_roles(spec) -> list[Role]:
-    """``roles`` as :class:`Role` objects; errors name the bad entry and the valid form."""
-    form = ("roles: a list of at least two role names, or of {name, prompt, view, trainable} mappings, e.g. "
-            "[{name: scout, view: scout_facts}, {name: solver, view: solver_facts}]")
-    if isinstance(spec, str):
-        spec = [s.strip() for s in spec.split(",") if s.strip()]
-    if not isinstance(spec, (list, tuple)) or len(spec) < 2:
-        raise ConfigError(f"{form}; got {spec!r}")
-    out = []
-    for i, r in enumerate(spec):
-        if isinstance(r, str):
-            r = {"name": r}
-        if not isinstance(r, dict) or "name" not in r:
-            raise ConfigError(f"roles[{i}]: {r!r} has no name; {form}")
-        unknown = sorted(set(r) - {"name", "prompt", "view", "trainable"})
-        if unknown:
-            raise ConfigError(f"roles[{i}] ({r['name']}): unknown key(s) {', '.join(unknown)}; valid keys: name, "
-                              f"prompt, view, trainable")
-        if not isinstance(r["name"], str) or not _NAME.match(r["name"]):
-            raise ConfigError(f"roles[{i}]: name {r['name']!r} must be a letter then letters, digits or _")
-        if not isinstance(r.get("trainable", True), bool):
-            raise ConfigError(f"roles[{i}] ({r['name']}): trainable must be true or false")
-        out.append(Role(r["name"], str(r.get("prompt") or ""), r.get("view"), r.get("trainable", True)))
-    names = [r.name for r in out]
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ConfigError(f"roles: the name(s) {', '.join(dup)} appear more than once")
-    if not any(r.trainable for r in out):
-        raise ConfigError("roles: every role has trainable: false; at least one role must be trained")
-    return out
 
 
 @dataclass
@@ -138,7 +96,7 @@ def sample_role_turns(ctx, contexts, budgets, temperatures, model=None):
 
 
 def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, channel: bool, turn_tokens: int,
-               episode_tokens: int, renderer, model=None) -> None:
+               episode_tokens: int, renderer, model=None, adapters: bool = False) -> None:
     """Every team episode to its end: ``rounds`` rounds, each role speaking once per round in order. A role's episode
     (its turns and the messages it hears) is capped at ``max_episode_tokens``, each turn at ``max_turn_tokens``
     (the agent keys)."""
@@ -170,8 +128,9 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
                     s.finished, s.ended_by = True, "token_budget"
             if not live:
                 continue
-            out = sample_role_turns(ctx, [s.episode.context() for s, _ in live], [b for _, b in live],
-                                    [s.temperature for s, _ in live], model=model)
+            with role_adapter(model if model is not None else ctx.policy, roles[r].name if adapters else None):
+                out = sample_role_turns(ctx, [s.episode.context() for s, _ in live], [b for _, b in live],
+                                        [s.temperature for s, _ in live], model=model)
             for (s, _), ids, lps, reason in zip(live, out.ids, out.logprobs, out.finish_reasons):
                 if not ids:
                     s.finished, s.ended_by = True, "no_action"
@@ -210,6 +169,9 @@ def _check(cfg) -> None:
         raise ConfigError(f"team_answer_role: '{answer}' is none of the roles ({', '.join(r.name for r in roles)})")
     if int(p.get("team_rounds", 1)) < 1:
         raise ConfigError(f"team_rounds must be >= 1, got {p.get('team_rounds')}")
+    if p.get("role_adapters", "shared") == "lora" and not cfg.use_lora:
+        raise ConfigError("role_adapters: lora gives every role its own LoRA adapter and needs use_lora: true "
+                          "(--use_lora true); or set role_adapters: shared")
     if p.get("team_channel", "on") not in ("on", "off"):
         raise ConfigError(f"team_channel: '{p.get('team_channel')}' is not valid; valid values: on, off")
 
@@ -261,8 +223,7 @@ def _team_rewards(batch, n_roles: int, answer: int, mode: str) -> None:
 
 @ROLLOUT_STRATEGIES.register("team", check=_check, needs=("text",))
 def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
-         roles: list = param(["scout", "solver"], "team: the roles (names, or {name, prompt, view, trainable} "
-                             "mappings); each is the run's model with its own instruction and view"),
+         roles: list = ROLES, role_adapters: str = ROLE_ADAPTERS,
          team_rounds: int = param(1, "team: rounds per team episode (each role speaks once per round, in order)"),
          team_reward: str = param("cooperative", "team: cooperative (every role gets the answer role's reward), "
                                   "per_role (each role scored on its own final message), zero_sum (two roles: "
@@ -297,7 +258,7 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     renderer = Renderer(ctx.tokenizer, log=ctx.log)
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=renderer)
+               renderer=renderer, adapters=role_adapters == "lora")
     batch = _pack(ctx, teams, role_list, gids, max_episode_tokens)
     ctx.score(batch)
     _team_rewards(batch, n, answer, team_reward)
@@ -314,7 +275,7 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 
 
 def eval_rollout(ctx, model, rows, uids, *, roles, team_rounds, team_answer_role, team_channel, max_turn_tokens,
-                 max_episode_tokens, **_ignored):
+                 max_episode_tokens, role_adapters="shared", **_ignored):
     """Held-out evaluation: one greedy team episode per row; the answer role's rows, scored by the trainer."""
     role_list = parse_roles(roles)
     n = len(role_list)
@@ -322,7 +283,7 @@ def eval_rollout(ctx, model, rows, uids, *, roles, team_rounds, team_answer_role
     teams = [[Seat(r, row, uid, 0.0) for r in range(n)] for row, uid in zip(rows, uids)]
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model)
+               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters == "lora")
     batch = _pack(ctx, teams, role_list, [[i] * n for i in range(len(rows))], max_episode_tokens)
     return batch.select([t * n + answer for t in range(len(rows))])
 

@@ -816,11 +816,17 @@ class Trainer:
             plot = None
             self.log(f"[grpolab] warning: {self.out / 'reward_curve.png'} could not be written: {why}; skipped")
         final = self.out / "final"
-        to_save = self.model
-        if cfg.use_lora:
-            to_save = copy.deepcopy(self.model).merge_and_unload()
-        self._write_end(final, lambda: self.policy.save(to_save, final), "the final model")
-        self.log(f"[grpolab] final model saved to {final}" + (f"; reward curve: {plot}" if plot else ""))
+        roles = getattr(self.policy, "adapters", [])
+        if roles:  # role_adapters lora: final/<role> is the base with that role's adapter merged in
+            for name in roles:
+                merged = copy.deepcopy(self.model).merge_and_unload(adapter_names=[name])
+                self._write_end(final / name, lambda m=merged, n=name: self.policy.save(m, final / n),
+                                f"role {name}'s final model")
+        else:
+            to_save = copy.deepcopy(self.model).merge_and_unload() if cfg.use_lora else self.model
+            self._write_end(final, lambda: self.policy.save(to_save, final), "the final model")
+        where = f"{final}/{{{','.join(roles)}}} (one model per role)" if roles else str(final)
+        self.log(f"[grpolab] final model saved to {where}" + (f"; reward curve: {plot}" if plot else ""))
         if cfg.eval_after and self.eval_rows:
             summary["after"] = self._eval("after")
         if "before" in summary and "after" in summary and "accuracy" in summary["before"]:
