@@ -232,3 +232,11 @@ def test_smoke_policy_lm_counts_malformed_replies(tiny_args):
     assert m["training_free/lm_calls"] == (4 + 1) * m["training_free/groups_used"] + 2
     assert m["training_free/malformed_replies"] == 2
     assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
+
+
+def test_rows_without_the_answer_column_stop_at_start(tiny_args):
+    """repeat's rows have no 'answer': the run stops before any work, naming the column and the component."""
+    from grpolab.train.trainer import Trainer
+
+    with pytest.raises(ConfigError, match="no 'answer' column, which update strategy 'training_free' reads"):
+        Trainer(Config.build({**recipe_overrides("training_free_grpo"), **tiny_args}), **QUIET)

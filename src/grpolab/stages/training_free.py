@@ -281,7 +281,12 @@ def _check(cfg) -> None:
 LIBRARY_FILE, UPDATES_FILE = "experiences.md", "experience_updates.jsonl"
 
 
-@UPDATE_STRATEGIES.register("training_free", check=_check, needs=("text",))
+def _answer_column(cfg) -> list[str]:
+    """The reference-answer column every training row needs (none when ``training_free_answer_column`` is '')."""
+    return [cfg.training_free_answer_column] if cfg.training_free_answer_column else []
+
+
+@UPDATE_STRATEGIES.register("training_free", check=_check, needs=("text",), columns=_answer_column)
 class TrainingFree:
     """Training-Free GRPO's update: no weight changes; the step's groups update an experience library.
 
