@@ -37,14 +37,15 @@ def test_parse_step_verdict_is_strict():
     for bad in ("First error: step 4", "First error: step 0", "the second step", "First error: step 2 and 3",
                 "Error: step 1", "", "First error: step two"):
         assert parse_step_verdict(bad, 3) is None, bad
-    assert step_credit("First error: step 3", 4) == 0.5  # 2 of 4 steps right
+    assert step_credit("First error: step 3", 4) == 0.4  # 2 of 4 steps + the wrong answer right: 2 / 5
     assert step_credit("nonsense", 4) is None
 
 
 def test_step_credit_column_with_stub_judge():
-    """Prompt A: every completion wrong; prompt B: one right. Hand values: a1 first error at step 2 of 2 -> 1/2;
-    a2 at step 1 -> 0; a3 three right steps, wrong answer ('none') -> 3/3 = 1; a4 no step -> 0 without a call;
-    a5 error at step 3 of 3 -> 2/3. b1 right -> 1; b2 wrong but its prompt is solved -> 0, not judged."""
+    """Prompt A: every completion wrong; prompt B: one right. Credit k / (K + 1) (the wrong answer is the last
+    step). Hand values: a1 first error at step 2 of 2 -> 1/3; a2 at step 1 -> 0; a3 three right steps, wrong
+    answer ('none') -> 3/4; a4 no step -> 0 without a call; a5 error at step 3 of 3 -> 2/4. b1 right -> 1; b2
+    wrong but its prompt is solved -> 0, not judged."""
     pa, pb = [{"role": "user", "content": "A"}], [{"role": "user", "content": "B"}]
     comps = ["3 + 4 = 7\n7 * 2 = 15\nAnswer: 15", "3 + 4 = 8\n8 * 2 = 16\nAnswer: 16",
              "3 + 4 = 7\n7 * 2 = 14\n14 - 1 = 13\nAnswer: 13", "Answer: 5",
@@ -52,7 +53,7 @@ def test_step_credit_column_with_stub_judge():
     prompts = [pa] * 5 + [pb] * 2
     answers = ["14"] * 5 + ["5"] * 2
     col = SGPOStepJudge(checker_judge)(prompts=prompts, completions=comps, answer=answers)
-    assert col == pytest.approx([0.5, 0.0, 1.0, 0.0, 2 / 3, 1.0, 0.0])
+    assert col == pytest.approx([1 / 3, 0.0, 0.75, 0.0, 0.5, 1.0, 0.0])
     assert len(checker_judge.seen) == 4  # a1, a2, a3, a5
     assert checker_judge.seen[0] == ("Problem: A\nSteps:\n1. 3 + 4 = 7\n2. 7 * 2 = 15\nFind the first incorrect "
                                      "step. Reply with one line: \"First error: step N\" (N from 1 to 2) or "
@@ -71,21 +72,21 @@ def test_step_credit_column_with_stub_judge():
 
 
 def test_all_negative_group_gets_ordered_advantages():
-    """Group 0 is all wrong (accuracy 0, format 1): scalar 0.5 each, GRPO advantages all 0. Credits 0.5, 0, 1,
-    unparseable (NaN -> +0); lambda = 0.5: rewards 0.75, 0.5, 1.0, 0.5; mean 0.6875; deviations 0.0625, -0.1875,
-    0.3125, -0.1875; squares sum 0.171875, / 3 = 0.0572917, std 0.2393568; A = dev / (std + 1e-4) =
-    0.26101, -0.78302, 1.30504, -0.78302."""
+    """Group 0 is all wrong (accuracy 0, format 1): scalar 0.5 each, GRPO advantages all 0. Credits 0.5, 0, 0.75,
+    unparseable (NaN -> +0); lambda = 0.5: rewards 0.75, 0.5, 0.875, 0.5; mean 0.65625; deviations 0.09375,
+    -0.15625, 0.21875, -0.15625; squares 0.0087891, 0.0244141, 0.0478516, 0.0244141, sum 0.1054688, / 3 =
+    0.0351563, std 0.1875; A = dev / (0.1875 + 1e-4) = 0.49973, -0.83289, 1.16604, -0.83289."""
     names = ["accuracy", "format", "sgpo_judge"]
     nan = float("nan")
-    R = torch.tensor([[0., 1., 0.5], [0., 1., 0.0], [0., 1., 1.0], [0., 1., nan]])
+    R = torch.tensor([[0., 1., 0.5], [0., 1., 0.0], [0., 1., 0.75], [0., 1., nan]])
     gid = torch.zeros(4, dtype=torch.long)
     base = combine_rewards(R, torch.tensor([1.0, 0.5, 0.0]))
     assert base.tolist() == [0.5] * 4
     assert group_zscore(base, gid).abs().max() == 0  # the GRPO stall
     shaped = sgpo_negative_credit(base, gid, R, names, sgpo_credit_scale=0.5)
-    assert shaped.tolist() == [0.75, 0.5, 1.0, 0.5]
+    assert shaped.tolist() == [0.75, 0.5, 0.875, 0.5]
     adv = group_zscore(shaped, gid)
-    assert adv.tolist() == pytest.approx([0.26101, -0.78302, 1.30504, -0.78302], abs=1e-4)
+    assert adv.tolist() == pytest.approx([0.49973, -0.83289, 1.16604, -0.83289], abs=1e-4)
     assert adv[2] > adv[0] > adv[1] == adv[3]
 
 
@@ -107,7 +108,7 @@ def test_spec_parses_judge_and_weight(tmp_path):
     (tmp_path / "stub_judge.py").write_text("def judge(texts):\n    return ['First error: none'] * len(texts)\n")
     spec = parse_reward_spec(f"sgpo_judge:{tmp_path / 'stub_judge.py'}:judge=0")
     assert spec.name == "sgpo_judge" and spec.weight == 0.0
-    assert spec.fn(prompts=["p"], completions=["1 + 1 = 3\nAnswer: 3"], answer=["2"]) == [1.0]
+    assert spec.fn(prompts=["p"], completions=["1 + 1 = 3\nAnswer: 3"], answer=["2"]) == [0.5]  # 'none': 1 / 2
     with pytest.raises(ValueError, match="sgpo_judge"):
         parse_reward_spec("sgpo_judge:nojudge")
 

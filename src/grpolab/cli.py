@@ -795,6 +795,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("mqr", help="`grpolab mqr --model M --data ROWS --out FILE`: MathForge multi-aspect question "
                                "reformulation (seed 000-05): harder rewrites with the same gold answer, added to "
                                "the originals (see `grpolab mqr --help`)", add_help=False)
+    sub.add_parser("rm-train", help="`grpolab rm-train --out DIR [--data ROWS] [--labels a,b]`: train a "
+                                    "multi-label reward model, one regression head per label (seed 000-52); "
+                                    "use it with --reward mlrm:DIR (see `grpolab rm-train --help`)", add_help=False)
     sub.add_parser("bench", help="`grpolab bench speed [options]`: grpolab vs TRL GRPOTrainer on the same job "
                                  "(see `grpolab bench speed --help`)", add_help=False)
     sub.add_parser("compare", help="`grpolab compare --recipes a,b --seeds 0,1,2 [train options] --out DIR`: "
@@ -850,6 +853,14 @@ def _main(argv: list[str] | None = None) -> int:
         try:
             return mqr_main(argv[1:])
         except (ConfigError, DataError, FileNotFoundError) as e:
+            print(f"grpolab: error: {e}", file=sys.stderr)
+            return 2
+    if argv[:1] == ["rm-train"]:  # its own argument parser (src/grpolab/rewards/multi_label_rm.py)
+        from .errors import ConfigError
+        from .rewards.multi_label_rm import main as rm_train_main
+        try:
+            return rm_train_main(argv[1:])
+        except (ConfigError, ValueError, FileNotFoundError) as e:
             print(f"grpolab: error: {e}", file=sys.stderr)
             return 2
     if argv[:1] == ["vllm-serve"]:  # its own argument parser (src/grpolab/generation/vllm_server.py)

@@ -8,16 +8,18 @@ asks a step-wise judge to grade the reasoning steps of the wrong completions, so
 * this reward spec, ``--reward sgpo_judge:JUDGE[=weight]``, writes the reward column ``sgpo_judge``: the
   *step credit* of each completion,
 
-      c_i = 1                  the final answer is right (every step counts),
-      c_i = k_i / K_i          wrong: K_i reasoning steps, the judge says the first wrong one is step k_i + 1
-                               (k_i steps before it are right; "none" means k_i = K_i),
+      c_i = 1                  the final answer is right,
+      c_i = k_i / (K_i + 1)    wrong: K_i reasoning steps and the (wrong) final answer; the judge says the first
+                               wrong step is step k_i + 1 (k_i steps before it are right; "none" means k_i = K_i:
+                               every reasoning step right, only the answer wrong),
       c_i = None (unscorable)  wrong, and the judge's reply does not parse (logged as
                                ``rewards/sgpo_judge/unscorable``, the metric of unparseable replies);
 
   a wrong completion with no reasoning step (``K_i = 0``) gets 0 without a judge call;
+  so ``c_i = 1`` exactly when the answer is right and ``c_i < 1`` for every wrong completion;
 * the reward transform ``sgpo_negative_credit`` (``rewards/transforms.py``) adds ``lambda * c_i`` to the rewards
-  of the rows of every group with no correct row, and leaves every other group unchanged. The recipe gives the
-  column weight 0 so that it enters the scalar reward only through the transform.
+  of the rows of every group with no correct row (no ``c_i = 1``), and leaves every other group unchanged. The
+  recipe gives the column weight 0 so that it enters the scalar reward only through the transform.
 
 The judge text (one per wrong completion)::
 
@@ -83,9 +85,10 @@ def parse_step_verdict(reply: str, n_steps: int) -> int | None:
 
 
 def step_credit(reply: str, n_steps: int) -> float | None:
-    """``k / K`` for a parseable reply (``k`` steps right before the first error, ``K`` steps), else None."""
+    """``k / (K + 1)`` for a parseable reply on a wrong completion (``k`` steps right before the first error,
+    ``K`` reasoning steps, the wrong final answer the last step), else None."""
     k = parse_step_verdict(reply, n_steps)
-    return None if k is None else k / n_steps
+    return None if k is None else k / (n_steps + 1)
 
 
 class ModelJudge:
@@ -175,7 +178,8 @@ def parse_sgpo_judge_spec(spec: str, cfg=None, **opts):
 
     Provenance: reconstructed from the abstract — SGPO (arXiv:2505.11595; seed 000-49): a step-wise judge grades
     the wrong completions; our choices: the judge names the first wrong step in a fixed one-line format, the credit
-    is the share of steps before it (k/K in [0, 1], a right answer 1), an unparseable reply is unscorable (None),
+    is the share of steps before it, the wrong final answer counted as the last step (k/(K+1) in [0, 1), a right
+    answer 1), an unparseable reply is unscorable (None),
     the judge defaults to a frozen copy of the policy; no authors' code found (searched the code index for
     "Spectral Policy Optimization", "Stepwise Guided Policy Optimization", "SGPO" and the arXiv id: paper pages
     only), the paper's judge prompt and scoring rule were not available.

@@ -1477,36 +1477,38 @@ def sgpo_negative_credit(rewards: torch.Tensor, group_ids: torch.Tensor, reward_
                                                         "step judge's credit c_i in [0, 1] (--reward sgpo_judge:...)"),
                          sgpo_credit_scale: float = param(0.5, 'sgpo_negative_credit: lambda, the reward a wrong '
                                                           'completion gains at full step credit (below the 1 of a '
-                                                          'right answer)'),
-                         shaping_correct_reward: str = CORRECT_REWARD,
-                         shaping_correct_threshold: float = CORRECT_THRESHOLD) -> torch.Tensor:
+                                                          'right answer)')) -> torch.Tensor:
     """SGPO: partial credit from a step-wise judge in all-negative groups (Chen et al., 2025, *Spectral Policy
     Optimization: Coloring your Incorrect Reasoning in GRPO* / *Stepwise Guided Policy Optimization*,
     arXiv:2505.11595; seed 000-49).
 
-    For each group ``g`` with no correct row (an all-negative-sample group)::
+    For each group ``g`` with no correct row (an all-negative-sample group; a row is correct when its credit
+    ``c_i = 1``: the judge column marks a right final answer 1 and every wrong completion below 1)::
 
         r_i <- r_i + lambda * c_i        (i in g; c_i = the sgpo_judge column, NaN -> 0)
 
     and every group with a correct row is unchanged, so GRPO's advantages are non-zero in an all-negative group
     whenever the judge tells its completions apart, and ordered by the credit. ``c_i`` is the share of a wrong
-    completion's reasoning steps before the first one the judge marks wrong (``rewards/step_judge.py``); an
-    unparseable judge reply leaves ``c_i`` NaN and the row gains nothing. ``lambda = sgpo_credit_scale`` < 1 keeps
-    every wrong completion below a right one. The judge column should have reward weight 0 (recipe
-    ``sgpo``), so it reaches the scalar reward only here. Rows whose reward is NaN stay NaN.
+    completion's steps (its wrong final answer the last) before the first one the judge marks wrong
+    (``rewards/step_judge.py``); an unparseable judge reply leaves ``c_i`` NaN and the row gains nothing.
+    ``lambda = sgpo_credit_scale`` < 1 keeps every wrong completion below a right one. The judge column should
+    have reward weight 0 (recipe ``sgpo``), so it reaches the scalar reward only here. Rows whose reward is NaN
+    stay NaN.
 
     Provenance: reconstructed from the abstract — SGPO (arXiv:2505.11595; seed 000-49): the judge's diversity is
     applied to all-negative groups only; our choices: additive credit lambda * c_i on the task reward with
-    lambda = 0.5, unparseable replies add nothing; no authors' code found (searched the code index for "Spectral
-    Policy Optimization", "Stepwise Guided Policy Optimization", "SGPO" and the arXiv id).
+    lambda = 0.5, unparseable replies add nothing, correctness read from the judge column (the answer
+    checked against the data's answer) instead of the task's accuracy column; no authors' code found (searched
+    the code index for "Spectral Policy Optimization", "Stepwise Guided Policy Optimization", "SGPO" and the
+    arXiv id).
     Test: tests/test_sgpo.py::test_all_negative_group_gets_ordered_advantages,
     tests/test_sgpo.py::test_group_with_a_right_answer_is_unchanged.
     """
     if sgpo_judge_column not in reward_names:
         raise ValueError(f"sgpo_judge_column: no reward column '{sgpo_judge_column}' (reward functions: "
                          f"{', '.join(reward_names) or 'none'}); add --reward sgpo_judge:self=0 (or another judge)")
-    correct = correct_rows(reward_matrix, reward_names, shaping_correct_reward, shaping_correct_threshold)
     credit = torch.nan_to_num(reward_matrix[:, reward_names.index(sgpo_judge_column)], nan=0.0).to(rewards.dtype)
+    correct = credit >= 1.0
     out = rewards.clone()
     for idx in _groups(group_ids):
         if not correct[idx].any():
