@@ -9,7 +9,7 @@ from ..data import model_texts
 from ..generation.plain import plain_rollout
 from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..registry import POLICIES
-from ..roles import ROLE_ADAPTERS, ROLES, per_row_adapters, role_names
+from ..roles import per_row_adapters
 from .base import PolicyBase
 
 
@@ -61,8 +61,7 @@ class CausalLMPolicy(PolicyBase):
     def __init__(self, *, temperature: float, shared_prefix_forward: bool, gradient_checkpointing: bool,
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list,
                  max_completion_length: int, max_prompt_length: int, top_k: int, top_p: float,
-                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int,
-                 roles: list = ROLES, role_adapters: str = ROLE_ADAPTERS):
+                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int):
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
         self.top_k, self.top_p, self.sampling_method = int(top_k), float(top_p), sampling_method
@@ -72,8 +71,9 @@ class CausalLMPolicy(PolicyBase):
         self.shared_prefix_no_grad = bool(shared_prefix_forward)  # nothing is checkpointed without gradients
         self.checkpointing = bool(gradient_checkpointing)
         self.lora = (int(lora_r), int(lora_alpha), list(lora_target_modules)) if use_lora else None
-        # role_adapters lora: one adapter per role of a team run, named after it (grpolab/roles.py)
-        self.adapters = role_names(roles) if use_lora and role_adapters == "lora" else []
+        # named LoRA adapters a rollout asks for (a team with role_adapters lora: one per role, grpolab/roles.py);
+        # the trainer sets them before prepare()
+        self.adapters: list[str] = []
 
     @property
     def pad_id(self) -> int:

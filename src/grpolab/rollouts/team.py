@@ -42,7 +42,7 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter
+from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter, role_names
 
 TEAM_REWARDS = ("cooperative", "per_role", "zero_sum")
 ROLE_COLUMN = "role"
@@ -294,6 +294,12 @@ def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
     return [f"{r.name}: {r.prompt}" for r in parse_roles(cfg.params.get("roles"))]
 
 
+def lora_adapters(cfg) -> list[str]:
+    """The LoRA adapters the policy makes for this run (``role_adapters: lora``: one per role, named after it)."""
+    return role_names(cfg.params.get("roles")) if cfg.params.get("role_adapters") == "lora" else []
+
+
 team.eval_rollout = eval_rollout
+team.lora_adapters = lora_adapters
 team.model_texts = model_texts
 team.columns = (ROLE_COLUMN, "team_transcript")  # reward functions may take them

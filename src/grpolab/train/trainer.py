@@ -227,6 +227,9 @@ class Trainer:
                                                    for _, obj in cfg.selected())
         if self.needs_reference and not cfg.use_lora:
             self.ref_model = copy.deepcopy(self.model).eval().requires_grad_(False)
+        named = checks.strategy_hook(cfg, "lora_adapters")  # LoRA adapters a rollout needs (a team: one per role)
+        if named is not None and cfg.use_lora:
+            self.policy.adapters = named(cfg)
         self.model = self.policy.prepare(self.model)  # LoRA adapters, activation checkpointing
 
     def _setup_optimizer(self, cfg: Config) -> None:
