@@ -330,7 +330,8 @@ class TrainingFree:
                  training_free_max_new_tokens: int = param(
                      192, "training_free: new tokens of each summary / advantage / update reply of the LM"),
                  training_free_lm_temperature: float = param(
-                     0.0, "training_free: sampling temperature of the LM's replies (0: greedy)"),
+                     0.7, "training_free: sampling temperature of the LM's replies (0: greedy, and then a "
+                          "repeated library-update request gets the same reply)"),
                  training_free_text_chars: int = param(
                      1200, "training_free: a rollout, summary or lesson shown to the LM is cut to this many "
                            "characters (marked ' [...]')"),
