@@ -119,6 +119,7 @@ def test_tiny_model_judge_replies_are_parsed_strictly():
     col = fn(prompts=["1 + 2"] * 3, completions=["1 + 2 = 4\nAnswer: 4", "1 + 2 = 5\nAnswer: 5", "Answer: 3"],
              answer=["3"] * 3)
     assert len(fn.last_replies) == 2 and col[2] == 1.0
+    assert all(r.startswith("First error:") for r in fn.last_replies)  # the prefill starts every reply
     assert all(c is None or 0.0 <= c <= 1.0 for c in col[:2])
 
 

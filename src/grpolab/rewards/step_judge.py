@@ -40,7 +40,9 @@ lines dropped). The final answer is checked like ``math_accuracy``: the last ``A
 JUDGE is ``self`` (a frozen copy of the run's initial policy, as ``judge:self``; the paper adapts existing LLMs as
 judges), ``tiny`` (a small random-init model, for tests), a local Hugging Face causal-LM folder, or
 ``module:function``: a Python function ``f(list_of_judge_texts) -> list_of_replies`` (a stub in tests, an API
-client elsewhere). A model judge replies greedily, at most ``sgpo_judge_max_new_tokens`` tokens.
+client elsewhere). A model judge reads the text as a ``user`` message through its chat template (when its
+tokenizer has one), its reply starts with ``sgpo_judge_prefill`` (default ``First error:``, written for it, so
+the model only completes the verdict) and it continues greedily, at most ``sgpo_judge_max_new_tokens`` tokens.
 
 With ``sgpo_judge_only_unsolved`` (default) a wrong completion is sent to the judge only when no completion of
 the same prompt text in the call is right (its group is then all-negative; the transform ignores the column of
@@ -94,10 +96,20 @@ def step_credit(reply: str, n_steps: int) -> float | None:
 class ModelJudge:
     """A causal LM that answers judge texts greedily (``self``, ``tiny`` or a local folder)."""
 
-    def __init__(self, path: str, cfg=None, max_new_tokens: int = 16, batch_size: int = 8):
+    def __init__(self, path: str, cfg=None, max_new_tokens: int = 16, batch_size: int = 8, prefill: str = ""):
         from .judge import JudgeReward
         self.loader = JudgeReward(path, cfg=cfg)  # the same loading as judge:PATH (self, tiny, folder)
-        self.max_new_tokens, self.batch_size = int(max_new_tokens), int(batch_size)
+        self.max_new_tokens, self.batch_size, self.prefill = int(max_new_tokens), int(batch_size), str(prefill)
+
+    def encode(self, tok, text: str) -> list[int]:
+        """Token ids of one judge text: a ``user`` message through the tokenizer's chat template (generation
+        prompt added) when it has one, else the plain text with the tokenizer's special tokens; then the
+        prefill (the start of the reply, written for the judge)."""
+        if getattr(tok, "chat_template", None):
+            chat = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                           add_generation_prompt=True)
+            return tok(chat + self.prefill, add_special_tokens=False)["input_ids"]
+        return tok(text + self.prefill)["input_ids"]
 
     @torch.no_grad()
     def __call__(self, texts: list[str]) -> list[str]:
@@ -105,7 +117,7 @@ class ModelJudge:
         model, tok = self.loader.model, self.loader.tok
         out: list[str] = []
         for i in range(0, len(texts), self.batch_size):
-            rows = [tok(t)["input_ids"][-self.loader.max_length:] for t in texts[i:i + self.batch_size]]
+            rows = [self.encode(tok, t)[-self.loader.max_length:] for t in texts[i:i + self.batch_size]]
             width = max(len(r) for r in rows)
             ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
             mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -114,14 +126,14 @@ class ModelJudge:
                 mask[j, width - len(r):] = 1
             gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=self.max_new_tokens,
                                  do_sample=False, pad_token_id=tok.pad_token_id)
-            out.extend(tok.batch_decode(gen[:, width:], skip_special_tokens=True))
+            out.extend(self.prefill + r for r in tok.batch_decode(gen[:, width:], skip_special_tokens=True))
         return out
 
 
-def load_step_judge(judge: str, cfg=None, max_new_tokens: int = 16):
+def load_step_judge(judge: str, cfg=None, max_new_tokens: int = 16, prefill: str = ""):
     """The judge callable for JUDGE = ``self`` | ``tiny`` | a model folder | ``module:function``."""
     if judge in ("self", "tiny") or (Path(judge) / "config.json").exists():
-        return ModelJudge(judge, cfg=cfg, max_new_tokens=max_new_tokens)
+        return ModelJudge(judge, cfg=cfg, max_new_tokens=max_new_tokens, prefill=prefill)
     module_name, sep, func = judge.rpartition(":")
     if not sep or not module_name or not func:
         raise ValueError(f"sgpo_judge: judge '{judge}' is not 'self', 'tiny', a local causal-LM folder with "
@@ -139,8 +151,11 @@ class SGPOStepJudge:
                  sgpo_judge_max_new_tokens: int = param(16, 'sgpo_judge: most tokens a model judge writes per reply'),
                  sgpo_judge_only_unsolved: bool = param(True, 'sgpo_judge: send a wrong completion to the judge only '
                                                         'when no completion of the same prompt is right'),
+                 sgpo_judge_prefill: str = param('First error:', 'sgpo_judge: the start of a model judge\'s reply, '
+                                                 'written for it (it completes the verdict line)'),
                  cfg=None):
-        self.judge = load_step_judge(judge, cfg, sgpo_judge_max_new_tokens) if isinstance(judge, str) else judge
+        self.judge = (load_step_judge(judge, cfg, sgpo_judge_max_new_tokens, sgpo_judge_prefill)
+                      if isinstance(judge, str) else judge)
         self.only_unsolved = bool(sgpo_judge_only_unsolved)
         self.last_replies: list[str] = []
         self.__name__ = "sgpo_judge"
