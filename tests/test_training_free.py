@@ -166,6 +166,10 @@ def test_config_checks():
         Config.build({**recipe_overrides("training_free_grpo"), **base, "beta": 0.04})
     with pytest.raises(ConfigError, match="update_strategy training_free"):
         Config.build({**base, "rollout_strategy": "experience_prompt"})
+    with pytest.raises(ConfigError, match="training_free_lm: 'policy' or MODULE:FUNCTION"):
+        Config.build({**recipe_overrides("training_free_grpo"), **base, "training_free_lm": "gpt"})
+    with pytest.raises(ConfigError, match="training_free_lm: 'no_such_module:f' is neither"):
+        TrainingFree(training_free_lm="no_such_module:f")
 
 
 def test_library_in_training_and_eval_prompts(tiny_args, monkeypatch):
