@@ -33,6 +33,8 @@ def experience_prompt(ctx, rows, uids, group_offset, budgets=None, temperatures=
     library as it is at evaluation time), so "before" is the plain model and "after" the model with the
     library.
 
+    Paper: Cai et al., 2025, "Training-Free Group Relative Policy Optimization", arXiv:2510.08191, seed 000-44.
+
     Provenance: authors' code — https://github.com/TencentCloudADP/youtu-agent, training_free_grpo/train.py
     (branch training_free_GRPO: ``PROBLEM_WITH_EXPERIENCE_TEMPLATE`` puts the numbered experiences after the
     problem once the library is non-empty, for rollouts and for evaluation in main.py); the wording of the

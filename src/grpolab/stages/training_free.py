@@ -308,6 +308,8 @@ class TrainingFree:
     ``OUT/experiences.md`` (readable) and one line per step to ``OUT/experience_updates.jsonl`` (the lessons,
     the replies, the operations, the errors). The optimiser never steps: the weights never change.
 
+    Paper: Cai et al., 2025, "Training-Free Group Relative Policy Optimization", arXiv:2510.08191, seed 000-44.
+
     Provenance: authors' code — https://github.com/TencentCloudADP/youtu-agent, training_free_grpo/math/experience.py
     (branch training_free_GRPO: per-rollout summaries, per-problem critique over the summaries with the current
     experiences, one batch update; only partially correct groups; experiences renumbered after each update;
