@@ -359,3 +359,15 @@ def test_math_verify_runs_without_signal_alarm_in_a_reward_thread(monkeypatch):
     t.join()
     assert out == [True]
     assert [c[1] for c in calls if not c[2]] == [None, None, None]
+
+
+def test_reward_specs_share_one_target_and_weight_rule():
+    """rm:, judge:, grm:, drirl:, sgpo_judge: and mlrm: read ``PREFIX:TARGET[=WEIGHT]`` the same way: the weight
+    is what follows the last '=' when it is a number; a path may hold '='; a weight that is not finite is refused."""
+    from grpolab.rewards.scoring import spec_target_and_weight as split
+    assert split("rm:a/b=c", "rm:") == ("a/b=c", 1.0)
+    assert split("rm:runs/x=1/final=0.5", "rm:") == ("runs/x=1/final", 0.5)
+    assert split("mlrm:builtin#format=2", "mlrm:") == ("builtin#format", 2.0)
+    assert split("sgpo_judge:self", "sgpo_judge:") == ("self", 1.0)
+    with pytest.raises(ValueError, match="'nan' is not a finite number"):
+        split("grm:p=nan", "grm:")

@@ -8,12 +8,10 @@ the hardness and the demonstration's reward, as task ``drirl_safety`` has.
 """
 from __future__ import annotations
 
-import math
-
 from ..registry import REWARD_SPECS, declared_params, param
 from ..tasks.drirl_safety import CategoryRewardModels
 from .agentic import data_column
-from .scoring import RewardFn
+from .scoring import RewardFn, spec_target_and_weight
 
 
 class CategoryReward:
@@ -42,15 +40,8 @@ def parse_drirl_spec(spec: str, cfg=None, **opts):
     category-specific reward models learnt by IRL score the policy's responses; the linear hashed-feature model
     and its JSON file are grpolab's choices.
     """
-    body = spec[len("drirl:"):]
-    path, weight = body, 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            path, weight = head, float(tail)
-        except ValueError:
-            pass
-    if not path or not math.isfinite(weight):
+    path, weight = spec_target_and_weight(spec, "drirl:")
+    if not path:
         raise ValueError(f"--reward '{spec}': expected drirl:PATH or drirl:PATH=weight (a finite number)")
     return RewardFn("drirl", CategoryReward(path, cfg=cfg, **opts), weight)
 

@@ -15,7 +15,6 @@ Use it as the reward column ``grm`` of a policy run, alone or through the ``irpo
 """
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from ..data import completion_text, tokenize_prompts  # noqa: E402
 from ..registry import REWARD_SPECS, declared_params, param  # noqa: E402
 from ..tasks.irpo_prefs import judge_prompt, parse_judge_score  # noqa: E402
 from .models import _prompt_text  # noqa: E402
-from .scoring import RewardFn  # noqa: E402
+from .scoring import RewardFn, spec_target_and_weight  # noqa: E402
 
 
 class GenerativeRewardModel:
@@ -92,14 +91,8 @@ def parse_grm_spec(spec: str, cfg=None, **opts):
     trained pointwise GRM scores each candidate once during the policy's RL; greedy judgements and an
     unparseable judgement = unscorable are grpolab's choices.
     """
-    body, path, weight = spec[len("grm:"):], spec[len("grm:"):], 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            path, weight = head, float(tail)
-        except ValueError:
-            pass
-    if not path or not math.isfinite(weight):
+    path, weight = spec_target_and_weight(spec, "grm:")
+    if not path:
         raise ValueError(f"--reward '{spec}': expected grm:PATH or grm:PATH=weight (a finite number)")
     return RewardFn("grm", GenerativeRewardModel(path, cfg=cfg, **opts), weight)
 

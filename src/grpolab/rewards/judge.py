@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from ..data import completion_text  # noqa: E402
 from ..registry import REWARD_SPECS, declared_params  # noqa: E402
 from .models import _prompt_text  # noqa: E402
-from .scoring import RewardFn  # noqa: E402
+from .scoring import RewardFn, spec_target_and_weight  # noqa: E402
 from ..registry import param
 
 
@@ -172,13 +172,7 @@ def parse_judge_spec(spec: str, cfg=None, **opts):
     yes/no); implements no published method.
     """
 
-    body, path, weight = spec[len("judge:"):], spec[len("judge:"):], 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            path, weight = head, float(tail)
-        except ValueError:
-            pass
+    path, weight = spec_target_and_weight(spec, "judge:")
     if not path:
         raise ValueError(f"--reward '{spec}': expected judge:PATH, judge:self or judge:tiny (optionally =weight)")
     return RewardFn("judge", JudgeReward(path, cfg=cfg, **opts), weight)

@@ -37,7 +37,7 @@ import torch  # noqa: E402
 
 from ..data import completion_text  # noqa: E402
 from ..registry import REWARD_SPECS  # noqa: E402
-from .scoring import RewardFn  # noqa: E402
+from .scoring import RewardFn, spec_target_and_weight  # noqa: E402
 
 
 def _prompt_text(prompt) -> str:
@@ -140,14 +140,7 @@ def parse_rm_spec(spec: str, cfg=None, **kwargs):
 
     if not spec.startswith("rm:"):
         raise ValueError(f"--reward '{spec}': a reward-model spec starts with 'rm:'")
-    body = spec[3:]
-    path, weight = body, 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            path, weight = head, float(tail)
-        except ValueError:
-            path, weight = body, 1.0
+    path, weight = spec_target_and_weight(spec, "rm:")
     if not path:
         raise ValueError(f"--reward '{spec}': expected rm:PATH or rm:PATH=weight")
     return RewardFn("rm", RewardModelFn(path, **kwargs), weight)

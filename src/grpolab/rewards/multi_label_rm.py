@@ -41,7 +41,7 @@ from torch import nn
 from ..data import completion_text
 from ..registry import REWARD_SPECS
 from .models import _prompt_text
-from .scoring import RewardFn
+from .scoring import RewardFn, spec_target_and_weight
 
 BUILTIN_LABELS = ("correctness", "format", "length")
 BUILTIN_WEIGHTS = (1.0, 0.5, -0.25)
@@ -266,14 +266,7 @@ def parse_mlrm_spec(spec: str, cfg=None, **kwargs):
     Test: tests/test_multi_label_rm.py::test_heads_learn_the_labels,
     tests/test_multi_label_rm.py::test_spec_is_the_weighted_sum.
     """
-    body = spec[len("mlrm:"):]
-    target, weight = body, 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            target, weight = head, float(tail)
-        except ValueError:
-            pass
+    target, weight = spec_target_and_weight(spec, "mlrm:")
     path, _, label = target.partition("#")
     if not path:
         raise ValueError(f"--reward '{spec}': expected mlrm:PATH or mlrm:builtin, optionally #LABEL and =weight")

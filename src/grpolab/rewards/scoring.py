@@ -347,3 +347,21 @@ class BatchScorer:
                         group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
                         reward_names=batch.reward_names, batch=batch, step=step)
         return scalar
+
+
+def spec_target_and_weight(spec: str, prefix: str) -> tuple[str, float]:
+    """``PREFIX:TARGET`` or ``PREFIX:TARGET=WEIGHT`` (a reward spec such as ``rm:PATH=0.5``) -> ``(TARGET, WEIGHT)``.
+
+    The weight is the text after the last ``=`` when it reads as a number (so a path may itself contain ``=``);
+    otherwise the whole rest is the target and the weight 1. A weight that is not finite is an error."""
+    body = spec[len(prefix):]
+    head, sep, tail = body.rpartition("=")
+    if not sep:
+        return body, 1.0
+    try:
+        weight = float(tail)
+    except ValueError:
+        return body, 1.0
+    if not math.isfinite(weight):
+        raise ValueError(f"--reward '{spec}': the weight '{tail}' is not a finite number")
+    return head, weight

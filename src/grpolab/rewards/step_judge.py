@@ -60,7 +60,7 @@ from ..registry import REWARD_SPECS, declared_params, param
 from .answers import extract_answer, math_equal
 from .models import _prompt_text
 from .process import reasoning_steps
-from .scoring import RewardFn, import_reward_module
+from .scoring import RewardFn, import_reward_module, spec_target_and_weight
 
 JUDGE_INSTRUCTION = ('Find the first incorrect step. Reply with one line: "First error: step N" (N from 1 to {K}) '
                      'or "First error: none".')
@@ -200,14 +200,7 @@ def parse_sgpo_judge_spec(spec: str, cfg=None, **opts):
     only), the paper's judge prompt and scoring rule were not available.
     Test: tests/test_sgpo.py::test_step_credit_column_with_stub_judge.
     """
-    body = spec[len("sgpo_judge:"):]
-    judge, weight = body, 1.0
-    head, sep, tail = body.rpartition("=")
-    if sep:
-        try:
-            judge, weight = head, float(tail)
-        except ValueError:
-            pass
+    judge, weight = spec_target_and_weight(spec, "sgpo_judge:")
     if not judge:
         raise ValueError(f"--reward '{spec}': expected sgpo_judge:JUDGE (self, tiny, a model folder or "
                          f"module:function), optionally =weight")
