@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from grpolab.config import Config
+from grpolab.config import Config, ConfigError
 from grpolab.recipes import recipe_overrides
 from grpolab.tasks import get_task
 from grpolab.tasks.irpo_prefs import (intergroup_bt_rewards, irpo_bt, judge_format, judge_prompt, pair_accuracy,
@@ -101,7 +101,7 @@ def test_grm_reward_judges_each_completion_once_with_the_training_prompt(tmp_pat
                question=["1 + 2", "1 + 2"])
     assert got == [8.0, None]  # an unparseable judgement is unscorable, never a silent 0
     assert seen == [judge_prompt("1 + 2", "Answer: 3"), judge_prompt("1 + 2", "Answer: 4")]
-    with pytest.raises(FileNotFoundError, match="irpo_grm"):
+    with pytest.raises(ConfigError, match="is missing.*irpo_grm"):
         parse_reward_spec(f"grm:{tmp_path / 'missing'}")
 
 
@@ -121,7 +121,7 @@ def _args(recipe, out, **over):
 
 def test_phase_two_without_a_grm_stops_and_names_it(tmp_path):
     assert recipe_overrides("irpo_policy")["reward"] == ["grm:runs/irpo_grm/final"]  # phase 1's default output
-    with pytest.raises(FileNotFoundError, match="missing.*irpo_grm"):
+    with pytest.raises(ConfigError, match="missing.*irpo_grm"):
         Trainer(Config.build(_args("irpo_policy", tmp_path / "p2", steps=1, reward=[f"grm:{tmp_path / 'missing'}"])),
                 log=lambda *a: None)
 

@@ -297,3 +297,18 @@ def test_role_adapters_resume_exactly(tmp_path, tiny_args):
     from safetensors.torch import load_file
     scout, solver = (load_file(str(tmp_path / "a" / "final" / r / "model.safetensors")) for r in ("scout", "solver"))
     assert scout.keys() == solver.keys() and not all(torch.equal(scout[k], solver[k]) for k in scout)
+
+
+def test_ctde_joint_reward_by_hand(tmp_path, tiny_args, monkeypatch):
+    """ctde_joint_reward on scripted two-round team episodes: R - .05 turns - .05 (coordination chars / 100)."""
+    from grpolab.rewards.transforms import ctde_costs
+    t = [{"role": "scout", "turns": ["Ann lives in Rome.", "yes"]}, {"role": "solver", "turns": ["where?", "Italy"]}]
+    # 4 turns; coordination: every message but the solver's last: 18 + 3 + 6 = 27 characters
+    assert ctde_costs(t, None) == (4, 27) and ctde_costs(t, "scout") == (4, 18 + 6 + 5)  # the scout answers
+    texts = [["a1", "b1", "c1", "d1"], ["x1", "y1", "z1", "w1"], ["a2", "bb2", "c2", "d2"], ["yes", "y", "n", "yes"]]
+    tr, b, _ = team_step(tmp_path, tiny_args, monkeypatch, texts, team_rounds=2,
+                         reward_transforms=["ctde_joint_reward"], ctde_speed_weight=0.05, ctde_cost_weight=0.05)
+    # e0: 4 turns, coordination a1 x1 a2 = 6 chars, R 1 -> 1 - .2 - .05 * .06 = .797
+    # e1: coordination b1 y1 bb2 = 7 chars, R 0 -> -.2 - .0035 = -.2035; e2: 6 chars, R 0 -> -.203; e3: R 1 -> .797
+    want = [0.797, 0.797, -0.2035, -0.2035, -0.203, -0.203, 0.797, 0.797]
+    assert b.scalar_rewards.tolist() == pytest.approx(want, abs=1e-6)

@@ -17,6 +17,8 @@ from .registry import param
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 ROLES = param(["scout", "solver"], "team: the roles (names, or {name, prompt, view, trainable} mappings); each is "
               "the run's model with its own instruction and view")
+TEAM_ANSWER_ROLE = param(None, "team: the role whose final message the task's rewards score (default: the last "
+                         "role)")
 ROLE_ADAPTERS = param("shared", "team: shared (every role is the run's model) or lora (one LoRA adapter per role "
                       "on the shared base, named after the role; needs use_lora: true)", ["shared", "lora"])
 

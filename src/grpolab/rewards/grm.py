@@ -23,6 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 from ..data import completion_text, tokenize_prompts  # noqa: E402
+from ..errors import ConfigError  # noqa: E402
 from ..registry import REWARD_SPECS, declared_params, param  # noqa: E402
 from ..tasks.irpo_prefs import judge_prompt, parse_judge_score  # noqa: E402
 from .models import _prompt_text  # noqa: E402
@@ -41,8 +42,9 @@ class GenerativeRewardModel:
                  grm_max_prompt_length: int = param(1024, 'grm: longest judging prompt in tokens'),
                  cfg=None, name: str = "grm"):
         if not (Path(path) / "config.json").exists():
-            raise FileNotFoundError(f"grm model '{path}': expected a local Hugging Face causal-LM folder with "
-                                    f"config.json (e.g. OUT/final of a run of recipe irpo_grm)")
+            raise ConfigError(f"grm model '{path}' is missing: expected a local Hugging Face causal-LM folder "
+                              f"with config.json (e.g. OUT/final of a run of recipe irpo_grm); train one first "
+                              f"(grpolab train --recipe irpo_grm) or give --reward grm:PATH")
         self.path = str(path)
         self.max_new_tokens, self.batch_size = int(grm_max_new_tokens), int(grm_batch_size)
         self.question_column, self.max_prompt_length = grm_question_column, int(grm_max_prompt_length)

@@ -35,6 +35,7 @@ import torch
 from ..data import completion_text
 from ..errors import ConfigError, warn_fallback
 from ..registry import REWARD_TRANSFORMS, param
+from ..roles import TEAM_ANSWER_ROLE
 from .agentic import ANSWER_COLUMN, count_tool_calls, data_column, episodes_of, final_text, token_f1, tool_names
 from .answers import extract_answer
 
@@ -650,8 +651,8 @@ def grpo_s_scaling(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix
     found (searched the code index for DR-IRL, GRPO-S, the title and the arXiv id).
     """
     if grpo_s_reward_column not in reward_names:
-        raise ValueError(f"grpo_s_reward_column: no reward column '{grpo_s_reward_column}' (reward functions: "
-                         f"{', '.join(reward_names) or 'none'}); task drirl_safety has 'drirl'")
+        raise ConfigError(f"grpo_s_reward_column: no reward column '{grpo_s_reward_column}' (reward functions: "
+                          f"{', '.join(reward_names) or 'none'}); task drirl_safety has 'drirl'")
     who = "grpo_s_scaling"
     h = torch.tensor([float(v) for v in data_column(batch.columns, grpo_s_hardness_column, who,
                                                     "grpo_s_hardness_column")], dtype=torch.float64)
@@ -1514,3 +1515,47 @@ def sgpo_negative_credit(rewards: torch.Tensor, group_ids: torch.Tensor, reward_
         if not correct[idx].any():
             out[idx] = rewards[idx] + sgpo_credit_scale * credit[idx]
     return out
+
+
+# ---------------------------------------------------------------------------------------- CTDE joint reward
+def ctde_costs(transcript: list[dict], answer_role: str | None) -> tuple[int, int]:
+    """``(turns, coordination characters)`` of one team episode's transcript (``team_transcript``): every turn
+    of every role, and the characters of every message but the answer role's last (its answer)."""
+    turns = sum(len(seat["turns"]) for seat in transcript)
+    answer = answer_role if answer_role is not None else transcript[-1]["role"]
+    chars = 0
+    for seat in transcript:
+        msgs = seat["turns"][:-1] if seat["role"] == answer else seat["turns"]
+        chars += sum(len(m) for m in msgs)
+    return turns, chars
+
+
+@REWARD_TRANSFORMS.register("ctde_joint_reward", needs=("text",))
+def ctde_joint_reward(rewards: torch.Tensor, batch, *,
+                      ctde_quality_weight: float = param(1.0, "CTDE joint reward: weight of the task quality (the "
+                                                         "combined task reward)"),
+                      ctde_speed_weight: float = param(0.05, "CTDE joint reward: cost per turn the team took"),
+                      ctde_cost_weight: float = param(0.05, "CTDE joint reward: cost per 100 characters of "
+                                                      "coordination messages"),
+                      team_answer_role: str | None = TEAM_ANSWER_ROLE) -> torch.Tensor:
+    """The simplified joint reward of CTDE multi-agent GRPO (LLM cooperation as a Dec-POMDP, centralised
+    training with decentralised execution; seed 000-09), for the ``team`` rollout::
+
+        R_joint = w_q R  -  w_s (turns of the team episode)  -  w_c (coordination characters / 100)
+
+    ``R`` is the team's task reward (shared by every role with ``team_reward: cooperative``), turns count every
+    role's turns, coordination characters every message but the answer role's final one
+    (:func:`ctde_costs`, read from the column ``team_transcript``). Every role of a team episode gets the same
+    ``R_joint`` (the global signal of centralised training); each role still acts on its own observation
+    (decentralised execution: the team rollout). NaN rows stay NaN.
+
+    Provenance: reconstructed from the abstract — the abstract names a "simplified joint reward that balances task
+    quality, speed, and coordination cost" and GRPO with global signals under CTDE; the paper and its code were
+    not located (searched: the code corpus for CTDE multi-agent GRPO); the linear form, the two counts and the
+    weights are grpolab's choices.
+    """
+    transcripts = data_column(batch.columns, "team_transcript", "ctde_joint_reward", "rollout_strategy team")
+    cost = torch.tensor([ctde_speed_weight * t + ctde_cost_weight * c / 100.0
+                         for t, c in (ctde_costs(tr, team_answer_role) for tr in transcripts)],
+                        dtype=rewards.dtype)
+    return ctde_quality_weight * rewards - cost

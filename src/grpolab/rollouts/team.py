@@ -42,7 +42,7 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter, role_names
+from ..roles import ROLE_ADAPTERS, ROLES, TEAM_ANSWER_ROLE, Role, parse_roles, role_adapter, role_names
 
 TEAM_REWARDS = ("cooperative", "per_role", "zero_sum")
 ROLE_COLUMN = "role"
@@ -228,8 +228,7 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
          team_reward: str = param("cooperative", "team: cooperative (every role gets the answer role's reward), "
                                   "per_role (each role scored on its own final message), zero_sum (two roles: "
                                   "the other role gets the negated reward)", list(TEAM_REWARDS)),
-         team_answer_role: str | None = param(None, "team: the role whose final message the task's rewards "
-                                              "score (default: the last role)"),
+         team_answer_role: str | None = TEAM_ANSWER_ROLE,
          team_channel: str = param("on", "team: on (roles see each other's messages) or off (each role alone: "
                                    "the ablation that measures what talking is worth)", ["on", "off"]),
          max_turn_tokens: int = MAX_TURN_TOKENS, max_episode_tokens: int = MAX_EPISODE_TOKENS):
