@@ -1,7 +1,6 @@
 """Rollout strategies for thinking modes: MOTIF multi-round thinking (seed 004-04)."""
 from __future__ import annotations
 
-import copy
 import re
 
 import torch
@@ -10,6 +9,7 @@ from ..errors import ConfigError
 from ..data import completion_text
 from ..registry import ROLLOUT_STRATEGIES
 from ..registry import param
+from .tempsamp import append_instruction
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
 
@@ -28,17 +28,7 @@ def motif_row(row: dict, progress: str, round_done: int, final: bool) -> dict:
     note = f' Progress in round {round_done}: "{progress}"'
     note += (" Current round is the final round. Provide a final answer." if final
              else " Continue from this progress.")
-    out = dict(row)
-    prompt = row["prompt"]
-    if isinstance(prompt, str):
-        out["prompt"] = prompt + note
-    else:
-        msgs = copy.deepcopy(prompt)
-        users = [i for i, m in enumerate(msgs) if m.get("role") == "user"]
-        i = users[-1] if users else len(msgs) - 1
-        msgs[i]["content"] = msgs[i]["content"] + note
-        out["prompt"] = msgs
-    return out
+    return append_instruction(row, note)
 
 
 def _check_motif(cfg) -> None:
