@@ -139,6 +139,27 @@ def arithmetic(max_operand: int = 30, n_eval: int = 200, seed: int = 1234) -> Ta
 arithmetic.run_defaults = {"dynamic_sampling": True, "learning_rate": 1e-5}
 
 
+def multistep_rows(levels: list[int], max_operand: int, seed: int, need: int, task: str) -> list[dict]:
+    """``need`` distinct problems with 1..k operations (``k`` drawn from ``levels``) on operands 0..max_operand,
+    from ``random.Random(seed)``; an error naming ``task`` when there are not that many."""
+    rng = random.Random(seed)
+    rows, seen, tries = [], set(), 0
+    while len(rows) < need:
+        tries += 1
+        if tries > 50 * need:
+            raise ValueError(f"{task}: only {len(rows)} distinct problems for levels {levels} "
+                             f"and operands 0..{max_operand}; ask for fewer rows")
+        k = rng.choice(levels)
+        if k == 1:
+            row = make_row(rng.randint(0, max_operand), rng.choice("+-"), rng.randint(0, max_operand))
+        else:
+            row = make_multistep(rng, k, max_operand)
+        if row["question"] not in seen:
+            seen.add(row["question"])
+            rows.append(row)
+    return rows
+
+
 @TASKS.register("arithmetic_multistep", needs=("text",))
 def arithmetic_multistep(*,
                          arithmetic_levels: list = param([2, 3, 4], 'arithmetic_multistep: operation counts to draw '
@@ -159,23 +180,8 @@ def arithmetic_multistep(*,
     levels = sorted({int(x) for x in arithmetic_levels})
     if not levels or levels[0] < 1:
         raise ValueError(f"arithmetic_levels: expected operation counts >= 1, got {arithmetic_levels}")
-    rng = random.Random(arithmetic_seed)
-    need = arithmetic_n_train + arithmetic_n_eval
-    rows, seen, tries = [], set(), 0
-    while len(rows) < need:
-        tries += 1
-        if tries > 50 * need:
-            raise ValueError(f"arithmetic_multistep: only {len(rows)} distinct problems for levels {levels} "
-                             f"and operands 0..{arithmetic_max_operand}; ask for fewer rows")
-        k = rng.choice(levels)
-        if k == 1:
-            row = make_row(rng.randint(0, arithmetic_max_operand), rng.choice("+-"),
-                           rng.randint(0, arithmetic_max_operand))
-        else:
-            row = make_multistep(rng, k, arithmetic_max_operand)
-        if row["question"] not in seen:
-            seen.add(row["question"])
-            rows.append(row)
+    rows = multistep_rows(levels, arithmetic_max_operand, arithmetic_seed, arithmetic_n_train + arithmetic_n_eval,
+                          "arithmetic_multistep")
     n_eval = arithmetic_n_eval
     return Task("arithmetic_multistep", rows[n_eval:], rows[:n_eval], rewards=list(REWARDS),
                 accuracy_reward="accuracy",

@@ -13,10 +13,8 @@ not rewarded by the task; ``gcpo_aux_mask`` does that). Columns: ``question``, `
 """
 from __future__ import annotations
 
-import random
-
 from ..registry import TASKS, param
-from .arithmetic import REWARDS, SYSTEM, lenient_accuracy, make_multistep, make_row
+from .arithmetic import REWARDS, SYSTEM, lenient_accuracy, multistep_rows
 from .base import Task
 
 AUX_OPEN, AUX_CLOSE = "<aux>", "</aux>"
@@ -58,22 +56,8 @@ def arithmetic_aux(*,
     levels = sorted({int(x) for x in aux_levels})
     if not levels or levels[0] < 1:
         raise ValueError(f"aux_levels: expected operation counts >= 1, got {aux_levels}")
-    rng = random.Random(aux_seed)
-    need = aux_n_train + aux_n_eval
-    rows, seen, tries = [], set(), 0
-    while len(rows) < need:
-        tries += 1
-        if tries > 50 * need:
-            raise ValueError(f"arithmetic_aux: only {len(rows)} distinct problems for levels {levels} and "
-                             f"operands 0..{aux_max_operand}; ask for fewer rows")
-        k = rng.choice(levels)
-        if k == 1:
-            row = make_row(rng.randint(0, aux_max_operand), rng.choice("+-"), rng.randint(0, aux_max_operand))
-        else:
-            row = make_multistep(rng, k, aux_max_operand)
-        if row["question"] not in seen:
-            seen.add(row["question"])
-            rows.append(aux_row(row))
+    rows = [aux_row(r) for r in multistep_rows(levels, aux_max_operand, aux_seed, aux_n_train + aux_n_eval,
+                                               "arithmetic_aux")]
     return Task("arithmetic_aux", rows[aux_n_eval:], rows[:aux_n_eval], rewards=list(REWARDS),
                 accuracy_reward="accuracy",
                 description=f"{'/'.join(map(str, levels))}-step + - * problems with an optional <aux>...</aux> "
