@@ -27,13 +27,7 @@ def tr(tmp_path_factory):
     return t
 
 
-def short_rows(tr, n=3):
-    idx = [i for i, r in enumerate(tr.rows) if len("Answer: " + r["solution"]) <= L - 2][:n]
-    return [tr.rows[i] for i in idx], idx
-
-
-def injected(batch):
-    return (batch.token_origin == INJECTED).any(-1).nonzero().squeeze(-1).tolist()
+from test_rollout_injection import injected_rows as injected, short_rows  # noqa: E402  (same L, same rows)
 
 
 def test_gt_replaces_last_row_of_every_group(tr):
