@@ -312,3 +312,19 @@ def test_ctde_joint_reward_by_hand(tmp_path, tiny_args, monkeypatch):
     # e1: coordination b1 y1 bb2 = 7 chars, R 0 -> -.2 - .0035 = -.2035; e2: 6 chars, R 0 -> -.203; e3: R 1 -> .797
     want = [0.797, 0.797, -0.2035, -0.2035, -0.203, -0.203, 0.797, 0.797]
     assert b.scalar_rewards.tolist() == pytest.approx(want, abs=1e-6)
+
+
+def test_report_of_a_team_run_shows_its_roles(tiny_args, tmp_path):
+    """grpolab report on a two-role run: the page builds, with the evaluation and the logged completions (the
+    per-role reward curves are not drawn yet: they are in metrics.jsonl only)."""
+    from grpolab.cli import main
+    out = tmp_path / "magrpo"
+    args = {**recipe_overrides("magrpo"), **tiny_args, "task": "split_facts", "steps": 2, "prompts_per_step": 2,
+            "num_generations": 2, "max_completion_length": 5, "split_facts_rows": 24, "split_facts_eval": 4,
+            "log_completions_steps": 1, "eval_before": True, "eval_after": True, "out": str(out)}
+    Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
+    page = tmp_path / "report.html"
+    assert main(["report", str(out), "--out", str(page)]) == 0
+    html = page.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "grpolab report: magrpo" in html
+    assert "accuracy" in html and "You are the solver" in html  # evaluation table; a logged solver prompt
