@@ -150,6 +150,40 @@ def test_signals_reach_the_training_process(tmp_path, sig):
     assert len(read_metrics(out)) < 100000
 
 
+LOST_INTERRUPT_REWARD = """
+    import os, signal, time
+    calls = []
+    class Collected:
+        def __del__(self):  # the SIGINT's KeyboardInterrupt is raised here, where Python ignores it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    def ctrl_c_in_a_del(prompts, completions, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            Collected()
+        return [1.0] * len(prompts)
+    """
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGINT") or os.name != "posix", reason="sends itself SIGINT")
+def test_a_ctrl_c_python_loses_in_a_del_still_stops_the_run(tiny_args, tmp_path, monkeypatch):
+    # seen in CI: a SIGINT that landed in regex's Group.__del__ during a reward printed "Exception ignored" and
+    # the run trained on; now the loop raises KeyboardInterrupt at the end of that step
+    (tmp_path / "lost_interrupt.py").write_text(textwrap.dedent(LOST_INTERRUPT_REWARD))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    sys.modules.pop("lost_interrupt", None)
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: ignored.append(u.exc_type))  # "Exception ignored in"
+    t = Trainer(Config.build({**tiny_args, "steps": 6, "save_steps": 1, "reward_timeout": 0,
+                                 "reward": ["lost_interrupt:ctrl_c_in_a_del"]}),  # a reward in the main thread
+                **quiet)
+    with pytest.raises(KeyboardInterrupt, match="lost"):
+        t.train(progress=False)
+    assert ignored == [KeyboardInterrupt]  # Python did swallow the first one
+    assert t.step == 2 and [m["step"] for m in read_metrics(tmp_path / "run")] == [1]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
 # ------------------------------------------------------------------------------- 3. a slow or hanging reward
 def test_reward_timeout_has_a_finite_default():
     assert 0 < Config().reward_timeout < math.inf

@@ -48,6 +48,7 @@ from .evaluate import evaluate
 from .metrics import CompletionsLog, DiscardLog, MetricsLog, completions_table, plot_rewards
 from .trackers import tracker_names
 from .budget import Budget
+from .interrupt import catch_lost_interrupts
 from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before, write_atomic, write_failure
 
 
@@ -762,6 +763,10 @@ class Trainer:
 
     # --------------------------------------------------------------------- run
     def train(self, progress: bool = True) -> dict:
+        with catch_lost_interrupts() as interrupted:  # a Ctrl-C whose KeyboardInterrupt Python lost still stops
+            return self._train(progress, interrupted)
+
+    def _train(self, progress: bool, interrupted) -> dict:
         cfg = self.cfg
         from tqdm import tqdm
 
@@ -776,8 +781,10 @@ class Trainer:
                    dynamic_ncols=True)
         try:
             while self.step < cfg.steps:
+                interrupted()  # raises KeyboardInterrupt after a lost one (train/interrupt.py)
                 self.budget.begin_step()
                 m = self.train_step()
+                interrupted()
                 m.update(self.budget.end_step())
                 if cfg.eval_steps and self.eval_rows and self.step % cfg.eval_steps == 0 and self.step < cfg.steps:
                     m.update({f"eval/{k}": v for k, v in self.evaluate().items() if isinstance(v, (int, float))})
