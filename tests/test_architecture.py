@@ -293,6 +293,8 @@ def test_each_component_resolves_from_its_defaults(kind):
             base.update(beta=0.1, prompt_sampler="auto_group")
         if name in ("training_free", "experience_prompt"):  # Training-Free GRPO: the library's keeper and its prompts
             base.update(update_strategy="training_free", rollout_strategy="experience_prompt")
+        if name == "mashost_hrpo":  # MasHost's HRPO reads the per-action rewards of its construction rollout
+            base.update(rollout_strategy="mas_build")
         # built with the causal LM, else with the first policy that has what it needs and passes its check
         # (an image policy on an image task, or the trajectory task of a policy without images)
         candidates = [name] if kind == "policy" else [
