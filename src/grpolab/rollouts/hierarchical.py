@@ -1,0 +1,338 @@
+"""The ``m_grpo`` rollout strategy: a main agent that calls a sub-agent, with hierarchical credit and trajectory
+alignment (M-GRPO, "Multi-Agent Deep Research: Training Multi-Agent Systems with M-GRPO", Hong et al., 2025,
+arXiv:2511.13288, seed 000-65).
+
+A vertical system of two roles (``roles``: exactly two; the first is the **main agent**, the second the
+**sub-agent**), each the run's model with its own instruction and view, and with ``role_adapters: lora`` each its
+own LoRA adapter on the shared base (the paper's agents are distinct LLMs; grpolab/roles.py).
+
+For each query, ``G`` main-agent rollouts. In each, the main agent speaks in turns; a turn that writes
+``<call>subtask</call>`` runs one **sub-agent episode** (the sub-agent's instruction, the subtask as its question,
+its view; one turn), and the sub-agent's reply goes back to the main agent as an observation (``"sub: ..."``, a
+user message, ``ENVIRONMENT`` tokens). A turn with ``<answer>`` ends the rollout, as does a turn with neither tag
+(its text is the final message), a call past ``m_grpo_max_calls`` (not run), or the token budget. So a rollout
+calls the sub-agent 0..``m_grpo_max_calls`` times.
+
+**Hierarchical credit.** The main agent's rows are scored by the task's reward functions on their final message
+(``R_main``); each sub-agent trajectory gets the reward matrix of the main rollout that called it (the final
+outcome). Groups:
+
+* main level: the ``G`` main rollouts of a query are one group (the query's own group id);
+* sub level: the sub-agent trajectories of all ``G`` rollouts of the same query are one group (a fresh group id
+  per query),
+
+so the run's advantage (``group_zscore`` in the recipe: ``A = (R - mean_g R) / (std_g R + eps)``) is
+group-relative at each level on its own.
+
+**Trajectory alignment.** A query's ``G`` rollouts call the sub-agent ``n`` times in all, a number that varies.
+:func:`align_trajectories` makes it the fixed target ``D`` (``m_grpo_sub_trajectories``): ``n > D``: ``D`` of them
+kept, chosen at random (the rest dropped); ``0 < n < D``: all kept and ``D - n`` more drawn at random, with
+replacement, among them and duplicated (identical rows); ``n = 0``: nothing to duplicate, the query has no
+sub-agent rows. Random draws come from the run's seeded, checkpointed CPU generator (``ctx.generator``), so they are
+the same on every run and after ``--resume``. The batch then has ``G`` main rows and ``D`` sub rows per query that
+called the sub-agent at all.
+
+Rows: main rows first (query-major, ``G`` each), then sub rows (query-major, ``D`` each). ``row_data["role"]``:
+0 for main rows, 1 for sub rows; ``step_data["role"]``: the producing role of every completion token (a main
+row's observations are the sub-agent's, 1); ``columns["role"]``; ``columns["m_grpo"]``: ``{"level": "main" |
+"sub", "rollout": j, "call": c, "duplicate": bool}`` (``j`` the main rollout within its query, ``c`` the call
+within it); ``columns["team_transcript"]``: the main rollout's turns and its calls (reward functions may read it).
+A role with ``trainable: false`` plays and is scored, then leaves the batch (``sub`` frozen: the paper's baseline
+"multi-agent GRPO with frozen sub-agents").
+
+Metrics: ``m_grpo/main/reward``, ``m_grpo/sub/reward`` (mean over the aligned sub rows), ``m_grpo/calls`` (mean
+sub-agent calls per main rollout), ``m_grpo/sub_sampled`` (sub trajectories sampled, before alignment),
+``m_grpo/sub_dropped``, ``m_grpo/sub_duplicated``, ``m_grpo/queries_without_calls``. Held-out evaluation plays one
+greedy main rollout per row (greedy sub-agent calls) and scores the main agent's final message.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import torch
+
+from ..agents.parsing import Renderer
+from ..agents.rollout import MAX_EPISODE_TOKENS, MAX_TURN_TOKENS
+from ..errors import ConfigError
+from ..generation.plain import eos_token_ids
+from ..generation.sampling import completion_counts, per_prompt
+from ..generation.turns import Episode
+from ..registry import ROLLOUT_STRATEGIES, param
+from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter, role_names
+from .team import Seat, _first_prompt, _observation, _pack
+
+M_GRPO_COLUMN = "m_grpo"
+STOP_STRINGS = ("</call>", "</answer>")
+_CALL = re.compile(r"<call>(.*?)(?:</call>|$)", re.S)
+
+
+def align_trajectories(n: int, target: int, generator: torch.Generator | None = None) -> list[int]:
+    """Indices into a query's ``n`` sampled sub-agent trajectories that make exactly ``target`` rows (M-GRPO's
+    trajectory alignment; the module docstring).
+
+    ``n == target``: ``[0, ..., n-1]``; ``n > target``: ``target`` distinct indices drawn uniformly (a random
+    permutation's first ``target``), in increasing order, the rest dropped; ``0 < n < target``: ``[0, ..., n-1]``
+    then ``target - n`` indices drawn uniformly with replacement (duplicates); ``n == 0``: ``[]`` (nothing to
+    duplicate). ``generator`` seeds the draws.
+
+    Provenance: reconstructed from the abstract — "a trajectory-alignment scheme that generates fixed-size batches
+    despite variable sub-agent invocations" (Multi-Agent Deep Research: Training Multi-Agent Systems with M-GRPO,
+    arXiv:2511.13288, seed 000-65); the drop-extra / duplicate-missing rule is as the project's reference notes
+    describe it; grpolab's choices: uniform draws (kept ones without, duplicates with replacement), the kept
+    trajectories keep their order, a query with no sub-agent call contributes no sub rows; no authors' code was
+    found. Test: tests/test_m_grpo.py::test_alignment_by_hand.
+    """
+    if n < 0 or target < 1:
+        raise ConfigError(f"m_grpo_sub_trajectories must be >= 1, got {target}")
+    if n == 0:
+        return []
+    if n == target:
+        return list(range(n))
+    if n > target:
+        return sorted(torch.randperm(n, generator=generator)[:target].tolist())
+    return list(range(n)) + torch.randint(0, n, (target - n,), generator=generator).tolist()
+
+
+def parse_action(text: str) -> tuple[str, str]:
+    """``("answer", text)``, ``("call", subtask)`` or ``("none", text)``: whichever tag comes first in a main
+    agent's turn (an unclosed ``<call>`` runs to the end of the turn)."""
+    a, c = text.find("<answer>"), text.find("<call>")
+    if a >= 0 and (c < 0 or a < c):
+        return "answer", text
+    if c >= 0:
+        return "call", _CALL.search(text, c).group(1).strip()
+    return "none", text
+
+
+def sample_turns(ctx, contexts, budgets, temperatures, stop_strings=(), model=None):
+    """One turn for each context, batched (tests replace it to script the agents)."""
+    return ctx.continue_(contexts, max_new_tokens=budgets, temperature=temperatures, stop_strings=list(stop_strings),
+                         model=model)
+
+
+@dataclass
+class MainRollout:
+    """One main-agent rollout: its seat (role 0) and the sub-agent episodes it called (role 1), in order."""
+    seat: Seat
+    query: int
+    calls: list[Seat] = field(default_factory=list)
+
+
+def _subtask_row(row: dict, subtask: str) -> dict:
+    """The sub-agent's data row: the main row with the subtask as its prompt (a chat when the row's is)."""
+    prompt = subtask if isinstance(row["prompt"], str) else [{"role": "user", "content": subtask}]
+    return {**row, "prompt": prompt}
+
+
+def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_calls: int, turn_tokens: int,
+                   episode_tokens: int, renderer, model=None, adapters: bool = False) -> None:
+    """Every main rollout to its end, each ``<call>`` answered by one sub-agent episode (batched per main turn)."""
+    tok = ctx.tokenizer
+    module = model if model is not None else ctx.policy
+    eos = set(eos_token_ids(tok, module))
+    main_role, sub_role = roles
+
+    def text_of(ids):
+        return tok.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
+
+    for ro in rollouts:
+        ids = tok(_first_prompt(main_role, ro.seat.row, [], roles, tok), add_special_tokens=False)["input_ids"]
+        if len(ids) > ctx.cfg.max_prompt_length:
+            raise ConfigError(f"m_grpo: the main agent's first prompt has {len(ids)} tokens, more than "
+                              f"max_prompt_length={ctx.cfg.max_prompt_length}; raise --max_prompt_length or shorten "
+                              f"the role prompt / view")
+        ro.seat.episode = Episode(ids)
+    while True:
+        live = [ro for ro in rollouts if not ro.seat.finished]
+        budgets = [min(turn_tokens, episode_tokens - len(ro.seat.episode)) for ro in live]
+        for ro, b in zip(live, budgets):
+            if b <= 0:
+                ro.seat.finished, ro.seat.ended_by = True, "token_budget"
+        go = [(ro, b) for ro, b in zip(live, budgets) if b > 0]
+        if not go:
+            break
+        with role_adapter(module, main_role.name if adapters else None):
+            out = sample_turns(ctx, [ro.seat.episode.context() for ro, _ in go], [b for _, b in go],
+                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS, model=model)
+        pending = []
+        for (ro, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
+            s = ro.seat
+            if not ids:
+                s.finished, s.ended_by = True, "no_action"
+                continue
+            s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
+            s.authors.append(0)
+            text = text_of(ids)
+            s.turns.append(text)
+            kind, body = parse_action(text)
+            if kind == "answer":
+                s.finished, s.ended_by = True, "answer"
+            elif kind == "none":
+                s.finished, s.ended_by = True, "no_call"
+            elif len(ro.calls) >= max_calls:
+                s.finished, s.ended_by = True, "max_calls"
+            else:
+                pending.append((ro, body))
+        if not pending:
+            continue
+        subs = [Seat(1, _subtask_row(ro.seat.row, body), ro.seat.uid, ro.seat.temperature) for ro, body in pending]
+        for sub in subs:
+            sub.episode = Episode(tok(_first_prompt(sub_role, sub.row, [], roles, tok),
+                                      add_special_tokens=False)["input_ids"])
+        with role_adapter(module, sub_role.name if adapters else None):
+            out = sample_turns(ctx, [s.episode.context() for s in subs], [min(turn_tokens, episode_tokens)] * len(subs),
+                               [s.temperature for s in subs], (), model=model)
+        for (ro, _), sub, ids, lps, reason in zip(pending, subs, out.ids, out.logprobs, out.finish_reasons):
+            text = ""
+            if ids:
+                sub.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
+                sub.authors.append(1)
+                text = text_of(ids)
+                sub.turns.append(text)
+            sub.finished, sub.ended_by = True, "answered" if ids else "no_action"
+            ro.calls.append(sub)
+            chat = not isinstance(ro.seat.row["prompt"], str)
+            obs = tok(_observation([(1, text)], roles, chat, renderer), add_special_tokens=False)["input_ids"]
+            ro.seat.episode.add_observation(obs)
+            ro.seat.authors.append(1)
+
+
+def _transcript(ro: MainRollout, roles: list[Role]) -> list[dict]:
+    return [{"role": roles[0].name, "turns": list(ro.seat.turns), "ended_by": ro.seat.ended_by}] + [
+        {"role": roles[1].name, "turns": list(s.turns), "ended_by": s.ended_by, "subtask": s.row["prompt"]}
+        for s in ro.calls]
+
+
+def _check(cfg) -> None:
+    p = cfg.params
+    roles = parse_roles(p.get("roles"))
+    if len(roles) != 2:
+        raise ConfigError(f"roles: m_grpo needs exactly two roles, the main agent then the sub-agent; got "
+                          f"{len(roles)} ({', '.join(r.name for r in roles)})")
+    if int(p.get("m_grpo_max_calls", 2)) < 0:
+        raise ConfigError(f"m_grpo_max_calls must be >= 0, got {p.get('m_grpo_max_calls')}")
+    if int(p.get("m_grpo_sub_trajectories", 4)) < 1:
+        raise ConfigError(f"m_grpo_sub_trajectories must be >= 1, got {p.get('m_grpo_sub_trajectories')}")
+    if p.get("role_adapters", "shared") not in ("shared", "lora"):
+        raise ConfigError(f"role_adapters: m_grpo plays its two roles with the run's model (shared) or one LoRA "
+                          f"adapter each (lora); got '{p.get('role_adapters')}'; valid values: shared, lora")
+    if p.get("role_adapters", "shared") == "lora" and not cfg.use_lora:
+        raise ConfigError("role_adapters: lora gives every role its own LoRA adapter and needs use_lora: true "
+                          "(--use_lora true); or set role_adapters: shared")
+
+
+@ROLLOUT_STRATEGIES.register("m_grpo", check=_check, needs=("text",))
+def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
+           roles: list = ROLES, role_adapters: str = ROLE_ADAPTERS,
+           m_grpo_max_calls: int = param(2, "m_grpo: sub-agent calls per main-agent rollout at most (a call past it "
+                                         "ends the rollout, not run)"),
+           m_grpo_sub_trajectories: int = param(4, "m_grpo: D, the fixed number of sub-agent rows per query "
+                                                "(trajectory alignment: extra ones dropped at random, missing ones "
+                                                "filled by duplicating sampled ones)"),
+           max_turn_tokens: int = MAX_TURN_TOKENS, max_episode_tokens: int = MAX_EPISODE_TOKENS):
+    """G main-agent rollouts per query with sub-agent calls; main rows grouped per query, sub rows grouped per
+    query and aligned to D per query; every sub row gets the outcome reward of its main rollout (the module
+    docstring).
+
+    Group-relative advantages at both levels (the recipe's ``group_zscore``):
+    ``A_main(j) = (R_j - mean_{j'} R_j') / (std_{j'} R_j' + eps)`` over the ``G`` main rollouts of a query, and
+    ``A_sub(t) = (R_{m(t)} - mean_{t'} R_{m(t')}) / (std_{t'} R_{m(t')} + eps)`` over the query's ``D`` aligned sub
+    trajectories ``t``, ``m(t)`` the main rollout that called ``t``.
+
+    Provenance: reconstructed from the abstract — Multi-Agent Deep Research: Training Multi-Agent Systems with
+    M-GRPO (Hong et al., 2025, arXiv:2511.13288, seed 000-65): "group-relative advantages for both main and
+    sub-agents, maintaining hierarchical credit assignment" and "a trajectory-alignment scheme that generates
+    fixed-size batches despite variable sub-agent invocations"; grpolab's choices: the sub-agent's reward is the
+    main rollout's outcome reward only (secondary summaries of the paper describe a sub-agent reward that also
+    scores the sub-agent's own output; not built), the sub-agent answers in one turn (the paper's sub-agents are
+    multi-turn tool executors), calls are ``<call>...</call>`` and answers ``<answer>...</answer>`` tags, the
+    sub-agent's reply comes back as a ``sub: ...`` user message, both roles share the run's base model (with
+    ``role_adapters: lora`` one adapter each; the paper's distinct LLMs on separate servers exchanging statistics
+    through a shared store are not built: one process computes both levels); no authors' code was found (code
+    search for M-GRPO main / sub-agent trajectory alignment). Test: tests/test_m_grpo.py::test_two_level_advantages_by_hand.
+    """
+    role_list = parse_roles(roles)
+    cfg = ctx.cfg
+    counts = completion_counts(cfg.num_generations if budgets is None else budgets, len(rows))
+    temps = per_prompt(cfg.temperature if temperatures is None else temperatures, len(rows), "temperature")
+    sub_base = ctx.allocate_groups(len(rows))
+    rollouts = [MainRollout(Seat(0, row, uid, float(t)), i)
+                for i, (row, uid, c, t) in enumerate(zip(rows, uids, counts, temps)) for _ in range(c)]
+    play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
+                   turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
+                   renderer=Renderer(ctx.tokenizer, log=ctx.log), adapters=role_adapters == "lora")
+    first = {}  # the index of each query's first main rollout
+    for j, ro in enumerate(rollouts):
+        first.setdefault(ro.query, j)
+    seats = [ro.seat for ro in rollouts]
+    gids = [group_offset + ro.query for ro in rollouts]
+    src = list(range(len(rollouts)))  # each row's main rollout: its reward
+    info = [{"level": "main", "rollout": j - first[ro.query], "call": -1, "duplicate": False}
+            for j, ro in enumerate(rollouts)]
+    sampled = dropped = duplicated = empty = 0
+    for q in range(len(rows)):
+        mine = [(j, c, sub) for j, ro in enumerate(rollouts) if ro.query == q for c, sub in enumerate(ro.calls)]
+        pick = align_trajectories(len(mine), m_grpo_sub_trajectories, ctx.generator)
+        sampled += len(mine)
+        dropped += len(mine) - len(set(pick))
+        duplicated += len(pick) - len(set(pick))
+        empty += not mine
+        seen = set()
+        for k in pick:
+            j, c, sub = mine[k]
+            seats.append(sub)
+            gids.append(sub_base + q)
+            src.append(j)
+            info.append({"level": "sub", "rollout": j - first[q], "call": c, "duplicate": k in seen})
+            seen.add(k)
+    batch = _pack(ctx, [[s] for s in seats], role_list, [[g] for g in gids], max_episode_tokens)
+    batch.columns[M_GRPO_COLUMN] = info
+    batch.columns["team_transcript"] = [_transcript(rollouts[j], role_list) for j in src]
+    main = batch.select(list(range(len(rollouts))))
+    ctx.score(main)
+    batch.rewards, batch.reward_names = main.rewards[torch.tensor(src, dtype=torch.long)], main.reward_names
+    scalar = ctx.scalar(batch)
+    is_sub = batch.row_data["role"] == 1
+    ctx.metric("m_grpo/main/reward", float(torch.nanmean(scalar[~is_sub])))
+    ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar[is_sub])) if bool(is_sub.any()) else float("nan"))
+    ctx.metric("m_grpo/calls", sum(len(ro.calls) for ro in rollouts) / max(1, len(rollouts)))
+    ctx.metric("m_grpo/sub_sampled", float(sampled))
+    ctx.metric("m_grpo/sub_dropped", float(dropped))
+    ctx.metric("m_grpo/sub_duplicated", float(duplicated))
+    ctx.metric("m_grpo/queries_without_calls", float(empty))
+    keep = [i for i, r in enumerate(batch.row_data["role"].tolist()) if role_list[r].trainable]
+    return batch if len(keep) == len(seats) else batch.select(keep)
+
+
+def eval_rollout(ctx, model, rows, uids, *, roles, m_grpo_max_calls, max_turn_tokens, max_episode_tokens,
+                 role_adapters="shared", **_ignored):
+    """Held-out evaluation: one greedy main rollout per row (greedy sub-agent calls); the main rows, scored by the
+    trainer."""
+    role_list = parse_roles(roles)
+    rollouts = [MainRollout(Seat(0, row, uid, 0.0), i) for i, (row, uid) in enumerate(zip(rows, uids))]
+    play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
+                   turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
+                   renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters == "lora")
+    batch = _pack(ctx, [[ro.seat] for ro in rollouts], role_list, [[i] for i in range(len(rows))],
+                  max_episode_tokens)
+    batch.columns["team_transcript"] = [_transcript(ro, role_list) for ro in rollouts]
+    return batch
+
+
+def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
+    """Text the rollout shows besides the data (role instructions, the tags, ``name: message``), for a tokenizer
+    built from the run's text (``--model tiny``)."""
+    roles = parse_roles(cfg.params.get("roles"))
+    return [f"{r.name}: {r.prompt}" for r in roles] + ["<call></call><answer></answer>"]
+
+
+def lora_adapters(cfg) -> list[str]:
+    """The LoRA adapters the policy makes for this run (``role_adapters: lora``: one per role, named after it)."""
+    return role_names(cfg.params.get("roles")) if cfg.params.get("role_adapters") == "lora" else []
+
+
+m_grpo.eval_rollout = eval_rollout
+m_grpo.lora_adapters = lora_adapters
+m_grpo.model_texts = model_texts
+m_grpo.columns = ("role", "team_transcript", M_GRPO_COLUMN)  # reward functions may take them
