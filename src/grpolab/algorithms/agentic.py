@@ -525,10 +525,58 @@ def hrpo(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *, advantage_eps
     Provenance: reconstructed from the abstract — the abstract names hop-grouped clusters and a cluster-level
     baseline; choices: the cluster is the exact value of the 'hops' column within the step's batch, z-score
     with Bessel std and grpolab's epsilon; a cluster with one scored row gets 0. The proposer/solver loop of
-    Dr. Zero is not part of this component.
+    Dr. Zero is not part of this component. The authors' code, found since (https://github.com/facebookresearch/drzero,
+    verl/trainer/ppo/core_algos.py compute_grpo_batch_outcome_advantage), applies this baseline to the proposer's
+    questions and gives a one-row cluster mean 0 and std 1 (A = R); ``dr_zero_hrpo`` (recipe ``dr_zero``)
+    follows it.
     """
     clusters = hop_clusters(batch, rewards.shape[0], "hrpo")
     index = {c: n for n, c in enumerate(sorted(set(clusters)))}
     cid = torch.tensor([index[c] for c in clusters], dtype=torch.long)
     mean, std, _ = group_stats(rewards, cid)
+    return torch.nan_to_num((rewards - mean) / (std + advantage_epsilon), nan=0.0)
+
+
+DR_ZERO_SOLVER_GROUPS = ("question", "hops")
+
+
+@ADVANTAGES.register("dr_zero_hrpo", columns=(HOPS_COLUMN,))
+def dr_zero_hrpo(rewards: torch.Tensor, group_ids: torch.Tensor, batch, *, advantage_epsilon: float = 1e-4,
+                 dr_zero_solver_groups: str = param("question", "dr_zero_hrpo: the solver's rows are grouped per "
+                                                    "question (GRPO, the authors' solver) or per hop count over the "
+                                                    "batch (HRPO)", list(DR_ZERO_SOLVER_GROUPS))) -> torch.Tensor:
+    """Dr. Zero's advantages (Dr. Zero: Self-Evolving Search Agents without Training Data, Yue et al., 2026,
+    arXiv:2601.07055; seed 000-110) for the ``dr_zero`` rollout's rows (column ``role``: proposer / solver).
+
+    Every row gets a cluster ``c(i)``: a proposer row its hop count (column ``hops``: HRPO, the questions of one
+    hop count in the step's batch share a baseline, so one question per document suffices); a solver row its
+    question's group (``dr_zero_solver_groups: question``, GRPO) or its hop count (``hops``). Then
+
+    ``A_i = (R_i - mean_{c(i)} R) / (std_{c(i)} R + eps)`` (Bessel std),
+
+    and a cluster with a single scored row has mean 0 and std 1: ``A_i = R_i / (1 + eps)``. Unscored rows get 0.
+    Relation: with every cluster of two or more rows, the proposer rows' advantages are ``hrpo``'s.
+
+    Provenance: authors' code — https://github.com/facebookresearch/drzero verl/trainer/ppo/core_algos.py
+    (compute_grpo_batch_outcome_advantage, keyed in ray_trainer.py by data_source = search_zero_<hops>; the
+    proposer's estimator grpo_batch in iter*_challenger.sh, the solver's grpo in iter*_solver.sh); the singleton
+    rule (mean 0, std 1) is theirs, the epsilon grpolab's advantage_epsilon (theirs 1e-6). Test:
+    tests/test_dr_zero.py::test_hrpo_groups_by_hop_count.
+    """
+    if dr_zero_solver_groups not in DR_ZERO_SOLVER_GROUPS:
+        raise ValueError(f"dr_zero_solver_groups: '{dr_zero_solver_groups}' is not valid; valid values: "
+                         f"{', '.join(DR_ZERO_SOLVER_GROUPS)}")
+    n = rewards.shape[0]
+    hops = hop_clusters(batch, n, "dr_zero_hrpo")
+    roles = batch.columns.get("role")
+    if roles is None or len(roles) != n:
+        raise ValueError("dr_zero_hrpo: needs the column 'role' (proposer / solver) that the dr_zero rollout sets")
+    keys = [f"group:{int(g)}" if r == "solver" and dr_zero_solver_groups == "question" else f"{r}:hops:{h}"
+            for r, h, g in zip(roles, hops, group_ids.tolist())]
+    index = {k: i for i, k in enumerate(dict.fromkeys(keys))}
+    cid = torch.tensor([index[k] for k in keys], dtype=torch.long)
+    mean, std, count = group_stats(rewards, cid)
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
     return torch.nan_to_num((rewards - mean) / (std + advantage_epsilon), nan=0.0)
