@@ -168,6 +168,20 @@ def test_magrpo_recipe_trains_and_evaluates_the_team(tiny_args, tmp_path):
     assert torch.isfinite(torch.tensor([r["loss"] for r in rows if r.get("loss") is not None])).all()
 
 
+def test_held_out_evaluation_reports_the_team_and_each_role(tmp_path, tiny_args, monkeypatch):
+    """Greedy team episodes on 2 held-out rows (answer 'yes'): the scout says yes, yes; the solver no, yes. The
+    team's accuracy is the answer role's (the solver: 1/2); each role's own final message is scored too
+    (scout 2/2, solver 1/2), with its turn length in tokens."""
+    from grpolab.train.evaluate import evaluate
+    tr, _, _ = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND)
+    monkeypatch.setattr(team_mod, "sample_role_turns", scripted([["yes", "yes"], ["no", "yes"]]))
+    got = evaluate(None, tr.rows[:2], tr.rewards, rollout=tr._eval_rollout(), accuracy_reward="hit")
+    assert got["accuracy"] == 0.5 and got["roles/solver/accuracy"] == 0.5 and got["roles/scout/accuracy"] == 1.0
+    n_yes, n_no = (len(tr.tok(t, add_special_tokens=False)["input_ids"]) for t in ("yes", "no"))
+    assert got["roles/scout/completion_len"] == n_yes and got["roles/solver/completion_len"] == (n_no + n_yes) / 2
+    assert got["n"] == 2 and got["reward_mean"] == got["roles/solver/reward_mean"]
+
+
 def test_kill_9_of_a_team_run_resumes_exactly(tmp_path):
     """A magrpo run (two roles) killed with SIGKILL after its 3rd step and resumed matches the uninterrupted run
     metric for metric (every role's) and weight for weight."""
@@ -299,6 +313,85 @@ def test_role_adapters_resume_exactly(tmp_path, tiny_args):
     assert scout.keys() == solver.keys() and not all(torch.equal(scout[k], solver[k]) for k in scout)
 
 
+def test_separate_role_models_each_trained_on_its_own_rows(tmp_path, tiny_args, monkeypatch):
+    """role_adapters separate: every role a full copy of the model; each role samples with its own copy (the
+    sampler is handed that copy), each row's log-probs are its role's model's, and a step on the solver's rows
+    moves the solver's model only."""
+    from grpolab.roles import RoleModels
+    with pytest.raises(ConfigError, match="use role_adapters: lora"):
+        Config.build({"rollout_strategy": "team", "role_adapters": "separate", "roles": ["a", "b"], "use_lora": True})
+    with pytest.raises(ConfigError, match="generation_engine: native"):
+        Config.build({"rollout_strategy": "team", "role_adapters": "separate", "roles": ["a", "b"],
+                      "generation_engine": "vllm"})
+    tr, b, fake = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND, role_adapters="separate",
+                            learning_rate=1e-2)
+    model = tr.model
+    assert isinstance(model, RoleModels) and model.names == ["scout", "solver"]
+    assert model.roles["scout"] is not model.roles["solver"]
+    assert model.config is model.roles["scout"].config  # what a trainer reads of a model: the first role's
+    with pytest.raises(TypeError, match="one model per role"):
+        model(torch.zeros(1, 2, dtype=torch.long))
+    # make the copies differ, then: a row's log-probs are those of its role's model alone
+    with torch.no_grad():
+        for p in model.roles["solver"].parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    lp = tr.ctx.logprobs(b, model=model)
+    for i, name in ((0, "scout"), (1, "solver")):
+        alone = tr.ctx.logprobs(b.select([i]), model=model.roles[name])
+        n = int(b.completion_attention_mask[i].sum())
+        assert torch.allclose(lp[i, :n], alone[0, :n], atol=1e-5), name
+    other = tr.ctx.logprobs(b.select([0]), model=model.roles["solver"])
+    assert not torch.allclose(lp[0], other[0])
+    # a training step on the solver's rows only moves the solver's model
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    b.scalar_rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
+    b.advantages = tr.compute_advantages(b)
+    solver_rows = b.select([1, 3, 5, 7])
+    solver_rows.advantages = b.advantages[[1, 3, 5, 7]]
+    tr.update(solver_rows)
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all(n.startswith("roles.solver.") for n in moved)
+
+
+def test_separate_role_models_sample_with_their_own_copy(tmp_path, tiny_args, monkeypatch):
+    seen, again = [], scripted(ONE_ROUND)
+    tr, _, _ = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND, role_adapters="separate")
+
+    def spy(ctx, contexts, budgets, temperatures, model=None):
+        seen.append(model)
+        return again(ctx, contexts, budgets, temperatures, model)
+    monkeypatch.setattr(team_mod, "sample_role_turns", spy)
+    tr.ctx.new_step()
+    tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2), budgets=None,
+                temperatures=None)
+    # the behaviour policy is the trained module itself (on-policy): its scout copy, then its solver copy
+    assert seen == [tr.model.roles["scout"], tr.model.roles["solver"]]
+
+
+def test_separate_role_models_resume_exactly_and_save_each_role(tmp_path, tiny_args):
+    """4 steps straight vs 2 + resume: every role's model equal to the bit; the two roles' models moved apart;
+    final/<role> is each role's own model folder."""
+    base = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+            "reward": ["test_team:longer"], "rollout_strategy": "team", "advantage": "group_mean",
+            "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "prompts_per_step": 2,
+            "num_generations": 2, "max_completion_length": 5, "save_steps": 2, "eval_before": False,
+            "eval_after": False, "role_adapters": "separate", "learning_rate": 3e-2, "dtype": "float32"}
+    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), log=lambda *x: None)
+    a.train(progress=False)
+    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), log=lambda *x: None).train(progress=False)
+    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, log=lambda *x: None)
+    c.train(progress=False)
+    pa, pc = dict(a.model.named_parameters()), dict(c.model.named_parameters())
+    assert pa.keys() == pc.keys() and all(torch.equal(v, pc[k]) for k, v in pa.items())
+    scout, solver = a.model.roles["scout"].state_dict(), a.model.roles["solver"].state_dict()
+    assert not all(torch.equal(scout[k], solver[k]) for k in scout)
+    from safetensors.torch import load_file
+    for role in ("scout", "solver"):
+        saved = load_file(str(tmp_path / "a" / "final" / role / "model.safetensors"))
+        own = a.model.roles[role].state_dict()
+        assert all(torch.equal(v, own[k]) for k, v in saved.items()), role
+
+
 def test_ctde_joint_reward_by_hand(tmp_path, tiny_args, monkeypatch):
     """ctde_joint_reward on scripted two-round team episodes: R - .05 turns - .05 (coordination chars / 100)."""
     from grpolab.rewards.transforms import ctde_costs
@@ -315,16 +408,39 @@ def test_ctde_joint_reward_by_hand(tmp_path, tiny_args, monkeypatch):
 
 
 def test_report_of_a_team_run_shows_its_roles(tiny_args, tmp_path):
-    """grpolab report on a two-role run: the page builds, with the evaluation and the logged completions (the
-    per-role reward curves are not drawn yet: they are in metrics.jsonl only)."""
+    """grpolab report on a two-role run: the page builds, with the evaluation, the logged completions and the
+    per-role curves (reward, turn length, held-out accuracy of the team and of each role)."""
     from grpolab.cli import main
     out = tmp_path / "magrpo"
     args = {**recipe_overrides("magrpo"), **tiny_args, "task": "split_facts", "steps": 2, "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 5, "split_facts_rows": 24, "split_facts_eval": 4,
-            "log_completions_steps": 1, "eval_before": True, "eval_after": True, "out": str(out)}
+            "log_completions_steps": 1, "eval_before": True, "eval_after": True, "eval_steps": 1, "steps": 3,
+            "out": str(out)}
     Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
     page = tmp_path / "report.html"
     assert main(["report", str(out), "--out", str(page)]) == 0
     html = page.read_text()
     assert html.startswith("<!DOCTYPE html>") and "grpolab report: magrpo" in html
     assert "accuracy" in html and "You are the solver" in html  # evaluation table; a logged solver prompt
+    for title in ("team reward per role", "team turn length per role", "held-out accuracy: team and each role"):
+        assert title in html, title
+    for key in ("rollout/team/scout/reward", "rollout/team/solver/turn_tokens", "eval/roles/scout/accuracy"):
+        assert key in html, key
+
+
+def test_compare_of_team_runs_reads_each_roles_held_out_accuracy(tmp_path):
+    """grpolab compare on two team arms (channel on / off): every run finishes, and the table has the team's
+    accuracy and each role's (``--metric accuracy,roles/solver/accuracy``)."""
+    from grpolab.compare import main as compare
+    out = tmp_path / "cmp"
+    rc = compare(["--variant", "on=--recipe magrpo", "--variant", "off=--recipe magrpo --team_channel off",
+                  "--seeds", "0", "--model", "tiny", "--task", "split_facts", "--split_facts_rows", "24",
+                  "--split_facts_eval", "4", "--steps", "2", "--prompts_per_step", "2", "--num_generations", "2",
+                  "--max_completion_length", "4", "--eval_steps", "2", "--tensorboard", "false",
+                  "--metric", "accuracy,roles/solver/accuracy,roles/scout/accuracy", "--no-report",
+                  "--out", str(out)], log=lambda *a: None)
+    assert rc == 0
+    data = json.loads((out / "compare.json").read_text())
+    assert sorted(r["arm"] for r in data["runs"]) == ["off", "on"]
+    md = (out / "compare.md").read_text()
+    assert "roles/solver/accuracy" in md and "roles/scout/accuracy" in md and "| `off` |" in md

@@ -1,15 +1,19 @@
 """Roles: several policies in one run (issue 26).
 
-A role is the run's model with its own instruction and its own view of the data row, and optionally its own LoRA
-adapter on the shared base model (``role_adapters: lora``, with ``use_lora: true``): one adapter per role, named
-after it, trained only on that role's rows. The ``team`` rollout (grpolab/rollouts/team.py) plays the roles; the
-causal LM policy (grpolab/policies/causal_lm.py) creates the adapters and routes each row to its role's adapter.
+A role is the run's model with its own instruction and its own view of the data row (``role_adapters: shared``),
+optionally with its own LoRA adapter on the shared base model (``role_adapters: lora``, with ``use_lora: true``):
+one adapter per role, named after it, trained only on that role's rows; or a separate model
+(``role_adapters: separate``): every role its own full copy of the run's model (:class:`RoleModels`), trained only
+on its rows. The ``team`` rollout (grpolab/rollouts/team.py) plays the roles; the causal LM policy
+(grpolab/policies/causal_lm.py) creates the adapters or copies and routes each row to its role's.
 """
 from __future__ import annotations
 
 import contextlib
 import re
 from dataclasses import dataclass
+
+import torch
 
 from .errors import ConfigError
 from .registry import param
@@ -19,8 +23,9 @@ ROLES = param(["scout", "solver"], "team: the roles (names, or {name, prompt, vi
               "the run's model with its own instruction and view")
 TEAM_ANSWER_ROLE = param(None, "team: the role whose final message the task's rewards score (default: the last "
                          "role)")
-ROLE_ADAPTERS = param("shared", "team: shared (every role is the run's model) or lora (one LoRA adapter per role "
-                      "on the shared base, named after the role; needs use_lora: true)", ["shared", "lora"])
+ROLE_ADAPTERS = param("shared", "team: shared (every role is the run's model), lora (one LoRA adapter per role "
+                      "on the shared base, named after the role; needs use_lora: true) or separate (every role its "
+                      "own full copy of the model)", ["shared", "lora", "separate"])
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,46 @@ def parse_roles(spec) -> list[Role]:
 
 def role_names(spec) -> list[str]:
     return [r.name for r in parse_roles(spec)]
+
+
+class RoleModels(torch.nn.Module):
+    """One model per role (``role_adapters: separate``): ``roles[name]`` is role ``name``'s model, a copy of the
+    run's model at the start, trained only on that role's rows (the policy routes each row to its role's model).
+    The attributes a trainer reads of a model (``config``, ``generation_config``, ``dtype``, ``device``) are the
+    first role's; calling the container itself is an error (there is no one model to run)."""
+
+    def __init__(self, models: dict):
+        super().__init__()
+        self.roles = torch.nn.ModuleDict(models)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.roles.keys())
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "roles" or name.startswith("_"):
+                raise
+            return getattr(next(iter(self.roles.values())), name)
+
+    def forward(self, *args, **kwargs):
+        raise TypeError("role_adapters: separate: the run holds one model per role (RoleModels.roles[name]); "
+                        "this code path runs one model for every row, which only the team rollout and the causal "
+                        "LM policy's forward route by role")
+
+
+@contextlib.contextmanager
+def acting(module, name: str, mode: str):
+    """The model that samples role ``name``'s turns (``mode``: the ``role_adapters`` value): ``module`` itself
+    (shared), ``module`` with the role's LoRA adapter active (lora, :func:`role_adapter`), or the role's own model
+    (separate)."""
+    if mode == "separate":
+        yield module.roles[name]
+        return
+    with role_adapter(module, name if mode == "lora" else None):
+        yield module
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """The causal language model: the policy every text recipe trains; one step is one token."""
 from __future__ import annotations
 
+import copy
+
 from typing import Any
 
 import torch
@@ -9,7 +11,7 @@ from ..data import model_texts
 from ..generation.plain import plain_rollout
 from ..model.logprobs import completion_logprobs, group_token_divergence
 from ..registry import POLICIES
-from ..roles import per_row_adapters
+from ..roles import RoleModels, per_row_adapters
 from .base import PolicyBase
 
 
@@ -74,6 +76,7 @@ class CausalLMPolicy(PolicyBase):
         # named LoRA adapters a rollout asks for (a team with role_adapters lora: one per role, grpolab/roles.py);
         # the trainer sets them before prepare()
         self.adapters: list[str] = []
+        self.role_models: list[str] = []  # role_adapters separate: one copy of the model per role, made in prepare()
 
     @property
     def pad_id(self) -> int:
@@ -154,7 +157,23 @@ class CausalLMPolicy(PolicyBase):
             else:
                 module.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             module.config.use_cache = False
+        if self.role_models:  # role_adapters separate: every role its own copy (grpolab/roles.py RoleModels)
+            module = RoleModels({name: copy.deepcopy(module) for name in self.role_models})
         return module
+
+    def _forward_by_role(self, module: RoleModels, mb, *, want: frozenset[str], grad: bool) -> dict[str, Any]:
+        """:meth:`forward` of each role's rows under that role's model, put back in row order."""
+        if "role" not in mb.row_data:
+            raise ValueError("role_adapters: separate: the batch has no row_data['role'] (the team rollout sets "
+                             "it); cannot tell which role's model a row goes through")
+        role = mb.row_data["role"].long().cpu()
+        order, parts = [], []
+        for r in sorted(set(role.tolist())):
+            rows = (role == r).nonzero().flatten()
+            order.append(rows)
+            parts.append(self.forward(module.roles[module.names[r]], mb.select(rows), want=want, grad=grad))
+        back = torch.argsort(torch.cat(order)).to(parts[0]["logprobs"].device)
+        return {k: torch.cat([p[k] for p in parts])[back] for k in parts[0]}
 
     def offers(self) -> frozenset[str]:
         return frozenset({"entropy", "entropy_grad"})
@@ -163,6 +182,8 @@ class CausalLMPolicy(PolicyBase):
         """``logprobs`` [R, T] of ``mb``'s completion tokens under ``module``; with ``entropy`` or
         ``entropy_grad`` in ``want``, the vocabulary entropy [R, T] too (``entropy`` detached; the entropy
         carries gradients only when ``entropy_grad`` is asked for)."""
+        if isinstance(module, RoleModels):  # each role's rows through that role's own model
+            return self._forward_by_role(module, mb, want=want, grad=grad)
         if self.adapters and "role" in mb.row_data:  # each row through its role's adapter (PEFT mixed batch)
             names = [self.adapters[int(r)] for r in mb.row_data["role"]]
             with per_row_adapters(module, names):

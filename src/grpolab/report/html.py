@@ -27,8 +27,12 @@ COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e
 DASHES = ["", "6 3", "2 2", "8 3 2 3"]
 MARKERS = ["circle", "square", "triangle", "diamond", "down", "cross"]
 UNSCORABLE = '<span class="unscorable" title="unscorable (NaN)">—</span>'
-# (title, metric keys; "rewards/*/mean" expands to every reward column of the run)
+# (title, metric keys; a key with a * expands to every metric of the runs it matches: "rewards/*/mean" every reward
+# column, "rollout/team/*/reward" every role of a team run)
 CURVES = [("reward", ["reward_mean"]), ("accuracy and reward columns", ["rewards/*/mean"]),
+          ("team reward per role", ["rollout/team/reward", "rollout/team/*/reward"]),
+          ("team turn length per role (tokens)", ["rollout/team/*/turn_tokens"]),
+          ("held-out accuracy: team and each role", ["eval/accuracy", "eval/roles/*/accuracy"]),
           ("completion length (tokens)", ["completion_len_mean"]), ("KL to the reference", ["kl"]),
           ("entropy (nats/token)", ["entropy"]), ("clip fraction", ["clip_frac_low", "clip_frac_high"]),
           ("zero-variance groups", ["frac_zero_std_groups"]), ("truncated completions", ["frac_truncated"])]
@@ -158,11 +162,13 @@ def config_diff_html(run_cfg: dict) -> str:
 # ---------------------------------------------------------------- plots
 
 def expand_keys(keys: list[str], runs: list[dict]) -> list[str]:
+    """``keys`` with each ``a*b`` replaced by the runs' metric names that start with ``a`` and end with ``b``."""
     out = []
     for k in keys:
-        if k == "rewards/*/mean":
+        if "*" in k:
+            a, b = k.split("*", 1)
             out += sorted({m for r in runs for row in r["metrics"] for m in row
-                           if m.startswith("rewards/") and m.endswith("/mean")})
+                           if len(m) > len(a) + len(b) and m.startswith(a) and m.endswith(b)})
         else:
             out.append(k)
     return out

@@ -31,6 +31,7 @@ put after it; ``trainable``: default true).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -42,7 +43,7 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..roles import ROLE_ADAPTERS, ROLES, TEAM_ANSWER_ROLE, Role, parse_roles, role_adapter, role_names
+from ..roles import ROLE_ADAPTERS, ROLES, TEAM_ANSWER_ROLE, Role, acting, parse_roles, role_names
 
 TEAM_REWARDS = ("cooperative", "per_role", "zero_sum")
 ROLE_COLUMN = "role"
@@ -96,10 +97,12 @@ def sample_role_turns(ctx, contexts, budgets, temperatures, model=None):
 
 
 def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, channel: bool, turn_tokens: int,
-               episode_tokens: int, renderer, model=None, adapters: bool = False) -> None:
+               episode_tokens: int, renderer, model=None, adapters: str | bool = "shared") -> None:
     """Every team episode to its end: ``rounds`` rounds, each role speaking once per round in order. A role's episode
     (its turns and the messages it hears) is capped at ``max_episode_tokens``, each turn at ``max_turn_tokens``
-    (the agent keys)."""
+    (the agent keys). ``adapters``: the ``role_adapters`` value (True: lora), which model samples a role's turns
+    (:func:`grpolab.roles.acting`)."""
+    mode = {True: "lora", False: "shared"}.get(adapters, adapters) if isinstance(adapters, bool) else adapters
     tok = ctx.tokenizer
     eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
     for _ in range(rounds):
@@ -128,9 +131,10 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
                     s.finished, s.ended_by = True, "token_budget"
             if not live:
                 continue
-            with role_adapter(model if model is not None else ctx.policy, roles[r].name if adapters else None):
+            with acting(model if model is not None else ctx.policy, roles[r].name, mode) as m:
                 out = sample_role_turns(ctx, [s.episode.context() for s, _ in live], [b for _, b in live],
-                                        [s.temperature for s, _ in live], model=model)
+                                        [s.temperature for s, _ in live],
+                                        model=m if model is not None or mode == "separate" else None)
             for (s, _), ids, lps, reason in zip(live, out.ids, out.logprobs, out.finish_reasons):
                 if not ids:
                     s.finished, s.ended_by = True, "no_action"
@@ -172,6 +176,16 @@ def _check(cfg) -> None:
     if p.get("role_adapters", "shared") == "lora" and not cfg.use_lora:
         raise ConfigError("role_adapters: lora gives every role its own LoRA adapter and needs use_lora: true "
                           "(--use_lora true); or set role_adapters: shared")
+    if p.get("role_adapters") == "separate" and cfg.use_lora:
+        raise ConfigError("role_adapters: separate gives every role a full copy of the model; with use_lora: true "
+                          "use role_adapters: lora (one adapter per role on one base) instead")
+    if p.get("role_adapters") == "separate" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("role_adapters: separate trains in one process; run it without --nproc_per_node / "
+                          "torchrun, or use role_adapters: lora")
+    if p.get("role_adapters") == "separate" and cfg.generation_engine != "native":
+        raise ConfigError(f"role_adapters: separate samples each role with its own model in this process; a "
+                          f"vLLM engine (generation_engine: {cfg.generation_engine}) holds one model; set "
+                          f"generation_engine: native or role_adapters: lora")
     if p.get("team_channel", "on") not in ("on", "off"):
         raise ConfigError(f"team_channel: '{p.get('team_channel')}' is not valid; valid values: on, off")
 
@@ -257,7 +271,7 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     renderer = Renderer(ctx.tokenizer, log=ctx.log)
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=renderer, adapters=role_adapters == "lora")
+               renderer=renderer, adapters=role_adapters)
     batch = _pack(ctx, teams, role_list, gids, max_episode_tokens)
     ctx.score(batch)
     _team_rewards(batch, n, answer, team_reward)
@@ -275,16 +289,20 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 
 def eval_rollout(ctx, model, rows, uids, *, roles, team_rounds, team_answer_role, team_channel, max_turn_tokens,
                  max_episode_tokens, role_adapters="shared", **_ignored):
-    """Held-out evaluation: one greedy team episode per row; the answer role's rows, scored by the trainer."""
+    """Held-out evaluation: one greedy team episode per row. The answer role's rows make the team's figures;
+    every role's rows, each scored by the task's rewards on that role's own final message, are reported as
+    ``roles/<role>/...`` (grpolab/train/evaluate.py)."""
     role_list = parse_roles(roles)
     n = len(role_list)
     answer = n - 1 if team_answer_role is None else [r.name for r in role_list].index(team_answer_role)
     teams = [[Seat(r, row, uid, 0.0) for r in range(n)] for row, uid in zip(rows, uids)]
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters == "lora")
+               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters)
     batch = _pack(ctx, teams, role_list, [[i] * n for i in range(len(rows))], max_episode_tokens)
-    return batch.select([t * n + answer for t in range(len(rows))])
+    per_role = {f"roles/{role.name}": batch.select([t * n + r for t in range(len(rows))])
+                for r, role in enumerate(role_list)}
+    return per_role[f"roles/{role_list[answer].name}"], per_role
 
 
 def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
@@ -298,7 +316,13 @@ def lora_adapters(cfg) -> list[str]:
     return role_names(cfg.params.get("roles")) if cfg.params.get("role_adapters") == "lora" else []
 
 
+def role_models(cfg) -> list[str]:
+    """The roles that get a model of their own (``role_adapters: separate``: every role, a copy of the run's)."""
+    return role_names(cfg.params.get("roles")) if cfg.params.get("role_adapters") == "separate" else []
+
+
 team.eval_rollout = eval_rollout
 team.lora_adapters = lora_adapters
+team.role_models = role_models
 team.model_texts = model_texts
 team.columns = (ROLE_COLUMN, "team_transcript")  # reward functions may take them

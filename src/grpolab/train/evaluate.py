@@ -18,7 +18,10 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     ``sample(rows, uids, *, num_generations, temperature, generator=None) -> RolloutBatch``: the policy's
     evaluation sampler (``functools.partial(policy.sample, module, evaluation=True)``, grpolab/policies/);
     temperature 0 is its deterministic draw (greedy for a causal LM). ``rollout(rows, uids) -> RolloutBatch``:
-    how a chunk's greedy completions are made instead (the agent rollout plays one greedy episode per row).
+    how a chunk's greedy completions are made instead (the agent rollout plays one greedy episode per row); it
+    may return ``(batch, parts)`` with ``parts`` a dict ``name -> RolloutBatch`` of other rows to report on their
+    own (a team's rows per role, ``roles/<role>``): each part's ``<name>/reward_mean``, ``<name>/accuracy`` and
+    ``<name>/completion_len`` are reported, and only ``batch`` makes the main figures.
 
     ``accuracy`` is the mean of the reward named ``accuracy_reward`` (for a 0/1
     reward: the share of rows answered correctly); ``len_correct`` /
@@ -36,10 +39,15 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     all_fns = rewards + [RewardFn(f"eval:{k}", f, 0.0) for k, f in (extra or {}).items()]
     scorer = RewardScorer(all_fns, timeout=reward_timeout)
     mats, samples, lengths, images = [], [], [], []
+    parts: dict[str, list] = {}  # name -> [(score matrix, completion lengths)] of a rollout's other rows
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
         if rollout is not None:
             batch = rollout(chunk, list(range(i, i + len(chunk))))
+            if isinstance(batch, tuple):
+                batch, more = batch
+                for name, part in more.items():
+                    parts.setdefault(name, []).append((scorer.score_batch(part)[0], part.completion_mask.sum(-1)))
         else:
             batch = sample(chunk, list(range(i, i + len(chunk))), num_generations=1, temperature=0.0)
         m, _ = scorer.score_batch(batch)
@@ -70,6 +78,12 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
         if pass_k > 0:
             result.update(pass_at_k(sample, rows, scorer, scorer.names.index(accuracy_reward), k=pass_k,
                                     batch_size=batch_size, temperature=temperature, seed=seed))
+    for name, got in parts.items():
+        m = torch.cat([g[0] for g in got])
+        result[f"{name}/reward_mean"] = as_meant(torch.nanmean(combine_rewards(m[:, :K], scorer.weights[:K]).double()))
+        if accuracy_reward is not None:
+            result[f"{name}/accuracy"] = as_meant(torch.nanmean(m[:, scorer.names.index(accuracy_reward)].double()))
+        result[f"{name}/completion_len"] = as_meant(torch.cat([g[1] for g in got]).double().mean())
     for name in (extra or {}):
         result[name] = result.pop(f"rewards/eval:{name}/mean")
     result["samples"] = [sample_text(s) for s in samples]

@@ -231,6 +231,9 @@ class Trainer:
         named = checks.strategy_hook(cfg, "lora_adapters")  # LoRA adapters a rollout needs (a team: one per role)
         if named is not None and cfg.use_lora:
             self.policy.adapters = named(cfg)
+        own = checks.strategy_hook(cfg, "role_models")  # roles with a model of their own (role_adapters separate)
+        if own is not None:
+            self.policy.role_models = own(cfg)
         self.model = self.policy.prepare(self.model)  # LoRA adapters, activation checkpointing
 
     def _setup_optimizer(self, cfg: Config) -> None:
@@ -831,6 +834,10 @@ class Trainer:
             for name in roles:
                 merged = copy.deepcopy(self.model).merge_and_unload(adapter_names=[name])
                 self._write_end(final / name, lambda m=merged, n=name: self.policy.save(m, final / n),
+                                f"role {name}'s final model")
+        elif getattr(self.policy, "role_models", []):  # role_adapters separate: final/<role> is that role's model
+            for name in self.policy.role_models:
+                self._write_end(final / name, lambda n=name: self.policy.save(self.model.roles[n], final / n),
                                 f"role {name}'s final model")
         else:
             to_save = copy.deepcopy(self.model).merge_and_unload() if cfg.use_lora else self.model
