@@ -197,6 +197,7 @@ def calling(real):
     """The real sampler, except that a main agent's first turn is a scripted call (the random tiny model never
     writes one): so the sub-agent plays and both roles train."""
     def sample(ctx, contexts, budgets, temperatures, stop_strings=(), model=None):
+        sample.evaluating.append(model is not None)  # the held-out evaluation passes its model
         out = real(ctx, contexts, budgets, temperatures, stop_strings, model=model)
         if stop_strings:
             for j, c in enumerate(contexts):
@@ -204,6 +205,7 @@ def calling(real):
                     out.ids[j] = ctx.tokenizer("<call>Where?</call>", add_special_tokens=False)["input_ids"]
                     out.logprobs[j] = [-1.0] * len(out.ids[j])
         return out
+    sample.evaluating = []
     return sample
 
 
@@ -216,14 +218,15 @@ def longer(completions, **kw):
 def test_m_grpo_recipe_trains(adapters, tiny_args, tmp_path, monkeypatch):
     """The recipe, one step on the tiny model: the shared model, and one LoRA adapter per role (both adapters move)."""
     from grpolab.train.metrics import read_metrics
-    monkeypatch.setattr(hier, "sample_turns", calling(hier.sample_turns))
+    fake = calling(hier.sample_turns)
+    monkeypatch.setattr(hier, "sample_turns", fake)
     args = {**recipe_overrides("m_grpo"), **tiny_args, "task": "delegate_facts", "steps": 1, "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 8, "delegate_facts_rows": 12, "delegate_facts_eval": 2,
             "m_grpo_sub_trajectories": 3, "learning_rate": 3e-2, "out": str(tmp_path / adapters)}
     if adapters == "lora":  # a reward that varies, so each adapter gets a non-zero advantage
         args["reward"] = ["test_m_grpo:longer"]
-    if adapters == "shared":
-        args.update(use_lora=False, role_adapters="shared")
+    if adapters == "shared":  # and the held-out evaluation: one greedy main rollout per row (with its calls)
+        args.update(use_lora=False, role_adapters="shared", eval_after=True)
     else:
         args.update(lora_r=4, lora_alpha=8, lora_target_modules="q_proj,v_proj")
     tr = Trainer(Config.build(args), log=lambda *a: None)
@@ -233,6 +236,12 @@ def test_m_grpo_recipe_trains(adapters, tiny_args, tmp_path, monkeypatch):
     assert r["rollout/m_grpo/sub_sampled"] == 4 and r["rollout/m_grpo/sub_dropped"] == 0
     assert r["rollout/m_grpo/sub_duplicated"] == 2
     assert r["loss"] is not None and torch.isfinite(torch.tensor(r["loss"]))
+    if adapters == "shared":
+        import json
+        after = json.loads((tmp_path / adapters / "summary.json").read_text())["after"]
+        assert after["n"] == 2 and 0 <= after["accuracy"] <= 1
+        # evaluation played main turns and sub-agent calls: [main, sub, main, ...] with its model
+        assert fake.evaluating.count(True) >= 3
     if adapters == "lora":
         assert sorted(tr.model.peft_config) == ["main", "sub"]
         for role in ("main", "sub"):  # lora_B starts at zero: a role's adapter moved only if its rows trained it
