@@ -424,7 +424,9 @@ def flow_grpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: t
     Provenance: reconstructed from the abstract — the outcome broadcast to every turn with group-normalised
     advantages; the authors' train/config.yaml (github.com/lupantech/AgentFlow) runs verl's 'grpo' estimator
     on per-turn samples (clip 0.2 / 0.3, KL 0.001, temperature 0.7), from which the per-turn statistics
-    follow; the code that turns each planner turn into a sample was not read.
+    follow; its agentflow/verl/daemon.py (get_train_data_batch) makes each planner turn one sample carrying
+    its rollout's reward, uid = the query's data_id (the lm_program rollout, recipe agentflow, builds exactly
+    that: one row per planner turn, grouped by query).
     """
     method = "flow_grpo"
     if flow_grpo_stats not in ("turns", "episodes"):

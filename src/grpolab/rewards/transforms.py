@@ -1559,3 +1559,34 @@ def ctde_joint_reward(rewards: torch.Tensor, batch, *,
                          for t, c in (ctde_costs(tr, team_answer_role) for tr in transcripts)],
                         dtype=rewards.dtype)
     return ctde_quality_weight * rewards - cost
+
+
+# ------------------------------------------------------------------------------------ LM programs (mmGRPO)
+
+LM_PROGRAM_FAILURE_KEY = "lm_program_failure"  # row_data key the lm_program rollout (rollouts/lm_program.py) writes
+
+
+@REWARD_TRANSFORMS.register("lm_program_failures")
+def lm_program_failures(rewards: torch.Tensor, batch) -> torch.Tensor:
+    """The failure scores of the ``lm_program`` rollout: a call of a run whose program raised gets its fixed
+    score, every other call keeps its reward::
+
+        r_i' = f_i  if the run of call i failed (f_i = lm_program_format_failure_score after a FormatFailure,
+                    lm_program_failure_score after another exception with lm_program_on_error: score)
+        r_i' = r_i  otherwise
+
+    ``f_i`` is ``batch.row_data['lm_program_failure']`` (NaN: the run did not fail), written by the rollout;
+    the transform must come last, so no other transform changes a failure score.
+
+    Provenance: authors' code — https://github.com/stanfordnlp/dspy dspy/teleprompt/bootstrap_trace.py
+    (bootstrap_trace_data: a FailedPrediction scores its format_reward or format_failure_score) and
+    dspy/teleprompt/grpo.py (GRPO: failure_score 0, format_failure_score -1, failure_score > format_failure_score);
+    notes: the scores are set on the combined reward of every call of the failed run. Test:
+    tests/test_lm_program.py::test_interrupted_and_format_failed_runs.
+    """
+    fixed = batch.row_data.get(LM_PROGRAM_FAILURE_KEY) if batch is not None else None
+    if fixed is None:
+        raise ValueError("lm_program_failures: the batch has no row_data['lm_program_failure']; this transform "
+                         "goes with rollout_strategy: lm_program")
+    fixed = fixed.to(rewards.dtype)
+    return torch.where(torch.isnan(fixed), rewards, fixed)
