@@ -139,20 +139,23 @@ def test_hrpo_groups_by_hop_count():
         dr_zero_hrpo(r, torch.arange(4), SimpleNamespace(columns={"hops": [1] * 4}))
 
 
-def scripted_roles(right_every=2, proposal="<think>a</think><question>Is it true?</question><answer>yes</answer>"):
+def scripted_roles(right_every=2, proposal="<think>a</think><question>Is it true?</question><answer>yes</answer>",
+                   by_position=False):
     """A scripted policy: the proposer (its prompt shows a source document) always writes ``proposal``; the solver
-    answers 'yes' on every ``right_every``-th call of its episodes and 'no' otherwise."""
+    answers 'yes' on every ``right_every``-th of its calls and 'no' otherwise (``by_position``: 'yes' in the even
+    positions of each batched call, so a resumed run is scripted as the uninterrupted one)."""
     state = {"solver": 0, "proposer": 0}
 
     def sample(ctx, contexts, max_new_tokens, temperatures, stop_strings, model=None):
         out = []
-        for c in contexts:
+        for j, c in enumerate(contexts):
             if "Source document:" in ctx.tokenizer.decode(c):
                 state["proposer"] += 1
                 out.append(proposal)
             else:
                 state["solver"] += 1
-                out.append("Answer: yes" if state["solver"] % right_every == 0 else "Answer: no")
+                right = j % 2 == 0 if by_position else state["solver"] % right_every == 0
+                out.append("Answer: yes" if right else "Answer: no")
         ids = [ctx.tokenizer(t, add_special_tokens=False)["input_ids"] for t in out]
         return Continuation(ids, [[-1.0] * len(a) for a in ids], ["eos"] * len(ids))
     sample.state = state
@@ -167,31 +170,45 @@ def _same(a, b):
     return all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_both_phases_train_one_role_each_and_the_frozen_role_keeps_its_weights(tiny_args, monkeypatch, tmp_path):
-    fake = scripted_roles()
+def test_alternating_run_trains_one_role_per_step_and_resumes_exactly(tiny_args, monkeypatch, tmp_path):
+    """3 steps, one per phase (proposer, solver, proposer): each step moves its role's LoRA adapter only; the
+    frozen role keeps its weights to the bit. 2 steps then a resume from the step-2 checkpoint end with the same
+    adapters as the 3 straight steps. Evaluation plays the solver on held-out search_qa questions."""
+    fake = scripted_roles(by_position=True)
     monkeypatch.setattr(agent_rollout, "sample_turns", fake)
-    args = {**recipe_overrides("dr_zero"), **tiny_args, "task": "dr_zero_docs", "steps": 2, "prompts_per_step": 3,
+    base = {**recipe_overrides("dr_zero"), **tiny_args, "task": "dr_zero_docs", "prompts_per_step": 2,
             "num_generations": 2, "dr_zero_steps_per_phase": 1, "dr_zero_solver_samples": 3, "max_turns": 2,
             "lora_target_modules": "q_proj,v_proj", "policy_loss": "policy_gradient", "learning_rate": 3e-2,
-            "dr_zero_eval": 4, "eval_after": True, "dtype": "float32"}
-    tr = Trainer(Config.build(args), log=lambda *a: None)
-    assert sorted(tr.model.peft_config) == ["proposer", "solver"]
-    p0, s0 = _lora(tr.model, "proposer"), _lora(tr.model, "solver")
-    m0 = tr.train_step()  # step 0: the proposer's
-    p1, s1 = _lora(tr.model, "proposer"), _lora(tr.model, "solver")
-    assert _same(s0, s1) and not _same(p0, p1)  # the solver is frozen, the proposer moved
-    assert m0["rollout/dr_zero/phase"] == 0.0 and m0["rollout/dr_zero/valid_questions"] == 1.0
-    # 3 questions x 3 solver samples; right on every 2nd call: 9 calls, 4 right -> mean success 4/9
-    assert fake.state["proposer"] == 3 and fake.state["solver"] == 9
-    assert m0["rollout/dr_zero/solver_success"] == pytest.approx(4 / 9)
-    m1 = tr.train_step()  # step 1: the solver's
-    p2, s2 = _lora(tr.model, "proposer"), _lora(tr.model, "solver")
-    assert _same(p1, p2) and not _same(s1, s2)  # the proposer is frozen, the solver moved
-    assert m1["rollout/dr_zero/phase"] == 1.0
-    assert fake.state["proposer"] == 6  # the frozen proposer wrote the step's 3 questions
-    assert fake.state["solver"] == 9 + 3 * 2  # 3 questions x num_generations 2, trained
-    ev = tr.evaluate()  # the solver on 4 held-out search_qa questions, one greedy episode each
-    assert fake.state["solver"] == 15 + 4 and "accuracy" in ev
+            "dr_zero_eval": 3, "save_steps": 2, "dtype": "float32"}
+    a = Trainer(Config.build({**base, "steps": 3, "eval_after": True, "out": str(tmp_path / "a")}),
+                log=lambda *x: None)
+    assert sorted(a.model.peft_config) == ["proposer", "solver"]
+    snaps, metrics = [(_lora(a.model, "proposer"), _lora(a.model, "solver"))], []
+    step = a.train_step
+
+    def recorded():
+        metrics.append(step())
+        snaps.append((_lora(a.model, "proposer"), _lora(a.model, "solver")))
+        return metrics[-1]
+    a.train_step = recorded
+    summary = a.train(progress=False)
+    for t in range(3):
+        (p0, s0), (p1, s1) = snaps[t], snaps[t + 1]
+        trained = "proposer" if t % 2 == 0 else "solver"
+        assert metrics[t]["rollout/dr_zero/phase"] == float(t % 2)
+        assert _same(s0, s1) != (trained == "solver") and _same(p0, p1) != (trained == "proposer"), t
+    # step 0: 2 questions x 3 solver samples (not trained); step 1: 2 questions x num_generations 2 (trained)
+    assert metrics[0]["rollout/dr_zero/valid_questions"] == 1.0
+    assert metrics[0]["rollout/dr_zero/solver_success"] == 0.5  # 'yes' at positions 0, 2, 4 of 6
+    assert fake.state["proposer"] == 3 * 2  # 2 documents a step; in the solver step the frozen proposer's
+    assert fake.state["solver"] == 6 + 4 + 6 + 3  # and 3 held-out questions, one greedy episode each
+    assert "accuracy" in summary["after"]
+    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), log=lambda *x: None).train(progress=False)
+    c = Trainer(Config.build({**base, "steps": 3, "out": str(tmp_path / "b")}), resume=True, log=lambda *x: None)
+    assert c.step == 2  # resumed from the step-2 checkpoint: step 2 (a proposer step) runs again
+    c.train(progress=False)
+    pa, pc = dict(a.model.named_parameters()), dict(c.model.named_parameters())
+    assert all(torch.equal(v, pc[k]) for k, v in pa.items())
 
 
 def test_rows_roles_and_rewards_of_each_phase(tiny_args, monkeypatch, tmp_path):

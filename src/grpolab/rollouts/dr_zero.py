@@ -142,7 +142,7 @@ def dr_zero(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     step writes its questions on the fly (the authors generate a data set per iteration); the built-in BM25 search
     world for the e5 Wikipedia retriever; the search_qa 'Answer:' format for the solver's answer. Test:
     tests/test_dr_zero.py::test_rows_roles_and_rewards_of_each_phase,
-    tests/test_dr_zero.py::test_both_phases_train_one_role_each_and_the_frozen_role_keeps_its_weights.
+    tests/test_dr_zero.py::test_alternating_run_trains_one_role_per_step_and_resumes_exactly.
     """
     cfg = ctx.cfg
     lora = role_adapters == "lora"
