@@ -289,3 +289,18 @@ def test_recipe_smoke_step(recipe, tiny_args, tmp_path):
     assert step["loss"] is not None and "rollout/lm_program/reward" in step
     # held-out evaluation runs the program once per row (greedy) and scores its answer
     assert summary["after"]["n"] == 2 and 0.0 <= summary["after"]["accuracy"] <= 1.0
+
+
+def test_runs_are_deterministic_across_thread_schedules(tmp_path, tiny_args):
+    """The tiny model samples every call (no script): two identical steps give identical rows, whatever order the
+    program threads ran in (calls are batched only once every live run waits, in run order)."""
+    def step(out):
+        args = {**recipe_overrides("agentflow"), **tiny_args, "task": "arithmetic", "prompts_per_step": 2,
+                "num_generations": 3, "max_completion_length": 4, "out": str(tmp_path / out)}
+        tr = Trainer(Config.build(args), log=lambda *a: None)
+        tr.ctx.new_step()
+        return tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
+                           budgets=None, temperatures=None)
+    a, b = step("a"), step("b")
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.behavior_logprobs, b.behavior_logprobs)
+    assert a.group_ids.tolist() == b.group_ids.tolist() and set(a.columns["module"]) == {"planner"}

@@ -243,6 +243,7 @@ def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], tur
     tok = ctx.tokenizer
     eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
     cond = threading.Condition()
+    tok_lock = threading.Lock()  # a fast tokenizer used from several threads at once can fail ("Already borrowed")
     waiting: dict[int, dict] = {}
     state = {"busy": len(runs), "abort": False}
 
@@ -253,7 +254,8 @@ def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], tur
                                         f"(listed: {', '.join(modules)}); add it, with trainable: false to leave "
                                         f"its calls out of training")
                 raise run.fatal
-            ids = render(tok, prompt)
+            with tok_lock:
+                ids = render(tok, prompt)
             if len(ids) > ctx.cfg.max_prompt_length:
                 run.fatal = ConfigError(f"lm_program: a prompt of module '{module}' has {len(ids)} tokens, more "
                                         f"than max_prompt_length={ctx.cfg.max_prompt_length}; raise "
@@ -269,7 +271,8 @@ def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], tur
                 if slot["out"] is None:
                     raise _Aborted()
             new, lps, reason, engine = slot["out"]
-            text = tok.decode([t for t in new if t not in eos], skip_special_tokens=True)
+            with tok_lock:
+                text = tok.decode([t for t in new if t not in eos], skip_special_tokens=True)
             run.calls.append(Call(module, ids, list(new), list(lps), reason, text, engine))
             return text
         return lm
