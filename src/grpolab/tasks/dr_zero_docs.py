@@ -33,7 +33,7 @@ from ..agents.knowledge import generate, normalise
 from ..data import completion_text
 from ..errors import ConfigError
 from ..registry import TASKS, param
-from .agent_tasks import SEARCH_DEMO, SEARCH_SYSTEM, qa_accuracy, search_qa, tool_call_syntax
+from .agent_tasks import SEARCH_DEMO, SEARCH_SYSTEM, qa_accuracy, qa_lenient_accuracy, search_qa, tool_call_syntax
 from .base import Task, provides_environment
 
 PROPOSER_SYSTEM = (
@@ -215,4 +215,4 @@ def dr_zero_docs(*,
     return Task("dr_zero_docs", rows, evals, rewards=[("dr_zero", dr_zero_reward, 1.0)], accuracy_reward="dr_zero",
                 description="documents of the search world with a hop count each: the proposer writes questions, "
                             "the solver answers them with search (rollout_strategy dr_zero)",
-                extra={"environment": qa.extra["environment"]})
+                extra={"environment": qa.extra["environment"], "lenient_accuracy": qa_lenient_accuracy})
