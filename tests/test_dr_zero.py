@@ -237,6 +237,9 @@ def test_rows_roles_and_rewards_of_each_phase(tiny_args, monkeypatch, tmp_path):
     monkeypatch.setattr(agent_rollout, "sample_turns", scripted_roles(proposal="<question>yes?</question>"))
     with pytest.raises(RuntimeError, match="no question that passes the format check"):
         step(1)
+    tr.rows[0] = {k: v for k, v in tr.rows[0].items() if k != "document"}  # data without the proposer's document
+    with pytest.raises(ConfigError, match="needs the column.s. document"):
+        step(0)
 
 
 def test_provenance_names_the_authors_code():

@@ -146,6 +146,10 @@ def dr_zero(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     """
     cfg = ctx.cfg
     lora = role_adapters == "lora"
+    missing = [k for k in ("hops", "document") if any(k not in r for r in rows)]
+    if missing:
+        raise ConfigError(f"dr_zero: every row needs the column(s) {', '.join(missing)} (the proposer's source "
+                          f"document and the hop count to ask for); the built-in task dr_zero_docs has them")
     settings, factory = episode_setup(ctx, max_turns=max_turns, max_episode_tokens=max_episode_tokens,
                                       max_turn_tokens=max_turn_tokens, tool_timeout=tool_timeout,
                                       tool_output_chars=tool_output_chars, max_tool_calls=max_tool_calls,
