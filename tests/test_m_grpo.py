@@ -187,8 +187,9 @@ def test_bad_settings_name_the_fix():
         Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b", "c"]})
     with pytest.raises(ConfigError, match="needs use_lora: true"):
         Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b"], "role_adapters": "lora"})
-    with pytest.raises(ConfigError, match="valid values: shared, lora"):
-        Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b"], "role_adapters": "separate"})
+    with pytest.raises(ConfigError, match="use role_adapters: lora"):
+        Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b"], "role_adapters": "separate",
+                      "use_lora": True})
     with pytest.raises(ConfigError, match="m_grpo_sub_trajectories must be >= 1"):
         Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b"], "m_grpo_sub_trajectories": 0})
 
@@ -214,22 +215,26 @@ def longer(completions, **kw):
     return [len(str(c)) % 7 / 7 for c in completions]
 
 
-@pytest.mark.parametrize("adapters", ["shared", "lora"])
+@pytest.mark.parametrize("adapters", ["shared", "lora", "separate"])
 def test_m_grpo_recipe_trains(adapters, tiny_args, tmp_path, monkeypatch):
-    """The recipe, one step on the tiny model: the shared model, and one LoRA adapter per role (both adapters move)."""
+    """The recipe, one step on the tiny model: the shared model, one LoRA adapter per role, and a separate model per
+    role (the paper's distinct LLMs): each role's adapter / model moves."""
     from grpolab.train.metrics import read_metrics
     fake = calling(hier.sample_turns)
     monkeypatch.setattr(hier, "sample_turns", fake)
     args = {**recipe_overrides("m_grpo"), **tiny_args, "task": "delegate_facts", "steps": 1, "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 8, "delegate_facts_rows": 12, "delegate_facts_eval": 2,
             "m_grpo_sub_trajectories": 3, "learning_rate": 3e-2, "out": str(tmp_path / adapters)}
-    if adapters == "lora":  # a reward that varies, so each adapter gets a non-zero advantage
+    if adapters != "shared":  # a reward that varies, so each adapter / model gets a non-zero advantage
         args["reward"] = ["test_m_grpo:longer"]
     if adapters == "shared":  # and the held-out evaluation: one greedy main rollout per row (with its calls)
         args.update(use_lora=False, role_adapters="shared", eval_after=True)
+    elif adapters == "separate":
+        args.update(use_lora=False, role_adapters="separate")
     else:
         args.update(lora_r=4, lora_alpha=8, lora_target_modules="q_proj,v_proj")
     tr = Trainer(Config.build(args), log=lambda *a: None)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
     tr.train(progress=False)
     (r,) = read_metrics(args["out"])
     # each of the 2 queries: 2 rollouts, one call each -> 2 sampled < D = 3 -> 1 duplicate per query
@@ -246,6 +251,11 @@ def test_m_grpo_recipe_trains(adapters, tiny_args, tmp_path, monkeypatch):
         assert sorted(tr.model.peft_config) == ["main", "sub"]
         for role in ("main", "sub"):  # lora_B starts at zero: a role's adapter moved only if its rows trained it
             assert any(float(p.detach().abs().sum()) > 0 for n, p in tr.model.named_parameters() if f"lora_B.{role}." in n)
+    if adapters == "separate":
+        assert tr.model.names == ["main", "sub"]
+        for role in ("main", "sub"):  # both copies started as the run's model; each moved through its own rows
+            assert any(not torch.equal(p, before[n]) for n, p in tr.model.named_parameters()
+                       if n.startswith(f"roles.{role}.")), role
 
 
 def test_provenance_and_recipe_citation():

@@ -59,8 +59,8 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles, role_adapter, role_names
-from .team import Seat, _first_prompt, _observation, _pack
+from ..roles import ROLE_ADAPTERS, ROLES, Role, acting, parse_roles
+from .team import Seat, _first_prompt, _observation, _pack, check_role_adapters, lora_adapters, role_models
 
 M_GRPO_COLUMN = "m_grpo"
 STOP_STRINGS = ("</call>", "</answer>")
@@ -126,8 +126,9 @@ def _subtask_row(row: dict, subtask: str) -> dict:
 
 
 def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_calls: int, turn_tokens: int,
-                   episode_tokens: int, renderer, model=None, adapters: bool = False) -> None:
-    """Every main rollout to its end, each ``<call>`` answered by one sub-agent episode (batched per main turn)."""
+                   episode_tokens: int, renderer, model=None, adapters: str = "shared") -> None:
+    """Every main rollout to its end, each ``<call>`` answered by one sub-agent episode (batched per main turn).
+    ``adapters``: the ``role_adapters`` value, which model samples a role's turns (:func:`grpolab.roles.acting`)."""
     tok = ctx.tokenizer
     module = model if model is not None else ctx.policy
     eos = set(eos_token_ids(tok, module))
@@ -152,9 +153,10 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         go = [(ro, b) for ro, b in zip(live, budgets) if b > 0]
         if not go:
             break
-        with role_adapter(module, main_role.name if adapters else None):
+        with acting(module, main_role.name, adapters) as m:
             out = sample_turns(ctx, [ro.seat.episode.context() for ro, _ in go], [b for _, b in go],
-                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS, model=model)
+                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS,
+                               model=m if model is not None or adapters == "separate" else None)
         pending = []
         for (ro, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
             s = ro.seat
@@ -180,9 +182,10 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         for sub in subs:
             sub.episode = Episode(tok(_first_prompt(sub_role, sub.row, [], roles, tok),
                                       add_special_tokens=False)["input_ids"])
-        with role_adapter(module, sub_role.name if adapters else None):
+        with acting(module, sub_role.name, adapters) as m:
             out = sample_turns(ctx, [s.episode.context() for s in subs], [min(turn_tokens, episode_tokens)] * len(subs),
-                               [s.temperature for s in subs], (), model=model)
+                               [s.temperature for s in subs], (),
+                               model=m if model is not None or adapters == "separate" else None)
         for (ro, _), sub, ids, lps, reason in zip(pending, subs, out.ids, out.logprobs, out.finish_reasons):
             text = ""
             if ids:
@@ -214,12 +217,7 @@ def _check(cfg) -> None:
         raise ConfigError(f"m_grpo_max_calls must be >= 0, got {p.get('m_grpo_max_calls')}")
     if int(p.get("m_grpo_sub_trajectories", 4)) < 1:
         raise ConfigError(f"m_grpo_sub_trajectories must be >= 1, got {p.get('m_grpo_sub_trajectories')}")
-    if p.get("role_adapters", "shared") not in ("shared", "lora"):
-        raise ConfigError(f"role_adapters: m_grpo plays its two roles with the run's model (shared) or one LoRA "
-                          f"adapter each (lora); got '{p.get('role_adapters')}'; valid values: shared, lora")
-    if p.get("role_adapters", "shared") == "lora" and not cfg.use_lora:
-        raise ConfigError("role_adapters: lora gives every role its own LoRA adapter and needs use_lora: true "
-                          "(--use_lora true); or set role_adapters: shared")
+    check_role_adapters(cfg)  # lora needs use_lora; separate one process and the native sampler
 
 
 @ROLLOUT_STRATEGIES.register("m_grpo", check=_check, needs=("text",))
@@ -261,7 +259,7 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                 for i, (row, uid, c, t) in enumerate(zip(rows, uids, counts, temps)) for _ in range(c)]
     play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
                    turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
-                   renderer=Renderer(ctx.tokenizer, log=ctx.log), adapters=role_adapters == "lora")
+                   renderer=Renderer(ctx.tokenizer, log=ctx.log), adapters=role_adapters)
     first = {}  # the index of each query's first main rollout
     for j, ro in enumerate(rollouts):
         first.setdefault(ro.query, j)
@@ -313,7 +311,7 @@ def eval_rollout(ctx, model, rows, uids, *, roles, m_grpo_max_calls, max_turn_to
     rollouts = [MainRollout(Seat(0, row, uid, 0.0), i) for i, (row, uid) in enumerate(zip(rows, uids))]
     play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
                    turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
-                   renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters == "lora")
+                   renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters)
     batch = _pack(ctx, [[ro.seat] for ro in rollouts], role_list, [[i] for i in range(len(rows))],
                   max_episode_tokens)
     batch.columns["team_transcript"] = [_transcript(ro, role_list) for ro in rollouts]
@@ -327,12 +325,8 @@ def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
     return [f"{r.name}: {r.prompt}" for r in roles] + ["<call></call><answer></answer>"]
 
 
-def lora_adapters(cfg) -> list[str]:
-    """The LoRA adapters the policy makes for this run (``role_adapters: lora``: one per role, named after it)."""
-    return role_names(cfg.params.get("roles")) if cfg.params.get("role_adapters") == "lora" else []
-
-
 m_grpo.eval_rollout = eval_rollout
 m_grpo.lora_adapters = lora_adapters
+m_grpo.role_models = role_models
 m_grpo.model_texts = model_texts
 m_grpo.columns = ("role", "team_transcript", M_GRPO_COLUMN)  # reward functions may take them

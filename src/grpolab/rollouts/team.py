@@ -173,6 +173,15 @@ def _check(cfg) -> None:
         raise ConfigError(f"team_answer_role: '{answer}' is none of the roles ({', '.join(r.name for r in roles)})")
     if int(p.get("team_rounds", 1)) < 1:
         raise ConfigError(f"team_rounds must be >= 1, got {p.get('team_rounds')}")
+    check_role_adapters(cfg)
+    if p.get("team_channel", "on") not in ("on", "off"):
+        raise ConfigError(f"team_channel: '{p.get('team_channel')}' is not valid; valid values: on, off")
+
+
+def check_role_adapters(cfg) -> None:
+    """What each ``role_adapters`` value needs: lora needs use_lora; separate one process, the native sampler and
+    no use_lora."""
+    p = cfg.params
     if p.get("role_adapters", "shared") == "lora" and not cfg.use_lora:
         raise ConfigError("role_adapters: lora gives every role its own LoRA adapter and needs use_lora: true "
                           "(--use_lora true); or set role_adapters: shared")
@@ -186,8 +195,6 @@ def _check(cfg) -> None:
         raise ConfigError(f"role_adapters: separate samples each role with its own model in this process; a "
                           f"vLLM engine (generation_engine: {cfg.generation_engine}) holds one model; set "
                           f"generation_engine: native or role_adapters: lora")
-    if p.get("team_channel", "on") not in ("on", "off"):
-        raise ConfigError(f"team_channel: '{p.get('team_channel')}' is not valid; valid values: on, off")
 
 
 def _pack(ctx, teams: list[list[Seat]], roles: list[Role], group_ids: list[list[int]], episode_tokens: int):
