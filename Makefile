@@ -1,6 +1,7 @@
 # grpolab: two commands from a fresh clone.
 #   make train   creates .venv, installs grpolab (torch==2.13.0 CPU), runs the default job
-#   make test    same set-up plus dev dependencies, then the whole suite
+#   make test    same set-up plus dev dependencies, then the whole suite (the learning tests on their first seed)
+#   make test-learning  the learning tests' other seeds (marker more_seeds: seeds 1 and 2 of each)
 #   make test-avx2  the whole suite on an AVX2-only CPU's code path, on any x86 CPU: PyTorch's AVX2 kernels
 #                (ATEN_CPU_CAPABILITY=avx2), MKL / oneDNN capped at AVX2, and dtype auto deciding as on a CPU
 #                without bf16 matrix instructions (GRPOLAB_CPU_KIND=avx2); `make test` on an AVX512-BF16 CPU
@@ -18,7 +19,7 @@ STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
 ARGS    ?=
 
-.PHONY: install install-dev train test test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
+.PHONY: install install-dev train test test-learning test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -45,7 +46,11 @@ train: $(STAMP)
 PYTEST  := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test: $(DEVSTAMP)
-	HF_HUB_OFFLINE=1 $(PYTEST) tests
+	HF_HUB_OFFLINE=1 $(PYTEST) -m "not more_seeds" tests
+
+# the learning tests' other seeds (seed 0 of each is in make test): every non-text policy family on seeds 1 and 2
+test-learning: $(DEVSTAMP)
+	HF_HUB_OFFLINE=1 $(PYTEST) -m more_seeds tests
 
 # the suite as an AVX2-only machine runs it (the variables are inherited by the processes the tests start)
 test-avx2: $(DEVSTAMP)

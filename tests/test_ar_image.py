@@ -10,6 +10,8 @@ import torch
 
 from grpolab.config import Config
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 
 @pytest.fixture(scope="module")
 def policy_and_model():
@@ -92,7 +94,7 @@ def test_save_and_load_round_trip(policy_and_model, tmp_path):
     assert torch.equal(x.completion_ids, y.completion_ids)
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
 def test_ar_grpo_raises_the_held_out_confidence_on_every_seed(tmp_path, seed):
     """The ar_grpo recipe on the digits task (the classifier's confidence alone), 20 steps: the held-out
     confidence of the asked class rises. 200 held-out rows (20 seeded draws per class): with the default 50 the

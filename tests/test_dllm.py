@@ -9,6 +9,8 @@ import torch
 
 from grpolab.config import Config, ConfigError
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 MASK = 1
 
 
@@ -246,7 +248,7 @@ def test_trainer_runs_two_steps_with_each_estimator(tmp_path, recipe, estimator)
     assert (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
 @pytest.mark.parametrize("recipe,steps,margin", [("diffu_grpo", 4, 0.15), ("dipo", 4, 0.2), ("gdpo_dllm", 8, 0.15)])
 def test_dllm_recipes_raise_the_held_out_match_on_every_seed(tmp_path, recipe, steps, margin, seed):
     """Each dLLM recipe on the repeat task (8 prompts x 8 completions per step): the held-out greedy match rises

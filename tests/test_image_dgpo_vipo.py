@@ -14,6 +14,8 @@ from grpolab.policies import POLICIES
 from grpolab.policies.flow_dsm import dsm_renoise
 from grpolab.recipes import recipe_overrides
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 pytest.importorskip("diffusers")
 
 
@@ -188,7 +190,7 @@ def test_vipo_maps_is_refused_with_a_policy_that_ignores_the_weights():
     Config.build(recipe_overrides("vipo_images"))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
 def test_dgpo_diffusion_raises_the_held_out_reward_on_every_seed(tmp_path, seed):
     """The recipe on the digits task, 12 steps: the held-out confidence of the asked class (fixed noises, ODE)
     rises. Measured (2 shared CPU cores): 0.772 -> 0.904 / 0.955 / 0.926 (seeds 0, 1, 2), accuracy 0.84 ->

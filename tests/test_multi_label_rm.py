@@ -9,6 +9,8 @@ from grpolab.rewards.multi_label_rm import (BUILTIN_LABELS, MultiLabelRewardFn, 
                                             load_multi_label_rm, predict, rm_text, save_multi_label_rm,
                                             train_multi_label_rm)
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 
 def test_label_set_labels_by_hand():
     rows = arithmetic_label_set(400, seed=3)
@@ -23,21 +25,20 @@ def test_label_set_labels_by_hand():
     assert 0.35 < right < 0.65  # balanced: the constant predictor's MSE is about 0.25
 
 
-def test_heads_learn_the_labels():
-    """Held-out MSE per head below the constant predictor's (the training mean), on 3 seeds.
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_heads_learn_the_labels(seed):
+    """Held-out MSE per head below the constant predictor's (the training mean), on every seed.
     Measured (2-core CPU, 250 steps, 1200 rows, 300 held out): R^2 = 1 - MSE / MSE_const
     correctness 0.172 / 0.058 / 0.058, format 0.996 / 0.998 / 0.996, length 0.972 / 0.994 / 0.987 on seeds 0 / 1 / 2.
     Margins ~3x below the smallest: correctness R^2 > 0.02 (wrong numbers outside 0..18 are the learnable part),
     format and length R^2 > 0.8."""
     torch.set_num_threads(1)  # (restored by conftest) 2 threads on a busy 2-core CPU cost 10x here
-    r2 = {k: [] for k in BUILTIN_LABELS}
-    for seed in (0, 1, 2):
-        _, _, metrics = train_multi_label_rm(arithmetic_label_set(1200, seed), seed=seed)
-        for k in BUILTIN_LABELS:
-            assert metrics[k]["mse"] < metrics[k]["const_mse"], (seed, metrics)
-            r2[k].append(metrics[k]["r2"])
-    assert min(r2["correctness"]) > 0.02, r2
-    assert min(r2["format"]) > 0.8 and min(r2["length"]) > 0.8, r2
+    _, _, metrics = train_multi_label_rm(arithmetic_label_set(1200, seed), seed=seed)
+    for k in BUILTIN_LABELS:
+        assert metrics[k]["mse"] < metrics[k]["const_mse"], (seed, metrics)
+    r2 = {k: metrics[k]["r2"] for k in BUILTIN_LABELS}
+    assert r2["correctness"] > 0.02, r2
+    assert r2["format"] > 0.8 and r2["length"] > 0.8, r2
 
 
 def _small_model(tmp_path, steps=3):

@@ -8,6 +8,8 @@ import torch
 
 from grpolab.config import Config, ConfigError
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 QUIET = dict(log=lambda *a: None)
 
 
@@ -162,7 +164,7 @@ def test_asr_grpo_trains_two_steps_end_to_end(tmp_path):
     assert (tmp_path / "run" / "final" / "vocab.json").exists()
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
 def test_asr_grpo_raises_held_out_one_minus_wer_on_every_seed(tmp_path, seed):
     """The asr_grpo recipe, 20 steps of 16 utterances x 8 transcripts: the held-out mean 1 - WER (200 fixed
     utterances, seeded draws at temperature 1, the policy's default evaluation) rises. Measured (this machine, one

@@ -272,15 +272,19 @@ def test_role_adapters_one_lora_per_role_trained_on_its_own_rows(tmp_path, tiny_
     as_solver = b.select([0])
     as_solver.row_data["role"] = torch.tensor([1])  # the scout's row through the solver's adapter: different
     assert not torch.allclose(lp[0], tr.ctx.logprobs(as_solver, model=model)[0])
-    # a training step on the solver's rows only moves the solver's adapter
-    before = {n: p.detach().clone() for n, p in lora.items()}
+    moved = moved_by_a_solver_step(tr, b, lora)  # a training step on the solver's rows only moves its adapter
+    assert moved and all(".solver." in n for n in moved)
+
+
+def moved_by_a_solver_step(tr, b, params: dict) -> set[str]:
+    """The names of ``params`` that one update on the solver's rows of ``b`` (rows 1, 3, 5, 7) changed."""
+    before = {n: p.detach().clone() for n, p in params.items()}
     b.scalar_rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
     b.advantages = tr.compute_advantages(b)
     solver_rows = b.select([1, 3, 5, 7])
     solver_rows.advantages = b.advantages[[1, 3, 5, 7]]
     tr.update(solver_rows)
-    moved = {n for n, p in lora.items() if not torch.equal(p, before[n])}
-    assert moved and all(".solver." in n for n in moved)
+    return {n for n, p in params.items() if not torch.equal(p, before[n])}
 
 
 def longer(completions, **kw):
@@ -342,14 +346,7 @@ def test_separate_role_models_each_trained_on_its_own_rows(tmp_path, tiny_args, 
         assert torch.allclose(lp[i, :n], alone[0, :n], atol=1e-5), name
     other = tr.ctx.logprobs(b.select([0]), model=model.roles["solver"])
     assert not torch.allclose(lp[0], other[0])
-    # a training step on the solver's rows only moves the solver's model
-    before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    b.scalar_rewards = torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0])
-    b.advantages = tr.compute_advantages(b)
-    solver_rows = b.select([1, 3, 5, 7])
-    solver_rows.advantages = b.advantages[[1, 3, 5, 7]]
-    tr.update(solver_rows)
-    moved = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    moved = moved_by_a_solver_step(tr, b, dict(model.named_parameters()))  # only the solver's model moves
     assert moved and all(n.startswith("roles.solver.") for n in moved)
 
 

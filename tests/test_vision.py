@@ -8,6 +8,8 @@ import torch
 
 from grpolab.config import Config, ConfigError
 
+from _helpers import LEARNING_SEEDS  # noqa: E402
+
 QUIET = dict(log=lambda *a: None)
 SMOKE = {"vlm_pretrain_steps": 5}  # a separate, quickly built cache entry: smoke runs need no skill
 
@@ -218,7 +220,7 @@ def test_seeded_evaluation_repeats_whatever_the_batch(policy_and_model):
     assert together.columns["completion"] != greedy_first.columns["completion"]
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
 def test_vlm_grpo_raises_held_out_iou_on_every_seed(tmp_path, seed):
     """The vlm_grpo recipe, 30 steps of 16 scenes x 8 boxes from the pre-trained tiny VLM (the shape_grounding
     backbone): the held-out mean IoU (200 fixed scenes, seeded draws at temperature 1: vlm_eval_sampling seeded)
