@@ -389,6 +389,34 @@ def test_separate_role_models_resume_exactly_and_save_each_role(tmp_path, tiny_a
         assert all(torch.equal(v, own[k]) for k, v in saved.items()), role
 
 
+def test_the_loss_is_formed_per_role_by_hand():
+    """token_mean over a two-role step: role 0 has row A (2 tokens of loss 1), role 1 rows B (4 tokens of 2) and C
+    (2 tokens of 4). Joint: (2 + 8 + 8) / 8 = 2.25; per role: 2/2 + (8 + 8)/6 = 1 + 8/3. Split into micro-batches
+    [A, B] and [C], the sum of their losses is the same; seq_mean_token_mean per role: 1 + (2 + 4)/2 = 4."""
+    from types import SimpleNamespace
+
+    from grpolab.algorithms import AGGREGATIONS, aggregate_loss, step_totals
+    loss = torch.tensor([[1.0, 1, 0, 0], [2, 2, 2, 2], [4, 4, 0, 0]])
+    mask = torch.tensor([[1.0, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]])
+    role = torch.tensor([0, 1, 1])
+
+    def mb(rows):
+        return SimpleNamespace(completion_mask=mask[rows], row_data={"role": role[rows]})
+    whole, parts = [mb([0, 1, 2])], [mb([0, 1]), mb([2])]
+    token_mean, seq_mean = AGGREGATIONS.get("token_mean"), AGGREGATIONS.get("seq_mean_token_mean")
+    totals = step_totals(whole, constant=4)
+    assert sorted(totals) == [0, 1] and (totals[0].num_tokens, totals[1].num_tokens) == (2, 6)
+    assert float(aggregate_loss(token_mean, loss, mask, totals, role)) == pytest.approx(1 + 8 / 3)
+    split = step_totals(parts, constant=4)
+    assert float(sum(aggregate_loss(token_mean, loss[r], mask[r], split, role[r]) for r in ([0, 1], [2]))) == \
+        pytest.approx(1 + 8 / 3)
+    assert float(aggregate_loss(seq_mean, loss, mask, totals, role)) == pytest.approx(4.0)
+    one_role = step_totals([SimpleNamespace(completion_mask=mask, row_data={"role": torch.zeros(3)})], constant=4)
+    assert float(aggregate_loss(token_mean, loss, mask, one_role, torch.zeros(3))) == pytest.approx(2.25)  # joint
+    no_roles = step_totals([SimpleNamespace(completion_mask=mask, row_data={})], constant=4)
+    assert float(aggregate_loss(token_mean, loss, mask, no_roles)) == pytest.approx(2.25)
+
+
 def test_ctde_joint_reward_by_hand(tmp_path, tiny_args, monkeypatch):
     """ctde_joint_reward on scripted two-round team episodes: R - .05 turns - .05 (coordination chars / 100)."""
     from grpolab.rewards.transforms import ctde_costs

@@ -380,8 +380,9 @@ def write_markdown(spec: Spec, agg: dict, failures: list[dict], out: Path, comma
 
 
 def _is_share(metric: str) -> bool:
-    """Metrics shown in points (%): accuracies and pass@K (0..1 shares); the rest as they are."""
-    return metric.startswith(("accuracy", "lenient_accuracy", "pass@", "sampled_accuracy"))
+    """Metrics shown in points (%): accuracies and pass@K (0..1 shares), a role's too (``roles/<role>/accuracy``);
+    the rest as they are."""
+    return metric.rsplit("/", 1)[-1].startswith(("accuracy", "lenient_accuracy", "pass@", "sampled_accuracy"))
 
 
 def plot(spec: Spec, data: dict, out: Path) -> list[str]:

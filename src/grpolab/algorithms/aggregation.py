@@ -23,6 +23,13 @@ Modes (``loss_aggregation`` in the config):
   adding 0 and still counting (TRL ``grpo`` / ``sapo`` / ``luspo``: ``.mean()``
   over the rows; the TRL drop-in ``grpolab.api`` maps those loss types here)
 
+A batch of several roles (``row_data["role"]``, the team and m_grpo rollouts) is aggregated **per role**
+(:func:`step_totals`, :func:`aggregate_loss`): the loss is the sum over the roles of each role's loss, aggregated
+as above over that role's rows only, with that role's normalisers, so a role's share of the gradient does not
+depend on how many rows or tokens the other roles produced (as if each role had its own loss, as each agent has
+its own loss and optimiser in MAGRPO's code, 000-40; with a separate model or LoRA adapter per role, each gets
+exactly its own loss's gradient).
+
 ``N`` is the number of sequences with at least one loss token in the step
 (verl's ``seq-mean``) for ``seq_mean_token_mean``, and the number of rows for
 ``constant`` (Dr. GRPO's fixed ``G * L_max``) and ``seq_mean_token_mean_all_rows``;
@@ -53,6 +60,28 @@ class StepTotals:
         seqs = sum(int((m.sum(-1) > 0).sum()) for m in masks)
         toks = sum(int(m.sum()) for m in masks)
         return cls(max(rows, 1), max(seqs, 1), max(toks, 1), constant)
+
+
+def step_totals(mbs: list, constant: int) -> "StepTotals | dict[int, StepTotals]":
+    """The normalisers of one optimiser step over its micro-batches ``mbs``: one :class:`StepTotals`, or, when the
+    rows belong to several roles (``row_data["role"]``), one per role (module docstring)."""
+    masks = [mb.completion_mask for mb in mbs]
+    if not mbs or not all("role" in mb.row_data for mb in mbs):
+        return StepTotals.from_masks(masks, constant)
+    roles = sorted({int(r) for mb in mbs for r in mb.row_data["role"].tolist()})
+    if len(roles) < 2:
+        return StepTotals.from_masks(masks, constant)
+    return {r: StepTotals.from_masks([mb.completion_mask[mb.row_data["role"] == r] for mb in mbs], constant)
+            for r in roles}
+
+
+def aggregate_loss(aggregate, loss: torch.Tensor, mask: torch.Tensor, totals, roles: torch.Tensor | None = None):
+    """``aggregate(loss, mask, totals)``; with per-role ``totals`` (:func:`step_totals`) the sum over the roles of
+    ``aggregate`` on the role's rows (``roles``: each row's role) with the role's normalisers."""
+    if not isinstance(totals, dict):
+        return aggregate(loss, mask, totals)
+    roles = roles.to(loss.device)
+    return sum(aggregate(loss[roles == r], mask[roles == r], t) for r, t in totals.items())
 
 
 @AGGREGATIONS.register("seq_mean_token_mean")

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, StepTotals, mask_truncated,
-                          zero_variance_groups_count)
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, aggregate_loss, mask_truncated,
+                          step_totals, zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
 from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
 from ..components import Component
@@ -584,8 +584,7 @@ class Trainer:
         mbs = batch.micro_batches(cfg.micro_batch_size, max_tokens=cfg.micro_batch_tokens)
         if cfg.gradient_checkpointing:
             self.model.train()  # Hugging Face checkpoints layers only in training mode (no dropout in our models)
-        totals = StepTotals.from_masks([mb.completion_mask for mb in mbs],
-                                       constant=cfg.loss_constant or cfg.max_completion_length)
+        totals = step_totals(mbs, constant=cfg.loss_constant or cfg.max_completion_length)  # per role: a team
         params = [p for p in self.train_module.parameters() if p.requires_grad]
         mbs = self.train_micro_batches(batch, mbs)
         sums: dict[str, float] = {}
@@ -662,7 +661,7 @@ class Trainer:
             extra, reg_metrics = reg(**inputs)
             per_token = per_token + extra
             tok_metrics = {**tok_metrics, **reg_metrics}
-        loss = self.aggregate(per_token, mb.completion_mask, totals)
+        loss = aggregate_loss(self.aggregate, per_token, mb.completion_mask, totals, mb.row_data.get("role"))
         return loss, logp, ent, tok_metrics
 
     def train_step(self) -> dict:
