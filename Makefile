@@ -42,8 +42,9 @@ install-dev: $(DEVSTAMP)
 train: $(STAMP)
 	$(BIN)/grpolab train $(ARGS)
 
-# both cores: pytest-xdist, one worker per core, a test file's tests in one worker (they share fixtures)
-PYTEST  := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+# both cores: pytest-xdist, one worker per core, a test file's tests in one worker (they share fixtures); the
+# longest files first (tests/conftest.py LONGEST_FIRST), so no long file runs alone at the end
+PYTEST  := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(PYTEST) -m "not more_seeds" tests
