@@ -387,3 +387,18 @@ def test_the_default_job_takes_the_arithmetic_tasks_own_settings(capsys):
         assert main(args) == 0
         assert capsys.readouterr().out.split("   ")[0].endswith(want), args
     assert Config.build({"model": "tiny"}).dynamic_sampling is False  # the library default is TRL's
+
+
+def test_a_rollout_with_nothing_to_train_skips_the_step(tiny_args):
+    """A rollout strategy may return None (nothing to train on this step: dr_zero's solver step when the proposer
+    wrote no valid question): the step counts as skipped, the weights stay as they were, the next step trains."""
+    tr = Trainer(Config.build({**tiny_args, "steps": 2}), log=lambda *a: None)
+    before = {n: p.detach().clone() for n, p in tr.model.named_parameters()}
+    real = tr.strategy
+    tr.strategy = lambda **kw: None
+    m = tr.train_step()
+    assert m["skipped"] == 1 and tr.step == 1 and tr.skipped_steps == 1
+    assert all(torch.equal(p, before[n]) for n, p in tr.model.named_parameters())
+    tr.strategy = real
+    m = tr.train_step()
+    assert m["skipped"] == 0 and tr.step == 2 and m["loss"] is not None

@@ -189,13 +189,13 @@ def dr_zero(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
             questions = [(i, p) for i, p in enumerate(props) if p[2] > 0]
             if questions:
                 break
-        if not questions:
-            raise RuntimeError(f"dr_zero: solver step {ctx.step}: the proposer wrote no question that passes the "
-                               f"format check for any of the {len(rows)} documents in {dr_zero_question_attempts} "
-                               f"attempts (dr_zero_question_attempts), so the solver has nothing to train on; train "
-                               f"the proposer longer first (dr_zero_steps_per_phase), draw more documents per step "
-                               f"(prompts_per_step) or start from a model that follows the <question>/<answer> "
-                               f"format")
+        if not questions:  # nothing for the solver: the step is skipped (the trainer's "skipped" metric)
+            ctx.log(f"[grpolab] warning: dr_zero: solver step {ctx.step}: the proposer wrote no question that passes "
+                    f"the format check for any of the {len(rows)} documents in {dr_zero_question_attempts} attempts "
+                    f"(dr_zero_question_attempts); the step is skipped. If this repeats, train the proposer longer "
+                    f"first (dr_zero_steps_per_phase), draw more documents per step (prompts_per_step) or start "
+                    f"from a model that follows the <question>/<answer> format")
+            return None
         srows = [solver_row(p[0], p[1], rows[i]["hops"]) for i, p in questions]
         counts = completion_counts(cfg.num_generations if budgets is None else budgets, len(rows))
         with role_adapter(ctx.policy, SOLVER if lora else None):

@@ -520,8 +520,12 @@ class Trainer:
                              budgets=budgets, temperatures=temps, step=self.step)
 
     def generate(self, n: int):
-        """``n`` prompts' completions, scored: ``(batch, reward-call errors)``."""
+        """``n`` prompts' completions, scored: ``(batch, reward-call errors)``; ``(None, 0)`` when the rollout
+        strategy had nothing to train on this step (it returned None; e.g. dr_zero's solver step without a valid
+        question): the step is skipped."""
         batch = self.rollout(n)
+        if batch is None:
+            return None, 0
         errors = self.scorer.score(batch) if batch.rewards is None else 0
         errors += self.ctx.reward_errors
         self.ctx.reward_errors = 0
@@ -678,7 +682,7 @@ class Trainer:
         with self.precision():
             batch, errors, stats = self.collect()
         t1 = time.perf_counter()
-        if batch is None:  # dynamic sampling found no group with signal: nothing to learn from
+        if batch is None:  # no group with signal (dynamic sampling), or the rollout had nothing to train on
             self.step += 1
             self.skipped_steps += 1
             self.scheduler.step()
