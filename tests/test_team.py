@@ -227,6 +227,9 @@ def test_propose_solve_game_rewards_by_hand(tiny_args, tmp_path, monkeypatch):
     from grpolab.tasks.team_tasks import proposed_question
     assert proposed_question("What is 3 + 4?", 9) == (3, 4) and proposed_question("12+1", 9) is None
     assert proposed_question("no question", 9) is None
+    assert proposed_question("A+B = 3+4", 9) == (3, 4)  # the letters are no numbers
+    for ambiguous in ("A+B = 1 + 2 + 3 + ... +", "3+4 or 5+6?"):  # a chain, two sums: no one question
+        assert proposed_question(ambiguous, 9) is None, ambiguous
     args = {**recipe_overrides("team_self_play"), **tiny_args, "task": "propose_solve", "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 8, "propose_solve_rows": 8, "propose_solve_eval": 2,
             "out": str(tmp_path / "game")}

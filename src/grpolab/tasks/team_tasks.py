@@ -83,16 +83,21 @@ def split_facts(*,
 PROPOSER_PROMPT = "You are the proposer. Write one question A+B with whole numbers A and B from 1 to the limit."
 SOLVER_GAME_PROMPT = "You are the solver. Answer the proposer's question with one number."
 GAME_ROLES = [{"name": "proposer", "prompt": PROPOSER_PROMPT}, {"name": "solver", "prompt": SOLVER_GAME_PROMPT}]
-_QUESTION = re.compile(r"(\d+)\s*\+\s*(\d+)")
+_SUMS = re.compile(r"\d+(?:\s*\+\s*\d+)+")  # every chain of numbers joined by +
 _NUMBER = re.compile(r"-?\d+")
 
 
 def proposed_question(text: str, limit: int) -> tuple[int, int] | None:
-    """``(A, B)`` of the first ``A+B`` in ``text`` when both are whole numbers in 1..limit, else None."""
-    m = _QUESTION.search(str(text))
-    if m is None:
+    """``(A, B)`` when ``text`` asks exactly one sum, ``A+B``, of whole numbers in 1..limit; else None (no sum,
+    two sums, or a chain such as ``1 + 2 + 3``: SmolLM2's proposer learnt to write chains the solver then
+    "got wrong", when the first ``A+B`` of any text counted as the question)."""
+    sums = _SUMS.findall(str(text))
+    if len(sums) != 1:
         return None
-    a, b = int(m.group(1)), int(m.group(2))
+    terms = [int(t) for t in _NUMBER.findall(sums[0])]
+    if len(terms) != 2:
+        return None
+    a, b = terms
     return (a, b) if 1 <= a <= limit and 1 <= b <= limit else None
 
 
