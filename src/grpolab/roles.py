@@ -103,15 +103,16 @@ class RoleModels(torch.nn.Module):
 
 
 @contextlib.contextmanager
-def acting(module, name: str, mode: str):
-    """The model that samples role ``name``'s turns (``mode``: the ``role_adapters`` value): ``module`` itself
-    (shared), ``module`` with the role's LoRA adapter active (lora, :func:`role_adapter`), or the role's own model
-    (separate)."""
+def acting(module, name: str, mode: str, *, given: bool = True):
+    """Role ``name`` about to sample with ``module`` (``mode``: the ``role_adapters`` value): yields the model to
+    hand the sampler, ``module`` itself (shared), ``module`` with the role's LoRA adapter active (lora,
+    :func:`role_adapter`) or the role's own model (separate). ``given`` False: ``module`` is the run's behaviour
+    policy, which the sampler uses by default (or its vLLM engine): None is yielded, except for separate."""
     if mode == "separate":
         yield module.roles[name]
         return
     with role_adapter(module, name if mode == "lora" else None):
-        yield module
+        yield module if given else None
 
 
 @contextlib.contextmanager

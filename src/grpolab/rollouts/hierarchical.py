@@ -153,10 +153,9 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         go = [(ro, b) for ro, b in zip(live, budgets) if b > 0]
         if not go:
             break
-        with acting(module, main_role.name, adapters) as m:
+        with acting(module, main_role.name, adapters, given=model is not None) as m:
             out = sample_turns(ctx, [ro.seat.episode.context() for ro, _ in go], [b for _, b in go],
-                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS,
-                               model=m if model is not None or adapters == "separate" else None)
+                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS, model=m)
         pending = []
         for (ro, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
             s = ro.seat
@@ -182,10 +181,9 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         for sub in subs:
             sub.episode = Episode(tok(_first_prompt(sub_role, sub.row, [], roles, tok),
                                       add_special_tokens=False)["input_ids"])
-        with acting(module, sub_role.name, adapters) as m:
+        with acting(module, sub_role.name, adapters, given=model is not None) as m:
             out = sample_turns(ctx, [s.episode.context() for s in subs], [min(turn_tokens, episode_tokens)] * len(subs),
-                               [s.temperature for s in subs], (),
-                               model=m if model is not None or adapters == "separate" else None)
+                               [s.temperature for s in subs], (), model=m)
         for (ro, _), sub, ids, lps, reason in zip(pending, subs, out.ids, out.logprobs, out.finish_reasons):
             text = ""
             if ids:

@@ -97,12 +97,11 @@ def sample_role_turns(ctx, contexts, budgets, temperatures, model=None):
 
 
 def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, channel: bool, turn_tokens: int,
-               episode_tokens: int, renderer, model=None, adapters: str | bool = "shared") -> None:
+               episode_tokens: int, renderer, model=None, adapters: str = "shared") -> None:
     """Every team episode to its end: ``rounds`` rounds, each role speaking once per round in order. A role's episode
     (its turns and the messages it hears) is capped at ``max_episode_tokens``, each turn at ``max_turn_tokens``
-    (the agent keys). ``adapters``: the ``role_adapters`` value (True: lora), which model samples a role's turns
+    (the agent keys). ``adapters``: the ``role_adapters`` value, which model samples a role's turns
     (:func:`grpolab.roles.acting`)."""
-    mode = {True: "lora", False: "shared"}.get(adapters, adapters) if isinstance(adapters, bool) else adapters
     tok = ctx.tokenizer
     eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
     for _ in range(rounds):
@@ -131,10 +130,10 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
                     s.finished, s.ended_by = True, "token_budget"
             if not live:
                 continue
-            with acting(model if model is not None else ctx.policy, roles[r].name, mode) as m:
+            with acting(model if model is not None else ctx.policy, roles[r].name, adapters,
+                        given=model is not None) as m:
                 out = sample_role_turns(ctx, [s.episode.context() for s, _ in live], [b for _, b in live],
-                                        [s.temperature for s, _ in live],
-                                        model=m if model is not None or mode == "separate" else None)
+                                        [s.temperature for s, _ in live], model=m)
             for (s, _), ids, lps, reason in zip(live, out.ids, out.logprobs, out.finish_reasons):
                 if not ids:
                     s.finished, s.ended_by = True, "no_action"
