@@ -17,7 +17,7 @@ SRC = Path(grpolab.__file__).parent
 LAYERS = [
     {"errors", "registry", "sandbox"},
     {"batch", "data", "config", "components", "devices", "recipes", "roles"},
-    {"algorithms", "model", "images", "dllm", "speech", "vision"},
+    {"algorithms", "model", "images", "dllm", "speech", "vision", "control"},
     {"generation", "policies"},
     {"rewards", "tasks", "prompts", "rollouts", "stages", "agents"},
     {"catalog", "train", "distributed"},

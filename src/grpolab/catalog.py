@@ -25,6 +25,7 @@ from typing import Any
 # this module: a cycle)
 import grpolab.agents as agents
 import grpolab.algorithms as algorithms
+import grpolab.control as control
 import grpolab.policies as policies
 import grpolab.prompts as prompts
 import grpolab.rewards as rewards
@@ -36,7 +37,7 @@ from .distributed import ray_workers as _ray_workers  # noqa: F401  (registers t
 from .errors import UnknownComponentError
 from .registry import ALL_REGISTRIES, declared_params
 
-COMPONENT_PACKAGES = (agents, algorithms, policies, prompts, rewards, rollouts, stages, tasks)
+COMPONENT_PACKAGES = (agents, algorithms, control, policies, prompts, rewards, rollouts, stages, tasks)
 
 # A new component is one new file: every module of the component packages is imported (and so registers
 # what it defines) without an edit to the package's __init__.

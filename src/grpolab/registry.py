@@ -246,6 +246,8 @@ CAPABILITIES: dict[str, str] = {
     "vision": "conditions include pictures (a row's image / images / built-in scene): vision-language tasks",
     "denoising_loss": "each step is a re-noised final sample scored by the model's flow-matching loss (DGPO): "
                       "per-step denoising losses",
+    "control": "actions are environment steps of Gymnasium / PettingZoo environments: per-step observations, "
+               "actions and rewards (step_data / row_data), episode returns, learned critics over observations",
 }
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")

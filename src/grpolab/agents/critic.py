@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ..algorithms.gae import gae, masked_whiten
 from ..errors import ConfigError
 from ..model.hf import model_device
 from ..model.logprobs import sequence_inputs
@@ -50,25 +51,13 @@ def boundary_states(policy, batch, starts: list[list[int]], rows: int = 16) -> l
 
 
 def turn_gae(rewards: list[float], values: list[float], gamma: float, lam: float) -> tuple[list[float], list[float]]:
-    """GAE over one episode's turns: ``delta_k = r_k + gamma V_{k+1} - V_k`` (``V_K = 0``),
-    ``A_k = delta_k + gamma lam A_{k+1}``; returns ``(A, A + V)`` (advantages, value targets)."""
-    adv, gae = [0.0] * len(rewards), 0.0
-    for k in reversed(range(len(rewards))):
-        nxt = values[k + 1] if k + 1 < len(values) else 0.0
-        gae = rewards[k] + gamma * nxt - values[k] + gamma * lam * gae
-        adv[k] = gae
-    return adv, [a + v for a, v in zip(adv, values)]
-
-
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``(x - mean) / sqrt(var + 1e-8)`` over the masked entries (unbiased variance), as verl's masked_whiten."""
-    m = mask.to(x.dtype)
-    n = m.sum()
-    if n < 2:
-        return x * m
-    mean = (x * m).sum() / n
-    var = (((x - mean) ** 2) * m).sum() / (n - 1)
-    return (x - mean) * torch.rsqrt(var + 1e-8) * m
+    """GAE over one episode's turns (``algorithms/gae.py``, terminal value 0): ``delta_k = r_k + gamma V_{k+1} -
+    V_k`` (``V_K = 0``), ``A_k = delta_k + gamma lam A_{k+1}``; returns ``(A, A + V)`` (advantages, value targets)."""
+    K = len(rewards)
+    f64 = torch.float64
+    adv, ret = gae(torch.tensor([rewards], dtype=f64), torch.tensor([values], dtype=f64), torch.tensor([K]),
+                   torch.zeros(1, dtype=f64), gamma, lam)
+    return adv[0].tolist(), ret[0].tolist()
 
 
 @ADVANTAGES.register("turn_ppo", needs=("text",))

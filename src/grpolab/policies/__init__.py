@@ -14,6 +14,7 @@ from . import var_image  # noqa: F401  (registers the next-scale image policy, V
 from . import masked_dlm  # noqa: F401  (registers the masked diffusion LM, diffu-GRPO)
 from . import speech  # noqa: F401  (registers the speech recogniser, GRPO for ASR)
 from . import vlm  # noqa: F401  (registers the vision-language policy)
+from . import control  # noqa: F401  (registers the control policy: Gymnasium / PettingZoo)
 from .base import CAPABILITIES, PolicyBase
 
 __all__ = ["CAPABILITIES", "POLICIES", "PolicyBase"]
