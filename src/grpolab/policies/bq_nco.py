@@ -1,0 +1,192 @@
+"""``bq_nco``: a BQ-NCO Transformer policy that builds TSP tours node by node; one step = choosing one node.
+
+Each row is one instance (task ``tsp``: ``coords``, the expert tour and its length). A sample is a whole tour
+from node 0: at step j the network scores the BQ state of the tour so far (control/bq_nco.py: origin = the last
+node, the unvisited nodes, destination = node 0) and a node is drawn from the masked softmax; the last node is
+forced, so an N-node tour has N - 2 steps. Reward functions receive the tour (a list of node ids, starting at 0).
+The network, the states and the expert live in control/bq_nco.py; the imitation update is the update strategy
+``bq_imitation`` (stages/bq_imitation.py).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..batch import RolloutBatch
+from ..config import ConfigError
+from ..control.bq_nco import BQTransformer, choice_logprobs, rollout, tour_lengths
+from ..generation.counting import GENERATED
+from ..generation.sampling import completion_counts
+from ..registry import POLICIES, param
+from .base import PolicyBase
+
+BUILT_IN = ("tiny", "bq")
+
+
+def _check(cfg) -> None:
+    from ..generation.engines import engine_name
+    if engine_name(cfg) is not None:
+        raise ConfigError(f"generation_engine: {engine_name(cfg)} samples text; policy bq_nco builds tours in the "
+                          f"trainer (set generation_engine: native and generation_workers: 0)")
+    if cfg.rollout_strategy != "plain":
+        raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt; policy bq_nco "
+                          f"builds tours: use rollout_strategy: plain")
+
+
+def instance_coords(rows: list[dict], where: str = "train") -> torch.Tensor:
+    """``[B, N, 2]`` from each row's ``coords`` (N points [x, y]); every row must have the same N."""
+    out, n = [], None
+    for i, r in enumerate(rows):
+        c = r.get("coords")
+        try:
+            a = np.asarray(c, dtype=np.float64)
+            ok = c is not None and a.ndim == 2 and a.shape[1] == 2 and a.shape[0] >= 4 and np.isfinite(a).all()
+        except (TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise ConfigError(f"policy bq_nco: {where} row {i} has no column 'coords' of N >= 4 points [x, y] (got "
+                              f"{str(c)[:60]!r}); rows are routing instances (task tsp)")
+        if n is None:
+            n = a.shape[0]
+        elif a.shape[0] != n:
+            raise ConfigError(f"policy bq_nco: {where} row {i} has {a.shape[0]} nodes, row 0 has {n}; one batch of "
+                              f"tours needs instances of one size")
+        out.append(a)
+    return torch.tensor(np.stack(out), dtype=torch.float32)
+
+
+def save_bq(module: BQTransformer, path) -> None:
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"_class_name": "BQTransformer", **module.config}, indent=2) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
+              str(path / "model.safetensors"))
+
+
+def load_bq(path) -> BQTransformer:
+    from safetensors.torch import load_file
+    path = Path(path)
+    cfg = json.loads((path / "config.json").read_text())
+    if cfg.get("_class_name") != "BQTransformer":
+        raise ConfigError(f"model: {path} holds a {cfg.get('_class_name')!r}, not a BQTransformer (policy bq_nco)")
+    module = BQTransformer(**{k: v for k, v in cfg.items() if not k.startswith("_")})
+    module.load_state_dict(load_file(str(path / "model.safetensors")))
+    return module
+
+
+@POLICIES.register("bq_nco", check=_check)
+class BQNCOPolicy(PolicyBase):
+    """A BQ-NCO policy for the TSP: a Transformer encoder over the current sub-problem (origin, remaining nodes,
+    destination; control/bq_nco.py :class:`~grpolab.control.bq_nco.BQTransformer`) scores the next node, and
+    ``pi(v | state) = softmax(score / tau)_v`` over the remaining nodes. A sample is a tour from node 0; step j's
+    log-prob is ``log pi(t_{j+1} | BQ state of (t_0..t_j))``, recomputed by :meth:`forward` from the stored tour
+    (the states are rebuilt, one network pass per step for the whole micro-batch). The last node is forced and
+    is no step: N - 2 steps for N nodes. Evaluation (temperature 0) is the authors' greedy decoding (beam 1).
+
+    Paper: Drakulic et al., "BQ-NCO: Bisimulation Quotienting for Efficient Neural Combinatorial Optimization",
+    NeurIPS 2023, arXiv:2301.03313 (seed 000-97).
+
+    Provenance: authors' code — https://github.com/naver/bq-nco model/model.py (BQModel: a linear node embedding
+    plus learnt begin/end embeddings, an encoder without positional encoding, one score per node, origin and
+    destination masked with -inf), model/encoder.py (ReZero residuals, no normalisation, ReLU feed-forward),
+    learning/tsp/decoding.py (greedy decoding over progressively smaller sub-problems: the selected node becomes
+    the origin, the rest keep their order, the destination stays last); read, not copied. Our choices: a small
+    network (64-dim, 2 layers, 4 heads, feed-forward 128; the authors' 192 / 9 / 12 / 512) with PyTorch's
+    multi-head attention; decoding always starts at node 0; no kNN restriction and no beam search; the
+    sampled (temperature tau) tours and their per-step log-probs, which GRPO needs, are grpolab's own (the
+    paper trains by imitation only). Test: tests/test_bq_nco.py::test_bq_state_hand_computed,
+    tests/test_bq_nco.py::test_network_masks_ends_and_is_equivariant,
+    tests/test_bq_nco.py::test_policy_forward_equals_sample_logprobs.
+    """
+
+    step = "node choice"
+    capabilities = frozenset()
+    description = "a BQ-NCO Transformer building TSP tours (seed 000-97); one step = choosing the next node"
+    default_model = "tiny"
+    default_task = "tsp"
+    float32_only = True
+
+    def __init__(self, *, model: str, temperature: float,
+                 bq_dim: int = param(64, "bq_nco: embedding size of the encoder (authors: 192)"),
+                 bq_layers: int = param(2, "bq_nco: encoder layers (authors: 9)"),
+                 bq_heads: int = param(4, "bq_nco: attention heads (authors: 12)"),
+                 bq_ff: int = param(128, "bq_nco: feed-forward size of each layer (authors: 512)")):
+        if bq_dim < 1 or bq_layers < 1 or bq_heads < 1 or bq_ff < 1 or bq_dim % bq_heads:
+            raise ConfigError(f"bq_dim, bq_layers, bq_heads, bq_ff: positive, bq_dim a multiple of bq_heads; got "
+                              f"{bq_dim}, {bq_layers}, {bq_heads}, {bq_ff}")
+        self.model_name, self.temperature = model, float(temperature)
+        self.arch = {"dim": int(bq_dim), "layers": int(bq_layers), "heads": int(bq_heads), "ff": int(bq_ff)}
+
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``tiny`` / ``bq`` (a new network of the ``bq_*`` sizes, initialised with the run's seed) or
+        a folder :meth:`save` wrote (e.g. the ``final`` folder of a ``bq_nco`` imitation run)."""
+        if not rows:
+            raise ConfigError("policy bq_nco: no train rows")
+        instance_coords(rows[:1])
+        if eval_rows:
+            instance_coords(eval_rows[:1], "held-out")
+        if self.model_name in BUILT_IN:
+            module = BQTransformer(**self.arch)
+            log(f"[grpolab] policy bq_nco: a new BQ Transformer ({self.arch['layers']} layers, dim "
+                f"{self.arch['dim']}, {sum(p.numel() for p in module.parameters())} parameters)")
+        else:
+            path = Path(self.model_name)
+            if not (path / "config.json").exists():
+                raise ConfigError(f"model: policy bq_nco builds 'tiny' (a new BQ Transformer) or loads a folder it "
+                                  f"saved (config.json + model.safetensors); {path} has no config.json")
+            module = load_bq(path)
+        return module.float()
+
+    def save(self, module, path) -> None:
+        save_bq(module, path)
+
+    @torch.no_grad()
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
+               evaluation=False):
+        counts = completion_counts(num_generations, len(rows))
+        rep = torch.tensor(counts)
+        device = next(module.parameters()).device
+        coords = instance_coords(rows).repeat_interleave(rep, 0).to(device)
+        R, N = coords.shape[:2]
+        temps = temperature if temperature is not None else self.temperature
+        tau = torch.as_tensor(temps, dtype=torch.float32)
+        tau = (tau.expand(len(rows)) if tau.dim() == 0 else tau).repeat_interleave(rep)
+        tours, choices, logprobs = rollout(module, coords, greedy=evaluation, temperature=tau.to(device),
+                                           generator=generator)
+        T = choices.shape[1]
+        GENERATED.add(R, R * T)
+        lengths = tour_lengths(coords, tours)
+        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
+        columns["prompt"] = [str(r.get("prompt", f"instance {u}")) for r, c, u in zip(rows, counts, uids)
+                             for _ in range(c)]
+        columns["completion"] = [[int(v) for v in t] for t in tours.cpu()]
+        columns["tour_length"] = [float(v) for v in lengths.cpu()]
+        ones = torch.ones(R, T)
+        return RolloutBatch(
+            prompt_ids=torch.zeros(R, 1, dtype=torch.long), prompt_mask=torch.ones(R, 1, dtype=torch.long),
+            completion_ids=choices.cpu(), completion_mask=ones,
+            behavior_logprobs=logprobs.float().cpu(), completion_attention_mask=ones.long(),
+            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
+            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep),
+            truncated=torch.zeros(R, dtype=torch.bool), columns=columns,
+            row_data={"coords": coords.cpu(), "tour": tours.cpu()})
+
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """Per-step log-probs [R, T] of the stored node choices (``completion_ids``: positions in each step's
+        sub-problem) along the stored tours, under ``module``; 0 off the attention mask."""
+        device = next(module.parameters()).device
+        mask = mb.completion_attention_mask.to(device) > 0
+        with torch.set_grad_enabled(grad):
+            lp = choice_logprobs(module, mb.row_data["coords"].to(device), mb.row_data["tour"].to(device),
+                                 mb.completion_ids.to(device), self.temperature, steps=mask)
+            return {"logprobs": torch.where(mask, lp, torch.zeros_like(lp))}
+
+    def describe(self, batch, i: int) -> dict:
+        tour = batch.columns["completion"][i]
+        return {"prompt": str(batch.columns["prompt"][i]),
+                "completion": "-".join(map(str, tour)) + f" (length {batch.columns['tour_length'][i]:.4f})"}
