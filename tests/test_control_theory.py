@@ -136,12 +136,14 @@ def test_erm_picks_the_rewarding_action_hand():
 
 @pytest.mark.parametrize("seed", LEARNING_SEEDS)
 def test_agnostic_suboptimality_falls_with_episodes(seed):
-    """ERM over the class from uniform exploration: suboptimality against the best in class (mean of 30 reps)
-    falls from N=10 to N=3000 episodes (measured: 0.82 -> 0.084, 0.41 -> 0.057, 0.22 -> 0.047) while the
-    class's own gap to V* stays (0.106, 0.067, 0.105)."""
-    small, large = th.agnostic_experiment(seed=seed, episode_counts=(10, 3000), reps=30)
-    assert large["subopt_vs_best_in_class"] < 0.5 * small["subopt_vs_best_in_class"]
-    assert large["subopt_vs_best_in_class"] < 0.15
+    """ERM over the class from uniform exploration (30 reps) and group-relative policy gradient in the class's
+    softmax relaxation (5 reps): suboptimality against the best in class falls from N=10 to N=3000 episodes
+    (measured ERM 0.63 -> 0.038, 0.36 -> 0.044, 0.20 -> 0.045; PG 0.59 -> 0.0, 0.37 -> 0.034, 0.19 -> 0.0)
+    while the class's own gap to V* stays (0.106, 0.067, 0.105)."""
+    small, large = th.agnostic_experiment(seed=seed, episode_counts=(10, 3000), reps=30, pg_reps=5)
+    for key in ("subopt_vs_best_in_class", "subopt_pg"):
+        assert large[key] < 0.5 * small[key], key
+        assert large[key] < 0.1, key
     assert large["approximation_gap"] > 0.05
 
 

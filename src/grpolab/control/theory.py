@@ -1,7 +1,7 @@
-"""Theory papers of the control seeds as small tabular experiments (numpy only; no GRPO pipeline).
+"""Theory papers of the control seeds as small tabular experiments (numpy; no GRPO pipeline).
 
-Three experiments, each a function returning its measured table (a list of dicts), runnable as
-``python -m grpolab.control.theory <grouping|lpo|agnostic|all>``:
+Three experiments, each a function returning its measured table (a list of dicts), printed by
+``python scripts/theory_experiments.py <grouping|grouping_corrected|lpo|agnostic|all> [seed]``:
 
 - :func:`grouping_experiment` — optimal action grouping in action-wise similar MDPs (seed 000-80): coarser
   groupings win with few samples, finer ones with many, and the grouping chosen by minimising an estimated
@@ -11,8 +11,9 @@ Three experiments, each a function returning its measured table (a list of dicts
   the feature covariance doubles), so the number of switches grows like ``d log T`` while the return reaches
   near-optimal; compared with replacing it every episode.
 - :func:`agnostic_experiment` — agnostic policy learning (seed 000-105): a policy class that does not contain
-  the optimal policy, the best-in-class policy found by enumeration, and the suboptimality against it of the
-  empirical-risk minimiser over the class as the number of episodes grows.
+  the optimal policy, the best-in-class policy found by enumeration, and the suboptimality against it, as the
+  number of episodes grows, of the empirical-risk minimiser over the class and of group-relative policy gradient
+  (GRPO's ``group_zscore`` advantages) in the class's softmax relaxation.
 
 GRAPE's generalised relative advantage (seed 000-46) is a pipeline component: the advantage ``grape``
 (algorithms/adv_grape.py). The experiments are deliberately tabular: the papers' claims are about sample counts,
@@ -26,6 +27,9 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+import torch
+
+from ..registry import ADVANTAGES
 
 
 # ============================================================ tabular MDP tools (discounted and episodic)
@@ -505,22 +509,30 @@ def best_in_class(setup: AgnosticSetup) -> tuple[float, int]:
     return float(max(values)), int(np.argmax(values))
 
 
-def uniform_episodes(mdp: EpisodicMDP, episodes: int, rng: np.random.Generator):
-    """``episodes`` episodes of the uniformly random policy from state 0, simulated together: states and
+def sample_episodes(mdp: EpisodicMDP, pi: np.ndarray, episodes: int, rng: np.random.Generator):
+    """``episodes`` episodes of the stationary policy ``pi[s, a]`` from state 0, simulated together: states and
     actions ``[N, H]`` and returns ``[N]``."""
     S, A = mdp.R.shape
     N, H = episodes, mdp.H
     states = np.zeros((N, H), dtype=np.int64)
-    actions = rng.integers(0, A, size=(N, H))
+    actions = np.zeros((N, H), dtype=np.int64)
     returns = np.zeros(N)
-    cum = np.cumsum(mdp.P, axis=-1)
+    cum_p = np.cumsum(mdp.P, axis=-1)
+    cum_pi = np.cumsum(pi, axis=-1)
     s = np.zeros(N, dtype=np.int64)
     for h in range(H):
         states[:, h] = s
-        a = actions[:, h]
+        a = np.minimum((rng.random(N)[:, None] > cum_pi[s]).sum(-1), A - 1)
+        actions[:, h] = a
         returns += rng.random(N) < mdp.R[s, a]
-        s = np.minimum((rng.random(N)[:, None] > cum[s, a]).sum(-1), S - 1)
+        s = np.minimum((rng.random(N)[:, None] > cum_p[s, a]).sum(-1), S - 1)
     return states, actions, returns
+
+
+def uniform_episodes(mdp: EpisodicMDP, episodes: int, rng: np.random.Generator):
+    """:func:`sample_episodes` of the uniformly random policy."""
+    S, A = mdp.R.shape
+    return sample_episodes(mdp, np.full((S, A), 1.0 / A), episodes, rng)
 
 
 def erm_importance_sampling(setup: AgnosticSetup, episodes: int, rng: np.random.Generator) -> int:
@@ -540,20 +552,51 @@ def erm_importance_sampling(setup: AgnosticSetup, episodes: int, rng: np.random.
     return int(np.argmax(est))
 
 
+def train_class_pg(setup: AgnosticSetup, episodes: int, *, group_size: int = 8, lr: float = 0.5,
+                   seed: int = 0) -> np.ndarray:
+    """Group-relative policy gradient inside the class's softmax relaxation; returns the final ``theta``.
+
+    The policy is ``pi(a|s) = softmax(theta[cell(s)])`` (a log-linear class over the cell features, whose greedy
+    policies are exactly the class's); each update draws ``group_size`` episodes from the start state, gives each
+    the GRPO group z-score of its return (``group_zscore``, looked up in the ADVANTAGES registry: control/ does
+    not import algorithms/, which imports control/), and ascends
+    ``theta[cell(s_h)] += lr / G * sum_i A_i sum_h (e_{a_h} - pi(.|s_h))`` (the score function of the softmax).
+    Learns from ``episodes`` episodes in all (``episodes // group_size`` updates)."""
+    mdp = setup.mdp
+    S, A = mdp.R.shape
+    n_cells = int(setup.cells.max()) + 1
+    rng = np.random.default_rng(30_000 + seed)
+    theta = np.zeros((n_cells, A))
+    gid = torch.zeros(group_size, dtype=torch.long)
+    group_zscore = ADVANTAGES.get("group_zscore")
+    for _ in range(episodes // group_size):
+        pi = softmax(theta)[setup.cells]                               # [S, A]
+        states, actions, returns = sample_episodes(mdp, pi, group_size, rng)
+        adv = group_zscore(torch.as_tensor(returns), gid).numpy()      # [G]
+        score = np.eye(A)[actions] - pi[states]                        # [G, H, A]
+        grad = np.zeros_like(theta)
+        np.add.at(grad, setup.cells[states], adv[:, None, None] * score)
+        theta += lr * grad / group_size
+    return theta
+
+
 def agnostic_experiment(*, seed: int = 0, episode_counts: tuple[int, ...] = (10, 30, 100, 300, 1000, 3000, 10000),
-                        reps: int = 50, setup: AgnosticSetup | None = None) -> list[dict]:
-    """Suboptimality of the ERM policy against the best in class, ``V^{pi_best} - V^{pi_hat}``, as the number
-    of episodes grows (mean over ``reps``), next to the class's approximation gap ``V* - V^{pi_best}`` (which
-    no amount of data closes).
+                        reps: int = 50, pg_reps: int = 10, setup: AgnosticSetup | None = None) -> list[dict]:
+    """Suboptimality against the best in class, ``V^{pi_best} - V^{pi_hat}``, as the number of episodes grows:
+    ``subopt_vs_best_in_class`` for ERM (:func:`erm_importance_sampling`, mean over ``reps``) and ``subopt_pg``
+    for the greedy policy of :func:`train_class_pg` (mean over ``pg_reps``), next to the class's approximation gap
+    ``V* - V^{pi_best}`` (which no amount of data closes).
 
     Thesis: Gene Li, "Agnostic Reinforcement Learning: Foundations and Algorithms", arXiv:2506.01884 (seed
     000-105). Of its three axes this builds one point: environment access = online episodes from a fixed start
     state (collected by the uniform policy), no coverage condition assumed, and a representational restriction
-    (state aliasing) that excludes the optimal policy; the learner is importance-weighted ERM over the class.
+    (state aliasing) that excludes the optimal policy; the learners are importance-weighted ERM over the class
+    and group-relative policy gradient in its softmax relaxation.
 
     Provenance: reconstructed from the abstract — the aliased-state policy class, the exact best-in-class value by
-    enumeration and the importance-sampling ERM learner are grpolab's choices illustrating the abstract's
-    setting; none of the thesis's algorithms or lower bounds is built (no code accompanies the thesis).
+    enumeration, the importance-sampling ERM learner and the policy-gradient learner are grpolab's choices
+    illustrating the abstract's setting; none of the thesis's algorithms or lower bounds is built (no code
+    accompanies the thesis).
     """
     setup = setup or agnostic_setup(seed=seed)
     mdp = setup.mdp
@@ -563,10 +606,14 @@ def agnostic_experiment(*, seed: int = 0, episode_counts: tuple[int, ...] = (10,
     v_best = float(values.max())
     v_star = optimal_return(mdp)
     rng = np.random.default_rng(20_000 + seed)
+    index = {tuple(t): i for i, t in enumerate(tables)}
     rows = []
     for N in episode_counts:
         gaps = [v_best - values[erm_importance_sampling(setup, N, rng)] for _ in range(reps)]
+        pg = [v_best - values[index[tuple(train_class_pg(setup, N, seed=1000 * seed + r).argmax(1)[setup.cells])]]
+              for r in range(pg_reps)]
         rows.append({"episodes": N, "subopt_vs_best_in_class": float(np.mean(gaps)),
+                     "subopt_pg": float(np.mean(pg)),
                      "approximation_gap": v_star - v_best, "class_size": len(tables), "v_best": v_best,
                      "v_star": v_star})
     return rows
