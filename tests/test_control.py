@@ -1,11 +1,11 @@
 """The control policy (policies/control.py), its environments and networks (control/), task gym_control and the
-PPO baseline's advantage control_gae (algorithms/adv_control.py)."""
+PPO baseline's advantage control_gae (control/critic.py)."""
 import math
 
 import pytest
 import torch
 
-from grpolab.algorithms.adv_control import ControlGAE, agent_columns, agent_sequences
+from grpolab.control.critic import ControlGAE, agent_columns, agent_sequences
 from grpolab.algorithms.gae import gae
 from grpolab.batch import RolloutBatch
 from grpolab.config import Config

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..control.nets import ValueMLP
+from ..algorithms.gae import gae, masked_whiten
 from ..errors import ConfigError
 from ..registry import ADVANTAGES, param
-from .gae import gae, masked_whiten
+from .nets import ValueMLP
 
 
 def agent_sequences(x: torch.Tensor, agents: int) -> torch.Tensor:
