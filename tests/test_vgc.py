@@ -1,0 +1,183 @@
+"""VGC-Bench (seed 000-90): the population schemes' Nash solver and double-oracle matrix (hand-checked games, no
+server), the local Showdown server as a service (start, battles, stop with no process left, also when the body
+raises), heuristic baselines and the learned policy playing real battles. The learning run (win rate against the
+random player rises) is opt-in: `pytest -m vgc_learning tests/test_vgc.py` (docs/control.md, VGC-Bench section)."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from _helpers import LEARNING_SEEDS
+from grpolab.control import vgc
+from grpolab.control.showdown import ShowdownServer, find_showdown
+from grpolab.errors import ConfigError
+
+
+# ------------------------------------------------------------------ Nash of matrix games (hand-checked)
+def test_nash_rock_paper_scissors_is_uniform():
+    rps = [[0, -1, 1], [1, 0, -1], [-1, 1, 0]]
+    p, v = vgc.nash_zero_sum(rps)
+    assert np.allclose(p, [1 / 3] * 3, atol=1e-7) and abs(v) < 1e-9
+    # the same game as win rates (0 loss, 0.5 tie, 1 win): same strategy, value 0.5
+    p, v = vgc.nash_zero_sum((np.asarray(rps) + 1) / 2)
+    assert np.allclose(p, [1 / 3] * 3, atol=1e-7) and abs(v - 0.5) < 1e-9
+
+
+def test_nash_dominated_strategy_gets_zero():
+    # RPS plus D, a rock that loses to rock: D's row [-1, -1, 1, 0] is weakly dominated by R's [0, -1, 1, 1].
+    # Value 0 needs, per column R, P, S: p_P - p_S - p_D >= 0, -p_R + p_S - p_D >= 0, p_R - p_P + p_D >= 0;
+    # their sum is -p_D >= 0, so p_D = 0 and the rest is RPS: uniform 1/3.
+    m = [[0, -1, 1, 1], [1, 0, -1, 1], [-1, 1, 0, -1], [-1, -1, 1, 0]]
+    p, v = vgc.nash_zero_sum(m)
+    assert np.allclose(p, [1 / 3, 1 / 3, 1 / 3, 0], atol=1e-7) and abs(v) < 1e-9
+    # strictly dominated row 2 of [[3, 1], [2, 0]]: p = (1, 0), the column player answers column 2, v = 1
+    p, v = vgc.nash_zero_sum([[3, 1], [2, 0]])
+    assert np.allclose(p, [1, 0]) and abs(v - 1) < 1e-9
+    # no pure equilibrium in [[2, -1], [-1, 1]]: indifference 2p - (1 - p) = -p + (1 - p) -> p = 2/5, v = 1/5
+    p, v = vgc.nash_zero_sum([[2, -1], [-1, 1]])
+    assert np.allclose(p, [0.4, 0.6], atol=1e-7) and abs(v - 0.2) < 1e-9
+
+
+def test_opponent_distribution_schemes():
+    assert vgc.opponent_distribution("self_play", 3).tolist() == [0, 0, 1]
+    assert np.allclose(vgc.opponent_distribution("fictitious_play", 4), 0.25)
+    w = (np.array([[0, -1, 1], [1, 0, -1], [-1, 1, 0]]) + 1) / 2
+    assert np.allclose(vgc.opponent_distribution("double_oracle", 3, w), 1 / 3, atol=1e-7)
+    with pytest.raises(ConfigError, match="self_play, fictitious_play, double_oracle"):
+        vgc.opponent_distribution("league", 3)
+    with pytest.raises(ConfigError, match="3x3 payoff"):
+        vgc.opponent_distribution("double_oracle", 3, np.ones((2, 2)))
+
+
+def test_double_oracle_grows_like_the_authors():
+    do = vgc.DoubleOracle()
+    assert do.payoff.tolist() == [[0.5]] and do.distribution().tolist() == [1.0]
+    do.add([0.8])  # the new policy wins 80% against the first: column 1 - 0.8, row [0.8, 0.5]
+    assert np.allclose(do.payoff, [[0.5, 0.2], [0.8, 0.5]])
+    assert np.allclose(do.distribution(), [0, 1], atol=1e-7)  # row 2 dominates
+    do.add([0.3, 0.6])
+    assert np.allclose(do.payoff, [[0.5, 0.2, 0.7], [0.8, 0.5, 0.4], [0.3, 0.6, 0.5]])
+    # W - 0.5 = [[0, -.3, .2], [.3, 0, -.1], [-.2, .1, 0]] is antisymmetric [[0, a, b], [-a, 0, c], [-b, -c, 0]];
+    # its kernel is (c, -b, a) = -(0.1, 0.2, 0.3): the fully mixed equilibrium (1, 2, 3) / 6, value 0.5
+    assert np.allclose(do.distribution(), [1 / 6, 1 / 3, 1 / 2], atol=1e-7)
+    counts = np.bincount(do.sample(6000, np.random.default_rng(0)), minlength=3) / 6000
+    assert np.allclose(counts, [1 / 6, 1 / 3, 1 / 2], atol=0.03)
+    other = vgc.DoubleOracle()
+    other.load_state_dict(do.state_dict())
+    assert np.array_equal(other.payoff, do.payoff)
+    with pytest.raises(ConfigError, match="need 3 win rates"):
+        do.add([0.5])
+
+
+def test_second_slot_mask():
+    first_mask = torch.zeros(3, vgc.ACT_LEN)
+    first_mask[:, [0, 2, 9]] = 1
+    first_mask[2] = 0
+    first_mask[2, 0] = 1  # row 2: slot 1 may only pass (forced)
+    mask2 = torch.zeros(3, vgc.ACT_LEN)
+    mask2[:, [0, 2, 3, 9, 89]] = 1
+    out = vgc.second_mask(mask2, torch.tensor([2, 89, 0]), first_mask)
+    # slot 1 switches to Pokémon 2: slot 2 may not; slot 1 teras: slot 2 may not (89); slot 1 forced to pass:
+    # slot 2 may still pass
+    assert out[0].nonzero().flatten().tolist() == [0, 3, 9, 89]
+    assert out[1].nonzero().flatten().tolist() == [0, 2, 3, 9]
+    assert out[2].nonzero().flatten().tolist() == [0, 2, 3, 9, 89]
+    # slot 1 passed by choice: slot 2 may not pass
+    assert vgc.second_mask(mask2[:1], torch.tensor([0]), first_mask[:1])[0, 0] == 0
+
+
+def test_pg_update_first_step_and_direction():
+    """Zero-initialised heads: uniform over the legal actions {7, 8} of each slot, so the behaviour log-prob of
+    (7, 8) is 2 log(1/2). At the first step the ratio is 1 and the clipped loss is -mean(A): with A = (+1, -1)
+    on two copies it is 0, with A = (+1, +1) it is -1; after the step, a positive advantage raised p(a1 = 7)."""
+    def decision():
+        m = np.zeros(vgc.ACT_LEN, dtype=np.float32)
+        m[[7, 8]] = 1
+        return vgc.Decision(np.ones(vgc.OBS_LEN, dtype=np.float32), m, m.copy(), 7, 8, 2 * np.log(0.5))
+
+    for adv, loss in (([1.0, -1.0], 0.0), ([1.0, 1.0], -1.0)):
+        torch.manual_seed(0)
+        pol = vgc.VGCPolicy(hidden=8)
+        lp = pol.log_prob(torch.ones(1, vgc.OBS_LEN), torch.as_tensor(decision().mask1)[None],
+                          torch.as_tensor(decision().mask2)[None], torch.tensor([7]), torch.tensor([8]))
+        assert abs(lp.detach().item() - 2 * np.log(0.5)) < 1e-6
+        opt = torch.optim.SGD(pol.parameters(), lr=0.5)
+        got = vgc.pg_update(pol, opt, [decision(), decision()], torch.tensor(adv), epochs=1)
+        assert abs(got - loss) < 1e-6
+    h = pol.body(torch.ones(1, vgc.OBS_LEN))
+    p7 = torch.softmax(pol._masked(pol.head1(h), torch.as_tensor(decision().mask1)[None]), -1)[0, 7]
+    assert p7 > 0.5
+
+
+def test_calc_reward_is_the_authors():
+    class B:
+        def __init__(self, finished, won, lost):
+            self.finished, self.won, self.lost = finished, won, lost
+
+    assert [vgc.calc_reward(B(*x)) for x in [(True, True, False), (True, False, True), (True, False, False),
+                                              (False, None, None)]] == [1, -1, 0, 0]
+
+
+def test_missing_node_or_package_names_what_to_do(monkeypatch, tmp_path):
+    with pytest.raises(ConfigError, match="make install-dev"):
+        find_showdown(tmp_path)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(ConfigError, match="`node`"):
+        find_showdown()
+
+
+# ------------------------------------------------------------------ the local server and real battles
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def server():
+    s = ShowdownServer().start()
+    yield s
+    s.stop()
+
+
+def test_heuristic_baselines_play_vgc_battles(server):
+    assert server.running and server.start_seconds > 0
+    m = vgc.win_rate_matrix(["random", "max_base_power"], server, 4)
+    assert m.shape == (2, 2) and m[0, 0] == m[1, 1] == 0.5 and abs(m[0, 1] + m[1, 0] - 1) < 1e-12
+    assert 0 <= m[0, 1] <= 1
+
+
+def test_learned_policy_plays_and_updates(server):
+    out = vgc.train_vgc(server, seed=0, iterations=1, battles_per_iteration=3, eval_battles=0, log=lambda s: None)
+    h = out["history"][0]
+    assert h["decisions"] > 0 and 0 <= h["train_win_rate"] <= 1 and out["fallbacks"] == 0
+    # the zero-initialised heads move iff the group's rewards differ (all wins or all losses: advantages 0)
+    moved = bool(out["policy"].head1.weight.abs().sum() > 0)
+    assert moved == (0 < h["train_win_rate"] < 1)
+
+
+def test_server_stops_with_every_process_also_when_the_body_raises(server):
+    pgid = server.proc.pid
+    assert _group_alive(pgid)
+    with pytest.raises(RuntimeError, match="boom"):
+        with server:  # already running: entering returns it, leaving stops it
+            raise RuntimeError("boom")
+    assert server.proc is None and not _group_alive(pgid)
+    server.stop()  # idempotent
+
+
+# ------------------------------------------------------------------ opt-in learning run (minutes of battles)
+@pytest.mark.vgc_learning
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_learned_policy_beats_random_more_after_training(seed, request):
+    """Against poke-env's RandomPlayer (team B; the policy plays team A), the sampling policy's win rate over 48
+    battles rises after 25 iterations of 16 battles. Opt-in (about 8 minutes per seed on a loaded 2-core
+    machine): `pytest -m vgc_learning tests/test_vgc.py`."""
+    if "vgc_learning" not in (request.config.option.markexpr or ""):
+        pytest.skip("opt-in: pytest -m vgc_learning tests/test_vgc.py")
+    with ShowdownServer() as s:
+        out = vgc.train_vgc(s, seed=seed, iterations=25, battles_per_iteration=16, eval_battles=48)
+    assert out["after"] >= out["before"] + 0.1, out
