@@ -16,11 +16,19 @@ The pieces (TSP; instances are ``N`` points in the unit square, tours start at n
   and loss: the tail of an expert tour as the sub-problem, the expert's next node as the target;
 * :func:`tour_length`, :func:`held_karp` (exact DP, N <= 12), :func:`ortools_tsp` (the expert).
 
-Imports of OR-Tools happen inside :func:`ortools_tsp` (the ``control`` extra).
+CVRP (node 0 the depot, customers with demands, capacity C): :func:`cvrp_state` (the state adds the demand and
+the remaining capacity as node features), :func:`cvrp_rollout` (an action is a customer reached directly or via
+the depot), :func:`cvrp_expert_order` / :func:`cvrp_suffix` / :func:`sample_cvrp_begin` (the authors' training
+sequences and sub-problems), :func:`exact_cvrp` (enumeration + Split, N <= 7), :func:`ortools_cvrp` (the expert).
+
+Provenance of each piece: the authors' code, https://github.com/naver/bq-nco (files named in each docstring and
+in the registered components: policies/bq_nco.py, tasks/tsp.py, stages/bq_imitation.py), read, not copied.
+Imports of OR-Tools happen inside :func:`ortools_tsp` / :func:`ortools_cvrp` (the ``control`` extra).
 """
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Sequence
 
 import numpy as np
@@ -33,6 +41,8 @@ from ..errors import ConfigError
 #: input by 1e6 too (data/prepare_tsp_dataset.py SCALE)
 ORTOOLS_SCALE = 1_000_000
 MAX_DP_NODES = 12
+#: problem -> (node features, scores per node) of :class:`BQTransformer`
+PROBLEMS = {"tsp": (2, 1), "cvrp": (4, 2)}
 
 
 # ---------------------------------------------------------------------------------------------------- tours
@@ -113,9 +123,7 @@ def ortools_tsp(coords) -> list[int]:
     dist = np.rint(np.linalg.norm(c[:, None] - c[None], axis=-1) * ORTOOLS_SCALE).astype(np.int64).tolist()
     manager = pywrapcp.RoutingIndexManager(n, 1, 0)
     routing = pywrapcp.RoutingModel(manager)
-    transit = routing.RegisterTransitCallback(
-        lambda i, j: dist[manager.IndexToNode(i)][manager.IndexToNode(j)])
-    routing.SetArcCostEvaluatorOfAllVehicles(transit)
+    routing.SetArcCostEvaluatorOfAllVehicles(routing.RegisterTransitMatrix(dist))
     params = pywrapcp.DefaultRoutingSearchParameters()
     params.first_solution_strategy = routing_enums_pb2.FirstSolutionStrategy.PATH_CHEAPEST_ARC
     params.local_search_metaheuristic = routing_enums_pb2.LocalSearchMetaheuristic.GREEDY_DESCENT
@@ -212,32 +220,41 @@ class BQEncoderLayer(nn.Module):
 
 
 class BQTransformer(nn.Module):
-    """Scores of the next node of a BQ state: ``e_i = W x_i`` (+ ``o`` at the origin, + ``d`` at the
+    """Scores of the next action of a BQ state: ``e_i = W x_i`` (+ ``o`` at the origin, + ``d`` at the
     destination), ``layers`` encoder layers, ``score_i = w . h_i``, origin and destination set to ``-inf``.
     Permutation-equivariant over the nodes between origin and destination (no positional encoding), so the
-    remaining nodes' order (expert order in training, id order in decoding) does not matter."""
+    remaining nodes' order (expert order in training, id order in decoding) does not matter.
 
-    def __init__(self, dim: int = 64, heads: int = 4, layers: int = 2, ff: int = 128, node_features: int = 2):
+    ``problem = "tsp"``: node features (x, y), one score per node, [B, M]. ``problem = "cvrp"``: node features
+    (x, y, demand / C, remaining capacity / C), two scores per node (go directly, go via the depot), flattened
+    to [B, 2M] (action ``2i``: node i directly, ``2i + 1``: via the depot); a direct move to a node whose demand
+    exceeds the remaining capacity is masked too (the authors' model.py)."""
+
+    def __init__(self, dim: int = 64, heads: int = 4, layers: int = 2, ff: int = 128, problem: str = "tsp"):
         super().__init__()
-        self.config = {"dim": int(dim), "heads": int(heads), "layers": int(layers), "ff": int(ff),
-                       "node_features": int(node_features)}
-        self.input_emb = nn.Linear(node_features, dim)
+        if problem not in PROBLEMS:
+            raise ConfigError(f"BQTransformer: problem is one of {', '.join(PROBLEMS)}, got {problem!r}")
+        self.config = {"dim": int(dim), "heads": int(heads), "layers": int(layers), "ff": int(ff), "problem": problem}
+        self.problem = problem
+        self.input_emb = nn.Linear(PROBLEMS[problem][0], dim)
         self.begin_end = nn.Embedding(2, dim)
         self.layers = nn.ModuleList(BQEncoderLayer(dim, heads, ff) for _ in range(layers))
-        self.score = nn.Linear(dim, 1)
+        self.score = nn.Linear(dim, PROBLEMS[problem][1])
 
     def forward(self, nodes: torch.Tensor) -> torch.Tensor:
-        """``nodes`` [B, M, F] (origin first, destination last) -> masked scores [B, M]."""
+        """``nodes`` [B, M, F] (origin first, destination last) -> masked scores [B, M] (TSP) or [B, 2M] (CVRP)."""
         h = self.input_emb(nodes.float())
         ends = torch.zeros(1, h.shape[1], h.shape[2], device=h.device, dtype=h.dtype)
         ends[0, 0], ends[0, -1] = self.begin_end.weight[0], self.begin_end.weight[1]
         h = h + ends
         for layer in self.layers:
             h = layer(h)
-        scores = self.score(h).squeeze(-1)
+        scores = self.score(h)  # [B, M, outputs]
         mask = torch.zeros_like(scores, dtype=torch.bool)
         mask[:, 0] = mask[:, -1] = True
-        return scores.masked_fill(mask, float("-inf"))
+        if self.problem == "cvrp":  # direct moves need demand <= remaining capacity
+            mask[..., 0] |= nodes[..., 2] > nodes[..., 3]
+        return scores.masked_fill(mask, float("-inf")).reshape(len(scores), -1)
 
 
 def step_logprobs(model: nn.Module, coords: torch.Tensor, prefix: torch.Tensor,
@@ -293,6 +310,231 @@ def choice_logprobs(model: nn.Module, coords: torch.Tensor, tours: torch.Tensor,
     return torch.stack(cols, 1) if cols else out
 
 
+# ---------------------------------------------------------------------------------------------------- CVRP
+# An instance: node 0 the depot, nodes 1..N customers with integer demands (the depot's demand 0), vehicle
+# capacity C. A solution is a sequence of routes from the depot; the BQ construction visits the customers one by
+# one, each step choosing (customer, directly or via the depot); the BQ state is (origin, the customers still to
+# serve, the depot as destination) with the remaining capacity as a node feature.
+
+def cvrp_length(coords, routes: Sequence[Sequence[int]]) -> float:
+    """``sum_r L(0, r_1, ..., r_m, 0)``: the routes' closed lengths from the depot (node 0)."""
+    return sum(tour_length(coords, [0, *r]) for r in routes if len(r))
+
+
+def cvrp_feasible(demands, capacity: int, routes: Sequence[Sequence[int]]) -> bool:
+    """Every customer 1..N served exactly once, and every route's load ``<= capacity``."""
+    n = len(demands) - 1
+    served = sorted(int(v) for r in routes for v in r)
+    return served == list(range(1, n + 1)) and all(sum(demands[v] for v in r) <= capacity for r in routes)
+
+
+def exact_cvrp(coords, demands, capacity: int) -> float:
+    """The optimal CVRP length by enumeration (tests; N <= 7 customers): every order of the customers, split into
+    routes optimally by Beasley's *Split* DP, ``V(j) = min_{i < j, load(p_{i+1..j}) <= C} V(i) + L(0, p_{i+1..j},
+    0)``; the best order's ``V(N)``. Every solution is some order cut into routes, so this is exact."""
+    c = np.asarray(coords, dtype=np.float64)
+    d = np.linalg.norm(c[:, None] - c[None], axis=-1)
+    n = len(c) - 1
+    if n > 7:
+        raise ValueError(f"exact_cvrp: at most 7 customers (N! orders), got {n}")
+    best = math.inf
+    for p in itertools.permutations(range(1, n + 1)):
+        V = [0.0] + [math.inf] * n
+        for i in range(n):
+            load, inner = 0, 0.0
+            for j in range(i, n):
+                load += demands[p[j]]
+                if load > capacity:
+                    break
+                inner += d[p[j - 1], p[j]] if j > i else 0.0
+                V[j + 1] = min(V[j + 1], V[i] + d[0, p[i]] + inner + d[p[j], 0])
+        best = min(best, V[n])
+    return float(best)
+
+
+def ortools_cvrp(coords, demands, capacity: int) -> list[list[int]]:
+    """The CVRP expert: OR-Tools' routing solver with N vehicles of capacity C from depot 0 (a capacity
+    dimension on the demands), distances scaled by :data:`ORTOOLS_SCALE` and rounded; ``PATH_CHEAPEST_ARC`` then
+    ``GREEDY_DESCENT`` (deterministic, no time limit). Returns the non-empty routes (customer ids, no depot)."""
+    try:
+        from ortools.constraint_solver import pywrapcp, routing_enums_pb2
+    except ImportError as e:  # pragma: no cover - the control extra installs it
+        raise ConfigError("ortools is not installed: the BQ-NCO expert (task cvrp) needs it; "
+                          "pip install 'grpolab[control]'") from e
+    c = np.asarray(coords, dtype=np.float64)
+    n = len(c) - 1
+    dem = [int(v) for v in demands]
+    if any(v > capacity for v in dem):
+        raise ValueError(f"ortools_cvrp: a demand exceeds the capacity {capacity}: {dem}")
+    dist = np.rint(np.linalg.norm(c[:, None] - c[None], axis=-1) * ORTOOLS_SCALE).astype(np.int64).tolist()
+    manager = pywrapcp.RoutingIndexManager(n + 1, n, 0)
+    routing = pywrapcp.RoutingModel(manager)
+    routing.SetArcCostEvaluatorOfAllVehicles(routing.RegisterTransitMatrix(dist))
+    demand = routing.RegisterUnaryTransitVector(dem)
+    routing.AddDimensionWithVehicleCapacity(demand, 0, [int(capacity)] * n, True, "load")
+    params = pywrapcp.DefaultRoutingSearchParameters()
+    params.first_solution_strategy = routing_enums_pb2.FirstSolutionStrategy.PATH_CHEAPEST_ARC
+    params.local_search_metaheuristic = routing_enums_pb2.LocalSearchMetaheuristic.GREEDY_DESCENT
+    solution = routing.SolveWithParameters(params)
+    if solution is None:  # pragma: no cover - one vehicle per customer is always feasible
+        raise RuntimeError("ortools_cvrp: the routing solver found no solution")
+    routes = []
+    for v in range(n):
+        i, r = solution.Value(routing.NextVar(routing.Start(v))), []
+        while not routing.IsEnd(i):
+            r.append(manager.IndexToNode(i))
+            i = solution.Value(routing.NextVar(i))
+        if r:
+            routes.append(r)
+    return routes
+
+
+def cvrp_expert_order(demands, capacity: int, routes) -> tuple[list[int], list[int], list[int]]:
+    """The expert solution as the authors' reordered training sequence (data/prepare_cvrp_dataset.py
+    ``reorder``): routes sorted by their leftover capacity ``C - load`` (ascending, ties in route order), their
+    customers concatenated between two depots: ``order = [0, customers..., 0]``; ``via[k] = 1`` where a new route
+    starts (the first customer of every route after the first); ``remaining[k]`` = the capacity left after serving
+    ``order[k]`` (C at the depots). The authors flag "via the depot" where the remaining capacity rises, which
+    misses a new route whose first demand leaves less than the previous route's leftover; here the route
+    structure sets the flag."""
+    left = [capacity - sum(demands[v] for v in r) for r in routes]
+    ordered = [routes[i] for i in sorted(range(len(routes)), key=lambda i: left[i])]
+    order, via, remaining = [0], [0], [int(capacity)]
+    for ri, r in enumerate(ordered):
+        cap = int(capacity)
+        for k, v in enumerate(r):
+            cap -= int(demands[v])
+            order.append(int(v))
+            via.append(int(k == 0 and ri > 0))
+            remaining.append(cap)
+    return order + [0], via + [0], remaining + [int(capacity)]
+
+
+def cvrp_nodes(coords: torch.Tensor, demands: torch.Tensor, capacity: torch.Tensor, idx: torch.Tensor,
+               remaining: torch.Tensor) -> torch.Tensor:
+    """The network's input for CVRP states: ``[x, y, demand / C, remaining / C]`` of the nodes ``idx`` [B, M]
+    (``coords`` [B, N+1, 2], ``demands`` [B, N+1], ``capacity`` [B], ``remaining`` [B])."""
+    C = capacity.float()[:, None]
+    return torch.cat([gather_nodes(coords, idx).float(), (demands.float().gather(1, idx) / C)[..., None],
+                      (remaining.float()[:, None] / C).expand_as(idx)[..., None]], -1)
+
+
+def cvrp_state(coords, demands, capacity: int, partial: Sequence[int], remaining: int) -> tuple[np.ndarray, list]:
+    """The BQ state of a CVRP partial solution (unbatched): ``partial = (0, c_1, ..., c_k)`` the depot then the
+    customers served so far, ``remaining`` the capacity left; nodes ``[c_k (or the depot), customers still to
+    serve in id order, depot]`` with features ``(x, y, demand / C, remaining / C)``."""
+    _, ids = bq_state(coords, partial)
+    d = np.asarray(demands, dtype=np.float64)
+    c = np.asarray(coords, dtype=np.float64)
+    return np.concatenate([c[ids], d[ids, None] / capacity, np.full((len(ids), 1), remaining / capacity)], 1), ids
+
+
+def cvrp_suffix(order_nodes: torch.Tensor, order_demands: torch.Tensor, capacity: torch.Tensor,
+                remaining: torch.Tensor, via: torch.Tensor, begin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sub-problem from position ``begin`` of expert sequences (:func:`cvrp_expert_order`; ``order_nodes``
+    [B, N+2, 2], ``order_demands``, ``remaining``, ``via`` [B, N+2], ``capacity`` [B]) as the authors'
+    ``collate_func_with_sample`` (learning/cvrp/dataloading/dataset.py: every sequence from ``begin_idx`` to the
+    end, the remaining capacity at ``begin_idx``), and the target action ``2 + via[begin + 1]`` (the authors'
+    ground truth: node 1, directly or via the depot)."""
+    C = capacity.float()[:, None]
+    sub = order_nodes[:, begin:].float()
+    feats = torch.cat([sub, (order_demands[:, begin:].float() / C)[..., None],
+                       (remaining[:, begin].float()[:, None] / C).expand(-1, sub.shape[1])[..., None]], -1)
+    return feats, 2 + via[:, begin + 1].long()
+
+
+def sample_cvrp_begin(n_customers: int, rng: np.random.Generator) -> int:
+    """``begin ~ U{0, ..., N - 2}``: the authors' ``np.random.randint(0, nb_nodes - 3)`` with ``nb_nodes = N + 2``
+    (depot, N customers, depot), so sub-problems of 4..N+2 nodes."""
+    if n_customers < 2:
+        raise ValueError(f"sample_cvrp_begin: at least 2 customers, got {n_customers}")
+    return int(rng.integers(0, n_customers - 1))
+
+
+def cvrp_rollout(model: nn.Module, coords: torch.Tensor, demands: torch.Tensor, capacity: torch.Tensor, *,
+                 greedy: bool, temperature: float | torch.Tensor = 1.0, generator: torch.Generator | None = None):
+    """Construct CVRP solutions: at step j = 0..N-1 the state (the last customer or the depot, the customers left,
+    the depot; the remaining capacity) is scored and an action ``2i + v`` chosen (node i of the sub-problem,
+    ``v = 1``: via the depot, which refills the vehicle). Returns ``(customers [B, N] in service order, via
+    [B, N], choices [B, N], logprobs [B, N] (0 when greedy), remaining [B, N] before each step)``."""
+    B, N1 = coords.shape[:2]
+    prefix = torch.zeros(B, 1, dtype=torch.long, device=coords.device)
+    rem = capacity.float().clone()
+    cap = capacity.float()
+    vias, choices, lps, rems = [], [], [], []
+    tau = torch.as_tensor(temperature, dtype=torch.float32, device=coords.device).reshape(-1, 1).clamp(min=1e-8)
+    for _ in range(N1 - 1):
+        idx = subproblem_index(prefix, N1)
+        logp = torch.log_softmax(model(cvrp_nodes(coords, demands, capacity, idx, rem)).float() / tau, -1)
+        if greedy:
+            a = logp.argmax(-1)
+        else:
+            a = torch.multinomial(logp.exp().cpu(), 1, generator=generator).squeeze(1).to(coords.device)
+        node, v = idx.gather(1, (a // 2)[:, None]).squeeze(1), a % 2
+        rems.append(rem)
+        rem = torch.where(v.bool(), cap, rem) - demands.float().gather(1, node[:, None]).squeeze(1)
+        choices.append(a)
+        vias.append(v)
+        lps.append(logp.gather(1, a[:, None]).squeeze(1))
+        prefix = torch.cat([prefix, node[:, None]], 1)
+    logprobs = torch.zeros(B, N1 - 1, device=coords.device) if greedy else torch.stack(lps, 1)
+    return prefix[:, 1:], torch.stack(vias, 1), torch.stack(choices, 1), logprobs, torch.stack(rems, 1)
+
+
+def cvrp_choice_logprobs(model: nn.Module, coords, demands, capacity, customers: torch.Tensor,
+                         remaining: torch.Tensor, choices: torch.Tensor, temperature: float = 1.0,
+                         steps: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-step log-probs [B, N] of recorded CVRP ``choices`` (the states of :func:`cvrp_rollout`, rebuilt from
+    the served ``customers`` and the ``remaining`` capacity before each step)."""
+    B, N = customers.shape
+    prefix = torch.cat([torch.zeros(B, 1, dtype=torch.long, device=coords.device), customers], 1)
+    cols = []
+    for j in range(N):
+        if steps is not None and not bool(steps[:, j].any()):
+            cols.append(torch.zeros(B, device=coords.device))
+            continue
+        idx = subproblem_index(prefix[:, :j + 1], N + 1)
+        logp = torch.log_softmax(model(cvrp_nodes(coords, demands, capacity, idx, remaining[:, j])).float()
+                                 / max(float(temperature), 1e-8), -1)
+        cols.append(logp.gather(1, choices[:, j:j + 1]).squeeze(1))
+    return torch.stack(cols, 1)
+
+
+def cvrp_lengths(coords: torch.Tensor, customers: torch.Tensor, via: torch.Tensor) -> torch.Tensor:
+    """Batched CVRP lengths [B] (float64): a direct step adds ``|x_prev - x_i|``, a step via the depot
+    ``|x_prev - x_0| + |x_0 - x_i|``, and the last customer returns to the depot."""
+    c = coords.double()
+    B, N = customers.shape
+    depot = c[:, 0]
+    prev = depot
+    total = torch.zeros(B, dtype=torch.float64, device=coords.device)
+    for j in range(N):
+        x = c[torch.arange(B), customers[:, j]]
+        direct = (x - prev).norm(dim=-1)
+        total += torch.where(via[:, j].bool(), (prev - depot).norm(dim=-1) + (depot - x).norm(dim=-1), direct)
+        prev = x
+    return total + (prev - depot).norm(dim=-1)
+
+
+def cvrp_routes(customers: Sequence[int], via: Sequence[int]) -> list[list[int]]:
+    """Routes from a service order and its via-depot flags (a flag starts a new route)."""
+    routes: list[list[int]] = []
+    for v, f in zip(customers, via):
+        if f or not routes:
+            routes.append([])
+        routes[-1].append(int(v))
+    return routes
+
+
+def random_cvrp_instances(n: int, customers: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` instances: depot and customers uniform in the unit square (rounded to 6 decimals), demands uniform in
+    1..9 (the authors' ``np.random.randint(1, 10)``), the depot's 0: ``(coords [n, N+1, 2], demands [n, N+1])``."""
+    rng = np.random.default_rng(seed)
+    coords = np.round(rng.random((n, customers + 1, 2)), 6)
+    demands = np.concatenate([np.zeros((n, 1), dtype=np.int64), rng.integers(1, 10, (n, customers))], 1)
+    return coords, demands
+
+
 def random_instances(n: int, nodes: int, seed: int) -> np.ndarray:
     """``n`` instances of ``nodes`` points uniform in the unit square (the authors' ``np.random.random``),
     drawn with ``seed``, rounded to 6 decimals: [n, nodes, 2]."""
@@ -314,4 +556,6 @@ def check_tsp_nodes(n: int, where: str) -> int:
 __all__ = ["BQTransformer", "BQEncoderLayer", "bq_state", "subproblem_index", "gather_nodes", "rollout",
            "choice_logprobs", "step_logprobs", "sample_suffix_size", "suffix_subproblem", "next_node_cross_entropy",
            "tour_length", "tour_lengths", "held_karp", "brute_force_tsp", "ortools_tsp", "random_instances",
-           "optimality_gap", "ORTOOLS_SCALE"]
+           "optimality_gap", "ORTOOLS_SCALE", "PROBLEMS", "cvrp_length", "cvrp_feasible", "exact_cvrp",
+           "ortools_cvrp", "cvrp_expert_order", "cvrp_nodes", "cvrp_state", "cvrp_suffix", "sample_cvrp_begin",
+           "cvrp_rollout", "cvrp_choice_logprobs", "cvrp_lengths", "cvrp_routes", "random_cvrp_instances"]
