@@ -211,3 +211,23 @@ def test_control_recipes_raise_the_held_out_return_on_every_seed(tmp_path, recip
     s = Trainer(cfg, log=lambda *a: None).train(progress=False)
     before, after = s["before"]["reward_mean"], s["after"]["reward_mean"]
     assert after > before + 60, (before, after)
+
+
+def test_compare_runs_control_recipes_and_shows_returns_unscaled(tmp_path):
+    """grpolab compare on GRPO against PPO (one seed, 2 steps, episodes of at most 50 steps): the table shows the
+    held-out return as it is (a return is not a share, so not in points)."""
+    import json
+
+    from grpolab.compare import main
+
+    out = tmp_path / "cmp"
+    rc = main(["--recipes", "grpo_control,ppo_control", "--seeds", "0", "--steps", "2", "--metric", "reward_mean",
+               "--max_completion_length", "50", "--prompts_per_step", "2", "--num_generations", "2",
+               "--threads", "1", "--tensorboard", "false", "--no-report", "--out", str(out)], log=lambda *a: None)
+    assert rc == 0
+    md = (out / "compare.md").read_text()
+    assert "in points" not in md
+    for arm in ("grpo_control", "ppo_control"):
+        after = json.loads((out / "runs" / arm / "seed0" / "summary.json").read_text())["after"]["reward_mean"]
+        row = next(line for line in md.splitlines() if line.startswith(f"| `{arm}` |"))
+        assert f"| {after:.1f} (n=1) |" in row, (row, after)

@@ -326,10 +326,11 @@ def fmt_paired(p: dict | None, scale: float = 100.0) -> str:
 
 def write_markdown(spec: Spec, agg: dict, failures: list[dict], out: Path, command: str, plots: list[str]) -> Path:
     m = spec.metric
+    sc = 100 if _is_share(m) else 1  # a share (accuracy, pass@K) in points; any other metric as it is
     lines = [f"# grpolab compare: {', '.join(a.name for a in spec.arms)}", "",
              f"Command: `{command}`", "",
              f"Seeds: {', '.join(map(str, spec.seeds))}; budget: {spec.budget}; baseline: `{spec.baseline}`; "
-             f"held-out metric: {m} (greedy, in points = %). Mean ± 95% CI over seeds (Student t); the paired "
+             f"held-out metric: {m} (greedy{', in points = %' if sc == 100 else ''}). Mean ± 95% CI over seeds (Student t); the paired "
              f"difference uses the per-seed differences against the baseline; *not significant* = its CI "
              f"contains 0. Wall and CPU seconds are per run, start-up and evaluations included; both grow with "
              f"the machine's load, so compare only runs made under the same load.", ""]
@@ -340,10 +341,10 @@ def write_markdown(spec: Spec, agg: dict, failures: list[dict], out: Path, comma
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for a in spec.arms:
         r = agg["arms"][a.name]
-        lines.append(f"| `{a.name}` | {r['after']['n']} | {fmt_ci(r['before'], 100)} | {fmt_ci(r['after'], 100)} | "
-                     f"{fmt_paired(r['vs_baseline']) if a.name != spec.baseline else 'baseline'} | "
-                     f"{fmt_ci(r['at_equal_tokens'], 100)} | "
-                     f"{fmt_paired(r['vs_baseline_equal_tokens']) if a.name != spec.baseline else 'baseline'} | "
+        lines.append(f"| `{a.name}` | {r['after']['n']} | {fmt_ci(r['before'], sc)} | {fmt_ci(r['after'], sc)} | "
+                     f"{fmt_paired(r['vs_baseline'], sc) if a.name != spec.baseline else 'baseline'} | "
+                     f"{fmt_ci(r['at_equal_tokens'], sc)} | "
+                     f"{fmt_paired(r['vs_baseline_equal_tokens'], sc) if a.name != spec.baseline else 'baseline'} | "
                      f"{fmt_ci(r['tokens'], 1, 0)} | {fmt_ci(r['steps'], 1, 0)} | {fmt_ci(r['wall_s'], 1, 0)} | "
                      f"{fmt_ci(r['cpu_s'], 1, 0)} |")
     lines.append("")
