@@ -178,7 +178,7 @@ HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algo
 
 
 # kinds whose components are spread over one family module each: the packages that hold them
-PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents"), "reward_spec": ("grpolab.rewards",),
+PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents", "grpolab.control"), "reward_spec": ("grpolab.rewards",),
                 "task": ("grpolab.tasks",), "prompt_sampler": ("grpolab.prompts",),
                 "rollout": ("grpolab.rollouts", "grpolab.agents"), "stage": ("grpolab.stages",),
                 "update": ("grpolab.stages",), "policy": ("grpolab.policies",)}
