@@ -170,6 +170,8 @@ def test_bad_rows_name_the_problem():
         p.load(None, [{"env": "CartPole-v1", "seed": "x"}], [], log=lambda *a: None)
     with pytest.raises(ConfigError, match="gymnasium.make failed"):
         p.load(None, [{"env": "NoSuchEnv-v9", "seed": 0}], [], log=lambda *a: None)
+    with pytest.raises(ConfigError, match="env_kwargs .* were refused"):
+        p.load(None, rows("CartPole-v1", [0], no_such_option=1), [], log=lambda *a: None)
     with pytest.raises(ConfigError, match="other spaces"):
         p.load(None, rows("CartPole-v1", [0]) + rows("Pendulum-v1", [0]), [], log=lambda *a: None)
 
@@ -231,3 +233,20 @@ def test_compare_runs_control_recipes_and_shows_returns_unscaled(tmp_path):
         after = json.loads((out / "runs" / arm / "seed0" / "summary.json").read_text())["after"]["reward_mean"]
         row = next(line for line in md.splitlines() if line.startswith(f"| `{arm}` |"))
         assert f"| {after:.1f} (n=1) |" in row, (row, after)
+
+
+def test_env_kwargs_from_the_command_line_and_a_failed_compare_run(tmp_path):
+    """--control_env_kwargs takes a JSON object on the command line; compare reports a run that fails at start-up
+    (here an environment option the environment does not take) as a failure instead of crashing."""
+    from grpolab.compare import main
+    from grpolab.recipes import recipe_overrides
+
+    r = recipe_overrides("grpo_control")
+    assert Config.build({**r, "control_env_kwargs": '{"N": 3}'}).params["control_env_kwargs"] == {"N": 3}
+    with pytest.raises(ConfigError, match="control_env_kwargs.*JSON object"):
+        Config.build({**r, "control_env_kwargs": "{N: 3"})
+    lines = []
+    rc = main(["--recipes", "grpo_control", "--seeds", "0", "--steps", "1", "--metric", "reward_mean",
+               "--control_env_kwargs", '{"no_such_option": 1}', "--no-report", "--out", str(tmp_path / "c")],
+              log=lines.append)
+    assert rc != 0 and any("FAILED" in str(x) for x in lines), lines

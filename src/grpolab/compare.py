@@ -189,6 +189,7 @@ def run_grid(spec: Spec, out: Path, imports: list[str], log=print) -> list[dict]
         ran += 1
         wall, cpu = time.time() - t0, _children_cpu() - cpu0
         prev = _load_json(folder / "compare_run.json")
+        folder.mkdir(parents=True, exist_ok=True)  # a run that failed before making its folder (a bad option)
         (folder / "compare_run.json").write_text(json.dumps({"wall_s": prev.get("wall_s", 0.0) + wall,
                                                              "cpu_s": prev.get("cpu_s", 0.0) + cpu, "rc": rc}))
         if rc != 0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -590,6 +591,15 @@ def _convert(key: str, value: Any, source: str, types: list, optional: bool, hel
             if isinstance(value, str):
                 return [v for v in (s.strip() for s in value.split(",")) if v]
             return list(value)
+        if base is dict:  # a mapping: from YAML as it is, from the command line as a JSON object
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value) if value.strip() else {}
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"expected a JSON object such as '{{\"key\": 1}}' ({e})") from None
+            if not isinstance(value, dict):
+                raise ValueError("expected a mapping (a JSON object on the command line)")
+            return dict(value)
         if base is int:
             if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
                 raise ValueError("expected an integer")

@@ -11,7 +11,9 @@ An environment is named by a row's ``env`` column:
 Both become an :class:`Env` with agents ``0..N-1`` (N = 1 for Gymnasium): ``reset(seed)`` returns ``[N, D]``
 observations, ``step(actions [N, ...])`` returns ``(obs [N, D], rewards [N], done, terminal)``, where ``done``
 ends the episode and ``terminal`` says it ended in a terminal state (no bootstrap; a time limit is done but not
-terminal). Observations are flattened to float32 vectors. Every agent of a PettingZoo environment must have the
+terminal). Observations are flattened to float32 vectors. ``last_costs`` ([N]) holds each agent's
+``info["cost"]`` of the last step (0 when the environment reports none: the per-step cost of a constrained
+task, control/gymenvs/safety.py). Every agent of a PettingZoo environment must have the
 same observation and action spaces (one shared actor; the agent's index is appended as a one-hot by the
 policy); an environment whose agents leave before the episode ends is refused.
 """
@@ -60,6 +62,9 @@ class Env:
             mod = name[len(PETTINGZOO):]
             try:
                 self.env = importlib.import_module(mod).parallel_env(**self.kwargs)
+            except TypeError as e:
+                raise ConfigError(f"env {name}: env_kwargs {self.kwargs} were refused ({e}); give only the "
+                                  f"environment's own keyword arguments (control_env_kwargs)") from e
             except ImportError as e:
                 raise ConfigError(f"env {name}: cannot import {mod} ({e}); PettingZoo environments are named "
                                   f"pettingzoo:<module with parallel_env>, e.g. pettingzoo:mpe2.simple_spread_v3 "
@@ -80,10 +85,14 @@ class Env:
                 raise ConfigError(f"env {name}: gymnasium.make failed ({e}); name a registered Gymnasium id (e.g. "
                                   f"CartPole-v1), 'module:Id' for an environment your module registers, or "
                                   f"pettingzoo:<module> for a PettingZoo parallel environment") from e
+            except TypeError as e:
+                raise ConfigError(f"env {name}: env_kwargs {self.kwargs} were refused ({e}); give only the "
+                                  f"environment's own keyword arguments (control_env_kwargs)") from e
             self.agent_names = ["agent"]
             self.obs_space, self.act_space = self.env.observation_space, self.env.action_space
             self.multi = False
         self.info = _space_info(self.obs_space, self.act_space, len(self.agent_names), name)
+        self.last_costs = np.zeros(len(self.agent_names), np.float32)
 
     def _flat(self, obs) -> np.ndarray:
         from gymnasium.spaces.utils import flatten
@@ -103,7 +112,9 @@ class Env:
         if self.multi:
             act = {a: (int(actions[i]) if self.info.discrete else np.asarray(actions[i], dtype=np.float32))
                    for i, a in enumerate(self.agent_names)}
-            obs, rew, term, trunc, _ = self.env.step(act)
+            obs, rew, term, trunc, infos = self.env.step(act)
+            self.last_costs = np.array([float((infos.get(a) or {}).get("cost", 0.0)) for a in self.agent_names],
+                                       np.float32)
             left = [a for a in self.agent_names if a not in obs]
             done_any = any(term.values()) or any(trunc.values())
             if left and not done_any:
@@ -115,7 +126,8 @@ class Env:
                           for a in self.agent_names])
             return o, np.array([float(rew.get(a, 0.0)) for a in self.agent_names], np.float32), done, terminal
         a = int(actions[0]) if self.info.discrete else np.asarray(actions[0], dtype=np.float32)
-        obs, rew, term, trunc, _ = self.env.step(a)
+        obs, rew, term, trunc, info = self.env.step(a)
+        self.last_costs = np.array([float(info.get("cost", 0.0))], np.float32)
         return self._flat(obs)[None], np.array([float(rew)], np.float32), bool(term or trunc), bool(term)
 
     def close(self) -> None:
