@@ -12,7 +12,8 @@ advantage compares them with no critic. Episodes end when the environment ends t
   ``step_data["action"]`` ``[R, T*N]`` (Discrete) or ``[R, T*N, k]`` (Box, unclipped);
 - ``row_data["step_rewards"]`` ``[R, T*N]`` each agent's reward of each step, ``row_data["terminal"]`` ``[R]``
   (ended in a terminal state: no bootstrap), ``row_data["last_obs"]`` ``[R, N, D (+ N)]`` (the inputs after the
-  last step), ``row_data["agents"]`` ``[R]`` (N), ``row_data["agent_returns"]`` ``[R, N]``;
+  last step), ``row_data["agents"]`` ``[R]`` (N), ``row_data["agent_returns"]`` ``[R, N]``, ``row_data["step_costs"]``
+  ``[R, T*N]`` each step's ``info["cost"]`` (0 when the environment reports none; constrained tasks, CAL);
 - ``columns["completion"]`` = the episode's return (the mean over agents of each agent's summed reward): what
   the reward ``episode_return`` of task ``gym_control`` passes on.
 
@@ -151,7 +152,7 @@ class ControlPolicy(PolicyBase):
         din = module.input_dim
         obs = torch.zeros(R, Tmax, N, din)
         act = torch.zeros(R, Tmax, N, dtype=torch.long) if c["discrete"] else torch.zeros(R, Tmax, N, c["act_dim"])
-        lps, rew = torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N)
+        lps, rew, cost = torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N)
         lengths = torch.full((R,), Tmax, dtype=torch.long)
         terminal, truncated = torch.zeros(R, dtype=torch.bool), torch.ones(R, dtype=torch.bool)
         alive = list(range(R))
@@ -170,6 +171,7 @@ class ControlPolicy(PolicyBase):
                 a_env = a[j].numpy() if c["discrete"] else np.clip(a[j].numpy(), low, high)
                 o, rw, done, term = envs[r].step(a_env)
                 rew[r, t] = torch.from_numpy(rw)
+                cost[r, t] = torch.from_numpy(envs[r].last_costs)
                 cur[r] = torch.from_numpy(o)
                 if done:
                     lengths[r], terminal[r], truncated[r] = t + 1, term, False
@@ -198,7 +200,7 @@ class ControlPolicy(PolicyBase):
             step_data={"obs": obs[:, :T].reshape(R, T * N, din), "action": act[:, :T].reshape(R, T * N, *act.shape[3:])},
             row_data={"step_rewards": rew[:, :T].reshape(R, T * N) * mask, "terminal": terminal,
                       "last_obs": agent_inputs(cur, N), "agents": torch.full((R,), N, dtype=torch.long),
-                      "agent_returns": agent_returns})
+                      "agent_returns": agent_returns, "step_costs": cost[:, :T].reshape(R, T * N) * mask})
 
     def offers(self) -> frozenset[str]:
         return frozenset({"entropy"})

@@ -1,0 +1,121 @@
+"""Achievement distillation (update strategy ``achievement_distillation``, stages/achievement_distillation.py;
+seed 000-81) and the Crafter environment (control/gymenvs/crafter_env.py): goal extraction, the partial-OT
+matching, the contrastive and KL terms by hand, an aux phase that lowers its own losses, and Crafter through
+policy control."""
+import math
+
+import numpy as np
+import torch
+
+from grpolab.control.nets import ControlActor
+from grpolab.stages.achievement_distillation import (AchievementDistillation, achievement_states, categorical_kl,
+                                                     contrastive_loss, entropic_partial_ot, goals, next_goals)
+
+CRAFTER = "grpolab.control.gymenvs.crafter_env:grpolab/Crafter-v0"
+
+
+def test_goal_steps_and_next_goals_by_hand():
+    # rewards of 7 steps: +1 at step 1, +1.1 at step 4 (an achievement and a health point), +0.1 at step 5 (a
+    # health point only: not an achievement). rewards[:-1] > 0.1 at 1 and 4 -> goal steps 2 and 5, goal
+    # (obs, next obs) = (o_1, o_2) and (o_4, o_5); observations o_t = [t + 1].
+    obs = torch.arange(1.0, 8.0)[:, None]
+    g = goals(obs, torch.tensor([0.0, 1.0, 0.0, 0.0, 1.1, 0.1, 0.0]))
+    assert g["goal_steps"].tolist() == [2, 5]
+    assert g["goal_obs"][:, 0].tolist() == [2.0, 5.0] and g["goal_next_obs"][:, 0].tolist() == [3.0, 6.0]
+    # steps 0-1 aim at achievement 0, steps 2-4 at achievement 1, steps 5-6 at "none": (o_6, 0)
+    a, b = next_goals(g["goal_steps"], g["goal_obs"], g["goal_next_obs"], obs)
+    assert a[:, 0].tolist() == [2.0, 2.0, 5.0, 5.0, 5.0, 7.0, 7.0]
+    assert b[:, 0].tolist() == [3.0, 3.0, 6.0, 6.0, 6.0, 0.0, 0.0]
+    # a reward at the last step has no next observation in the episode: no goal
+    assert goals(obs[:3], torch.tensor([0.0, 0.0, 1.0]))["goal_steps"].tolist() == []
+
+
+def test_partial_ot_matches_the_right_pairs():
+    e = torch.eye(3)
+    # source achievements (e1, e2), target (e2, e1, e3): cost 1 - cos = [[1, 0, 1], [0, 1, 1]]; unit masses,
+    # m = min(2, 3) = 2: the plan puts ~1 on (0, 1) and (1, 0), ~0 elsewhere (e^{-1/0.05} relative weight)
+    T = entropic_partial_ot(torch.ones(2), torch.ones(3), 1 - e[:2] @ e[[1, 0, 2]].T, 0.05)
+    r, c = torch.where(T > 0.5)
+    assert list(zip(r.tolist(), c.tolist())) == [(0, 1), (1, 0)]
+    assert math.isclose(float(T.sum()), 2.0, rel_tol=1e-6)
+    assert (T.sum(1) <= 1 + 1e-6).all() and (T.sum(0) <= 1 + 1e-6).all()
+    # an ambiguous match (one source, two equal targets) splits the unit mass 0.5 / 0.5: no pair passes 0.5
+    T2 = entropic_partial_ot(torch.ones(1), torch.ones(2), torch.zeros(1, 2), 0.05)
+    assert torch.allclose(T2, torch.tensor([[0.5, 0.5]], dtype=torch.float64), atol=1e-6)
+    assert not (T2 > 0.5).any()
+
+
+def test_contrastive_and_kl_by_hand():
+    # anchor e1, positive e1, negative e2, temperature 0.1: logits [10, 0], loss log(1 + e^-10) = 4.539890e-05;
+    # swapped: log(1 + e^10) = 10.0000454; the mean of the two rows = 5.0000454
+    a = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
+    p = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    n = torch.tensor([[0.0, 1.0], [1.0, 0.0]])
+    assert math.isclose(float(contrastive_loss(a, p, n, 0.1)), 5.0000454, rel_tol=1e-6)
+    assert math.isclose(float(contrastive_loss(a[:1], p[:1], n[:1], 0.1)), 4.539890e-05, abs_tol=1e-6)  # float32
+    # KL(new || old), new (0.5, 0.5), old (0.9, 0.1): 0.5 ln(0.5/0.9) + 0.5 ln(0.5/0.1) = 0.510826
+    kl = categorical_kl(torch.log(torch.tensor([[0.5, 0.5]])), torch.log(torch.tensor([[0.9, 0.1]])))
+    assert math.isclose(float(kl), 0.510826, rel_tol=1e-5)
+    # an achievement's representation: normalize(h(o') - h(o)); a zero next observation counts as h = 0
+    actor = ControlActor(3, 1, True, 4, hidden=8, layers=1)
+    o = torch.tensor([[1.0, 2.0, 3.0]])
+    s = achievement_states(actor, o, torch.zeros(1, 3))
+    h = actor.net[:-1](o)
+    assert torch.allclose(s, -h / h.norm(), atol=1e-6)
+
+
+def _episodes(seed, n=8, L=24, d=8):
+    """Synthetic episodes: random observations, achievements (reward 1) at steps 7 and 15, random actions."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for _ in range(n):
+        obs = torch.randn(L, d, generator=g)
+        rew = torch.zeros(L)
+        rew[[7, 15]] = 1.0
+        acts = torch.randint(4, (L,), generator=g)
+        ep = {"obs": obs, "actions": acts, "rewards": rew}
+        ep.update(goals(obs, rew))
+        eps.append(ep)
+    return eps
+
+
+def test_aux_phase_lowers_its_losses():
+    """On synthetic episodes (2 achievements each) 8 aux epochs lower the prediction loss (first minibatch vs
+    last) by > 20 %, match some achievements across episodes, and keep the policy near its pre-phase self
+    (mean KL < 0.05 per step)."""
+    torch.manual_seed(0)
+    actor = ControlActor(8, 1, True, 4, hidden=32, layers=2)
+    before = {k: v.clone() for k, v in actor.state_dict().items()}
+    ad = AchievementDistillation(ad_aux_epochs=8, ad_lr=1e-3, ad_seed=0)
+    out = ad.aux_phase(actor, _episodes(0))
+    assert out["ad/last_pred_loss"] < 0.8 * out["ad/first_pred_loss"], out
+    assert out["ad/match_pairs"] > 0 and out["ad/episodes_with_goals"] == 8
+    assert out["ad/pi_dist"] < 0.05, out
+    assert any(not torch.equal(before[k], v) for k, v in actor.state_dict().items())
+    # state round trip: a new instance restores the heads at its next call
+    other = AchievementDistillation(ad_aux_epochs=8)
+    other.load_state_dict(ad.state_dict())
+    other._restore(actor)
+    assert all(torch.equal(a, b) for a, b in zip(other.heads.state_dict().values(), ad.heads.state_dict().values()))
+
+
+def test_crafter_through_policy_control():
+    """The Crafter wrapper: semantic observations (9 x 7 x 19 one-hot + 16 inventory = 1213), 17 actions,
+    the same seed the same start state; policy control samples episodes in it."""
+    from grpolab.control.gymenvs.crafter_env import CrafterEnv
+    from grpolab.policies.control import ControlPolicy
+    env = CrafterEnv(area=16, length=12)
+    o1, _ = env.reset(seed=3)
+    assert o1.shape == (1213,) and env.action_space.n == 17
+    for _ in range(3):
+        env.step(0)
+    o2, _ = env.reset(seed=3)
+    assert np.array_equal(o1, o2)
+    # the one-hot view has one id per cell; the player (an object id) is at the centre cell
+    assert o1[:9 * 7 * 19].reshape(9, 7, 19).sum(-1).min() == 1
+    p = ControlPolicy(model="mlp", temperature=1.0, max_completion_length=12)
+    rows = [{"prompt": "c", "env": CRAFTER, "env_kwargs": {"area": 16, "length": 12}, "seed": 5}]
+    m = p.load(None, rows, [], log=lambda *a: None)
+    b = p.sample(m, rows, [0], num_generations=2, generator=torch.Generator().manual_seed(0))
+    assert b.step_data["obs"].shape[-1] == 1213 and torch.equal(b.step_data["obs"][0, 0], b.step_data["obs"][1, 0])
+    assert b.columns["episode_length"] == [12, 12]
