@@ -5,11 +5,15 @@ policy control."""
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from grpolab.control.nets import ControlActor
 from grpolab.stages.achievement_distillation import (AchievementDistillation, achievement_states, categorical_kl,
-                                                     contrastive_loss, entropic_partial_ot, goals, next_goals)
+                                                     contrastive_loss, encode, entropic_partial_ot, goals,
+                                                     next_goals)
+
+from _helpers import LEARNING_SEEDS
 
 CRAFTER = "grpolab.control.gymenvs.crafter_env:grpolab/Crafter-v0"
 
@@ -79,16 +83,35 @@ def _episodes(seed, n=8, L=24, d=8):
     return eps
 
 
-def test_aux_phase_lowers_its_losses():
-    """On synthetic episodes (2 achievements each) 8 aux epochs lower the prediction loss (first minibatch vs
-    last) by > 20 %, match some achievements across episodes, and keep the policy near its pre-phase self
-    (mean KL < 0.05 per step)."""
-    torch.manual_seed(0)
+def _pred_loss(ad, actor, eps):
+    """The prediction loss over whole episodes, negatives from a fixed permutation (no gradient)."""
+    g = torch.Generator().manual_seed(123)
+    out = []
+    with torch.no_grad():
+        for e in eps:
+            a, b = next_goals(e["goal_steps"], e["goal_obs"], e["goal_next_obs"], e["obs"])
+            perm = torch.randperm(len(e["obs"]), generator=g)
+            pos = ad.heads(encode(actor, e["obs"]), e["actions"])
+            neg = ad.heads(encode(actor, e["obs"][perm]), e["actions"][perm])
+            out.append(float(contrastive_loss(achievement_states(actor, a, b), pos, neg, 0.1)))
+    return sum(out) / len(out)
+
+
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_aux_phase_lowers_its_losses(seed):
+    """On synthetic episodes (2 achievements each) 8 aux epochs lower the prediction loss over the episodes
+    to < 0.75 x its value before the phase (measured: 1.28 -> 0.70, 1.22 -> 0.66, 1.16 -> 0.66 on seeds 0-2),
+    match achievements across episodes, and keep the policy near its pre-phase self (mean KL < 0.05; measured
+    ~3e-6)."""
+    torch.manual_seed(seed)
     actor = ControlActor(8, 1, True, 4, hidden=32, layers=2)
     before = {k: v.clone() for k, v in actor.state_dict().items()}
-    ad = AchievementDistillation(ad_aux_epochs=8, ad_lr=1e-3, ad_seed=0)
-    out = ad.aux_phase(actor, _episodes(0))
-    assert out["ad/last_pred_loss"] < 0.8 * out["ad/first_pred_loss"], out
+    ad = AchievementDistillation(ad_aux_epochs=8, ad_lr=1e-3, ad_seed=seed)
+    ad._build(actor)
+    eps = _episodes(seed)
+    loss0 = _pred_loss(ad, actor, eps)
+    out = ad.aux_phase(actor, eps)
+    assert _pred_loss(ad, actor, eps) < 0.75 * loss0, out
     assert out["ad/match_pairs"] > 0 and out["ad/episodes_with_goals"] == 8
     assert out["ad/pi_dist"] < 0.05, out
     assert any(not torch.equal(before[k], v) for k, v in actor.state_dict().items())
