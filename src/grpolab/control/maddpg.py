@@ -337,8 +337,7 @@ if __name__ == "__main__":  # python -m grpolab.control.maddpg EPISODES SEED [K]
     args = sys.argv[1:]
     out = train_maddpg(episodes=int(args[0]) if args else 1000, seed=int(args[1]) if len(args) > 1 else 0,
                        ensemble=int(args[2]) if len(args) > 2 else 1, local_q=len(args) > 3 and args[3] == "local",
-                       batch_size=256, update_every=25, warmup=256)
+                       batch_size=128, update_every=4, warmup=128)
     r = out["returns"]
-    n = max(len(r) // 10, 1)
-    print(f"episodes {len(r)} updates {out['updates']}: first {n} mean {np.mean(r[:n]):.2f}, "
-          f"last {n} mean {np.mean(r[-n:]):.2f}", file=sys.stderr)
+    print(f"episodes {len(r)}, updates {out['updates']}; mean return per 50 episodes: "
+          f"{[round(float(np.mean(r[i:i + 50])), 2) for i in range(0, len(r), 50)]}", file=sys.stderr)

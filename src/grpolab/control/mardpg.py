@@ -231,7 +231,7 @@ def play(env, actors: RecurrentActors, seeds: list[int], sigma: float = 0.0,
     return tuple(torch.stack([e[k] for e in eps]) for k in range(4))
 
 
-def train_mardpg(env_kwargs: dict | None = None, *, episodes: int = 400, episodes_per_round: int = 8,
+def train_mardpg(env_kwargs: dict | None = None, *, episodes: int = 240, episodes_per_round: int = 8,
                  updates_per_round: int = 8, sigma: float = 0.2, seed: int = 0, eval_seeds: int = 32,
                  hidden: int = 32, msg_dim: int = 4, **learner_kw) -> dict:
     """MARDPG on the recommendation environment (control/rec_env.py): rounds of ``episodes_per_round`` noisy
@@ -282,6 +282,6 @@ def fixed_policy_return(env_kwargs: dict | None, weights: np.ndarray, seeds: lis
 if __name__ == "__main__":  # python -m grpolab.control.mardpg EPISODES SEED
     import sys
     a = sys.argv[1:]
-    res = train_mardpg(episodes=int(a[0]) if a else 400, seed=int(a[1]) if len(a) > 1 else 0)
+    res = train_mardpg(episodes=int(a[0]) if a else 240, seed=int(a[1]) if len(a) > 1 else 0, eval_seeds=16)
     print(f"held-out shared return before {res['before']:.3f} after {res['after']:.3f} "
           f"({res['updates']} updates)", file=sys.stderr)
