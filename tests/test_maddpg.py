@@ -133,7 +133,8 @@ def test_batch_transitions_follow_the_control_layout():
     x, a, r, x2, done = batch_transitions(b)
     assert x.shape == (4 * 4, 3, 18 + 3) and a.shape == (16, 3) and r.shape == (16, 3)
     obs = b.step_data["obs"].reshape(4, 4, 3, 21)
-    assert torch.equal(x[:4], obs[0]) and torch.equal(x2[:3], obs[0, 1:]) and torch.equal(x2[3], b.row_data["last_obs"][0])
+    assert torch.equal(x[:4], obs[0]) and torch.equal(x2[:3], obs[0, 1:])
+    assert torch.equal(x2[3], b.row_data["last_obs"][0])
     assert torch.equal(a[:4], b.step_data["action"].reshape(4, 4, 3)[0])
     assert torch.equal(r[4:8], b.row_data["step_rewards"].reshape(4, 4, 3)[1])
     assert done.sum() == 0  # cut at max_completion_length 4: time limits bootstrap

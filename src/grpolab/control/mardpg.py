@@ -2,7 +2,9 @@
 training (seed 000-92).
 
 *Learning to Collaborate: Multi-Scenario Ranking via Multi-Agent Reinforcement Learning* (Feng, Li, Zeng, Yao,
-Cai, Yang, Ma, WWW 2018), seed 000-92: Multi-Agent Recurrent Deterministic Policy Gradient. With N agents,
+Cai, Yang, Ma, WWW 2018): Multi-Agent Recurrent Deterministic Policy Gradient, applied in arXiv:2407.02759
+("Multi-Scenario Combination Based on Multi-Agent Reinforcement Learning to Optimize the Advertising
+Recommendation System", 2024), whose abstract is seed 000-92. With N agents,
 agent i's observation ``o_t^i``, hidden state ``h_t^i`` and message ``m_t^i``:
 
 - actor (:class:`RecurrentActors`): ``h_t^i = GRU_i([o_t^i, mbar_{t-1}^i], h_{t-1}^i)``, action
@@ -25,15 +27,16 @@ agent i's observation ``o_t^i``, hidden state ``h_t^i`` and message ``m_t^i``:
 ``mardpg`` (policies/mardpg.py) and update strategy ``mardpg`` (stages/mardpg.py) run the same networks and
 updates in the grpolab pipeline (recipe ``mardpg``).
 
-Provenance: reconstructed from the abstract — Feng et al., WWW 2018 (seed 000-92); no public code (searched: the
-search tool's code / issues / docs corpora and find_repos for "mardpg", "multi-scenario ranking",
-"learning to collaborate"). What the abstract and the paper's outline give: one ranking agent per scenario,
-deterministic actors over the interaction history with recurrent networks, a shared centralised critic over
-the agents' histories and actions, communication between agents, DDPG-style training on the joint objective.
-Our choices: GRU cells (the paper: LSTM-style recurrence), the message as a tanh projection of the actor's
-hidden state read by the other agents at the next step, the critic's own GRU over the joint observations,
-whole-episode replay with back-propagation through time, Gaussian exploration noise, sizes (hidden 32,
-message 4), Adam lr 1e-3, gamma 0.9, tau 0.05, no gradient clipping.
+Provenance: reconstructed from the abstract — arXiv:2407.02759 (seed 000-92) and Feng et al., WWW 2018; no
+public code (searched: the search tool's code / issues / docs corpora and find_repos for "mardpg",
+"multi-scenario ranking", "learning to collaborate"; the MARDPG-* repositories found are unrelated UAV
+projects). What the abstracts give: one ranking agent per scenario, deterministic actors over the interaction
+history with recurrent networks, a shared centralised critic over the agents' histories and actions,
+communication between agents, DDPG-style training on the joint objective. Our choices: GRU cells (the 2018
+paper: LSTM-style recurrence), the message as a tanh projection of the actor's hidden state read by the other
+agents at the next step, the critic's own GRU over the joint observations, whole-episode replay with
+back-propagation through time, Gaussian exploration noise, sizes (hidden 32, message 4), Adam lr 1e-3,
+gamma 0.9, tau 0.05, no gradient clipping.
 """
 from __future__ import annotations
 
@@ -136,8 +139,9 @@ class EpisodeBuffer:
         for j in range(len(obs)):
             ep = (obs[j].clone(), act[j].clone(), rew[j].clone(), done[j].clone())
             if self.data and ep[1].shape != self.data[0][1].shape:
-                raise ConfigError(f"mardpg: episodes of {ep[1].shape[0]} steps in a buffer of {self.data[0][1].shape[0]}"
-                                  f"-step episodes; MARDPG replays whole episodes of one length (the environment's "
+                raise ConfigError(f"mardpg: episodes of {ep[1].shape[0]} steps in a buffer of "
+                                  f"{self.data[0][1].shape[0]}-step episodes; MARDPG replays whole episodes of "
+                                  f"one length (the environment's "
                                   f"horizon; set max_completion_length >= it)")
             if len(self.data) < self.size:
                 self.data.append(ep)

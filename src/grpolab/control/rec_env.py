@@ -16,14 +16,16 @@ through the user: after the step the preference drifts towards what was clicked 
 ``p <- unit(p + drift * sum_clicked f)``, so one scenario's ranking changes the other's later rewards (the
 shared objective is the sum of both agents' rewards). Agent i observes only its own scenario: ``[sum of the
 features of the items clicked there so far / max(clicks so far, 1), the same over its last shown list only,
-t / horizon]`` (clicks are the expectations when ``stochastic=False``) (``2 dim + 1`` numbers); the user's preference is never observed, so a ranker must infer it
-from the interaction history (hence recurrent actors) and from the other scenario (hence a message). The
+t / horizon]`` (clicks are the expectations when ``stochastic=False``; ``2 dim + 1`` numbers); the user's
+preference is never observed, so a ranker must infer it from the interaction history (hence recurrent
+actors) and from the other scenario (hence a message). The
 session ends (terminal) after ``horizon`` steps.
 
 Provenance: reconstructed from the abstract — Feng et al., "Learning to Collaborate: Multi-Scenario Ranking via
-Multi-Agent Reinforcement Learning", WWW 2018 (seed 000-92), which trains rankers of Taobao's main search and
-in-shop search on logged users; no simulator or code is public (searched: the search tool's code, issues and
-docs corpora, find_repos for mardpg / multi-scenario ranking). Every number above (item counts, the click and
+Multi-Agent Reinforcement Learning", WWW 2018, which trains rankers of Taobao's main search and in-shop search
+on logged users, and arXiv:2407.02759 (2024; seed 000-92's abstract: search, recommendation, advertising);
+no simulator or code is public (searched: the search tool's code, issues and docs corpora, find_repos for
+mardpg / multi-scenario ranking). Every number above (item counts, the click and
 purchase models, the position bias, the drift, the observation) is our choice for a small CPU-sized stand-in
 of that setting.
 """

@@ -11,7 +11,8 @@ The batch has policy ``control``'s layout (policies/control.py): column ``t * N 
 on this policy; evaluation plays ``mu`` without noise. G episodes of a row start from its seed.
 
 Provenance: reconstructed from the abstract — Feng et al., "Learning to Collaborate: Multi-Scenario Ranking via
-Multi-Agent Reinforcement Learning", WWW 2018 (seed 000-92): recurrent deterministic actors; the Gaussian
+Multi-Agent Reinforcement Learning", WWW 2018, as applied in arXiv:2407.02759 (seed 000-92): recurrent
+deterministic actors; the Gaussian
 exploration noise is DDPG's (Lillicrap et al., 2015, arXiv:1509.02971, with Gaussian instead of
 Ornstein-Uhlenbeck noise); see control/mardpg.py for every choice.
 """
@@ -48,7 +49,8 @@ class MARDPGPolicy(PolicyBase):
     """Recurrent deterministic actors (one GRU per agent, messages between them) with Gaussian exploration
     (module docstring).
 
-    Provenance: reconstructed from the abstract — Feng et al., WWW 2018 (seed 000-92); control/mardpg.py states
+    Provenance: reconstructed from the abstract — arXiv:2407.02759 (seed 000-92) and Feng et al., WWW 2018;
+    control/mardpg.py states
     the choices (GRU cells, the message, sizes).
     """
 

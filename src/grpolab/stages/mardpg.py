@@ -51,8 +51,9 @@ class MARDPGUpdate:
     step's episodes. Metrics: ``mardpg/q_loss``, ``mardpg/p_loss``, ``mardpg/updates``, ``mardpg/buffer``
     (episodes held).
 
-    Paper: Feng et al., "Learning to Collaborate: Multi-Scenario Ranking via Multi-Agent Reinforcement Learning",
-    WWW 2018 (seed 000-92).
+    Paper: arXiv:2407.02759, "Multi-Scenario Combination Based on Multi-Agent Reinforcement Learning to Optimize
+    the Advertising Recommendation System", 2024 (seed 000-92's abstract), applying the MARDPG of Feng et al.,
+    "Learning to Collaborate: Multi-Scenario Ranking via Multi-Agent Reinforcement Learning", WWW 2018.
 
     Provenance: reconstructed from the abstract — no public code; the choices (GRU actors and critic history,
     messages, whole-episode replay, gamma 0.9, tau 0.05, Adam 1e-3) are listed in control/mardpg.py. Test:
