@@ -6,6 +6,7 @@
 #                (ATEN_CPU_CAPABILITY=avx2), MKL / oneDNN capped at AVX2, and dtype auto deciding as on a CPU
 #                without bf16 matrix instructions (GRPOLAB_CPU_KIND=avx2); `make test` on an AVX512-BF16 CPU
 #                covers the other kind this project's machines have had
+#   make test-vgc  VGC-Bench's learning run on a local Pokemon Showdown server (opt-in, minutes per seed)
 #   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
 #   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
 #   make test-data  the [data] extra (datasets, pyarrow) and the data-format tests that need it
@@ -21,7 +22,7 @@ DEVSTAMP:= $(VENV)/.installed-dev
 SHOWDOWN:= .cache/showdown/node_modules/pokemon-showdown/package.json
 ARGS    ?=
 
-.PHONY: install install-dev train test test-learning test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
+.PHONY: install install-dev train test test-learning test-vgc test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -57,6 +58,11 @@ test: $(DEVSTAMP)
 # the learning tests' other seeds (seed 0 of each is in make test): every non-text policy family on seeds 1 and 2
 test-learning: $(DEVSTAMP)
 	HF_HUB_OFFLINE=1 $(PYTEST) -m more_seeds tests
+
+# VGC-Bench's learning run (tests/test_vgc.py, 3 seeds of Pokemon VGC battles on a local Showdown server, about
+# 6 minutes per seed): opt-in, not in make test
+test-vgc: $(DEVSTAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:xdist -m vgc_learning tests/test_vgc.py
 
 # the suite as an AVX2-only machine runs it (the variables are inherited by the processes the tests start)
 test-avx2: $(DEVSTAMP)

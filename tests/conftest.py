@@ -71,8 +71,3 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path.name], item.path.name))
 
-
-def pytest_configure(config):
-    # tests/test_vgc.py's opt-in learning run (minutes of Pokémon battles on a local server): `pytest -m vgc_learning`
-    config.addinivalue_line("markers", "vgc_learning: VGC-Bench's learning run, opt-in (`pytest -m vgc_learning "
-                            "tests/test_vgc.py`; skipped otherwise)")

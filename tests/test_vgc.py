@@ -1,7 +1,7 @@
 """VGC-Bench (seed 000-90): the population schemes' Nash solver and double-oracle matrix (hand-checked games, no
 server), the local Showdown server as a service (start, battles, stop with no process left, also when the body
 raises), heuristic baselines and the learned policy playing real battles. The learning run (win rate against the
-random player rises) is opt-in: `pytest -m vgc_learning tests/test_vgc.py` (docs/control.md, VGC-Bench section)."""
+random player rises) is opt-in: `make test-vgc` (docs/control.md, VGC-Bench section)."""
 import os
 
 import numpy as np
@@ -175,9 +175,9 @@ def test_server_stops_with_every_process_also_when_the_body_raises(server):
 def test_learned_policy_beats_random_more_after_training(seed, request):
     """Against poke-env's RandomPlayer (team B; the policy plays team A), the sampling policy's win rate over 48
     battles rises after 25 iterations of 16 battles. Opt-in (about 8 minutes per seed on a loaded 2-core
-    machine): `pytest -m vgc_learning tests/test_vgc.py`."""
+    machine): `make test-vgc`."""
     if "vgc_learning" not in (request.config.option.markexpr or ""):
-        pytest.skip("opt-in: pytest -m vgc_learning tests/test_vgc.py")
+        pytest.skip("opt-in: make test-vgc (pytest -m vgc_learning tests/test_vgc.py)")
     with ShowdownServer() as s:
         out = vgc.train_vgc(s, seed=seed, iterations=25, battles_per_iteration=16, eval_battles=48)
     assert out["after"] >= out["before"] + 0.1, out
