@@ -216,16 +216,16 @@ def test_control_recipes_raise_the_held_out_return_on_every_seed(tmp_path, recip
 
 
 def test_compare_runs_control_recipes_and_shows_returns_unscaled(tmp_path):
-    """grpolab compare on GRPO against PPO (one seed, 2 steps, episodes of at most 50 steps): the table shows the
-    held-out return as it is (a return is not a share, so not in points)."""
+    """grpolab compare on GRPO against PPO (one seed, 2 steps): the table shows the
+    held-out return as it is (a return is not a share, so not in points). Episodes of at most 20 steps."""
     import json
 
     from grpolab.compare import main
 
     out = tmp_path / "cmp"
     rc = main(["--recipes", "grpo_control,ppo_control", "--seeds", "0", "--steps", "2", "--metric", "reward_mean",
-               "--max_completion_length", "50", "--prompts_per_step", "2", "--num_generations", "2",
-               "--threads", "1", "--tensorboard", "false", "--no-report", "--out", str(out)], log=lambda *a: None)
+               "--max_completion_length", "20", "--prompts_per_step", "2", "--num_generations", "2",
+               "--control_eval_starts", "2", "--threads", "1", "--tensorboard", "false", "--no-report", "--out", str(out)], log=lambda *a: None)
     assert rc == 0
     md = (out / "compare.md").read_text()
     assert "in points" not in md

@@ -37,7 +37,9 @@ TIMING = {"rollout_s", "train_s", "tokens_per_s", "train_seconds_total", "peak_r
 EXTRA = {"flow_grpo_images": {}, "ddpo": {"tracker_buffer_size": 8, "tracker_min_count": 8}}
 RECIPES = [r for r in EXTRA if r in recipe_names()]
 # vision_language (vlm_grpo): the tiny VLM of the smoke runs (5 pre-training steps, its own cache entry)
-KILL_EXTRA = {"vlm_grpo": {"vlm_pretrain_steps": 5}}
+KILL_EXTRA = {"vlm_grpo": {"vlm_pretrain_steps": 5},
+              # control: episodes of at most 60 steps (the checkpointed state, not CartPole's length, is tested)
+              "grpo_control": {"max_completion_length": 60}, "ppo_control": {"max_completion_length": 60}}
 # the kill -9 test also covers the other non-causal policies: masked_diffusion_lm (diffu_grpo: per-row mask seeds
 # drawn from the run's generator, mask_reseed's passes), speech_to_text (asr_grpo), vision_language (vlm_grpo) and
 # control (grpo_control; ppo_control: control_gae's value network and optimiser are in the checkpoint)
