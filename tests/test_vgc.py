@@ -10,7 +10,7 @@ import torch
 
 from _helpers import LEARNING_SEEDS
 from grpolab.control import vgc
-from grpolab.control.showdown import ShowdownServer, find_showdown
+from grpolab.control.showdown import ShowdownServer, find_showdown, group_alive
 from grpolab.errors import ConfigError
 
 
@@ -128,14 +128,6 @@ def test_missing_node_or_package_names_what_to_do(monkeypatch, tmp_path):
 
 
 # ------------------------------------------------------------------ the local server and real battles
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-
-
 @pytest.fixture(scope="module")
 def server():
     s = ShowdownServer().start()
@@ -161,11 +153,11 @@ def test_learned_policy_plays_and_updates(server):
 
 def test_server_stops_with_every_process_also_when_the_body_raises(server):
     pgid = server.proc.pid
-    assert _group_alive(pgid)
+    assert group_alive(pgid)
     with pytest.raises(RuntimeError, match="boom"):
         with server:  # already running: entering returns it, leaving stops it
             raise RuntimeError("boom")
-    assert server.proc is None and not _group_alive(pgid)
+    assert server.proc is None and not group_alive(pgid)
     server.stop()  # idempotent
 
 

@@ -81,7 +81,8 @@ def find_showdown(path: str | os.PathLike | None = None) -> Path:
                       "GRPOLAB_SHOWDOWN_DIR to a pokemon-showdown package folder")
 
 
-def _group_alive(pgid: int) -> bool:
+def group_alive(pgid: int) -> bool:
+    """Whether any process of process group ``pgid`` is still alive."""
     try:
         os.killpg(pgid, 0)
         return True
@@ -196,7 +197,7 @@ class ShowdownServer:
             except ProcessLookupError:
                 pass
             deadline = time.monotonic() + 10.0
-            while _group_alive(proc.pid) and time.monotonic() < deadline:
+            while group_alive(proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.05)
             break
         if self._log is not None:
