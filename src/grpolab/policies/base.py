@@ -28,7 +28,7 @@ import torch
 
 from ..registry import CAPABILITIES, POLICIES
 
-__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler"]
+__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler", "load_config_module", "save_config_module"]
 
 
 def check_own_sampler(cfg, reason: str) -> None:
@@ -48,6 +48,40 @@ def check_own_sampler(cfg, reason: str) -> None:
     if int(getattr(cfg, "top_k", 0) or 0) != 0 or float(getattr(cfg, "top_p", 1.0)) != 1.0:
         raise ConfigError(f"top_k / top_p: policy {cfg.policy} samples from the full softmax at the run's "
                           f"temperature (set top_k: 0 and top_p: 1.0)")
+
+
+def save_config_module(module: torch.nn.Module, path) -> None:
+    """Write a small built-in network to folder ``path``: ``config.json`` (``_class_name`` + ``module.config``,
+    what its constructor takes) and ``model.safetensors``; :func:`load_config_module` reads it back."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps({"_class_name": type(module).__name__, **module.config},
+                                                 indent=2) + "\n")
+    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
+              str(path / "model.safetensors"))
+
+
+def load_config_module(cls, path, policy: str):
+    """``cls`` rebuilt from a folder :func:`save_config_module` wrote; ``(module, config)``. A folder saved for
+    another class is a ConfigError naming ``policy``."""
+    import json
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from ..errors import ConfigError
+    path = Path(path)
+    config = json.loads((path / "config.json").read_text())
+    if config.get("_class_name", cls.__name__) != cls.__name__:
+        raise ConfigError(f"model: {path} holds a {config.get('_class_name')!r}, not a {cls.__name__} "
+                          f"(policy {policy})")
+    module = cls(**{k: v for k, v in config.items() if not k.startswith("_")})
+    module.load_state_dict(load_file(str(path / "model.safetensors")))
+    return module, config
 
 
 class PolicyBase(ABC):

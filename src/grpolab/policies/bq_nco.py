@@ -11,7 +11,6 @@ The network, the states and the expert live in control/bq_nco.py; the imitation 
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from ..control.bq_nco import (BQTransformer, choice_logprobs, cvrp_choice_logpro
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, load_config_module, save_config_module
 
 BUILT_IN = ("tiny", "bq")
 
@@ -87,23 +86,11 @@ def instance_demands(rows: list[dict], n: int, where: str = "train") -> tuple[to
 
 
 def save_bq(module: BQTransformer, path) -> None:
-    from safetensors.torch import save_file
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"_class_name": "BQTransformer", **module.config}, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
-              str(path / "model.safetensors"))
+    save_config_module(module, path)
 
 
 def load_bq(path) -> BQTransformer:
-    from safetensors.torch import load_file
-    path = Path(path)
-    cfg = json.loads((path / "config.json").read_text())
-    if cfg.get("_class_name") != "BQTransformer":
-        raise ConfigError(f"model: {path} holds a {cfg.get('_class_name')!r}, not a BQTransformer (policy bq_nco)")
-    module = BQTransformer(**{k: v for k, v in cfg.items() if not k.startswith("_")})
-    module.load_state_dict(load_file(str(path / "model.safetensors")))
-    return module
+    return load_config_module(BQTransformer, path, "bq_nco")[0]
 
 
 @POLICIES.register("bq_nco", check=_check)

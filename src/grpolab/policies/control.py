@@ -23,7 +23,6 @@ seed. The network (control/nets.py ``ControlActor``) is built from the first row
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +36,7 @@ from ..control.nets import ControlActor, agent_inputs
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, load_config_module, save_config_module
 
 BUILT_IN = ("mlp", "tiny")
 
@@ -50,21 +49,11 @@ def _check(cfg) -> None:
 
 
 def save_actor(module: ControlActor, path) -> None:
-    from safetensors.torch import save_file
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"_class_name": "ControlActor", **module.config}, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
-              str(path / "model.safetensors"))
+    save_config_module(module, path)
 
 
 def load_actor(path) -> ControlActor:
-    from safetensors.torch import load_file
-    path = Path(path)
-    cfg = json.loads((path / "config.json").read_text())
-    module = ControlActor(**{k: v for k, v in cfg.items() if not k.startswith("_")})
-    module.load_state_dict(load_file(str(path / "model.safetensors")))
-    return module
+    return load_config_module(ControlActor, path, "control")[0]
 
 
 @POLICIES.register("control", check=_check)

@@ -8,7 +8,6 @@ to the others), then cached (``images/cache.py``). Scenes and rewards: task ``to
 """
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ from ..generation.sampling import completion_counts
 from ..images import sde
 from ..images.cache import cached_build, pretraining
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, load_config_module, save_config_module
 from .flow_matching import check_image_policy, gaussian_step_outputs, row_noise
 
 WAYPOINTS = 8
@@ -139,22 +138,11 @@ def pretrain_planner(recipe: dict | None = None) -> tuple[PlannerDenoiser, list[
 
 
 def save_planner(model: PlannerDenoiser, path) -> None:
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({"_class_name": "PlannerDenoiser", **model.config}, indent=2) + "\n")
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
+    save_config_module(model, path)
 
 
 def load_planner(path) -> PlannerDenoiser:
-    from safetensors.torch import load_file
-
-    path = Path(path)
-    config = json.loads((path / "config.json").read_text())
-    model = PlannerDenoiser(**{k: v for k, v in config.items() if not k.startswith("_")})
-    model.load_state_dict(load_file(str(path / "model.safetensors")))
-    return model.eval()
+    return load_config_module(PlannerDenoiser, path, "ddpm_planner")[0].eval()
 
 
 def planner_model_path(log=print) -> Path:

@@ -18,7 +18,6 @@ Ornstein-Uhlenbeck noise); see control/mardpg.py for every choice.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from ..control.mardpg import RecurrentActors
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, load_config_module, save_config_module
 from .control import _check
 
 BUILT_IN = ("mlp", "tiny", "gru")
@@ -92,10 +91,7 @@ class MARDPGPolicy(PolicyBase):
             if not (path / "config.json").exists():
                 raise ConfigError(f"model: policy mardpg builds 'gru' (new actors) or loads a folder it saved; "
                                   f"{path} has no config.json")
-            from safetensors.torch import load_file
-            c = json.loads((path / "config.json").read_text())
-            module = RecurrentActors(**{k: v for k, v in c.items() if not k.startswith("_")})
-            module.load_state_dict(load_file(str(path / "model.safetensors")))
+            module, c = load_config_module(RecurrentActors, path, "mardpg")
             if (c["agents"], c["obs_dim"], c["act_dim"]) != (info.agents, info.obs_dim, info.act_dim):
                 raise ConfigError(f"model: {path} was saved for (agents, obs_dim, act_dim) = "
                                   f"{(c['agents'], c['obs_dim'], c['act_dim'])}; the rows' environment has "
@@ -103,12 +99,7 @@ class MARDPGPolicy(PolicyBase):
         return module.float()
 
     def save(self, module, path) -> None:
-        from safetensors.torch import save_file
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        (path / "config.json").write_text(json.dumps({"_class_name": "RecurrentActors", **module.config}) + "\n")
-        save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
-                  str(path / "model.safetensors"))
+        save_config_module(module, path)
 
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
