@@ -71,3 +71,25 @@ def test_the_speed_table_shows_the_precision_each_library_ran(precision, ran):
     table = bench.render(a, [], summ, 1e9, None, None, None, 1.0)
     assert f"| grpolab | {ran} |" in table and "| trl | float32 |" in table
     assert f"precision asked: {precision}" in table
+
+
+def test_the_step_breakdown_adds_up_and_is_rendered():
+    """The worker's parts (generation, training forward, backward, optimiser, other) sum to its mean step time;
+    the report shows each against its floor."""
+    a = bench._parser().parse_args(["--model", "tiny", "--prompts", "2", "--G", "2", "--max-new", "4", "--steps",
+                                    "2", "--warmup", "0", "--micro-batch", "2"])
+    res = bench._run_grpolab(a)
+    parts = res["parts"]
+    assert set(parts) == {"generation", "forward", "backward", "optimizer", "other"}
+    assert all(v >= 0 for k, v in parts.items() if k != "other"), parts
+    assert parts["forward"] > 0 and parts["optimizer"] > 0 and parts["generation"] > 0
+    assert abs(sum(parts.values()) - sum(res["step_s"]) / 2) < 1e-6 * max(1.0, sum(res["step_s"]))
+    # floors: 2 / 2 / 4 forward FLOPs of 10 MACs at 10 FLOP/s; AdamW 28 bytes x 5 params at 14 bytes/s
+    rows = bench.step_breakdown({"generation": 4.0, "forward": 2.0, "backward": 8.0, "optimizer": 1.0,
+                                 "other": 0.5}, macs=10.0, n_params=5, rate=10.0, bandwidth=14.0)
+    assert rows == [("generation", 4.0, 2.0), ("training forward", 2.0, 2.0), ("training backward", 8.0, 4.0),
+                    ("optimiser", 1.0, 10.0), ("other", 0.5, 0.0)]
+    summ = {"grpolab": bench._summary([res])}
+    table = bench.render(a, [], summ, 1e9, None, None, None, 1.0, breakdown=rows)
+    assert "| training backward | 8.00 | 52% | 4.00 | 2.0x |" in table and "| other | 0.50 | 3% | 0.00 | n/a |" in table
+    assert bench.step_flops(3, 2, 5, 2, 4) == 8 * bench.pass_macs(3, 2, 5, 2, 4) == 8 * (3 * (5 * 2 + 4) + 2 * 4)

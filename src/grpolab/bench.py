@@ -129,20 +129,53 @@ def cuda_matmul_flops_per_s(seconds: float = 1.0) -> float:
     return best
 
 
+def pass_macs(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:
+    """Multiply-accumulates of one pass over a step's tokens: the transformer body sees each prompt once (shared
+    prefix) and every completion token; the LM head (``head_params`` = vocab x hidden) is needed only where a
+    completion token is predicted. Attention's quadratic term is small at these lengths and left out."""
+    return body_params * (prompt_tokens * prompts + gen_tokens) + head_params * gen_tokens
+
+
 def step_flops(body_params: int, head_params: int, prompt_tokens: int, prompts: int, gen_tokens: float) -> float:
     """Minimal FLOPs of one GRPO step (the compute floor's numerator).
 
-    Forward = 2 FLOPs per parameter per token, backward = 4 more. The
-    transformer body sees each prompt once (shared prefix) and every
-    completion token; the LM head (``head_params`` = vocab x hidden) is
-    needed only where a completion token is predicted. Generation is one
-    forward of all of that, training one forward + backward. Attention's
-    quadratic term is small at these lengths and left out, so the floor is a
-    lower bound.
+    Forward = 2 FLOPs per multiply-accumulate of :func:`pass_macs`, backward = 4 more. Generation is one
+    forward, training one forward + backward, so the floor is a lower bound.
     """
-    ctx = prompt_tokens * prompts
-    per_pass = body_params * (ctx + gen_tokens) + head_params * gen_tokens
-    return 2 * per_pass + 6 * per_pass
+    return 8 * pass_macs(body_params, head_params, prompt_tokens, prompts, gen_tokens)
+
+
+# AdamW's memory traffic per parameter (float32): reads weight, gradient, two moments; writes weight, two moments
+ADAMW_BYTES_PER_PARAM = 7 * 4
+
+
+def memory_bandwidth(mb: int = 256, seconds: float = 0.5) -> float:
+    """This machine's memory bandwidth (bytes/s) for a large float32 copy (read + write counted), the floor's rate
+    for memory-bound parts (the optimiser step)."""
+    import torch
+
+    a = torch.ones(mb * 2 ** 20 // 4)
+    b = torch.empty_like(a)
+    b.copy_(a)
+    reps, best = 0, 0.0
+    t_end = time.perf_counter() + seconds
+    while reps < 3 or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        b.copy_(a)
+        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
+        reps += 1
+    return best
+
+
+def step_breakdown(parts: dict, macs: float, n_params: int, rate: float, bandwidth: float) -> list[tuple]:
+    """``[(part, seconds per step, floor seconds)]``: generation (rollout: sampling + scoring) against one
+    forward's FLOPs, the training forward and backward against 1x and 2x that, the optimiser against AdamW's memory
+    traffic over the measured bandwidth, and the rest (reference, advantages, bookkeeping) with no floor."""
+    return [("generation", parts["generation"], 2 * macs / rate),
+            ("training forward", parts["forward"], 2 * macs / rate),
+            ("training backward", parts["backward"], 4 * macs / rate),
+            ("optimiser", parts["optimizer"], ADAMW_BYTES_PER_PARAM * n_params / bandwidth),
+            ("other", parts["other"], 0.0)]
 
 
 # ------------------------------------------------------------------- workers
@@ -170,21 +203,54 @@ def _run_grpolab(a) -> dict:
     tied = tr.model.get_output_embeddings().weight is tr.model.get_input_embeddings().weight
     body = n_params - (head if tied else head + tr.model.get_input_embeddings().weight.numel())
     times, tokens = [], []
+    clock = {"forward": 0.0, "update": 0.0, "optimizer": 0.0}
+
+    def timed(key, fn):
+        def run(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                _sync(a.device)
+                clock[key] += time.perf_counter() - t
+        return run
+
+    # the breakdown's clocks: the training forward (micro-batch loss), the whole update, the optimiser step
+    tr.micro_batch_loss = timed("forward", tr.micro_batch_loss)
+    tr.update = timed("update", tr.update)
+    opt_t0 = [0.0]
+    tr.optimizer.register_step_pre_hook(lambda *_: (_sync(a.device), opt_t0.__setitem__(0, time.perf_counter())))
+    tr.optimizer.register_step_post_hook(
+        lambda *_: (_sync(a.device), clock.__setitem__("optimizer", clock["optimizer"] + time.perf_counter() - opt_t0[0])))
+    parts = {"generation": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0, "other": 0.0}
     with PeakRSS() as mem:
         for i in range(a.warmup + a.steps):
+            for k in clock:
+                clock[k] = 0.0
             t0 = time.perf_counter()
             m = tr.train_step()
             dt = time.perf_counter() - t0
             if i >= a.warmup:
                 times.append(dt)
                 tokens.append(m["completion_len_mean"] * a.prompts * a.G)
+                upd = clock["update"]
+                for k, v in (("generation", m["rollout_s"]), ("forward", clock["forward"]),
+                             ("backward", upd - clock["forward"] - clock["optimizer"]),
+                             ("optimizer", clock["optimizer"]), ("other", dt - m["rollout_s"] - upd)):
+                    parts[k] += v / a.steps
     enc = tr.tok.apply_chat_template(bench_prompts(1, a.prompt_words)[0]["prompt"], tokenize=True,
                                      add_generation_prompt=True)
     return {"lib": "grpolab", "step_s": times, "gen_tokens": tokens, "peak_rss": mem.peak,
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
             "body_params": body, "head_params": head,
             "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
-            "threads": torch.get_num_threads(), "precision": precision_label(tr.dtype)}
+            "threads": torch.get_num_threads(), "precision": precision_label(tr.dtype), "parts": parts}
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+        torch.cuda.synchronize()
 
 
 def _run_trl(a) -> dict:
@@ -411,16 +477,19 @@ def speed(argv: list[str]) -> int:
     rate = cuda_matmul_flops_per_s() if a.device == "cuda" else matmul_flops_per_s()
     summ = {lib: _summary(rs) for lib, rs in runs.items()}
     g = runs.get("grpolab", [None])[0]
-    floor = None
+    floor = breakdown = None
     if g is not None:
         toks = summ["grpolab"]["tokens_per_step"]
         floor = step_flops(g["body_params"], g["head_params"], g["prompt_tokens"], a.prompts, toks) / rate
+        parts = {k: statistics.mean(r["parts"][k] for r in runs["grpolab"]) for k in g["parts"]}
+        macs = pass_macs(g["body_params"], g["head_params"], g["prompt_tokens"], a.prompts, toks)
+        breakdown = step_breakdown(parts, macs, g["n_params"], rate, memory_bandwidth())
     scaling = _scaling(a) if a.scaling else None
     pg = prefix_grouper_timing(model=a.model) if a.prefix_grouper else None
     checks = None
     if a.engine_checks:
         checks = {"dtypes": dtype_matmul_rates(), "consistency": logprob_consistency(a.model, a.prompts, a.G, a.max_new)}
-    report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start, checks)
+    report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start, checks, breakdown)
     print(report)
     if a.out:
         Path(a.out).write_text(report)
@@ -446,7 +515,7 @@ def _cuda_name() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None) -> str:
+def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakdown=None) -> str:
     cmd = "grpolab bench speed " + " ".join(argv)
     lines = ["# Benchmarks", "",
              "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
@@ -482,6 +551,17 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None) -> str
         lines.append(f"- grpolab step time over the compute floor ({floor:.2f} s = the step's FLOPs / the measured "
                      f"matmul rate): **{summ['grpolab']['median_step_s'] / floor:.1f}x**")
     lines.append("")
+    if breakdown is not None:
+        total = sum(t for _, t, _ in breakdown)
+        lines += ["### Where grpolab's step goes", "",
+                  "Mean seconds per timed step over grpolab's runs, each part against its own floor (generation "
+                  "and the training forward: one forward's FLOPs over the matmul rate; backward: two forwards'; "
+                  "optimiser: AdamW's 28 bytes per parameter over the measured memory bandwidth):", "",
+                  "| part | seconds / step | share | floor (s) | part / floor |", "|---|---|---|---|---|"]
+        for name, t, fl in breakdown:
+            ratio = f"{t / fl:.1f}x" if fl > 0 else "n/a"
+            lines.append(f"| {name} | {t:.2f} | {t / max(total, 1e-12):.0%} | {fl:.2f} | {ratio} |")
+        lines.append("")
     if pg is not None:
         lines += ["## Prefix Grouper (shared-prefix training forward)", "",
                   "One group, 256-token prompt, G=8 completions of 32 tokens, forward + backward of the "
