@@ -19,7 +19,9 @@
 #       2. the GPU speed table, grpolab vs TRL GRPOTrainer (`grpolab bench speed --device cuda`) on a
 #          SmolLM2-shaped model built from its config (random weights; random weights rarely emit EOS, so
 #          completions run to the length cap: fixed-length generation), both libraries in bfloat16 autocast
-#          over float32 weights (`--precision bf16`); the table gives the precision each library actually ran.
+#          over float32 weights (`--precision bf16`); the table gives the precision each library actually ran,
+#          peak GPU memory, the floor at the GPU's bfloat16 matmul rate and where grpolab's step goes;
+#       3. vLLM as grpolab's generation engine, if the machine has vllm (it cannot be carried: see below).
 #
 # TRL_WHEELS: trl 1.16.0 requires accelerate>=1.10.1, datasets>=4.7.0, huggingface_hub, jinja2, numpy, packaging,
 # pandas, psutil, pyarrow, pyyaml, transformers; datasets 5.2.0 adds dill, filelock, fsspec, multiprocess, tqdm,
@@ -162,7 +164,29 @@ else
     failed+=("random SmolLM2-shaped model")
     echo "no speed table: the model folder $MODEL was not written completely (see above)" >> "$REPORT"
 fi
-rm -f "$REPORT.pytest" "$REPORT.pip" "$REPORT.trl" "$REPORT.bench"
+# vLLM as grpolab's generation engine: only if the machine has it. Its CUDA wheel and its dependencies are
+# hundreds of MB, far over the 64 MiB that can be carried, and the image does not hold it (2026-11-17 package
+# list), so on today's image this section says so and runs nothing.
+echo -e "\n## vLLM engine\n" >> "$REPORT"
+if VLLM_VERSION=$($PY -c "import vllm; print(vllm.__version__)" 2>/dev/null); then
+    left=$(( 450 - ($(date +%s) - start) ))
+    if [ $left -lt 60 ]; then
+        echo "vLLM $VLLM_VERSION is installed, but fewer than 60 s of the 8 minutes are left: not run." >> "$REPORT"
+    elif [ -f "$MODEL/model.safetensors" ] && timeout $left $PY -m grpolab bench speed --device cuda \
+        --precision bf16 --lib grpolab --model "$MODEL" --prompts 8 --G 8 --max-new 128 --micro-batch 16 \
+        --steps 2 --warmup 1 --rounds 1 --grpolab-set generation_engine=vllm --out /tmp/gpu_vllm.md \
+        > "$REPORT.vllm" 2>&1; then
+        echo "vLLM $VLLM_VERSION as grpolab's generation engine (grpolab only):" >> "$REPORT"
+        sed -n '/^| library/,/^$/p' /tmp/gpu_vllm.md >> "$REPORT"
+    else
+        failed+=("vLLM engine")
+        { echo '```'; tail -20 "$REPORT.vllm" 2>/dev/null; echo '```'; } >> "$REPORT"
+    fi
+else
+    echo "vLLM is not installed on this machine, and its CUDA wheel with its dependencies (hundreds of MB) does not" \
+         "fit the 64 MiB that can be carried: the vLLM engine was not run." >> "$REPORT"
+fi
+rm -f "$REPORT.pytest" "$REPORT.pip" "$REPORT.trl" "$REPORT.bench" "$REPORT.vllm"
 echo -e "\n(total $(( $(date +%s) - start )) s)" >> "$REPORT"
 if [ ${#failed[@]} -gt 0 ]; then
     echo -e "\n**Failed steps: ${failed[*]}**" >> "$REPORT"

@@ -93,3 +93,18 @@ def test_the_step_breakdown_adds_up_and_is_rendered():
     table = bench.render(a, [], summ, 1e9, None, None, None, 1.0, breakdown=rows)
     assert "| training backward | 8.00 | 52% | 4.00 | 2.0x |" in table and "| other | 0.50 | 3% | 0.00 | n/a |" in table
     assert bench.step_flops(3, 2, 5, 2, 4) == 8 * bench.pass_macs(3, 2, 5, 2, 4) == 8 * (3 * (5 * 2 + 4) + 2 * 4)
+
+
+def test_gpu_memory_column_only_when_both_report_it(monkeypatch):
+    a = bench._parser().parse_args(["--device", "cuda", "--precision", "bf16", "--grpolab-set",
+                                    "generation_engine=vllm"])
+    run = {"step_s": [2.0], "gen_tokens": [10.0], "peak_rss": 2 ** 30, "precision": "bfloat16 autocast"}
+    summ = {"grpolab": bench._summary([{**run, "peak_gpu": 2 ** 30}]),
+            "trl": bench._summary([{**run, "peak_gpu": 2 ** 31}])}
+    monkeypatch.setattr(bench, "_cuda_name", lambda: "fake GPU")  # no CUDA here: the machine line's name only
+    table = bench.render(a, [], summ, 1e12, None, None, None, 1.0)
+    assert "peak GPU memory (MB) |" in table and "| 1024 | 1024 |" in table and "| 1024 | 2048 |" in table
+    assert "peak GPU memory grpolab / TRL: **0.50**" in table
+    assert "measured bfloat16 matmul rate 1000.0 GFLOP/s" in table and "`generation_engine=vllm`" in table
+    cpu = {"grpolab": bench._summary([{**run, "peak_gpu": None}])}
+    assert "GPU memory" not in bench.render(bench._parser().parse_args([]), [], cpu, 1e9, None, None, None, 1.0)

@@ -109,13 +109,15 @@ def matmul_flops_per_s(seconds: float = 1.0) -> float:
                                                                       (1024, 1024, 1024)))
 
 
-def cuda_matmul_flops_per_s(seconds: float = 1.0) -> float:
-    """The CUDA device's float32 matrix-multiply rate (FLOP/s), same shapes as :func:`matmul_flops_per_s`."""
+def cuda_matmul_flops_per_s(seconds: float = 1.0, dtype=None) -> float:
+    """The CUDA device's matrix-multiply rate (FLOP/s) in ``dtype`` (float32 by default; bfloat16 for a bf16
+    run's floor, the rate its products can reach), same shapes as :func:`matmul_flops_per_s`."""
     import torch
 
+    dtype = dtype or torch.float32
     best = 0.0
     for m, k, n in ((2048, 576, 1536), (2048, 1536, 576), (1024, 1024, 1024)):
-        a, b = torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+        a, b = torch.randn(m, k, device="cuda", dtype=dtype), torch.randn(k, n, device="cuda", dtype=dtype)
         for _ in range(3):
             a @ b
         torch.cuda.synchronize()
@@ -219,9 +221,17 @@ def _run_grpolab(a) -> dict:
     tr.micro_batch_loss = timed("forward", tr.micro_batch_loss)
     tr.update = timed("update", tr.update)
     opt_t0 = [0.0]
-    tr.optimizer.register_step_pre_hook(lambda *_: (_sync(a.device), opt_t0.__setitem__(0, time.perf_counter())))
-    tr.optimizer.register_step_post_hook(
-        lambda *_: (_sync(a.device), clock.__setitem__("optimizer", clock["optimizer"] + time.perf_counter() - opt_t0[0])))
+
+    def before_step(*_):  # optimizer hooks must return None (a pre-hook's return value replaces the arguments)
+        _sync(a.device)
+        opt_t0[0] = time.perf_counter()
+
+    def after_step(*_):
+        _sync(a.device)
+        clock["optimizer"] += time.perf_counter() - opt_t0[0]
+
+    tr.optimizer.register_step_pre_hook(before_step)
+    tr.optimizer.register_step_post_hook(after_step)
     parts = {"generation": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0, "other": 0.0}
     with PeakRSS() as mem:
         for i in range(a.warmup + a.steps):
@@ -241,10 +251,19 @@ def _run_grpolab(a) -> dict:
     enc = tr.tok.apply_chat_template(bench_prompts(1, a.prompt_words)[0]["prompt"], tokenize=True,
                                      add_generation_prompt=True)
     return {"lib": "grpolab", "step_s": times, "gen_tokens": tokens, "peak_rss": mem.peak,
+            "peak_gpu": _peak_gpu(a.device),
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
             "body_params": body, "head_params": head,
             "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
             "threads": torch.get_num_threads(), "precision": precision_label(tr.dtype), "parts": parts}
+
+
+def _peak_gpu(device: str):
+    """Peak CUDA memory allocated by this process (bytes), or None on the CPU."""
+    if device != "cuda":
+        return None
+    import torch
+    return torch.cuda.max_memory_allocated()
 
 
 def _sync(device: str) -> None:
@@ -303,6 +322,7 @@ def _run_trl(a) -> dict:
     steps = [edges[i + 1] - edges[i] for i in range(len(marks))]
     ran = torch.bfloat16 if trainer.args.bf16 else torch.float16 if trainer.args.fp16 else model.dtype
     return {"lib": "trl", "step_s": steps[a.warmup:], "gen_tokens": tokens[a.warmup:], "peak_rss": mem.peak,
+            "peak_gpu": _peak_gpu(a.device),
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "threads": torch.get_num_threads(), "precision": precision_label(ran)}
 
@@ -382,7 +402,9 @@ def _summary(runs: list[dict]) -> dict:
     return {"median_step_s": med, "steps": len(steps), "tokens_per_step": statistics.mean(toks) if toks else None,
             "precision": ", ".join(sorted({r.get("precision", "not reported") for r in runs})),
             "gen_tok_per_s": (statistics.mean(toks) / med) if toks else None,
-            "peak_rss_mb": max(r["peak_rss"] for r in runs) / 2 ** 20}
+            "peak_rss_mb": max(r["peak_rss"] for r in runs) / 2 ** 20,
+            "peak_gpu_mb": (max(r["peak_gpu"] for r in runs) / 2 ** 20
+                            if all(r.get("peak_gpu") is not None for r in runs) else None)}
 
 
 def dtype_matmul_rates(seconds: float = 0.5) -> dict:
@@ -474,7 +496,10 @@ def speed(argv: list[str]) -> int:
     import torch
     if a.threads:
         torch.set_num_threads(a.threads)
-    rate = cuda_matmul_flops_per_s() if a.device == "cuda" else matmul_flops_per_s()
+    if a.device == "cuda":  # the floor at the rate of the precision the products ran in
+        rate = cuda_matmul_flops_per_s(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
+    else:
+        rate = matmul_flops_per_s()
     summ = {lib: _summary(rs) for lib, rs in runs.items()}
     g = runs.get("grpolab", [None])[0]
     floor = breakdown = None
@@ -523,27 +548,34 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"torch threads {a.threads or 'all'}; device {a.device}"
              f"{' (' + _cuda_name() + ')' if a.device == 'cuda' else ''}; "
-             f"measured float32 matmul rate {rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
+             f"measured {'bfloat16' if a.device == 'cuda' and a.precision == 'bf16' else 'float32'} matmul rate "
+             f"{rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
              f"{elapsed / 60:.1f} min.", "",
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
              f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
              f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
-             f"library ran: the table), beta 0, no vLLM, no gradient "
-             f"checkpointing; grpolab samples with `sampling_method: inverse_cdf`. {a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
+             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM; grpolab samples with "
+             f"`sampling_method: inverse_cdf`"
+             f"{'; grpolab settings ' + ', '.join(f'`{kv}`' for kv in a.grpolab_set) if a.grpolab_set else ''}. "
+             f"{a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
              f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
+    gpu = bool(summ) and all(s.get("peak_gpu_mb") is not None for s in summ.values())
     if summ:
         lines += ["| library | precision | median step (s) | generated tokens / step | generated tokens / s | "
-                  "peak RSS (MB) |", "|---|---|---|---|---|---|"]
+                  "peak RSS (MB) |" + (" peak GPU memory (MB) |" if gpu else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if gpu else "")]
     for lib, s in summ.items():
         tps = f"{s['gen_tok_per_s']:.1f}" if s["gen_tok_per_s"] else "n/a"
         tks = f"{s['tokens_per_step']:.0f}" if s["tokens_per_step"] else "n/a"
         lines.append(f"| {lib} | {s['precision']} | {s['median_step_s']:.2f} | {tks} | {tps} | "
-                     f"{s['peak_rss_mb']:.0f} |")
+                     f"{s['peak_rss_mb']:.0f} |" + (f" {s['peak_gpu_mb']:.0f} |" if gpu else ""))
     lines.append("")
     if "grpolab" in summ and "trl" in summ:
         g, t = summ["grpolab"], summ["trl"]
         lines += [f"- step time grpolab / TRL: **{g['median_step_s'] / t['median_step_s']:.2f}**",
                   f"- peak memory grpolab / TRL: **{g['peak_rss_mb'] / t['peak_rss_mb']:.2f}**"]
+        if gpu:
+            lines.append(f"- peak GPU memory grpolab / TRL: **{g['peak_gpu_mb'] / t['peak_gpu_mb']:.2f}**")
         if g["gen_tok_per_s"] and t["gen_tok_per_s"]:
             lines.append(f"- generated tokens per second grpolab / TRL: "
                          f"**{g['gen_tok_per_s'] / t['gen_tok_per_s']:.2f}**")
