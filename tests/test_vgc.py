@@ -151,6 +151,21 @@ def test_learned_policy_plays_and_updates(server):
     assert moved == (0 < h["train_win_rate"] < 1)
 
 
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_learned_policy_learns_the_super_effective_spread_move(server, seed):
+    """The learning test in the suite (``vgc.LEARNING_TEST``): team "fairy" (every Pokémon's move 1 is Dazzling
+    Gleam, super effective on every foe and hitting both; moves 2-4 are Psychic moves the Dark foes are immune
+    to) against poke-env's RandomPlayer with team "dark"; 8 iterations of 16 battles, lr 1e-2. The sampling
+    policy's win rate over 24 battles rises by at least 0.35. Measured on one shared server, this loaded 2-core
+    machine (before -> after; battles are not seedable, so 3 separate runs): seed 0 0.21 -> 0.88, 0.21 -> 1.00,
+    0.12 -> 0.88; seed 1 0.17 -> 0.92, 0.08 -> 0.71, 0.08 -> 0.92; seed 2 0.12 -> 1.00, 0.17 -> 0.96,
+    0.21 -> 1.00; seeds 3 and 4 (2 runs) 0.12 / 0.17 -> 0.92 and 0.21 / 0.12 -> 0.96; smallest rise 0.63.
+    59-70 s per seed in pytest (docs/control.md, VGC-Bench)."""
+    out = vgc.train_vgc(server.start(), seed=seed, log=lambda s: None, **vgc.LEARNING_TEST)
+    assert out["fallbacks"] == 0
+    assert out["after"] >= out["before"] + 0.35, out
+
+
 def test_server_stops_with_every_process_also_when_the_body_raises(server):
     pgid = server.proc.pid
     assert group_alive(pgid)

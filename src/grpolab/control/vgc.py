@@ -30,7 +30,9 @@ arXiv:2506.10326), seed 000-90. What is built here, at a size that runs on a CPU
   authors' ``calc_reward``). Trained against a fixed opponent (the authors' "exploiter" scheme) with the
   library's group-relative advantage: the battles of one iteration are one group, ``A_b = (r_b - mean r) /
   (std r + eps)`` (``group_zscore``) given to every decision of battle b, and the PPO clipped surrogate
-  (``clipped_ratio``) over ``epochs`` passes; no critic.
+  (``clipped_ratio``) over ``epochs`` passes; no critic. :data:`LEARNING_TEST` is a short setting of
+  :func:`train_vgc` for the test suite (two four-Pokémon teams where one move is clearly right; about a minute of
+  battles per seed); the documented default run (team A against team B, 25 iterations) is unchanged.
 
 Provenance: authors' code — https://github.com/cameronangliss/vgc-bench vgc_bench/src/callback.py (``Callback``:
 payoff matrix starts ``[[0.5]]``, ``update_payoff_matrix`` appends the column ``1 - win_rates`` and the row
@@ -46,8 +48,10 @@ the group-relative advantage instead of SB3 PPO's critic, and the budget are our
 server's ``gen9vgc2025regi`` with two teams written here (the authors use their Showdown fork's
 ``gen9championsvgc2026reg*`` formats and thousands of scraped teams, not available offline); teams are picked
 at random at team preview (the authors' default without ``choose_on_teampreview``); no behaviour cloning (it
-needs scraped replays), no LLM player. Test: tests/test_vgc.py::test_nash_rock_paper_scissors_is_uniform,
-tests/test_vgc.py::test_double_oracle_grows_like_the_authors.
+needs scraped replays), no LLM player; the test setting's teams (:data:`LEARNING_TEST`) are ours. Test:
+tests/test_vgc.py::test_nash_rock_paper_scissors_is_uniform,
+tests/test_vgc.py::test_double_oracle_grows_like_the_authors,
+tests/test_vgc.py::test_learned_policy_learns_the_super_effective_spread_move.
 """
 from __future__ import annotations
 
@@ -206,7 +210,108 @@ Adamant Nature
 - Bulk Up
 - Protect
 """,
+    # The learning test's pair (:data:`LEARNING_TEST`), four Pokémon each (legal: the format's minimum): every
+    # Pokémon of "fairy" has Dazzling Gleam as its first move (Fairy, hits both foes, super effective against
+    # every Pokémon of "dark", 4x on Roaring Moon and Hydreigon) and three Psychic moves, to which Dark types are
+    # immune (their tera type is Dark too, so a tera keeps the immunity); "dark" attacks with no protection.
+    "fairy": """
+Espathra
+Ability: Speed Boost
+Level: 50
+Tera Type: Fairy
+EVs: 4 HP / 252 SpA / 252 Spe
+Timid Nature
+- Dazzling Gleam
+- Psychic
+- Psyshock
+- Psybeam
+
+Gardevoir
+Ability: Trace
+Level: 50
+Tera Type: Fairy
+EVs: 4 HP / 252 SpA / 252 Spe
+Timid Nature
+- Dazzling Gleam
+- Psychic
+- Psyshock
+- Confusion
+
+Hatterene
+Ability: Magic Bounce
+Level: 50
+Tera Type: Fairy
+EVs: 4 HP / 252 SpA / 252 Spe
+Modest Nature
+- Dazzling Gleam
+- Psychic
+- Psyshock
+- Confusion
+
+Iron Valiant
+Ability: Quark Drive
+Level: 50
+Tera Type: Fairy
+EVs: 4 HP / 252 SpA / 252 Spe
+Timid Nature
+- Dazzling Gleam
+- Psychic
+- Psyshock
+- Psycho Cut
+""",
+    "dark": """
+Roaring Moon
+Ability: Protosynthesis
+Level: 50
+Tera Type: Dark
+EVs: 4 HP / 252 Atk / 252 Spe
+Jolly Nature
+- Iron Head
+- Crunch
+- Rock Slide
+- Dragon Claw
+
+Hydreigon
+Ability: Levitate
+Level: 50
+Tera Type: Dark
+EVs: 4 HP / 252 SpA / 252 Spe
+Timid Nature
+- Flash Cannon
+- Dark Pulse
+- Snarl
+- Heat Wave
+
+Chien-Pao
+Ability: Sword of Ruin
+Level: 50
+Tera Type: Dark
+EVs: 4 HP / 252 Atk / 252 Spe
+Jolly Nature
+- Sucker Punch
+- Icicle Crash
+- Crunch
+- Ice Shard
+
+Meowscarada
+Ability: Overgrow
+Level: 50
+Tera Type: Dark
+EVs: 4 HP / 252 Atk / 252 Spe
+Jolly Nature
+- Sucker Punch
+- Knock Off
+- Flower Trick
+- Shadow Claw
+""",
 }
+
+#: The learning test's setting (``train_vgc(server, seed=s, **LEARNING_TEST)``): the right decision is one move
+#: (move 1 of every Pokémon of team "fairy", action indices 7-11 / 87-91 of each slot) and a battle lasts a few
+#: turns, so the return rises within about a minute of battles. Uniform policy: win rate 0.08-0.25 against the
+#: random player with team "dark"; always Dazzling Gleam: 1.0 in 2-3 turns (docs/control.md, VGC-Bench).
+LEARNING_TEST = {"team": "fairy", "opponent_team": "dark", "iterations": 8, "battles_per_iteration": 16,
+                 "eval_battles": 24, "lr": 1e-2, "concurrent": 8}
 
 
 # ------------------------------------------------------------------ population schemes (no server needed)
@@ -518,9 +623,11 @@ def calc_reward(battle) -> float:
 
 def train_vgc(server, *, seed: int = 0, iterations: int = 10, battles_per_iteration: int = 16,
               eval_battles: int = 40, opponent: str = "random", lr: float = 3e-3, epochs: int = 2,
-              epsilon: float = 0.2, hidden: int = 64, concurrent: int = 4, log=print) -> dict:
+              epsilon: float = 0.2, hidden: int = 64, concurrent: int = 4, team: str = "A",
+              opponent_team: str = "B", log=print) -> dict:
     """Train a :class:`VGCPolicy` against a fixed ``opponent`` (one of :data:`PLAYER_KINDS`) for ``iterations``
-    of ``battles_per_iteration`` battles (team A against the opponent's team B); each iteration's battles are one
+    of ``battles_per_iteration`` battles (``team`` against the opponent's ``opponent_team``, keys of
+    :data:`TEAMS`); each iteration's battles are one
     group (``group_zscore`` of the terminal rewards), ``epochs`` passes of the clipped surrogate over all its
     decisions. Evaluates the sampling policy's win rate against the opponent over ``eval_battles`` battles before
     and after training. Returns ``{"before", "after", "history", "fallbacks", "policy"}``."""
@@ -530,8 +637,8 @@ def train_vgc(server, *, seed: int = 0, iterations: int = 10, battles_per_iterat
     policy = VGCPolicy(hidden)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     cls = policy_player_class()
-    me = make_player(cls, server, team="A", concurrent=concurrent, policy=policy, seed=seed)
-    opp = make_player(opponent, server, team="B", concurrent=concurrent)
+    me = make_player(cls, server, team=team, concurrent=concurrent, policy=policy, seed=seed)
+    opp = make_player(opponent, server, team=opponent_team, concurrent=concurrent)
     history = []
     try:
         before = play(me, opp, eval_battles)["win_rate"] if eval_battles else None
