@@ -61,7 +61,7 @@ def _forget_test_components():
 LONGEST_FIRST = ("test_training.py", "test_data_formats.py", "test_vision.py", "test_image_reliability.py",
                  "test_compare.py", "test_var_image.py", "test_ray_workers.py", "test_team.py", "test_dllm.py",
                  "test_ddpm_policy.py", "test_ar_image.py", "test_image_dgpo_vipo.py", "test_vllm_server.py",
-                 "test_vision_tools_avatar.py", "test_image_policies.py", "test_distributed.py")
+                 "test_vision_tools_avatar.py", "test_image_policies.py", "test_distributed.py", "test_vgc.py")
 
 
 def pytest_collection_modifyitems(config, items):
