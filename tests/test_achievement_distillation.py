@@ -1,7 +1,7 @@
 """Achievement distillation (update strategy ``achievement_distillation``, stages/achievement_distillation.py;
 seed 000-81) and the Crafter environment (control/gymenvs/crafter_env.py): goal extraction, the partial-OT
-matching, the contrastive and KL terms by hand, an aux phase that lowers its own losses, and Crafter through
-policy control."""
+matching, the contrastive and KL terms by hand, an aux phase that lowers its own losses, Crafter through
+policy control (and repeatable runs), and the Crafter return rising under the update strategy on 3 seeds."""
 import math
 
 import numpy as np
@@ -142,3 +142,62 @@ def test_crafter_through_policy_control():
     b = p.sample(m, rows, [0], num_generations=2, generator=torch.Generator().manual_seed(0))
     assert b.step_data["obs"].shape[-1] == 1213 and torch.equal(b.step_data["obs"][0, 0], b.step_data["obs"][1, 0])
     assert b.columns["episode_length"] == [12, 12]
+
+
+def test_crafter_runs_repeat_across_instances():
+    """Two instances, the same seeds and actions: the same observations for 300 steps in a 24 x 24 world.
+    Crafter alone (``crafter.Env._balance_chunk`` on the set of a chunk's creatures, ordered by memory address)
+    differed on both seeds when this test was written; the wrapper's ``_World`` sorts them by position."""
+    from grpolab.control.gymenvs.crafter_env import CrafterEnv
+    envs = [CrafterEnv(area=24, length=300) for _ in range(2)]
+    for seed in (0, 1):
+        runs = []
+        for env in envs:
+            env.reset(seed=seed)
+            rng, seq = np.random.default_rng(seed), []
+            for _ in range(300):
+                o, _, term, trunc, _ = env.step(int(rng.integers(17)))
+                seq.append(o)
+                if term or trunc:
+                    break
+            runs.append(np.stack(seq))
+        assert runs[0].shape == runs[1].shape and np.array_equal(runs[0], runs[1]), seed
+
+
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_achievement_distillation_raises_the_crafter_return(tmp_path, seed):
+    """The recipe's components (policy control, control_gae, the clipped ratio, update strategy
+    achievement_distillation) through the Trainer on a small real Crafter: 16 x 16 worlds, 50-step episodes,
+    8 seeded train worlds, 8 episodes per step, 16 steps (6400 environment steps), and an aux phase every 5
+    steps (steps 5, 10, 15; 1 epoch, 2 matching targets per source episode). It differs from the recipe (a
+    32 x 32 world, 200 steps, 2 x 256 actor, lr 3e-4, aux every 8 steps, 6 epochs, 16 targets) to fit the
+    suite: a 2 x 64 actor at lr 1e-3.
+
+    Asserted: the mean training return (Crafter's reward: +1 per achievement unlocked first in the episode,
+    +-0.1 per health point) of the last 4 steps' 32 episodes exceeds that of the first 4 steps' by 0.4. The
+    training return (the sampled policy PPO optimises), not the held-out greedy return: the argmax of a barely
+    trained actor repeats one action, so the greedy return is a step (0 -> 1.0 on 4 held-out worlds for each
+    of seeds 0-4 in the same runs), not a measure of how much was learned. Measured (one thread; first 4 ->
+    last 4 steps): seed 0 0.78 -> 1.69, seed 1 0.74 -> 1.86, seed 2 0.78 -> 1.90, seed 3 0.94 -> 1.96, seed 4
+    0.62 -> 1.46 (smallest rise 0.84); the achievement steps per episode rose with it (e.g. seed 0 0.84 -> 1.81).
+    Crafter's runs repeat exactly (crafter_env.py's ``_World``), so these figures are reproducible."""
+    import json
+
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides("achievement_distillation"), "seed": seed, "steps": 16,
+                        "control_env_kwargs": {"area": 16, "length": 50}, "max_completion_length": 50,
+                        "control_train_starts": 8, "control_eval_starts": 0, "prompts_per_step": 8,
+                        "control_hidden": 64, "learning_rate": 1e-3, "ad_aux_freq": 5, "ad_aux_epochs": 1,
+                        "ad_match_targets": 2, "save_steps": 100, "stall_steps": 0, "threads": 1,
+                        "out": str(tmp_path / "run")})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    ms = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(ms) == 16
+    aux = [m for m in ms if "ad/pred_loss" in m]
+    assert [m["step"] for m in aux] == [5, 10, 15] and all(m["ad/match_pairs"] > 0 for m in aux), aux
+    r = [m["reward_mean"] for m in ms]
+    first, last = sum(r[:4]) / 4, sum(r[-4:]) / 4
+    assert last > first + 0.4, (first, last, r)

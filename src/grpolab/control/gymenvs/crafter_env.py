@@ -16,10 +16,18 @@ unlocked so far in the episode. Keyword arguments:
 
 ``reset(seed=s)`` generates the world from ``s`` (Crafter's world seed is ``hash((seed, episode))``; the
 episode counter is reset with it), so the same seed gives the same world. World generation (pure-Python
-simplex noise) costs seconds, so the generated state of each seed is cached (``cache`` seeds, default 64, the
-oldest dropped first) and a later reset with that seed restores a copy: the same start state. (Later steps
-need not repeat exactly: Crafter iterates sets of objects, whose order depends on object ids, when it moves
-creatures, so its random stream is consumed in another order.)
+simplex noise, ``opensimplex``) is the cost: measured on one core, 0.1-0.2 s for a 16 x 16 world, 0.3 s for
+24 x 24, 0.5 s for 32 x 32 and about 2 s for 64 x 64, against 0.3-2 ms for a step (the step grows with the
+world: Crafter updates every object of the world each step). So the generated state of each (constructor
+arguments, seed) is cached for the whole process (``WORLDS``, shared by every instance: policy control keeps
+one instance per episode of a batch, and each would otherwise generate every world again), at most ``cache``
+entries (default 64, the oldest dropped first), and a later reset with that seed restores a copy (a deep copy,
+about 2 ms): the same start state. Later steps repeat too, from one process to the next: Crafter keeps each
+chunk's creatures in a ``set`` (ordered by object ids, i.e. memory addresses) and despawns
+``creatures[random.randint(len(creatures))]`` of it, so the same random draw removed another creature in
+another run; the wrapper's world (``_World``, a subclass of ``crafter.Env``) hands each chunk's creatures to
+Crafter's own balancing sorted by position instead. The same game (a uniformly drawn creature is removed),
+drawn in an order that does not depend on memory addresses.
 """
 from __future__ import annotations
 
@@ -32,6 +40,18 @@ from crafter import constants
 from gymnasium import spaces
 
 VIEW_W, VIEW_H = 9, 7
+
+class _World(crafter.Env):
+    """``crafter.Env`` whose creature balancing sees each chunk's creatures sorted by position (module
+    docstring: a set's order would make runs differ)."""
+
+    def _balance_chunk(self, chunk, objs):
+        super()._balance_chunk(chunk, sorted(objs, key=lambda o: (int(o.pos[0]), int(o.pos[1]))))
+
+
+#: The generated start states, ``{(area, size, length, seed): crafter.Env}``, shared by every instance (module
+#: docstring); insertion-ordered, so the oldest entry is dropped first.
+WORLDS: dict = {}
 
 
 class CrafterEnv(gym.Env):
@@ -46,8 +66,8 @@ class CrafterEnv(gym.Env):
         if obs == "pixels" and size < 27:
             raise ValueError(f"grpolab/Crafter-v0: size >= 27 for obs 'pixels' (Crafter draws a 9 x 9 grid of "
                              f"textures), got {size}")
-        self.mode, self.cache_size, self.cache = obs, int(cache), {}
-        self.env = crafter.Env(area=(area, area), size=(size, size), length=length, seed=0)
+        self.mode, self.cache_size, self.key = obs, int(cache), (int(area), int(size), int(length))
+        self.env = _World(area=(area, area), size=(size, size), length=length, seed=0)
         self.n_ids = 1 + len(constants.materials) + 6  # None, the materials, 6 object kinds (SemanticView)
         self.n_items = len(constants.items)
         if obs == "semantic":
@@ -74,19 +94,20 @@ class CrafterEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        if seed is not None and int(seed) in self.cache:
-            self.env = copy.deepcopy(self.cache[int(seed)])
+        key = None if seed is None else (*self.key, int(seed))
+        if key is not None and key in WORLDS:
+            self.env = copy.deepcopy(WORLDS[key])
             if self.mode == "semantic":
                 self.env._obs = lambda: None
             return self._observe(self.env._obs() if self.mode == "pixels" else None), {"achievements_unlocked": 0}
         if seed is not None:
             self.env._seed, self.env._episode = int(seed), 0
         pixels = self.env.reset()
-        if seed is not None and self.cache_size > 0:
-            if len(self.cache) >= self.cache_size:
-                self.cache.pop(next(iter(self.cache)))
+        if key is not None and self.cache_size > 0:
+            while len(WORLDS) >= self.cache_size:
+                WORLDS.pop(next(iter(WORLDS)))
             saved = self.env.__dict__.pop("_obs", None)
-            self.cache[int(seed)] = copy.deepcopy(self.env)
+            WORLDS[key] = copy.deepcopy(self.env)
             if saved is not None:
                 self.env._obs = saved
         return self._observe(pixels), {"achievements_unlocked": 0}
