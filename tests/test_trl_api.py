@@ -371,6 +371,43 @@ def test_trainer_arguments_grpolab_does_not_support_are_errors(tmp_path):
         GRPOTrainer(model="tiny", reward_funcs=fn, args=args, train_dataset=[])
 
 
+# --------------------------------------------------------------------------- steps_per_generation
+SPG = [  # (GRPOConfig fields, grpolab steps_per_generation or None = not set). TRL (grpo_config.py __post_init__,
+    # one process): generation_batch_size = per_device_train_batch_size x steps_per_generation completions;
+    # steps_per_generation counts micro-batches, gradient_accumulation_steps of them make one optimiser step
+    ({"per_device_train_batch_size": 8, "num_generations": 4}, None),  # TRL default: steps_per_generation = GA
+    ({"per_device_train_batch_size": 8, "num_generations": 4, "steps_per_generation": 4}, 4),  # 4 / GA 1
+    ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2, "num_generations": 4,
+      "steps_per_generation": 8}, 4),  # 8 micro-batches = 4 optimiser steps of 2
+    ({"per_device_train_batch_size": 8, "num_generations": 4, "generation_batch_size": 32}, 4),  # 32 / 8 = 4
+    ({"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4, "num_generations": 4,
+      "steps_per_generation": 2}, 1),  # TRL generates twice per optimiser step, with the same weights
+]
+
+
+@pytest.mark.parametrize("fields,expected", SPG)
+def test_steps_per_generation_and_generation_batch_size_map_onto_optimiser_steps(fields, expected):
+    ov = to_grpolab(GRPOConfig(**fields))
+    assert ov.get("steps_per_generation") == expected
+    assert ov["prompts_per_step"] == fields["per_device_train_batch_size"] * fields.get(
+        "gradient_accumulation_steps", 1) // fields["num_generations"]
+    assert Config.build(ov).steps_per_generation == (expected or 1)
+
+
+@pytest.mark.parametrize("fields,word", [
+    ({"steps_per_generation": 2, "generation_batch_size": 16}, "both configured"),  # TRL's own refusal
+    ({"per_device_train_batch_size": 8, "generation_batch_size": 12}, "multiple of per_device_train_batch_size"),
+    ({"per_device_train_batch_size": 2, "num_generations": 2, "gradient_accumulation_steps": 2,
+      "steps_per_generation": 3}, "multiple or a divisor of gradient_accumulation_steps"),
+    ({"per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "num_generations": 4,
+      "steps_per_generation": 1}, "divisible by num_generations"),  # 2 x 1 completions: no whole group of 4
+    ({"steps_per_generation": 0}, "steps_per_generation must be >= 1"),
+])
+def test_steps_per_generation_errors_name_the_fields(fields, word):
+    with pytest.raises(ConfigError, match=word):
+        to_grpolab(GRPOConfig(**fields))
+
+
 # --------------------------------------------------------------------------- docs and import cost
 def test_docs_list_every_supported_field_and_loss_type():
     doc = (ROOT / "docs" / "python_api.md").read_text()

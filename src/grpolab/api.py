@@ -44,6 +44,12 @@ TRL_FIELDS: dict[str, tuple[str, Any]] = {
     "gradient_accumulation_steps": ("see per_device_train_batch_size (grpolab accumulates every micro-batch of "
                                     "the step; the loss is normalised once per step)", 1),
     "num_generations": ("num_generations (G)", 8),
+    "steps_per_generation": ("steps_per_generation = TRL's steps_per_generation / gradient_accumulation_steps "
+                             "(TRL counts micro-batches, grpolab optimiser steps; 1 when it divides "
+                             "gradient_accumulation_steps); not with generation_batch_size", NO_DEFAULT),
+    "generation_batch_size": ("completions per generation call: TRL's steps_per_generation = "
+                              "generation_batch_size / per_device_train_batch_size, then as steps_per_generation; "
+                              "a multiple of per_device_train_batch_size and of num_generations", NO_DEFAULT),
     "max_steps": ("steps (<= 0: ceil(num_train_epochs x rows / prompts_per_step), as TRL)", -1),
     "num_train_epochs": ("only when max_steps <= 0: steps = ceil(num_train_epochs x rows / prompts_per_step)", 3.0),
     "loss_type": ("policy_loss + loss_aggregation (LOSS_TYPES)", "dapo"),
@@ -102,7 +108,7 @@ for _name in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_ne
 # TRL GRPOConfig / TrainingArguments fields grpolab has no equivalent for: setting one is an error naming it.
 TRL_UNSUPPORTED = frozenset("""
 model_init_kwargs disable_dropout cast_lm_head_to_fp32 shuffle_dataset num_generations_eval ds3_gather_for_generation
-generation_batch_size steps_per_generation min_p generation_kwargs chat_template_kwargs repetition_penalty
+min_p generation_kwargs chat_template_kwargs repetition_penalty
 use_transformers_paged cache_implementation vllm_model_impl vllm_structured_outputs_regex vllm_server_base_url
 vllm_server_host vllm_server_port vllm_server_timeout vllm_group_port vllm_tensor_parallel_size vllm_enable_sleep_mode
 vllm_importance_sampling_correction vllm_importance_sampling_mode vllm_max_model_length vllm_guided_decoding_regex
@@ -206,6 +212,35 @@ class GRPOConfig:
         return f"GRPOConfig({', '.join(f'{k}={v!r}' for k, v in self._fields.items())})"
 
 
+def _steps_per_generation(given: dict, bs: int, ga: int, g: int) -> int | None:
+    """grpolab's ``steps_per_generation`` (optimiser steps per generation call) for TRL's ``steps_per_generation``
+    / ``generation_batch_size`` (micro-batches / completions per generation call; one process), with TRL's
+    ``GRPOConfig.__post_init__`` checks; None when neither is given (TRL's default: one call per optimiser step)."""
+    spg, gbs = given.get("steps_per_generation"), given.get("generation_batch_size")
+    if spg is None and gbs is None:
+        return None
+    if spg is not None and gbs is not None:
+        raise ConfigError("GRPOConfig: generation_batch_size and steps_per_generation can not be both configured "
+                          "at the same time (TRL refuses it too); give one")
+    if gbs is not None:
+        if int(gbs) < 1 or int(gbs) % bs:
+            raise ConfigError(f"GRPOConfig: generation_batch_size ({gbs}) must be a positive multiple of "
+                              f"per_device_train_batch_size ({bs}) (TRL: of the global batch size)")
+        spg = int(gbs) // bs
+    spg = int(spg)
+    if spg < 1:
+        raise ConfigError(f"GRPOConfig: steps_per_generation must be >= 1, got {spg}")
+    if (bs * spg) % g:
+        raise ConfigError(f"GRPOConfig: generation_batch_size ({bs * spg} = per_device_train_batch_size x "
+                          f"steps_per_generation) must be divisible by num_generations ({g}) (TRL requires it too)")
+    if spg % ga == 0:
+        return spg // ga
+    if ga % spg == 0:  # TRL generates several times within one optimiser step, all with the same weights
+        return 1
+    raise ConfigError(f"GRPOConfig: steps_per_generation ({spg} micro-batches) must be a multiple or a divisor of "
+                      f"gradient_accumulation_steps ({ga}): grpolab generates for whole optimiser steps")
+
+
 def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     """The grpolab config overrides that ``args`` means (TRL defaults apply to TRL fields not given)."""
     given = args.to_dict()
@@ -245,6 +280,9 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     if any(has(k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations")):
         out["prompts_per_step"] = bs * ga // g
         out["micro_batch_size"] = bs
+    spg = _steps_per_generation(given, bs, ga, g)
+    if spg is not None:
+        out["steps_per_generation"] = spg
     if int(val("max_steps")) > 0:
         out["steps"] = int(val("max_steps"))
 

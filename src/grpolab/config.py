@@ -30,10 +30,15 @@ from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, C
                        declared_params, replaced_key_note)
 
 
+def _switched_on(value) -> bool:
+    """A switch field selects its component: a bool when true, a count (``steps_per_generation``) above 1."""
+    return value is True or (not isinstance(value, bool) and isinstance(value, int) and value > 1)
+
+
 def _f(default, help: str, choices: Any = None, switch: Registry | None = None):
     """A core config field with its help text and (optional) choices: a list, or a Registry (``many``: a list
     of names from it). ``switch``: a bool field whose ``true`` selects the registry's component named like
-    the field (the registry's key)."""
+    the field (the registry's key), or a count field (int, default 1) whose value above 1 selects it."""
     kw = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
     return field(metadata={"help": help, "choices": choices, "switch": switch}, **kw)
 
@@ -100,6 +105,14 @@ class Config:
                                 switch=COLLECTORS)
     off_policy_refresh_steps: int = _f(1, "rollouts come from a policy snapshot refreshed every N steps "
                                           "(1 = on-policy; Off-policy GRPO, 000-07)")
+    steps_per_generation: int = _f(1, "optimiser steps one generation call serves (TRL GRPOConfig "
+                                      "steps_per_generation, counted there in micro-batches): every K steps, K x "
+                                      "prompts_per_step prompts are decoded together (K x the rows per decode "
+                                      "step), scored, split into K step batches in sampler order and trained one "
+                                      "per step with the behaviour log-probs of generation time (later steps of "
+                                      "the window are up to K-1 updates off-policy; the clipped ratio corrects "
+                                      "them); 1 = generate every step (the collector grpolab/stages/collectors.py)",
+                                   switch=COLLECTORS)
     micro_batch_size: int = _f(8, "rows per forward/backward (gradient accumulation inside a step)")
     micro_batch_tokens: int = _f(0, "also close a micro-batch before its padded size (rows x (prompt + "
                                     "completion) tokens) exceeds this (0 = rows only)")
@@ -329,7 +342,7 @@ class Config:
         out = []
         for f in dataclasses.fields(self):
             switch = f.metadata.get("switch")
-            if switch is not None and getattr(self, f.name):
+            if switch is not None and _switched_on(getattr(self, f.name)):
                 out.append((f"{switch.kind}/{f.name}", switch.get(f.name)))
             choices = f.metadata.get("choices")
             many = isinstance(choices, tuple)
@@ -381,7 +394,7 @@ class Config:
             if p is not None and p.choices is not None and value not in p.choices:
                 raise ConfigError(f"{key}: '{value}' is not valid; valid values: {', '.join(map(str, p.choices))} "
                                   f"({p.help})")
-        positive = ["off_policy_refresh_steps", "steps", "prompts_per_step",
+        positive = ["off_policy_refresh_steps", "steps_per_generation", "steps", "prompts_per_step",
                     "num_generations", "num_iterations", "micro_batch_size", "max_completion_length",
                     "max_prompt_length", "save_steps", "eval_batch_size"]
         for name in positive:

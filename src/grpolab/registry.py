@@ -159,7 +159,9 @@ class Registry(Generic[T]):
         or None for a registry no config key selects from."""
         if self.key is None:
             return None
-        return f"{self.key}: true" if self.switch else f"{self.key}: {name}"
+        if self.switch:  # the field named like the component: a bool, or a count above 1 (steps_per_generation)
+            return f"{self.key}: true" if name == self.key else f"{name}: 2 or more"
+        return f"{self.key}: {name}"
 
     def split(self, name: str) -> tuple[str, str | None]:
         """``(registered name, rest)``: ``("rg:", "chain_sum")`` for a prefix entry, else ``(name, None)``."""
@@ -226,7 +228,8 @@ ROLLOUT_STRATEGIES: Registry = Registry("rollout strategy", "rollout_strategy")
 BATCH_STAGES: Registry = Registry("batch stage", "batch_stages")
 UPDATE_STRATEGIES: Registry = Registry("update strategy", "update_strategy")
 # how a step's batch is gathered when one rollout round is not enough (grpolab/stages/collectors.py);
-# `dynamic_sampling: true` selects the component of that name (DAPO)
+# `dynamic_sampling: true` selects the component of that name (DAPO), `steps_per_generation: K` (K > 1) the
+# one that decodes K steps' prompts in one call
 COLLECTORS: Registry = Registry("collector", "dynamic_sampling", switch=True)
 # the model being trained and how it acts (grpolab/policies/): the causal LM by default
 POLICIES: Registry = Registry("policy", "policy")

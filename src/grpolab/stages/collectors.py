@@ -4,12 +4,14 @@ Without a collector the trainer runs one round: ``prompts_per_step`` prompts,
 their completions, their rewards. A collector (``COLLECTORS``) replaces that
 round by a loop of its own; the built-in one, DAPO's dynamic sampling, is
 switched on by ``dynamic_sampling: true`` (the switch is named like the
-component, registry.py's ``switch`` registries). It is called with
+component, registry.py's ``switch`` registries); ``steps_per_generation: K``
+(K > 1) switches on the one that decodes K steps' prompts in one call. It is
+called with
 
 * ``generate(n) -> (batch, reward-call errors)``: ``n`` prompts drawn from the
   sampler, their completions scored (``batch.rewards`` [R, K] set);
 * ``scalar(batch) -> [R]``: the combined reward (weights, then reward transforms);
-* ``prompts_per_step``, ``step``, ``log`` and ``pad_id``;
+* ``prompts_per_step``, ``step``, ``log``, ``pad_id`` and ``ctx`` (the rollout context);
 
 and returns ``(batch or None, errors, stats)``: ``None`` when no group is
 kept (the trainer skips the step), ``stats`` are logged with the step.
@@ -128,3 +130,99 @@ class DynamicSampling:
         if not kept:
             return None, errors, stats
         return RolloutBatch.concat(kept, pad_id=pad_id), errors, stats
+
+
+def _check_steps_per_generation(cfg) -> None:
+    """Settings one generation call for several steps cannot work with, refused before the run starts."""
+    k = cfg.steps_per_generation
+    if cfg.dynamic_sampling:
+        raise ConfigError(f"steps_per_generation: {k} with dynamic_sampling: true is not supported (both gather "
+                          f"the step's batch: dynamic sampling refills one step's batch round by round, "
+                          f"steps_per_generation serves K steps from one call); use one of them "
+                          f"(steps_per_generation: 1, or dynamic_sampling: false)")
+    if cfg.async_rollouts:
+        raise ConfigError(f"steps_per_generation: {k} with async_rollouts: true is not supported (the workers "
+                          f"sample one step's prompts ahead; a window of K steps is already generated ahead); set "
+                          f"steps_per_generation: 1 or async_rollouts: false")
+    if getattr(cfg, "rollout_seeding", "batch") == "group":
+        raise ConfigError(f"steps_per_generation: {k} with rollout_seeding: group decodes one group at a time, so "
+                          f"no decode step sees more rows than without it; use rollout_seeding: batch, or "
+                          f"steps_per_generation: 1")
+
+
+@COLLECTORS.register("steps_per_generation", check=_check_steps_per_generation)
+class StepsPerGeneration:
+    """One generation call for K optimiser steps: decode K x prompts_per_step prompts together, train K steps.
+
+    At a step whose queue is empty the collector draws ``K x prompts_per_step``
+    prompts (``K = steps_per_generation``) in one ``generate`` call, so every
+    decode step runs over ``K x prompts_per_step x G`` rows and each weight
+    streamed from memory serves K times the rows. The scored batch is split into
+    K step batches of ``prompts_per_step`` whole groups each, in sampler order
+    (groups renumbered 0..P-1, as a plain step's), queued, and served one per
+    step. Each keeps the behaviour log-probs of generation time, so the batch
+    trained at position ``j`` of the window (``j = 0..K-1``) was sampled ``j``
+    updates ago and its first ratio is
+
+        rho_t = pi_theta_{s+j}(o_t) / pi_theta_s(o_t)
+
+    which the policy loss's clip corrects (the off-policy ratio of PPO's
+    surrogate). K = 1 is the plain path (the collector is not built). The queue
+    is component state: a checkpoint taken mid-window resumes it bit for bit.
+
+    Differences from TRL: TRL computes advantages over the whole generation
+    batch and shuffles its rows before splitting; grpolab splits whole groups in
+    sampler order and computes advantages per step batch (equal for the group
+    estimators; a batch-wide statistic such as ``group_mean_batch_std`` sees one
+    step batch). TRL regenerates after a resume (its buffer is not saved);
+    grpolab resumes the queue. A sampler that learns from ``feedback`` sees a
+    window's outcomes one step at a time, after the window's prompts were drawn.
+
+    Provenance: authors' code — https://github.com/huggingface/trl, trl/trainer/grpo_config.py
+    (``steps_per_generation``, ``generation_batch_size``: ``__post_init__`` sets generation_batch_size =
+    per_device_train_batch_size x num_processes x steps_per_generation, refuses both set together, and needs
+    generation_batch_size divisible by num_generations) and trl/trainer/grpo_trainer.py (``_prepare_inputs``:
+    generate every ``steps_per_generation x num_iterations`` micro-steps, shuffle, split into
+    ``steps_per_generation`` buffered slices, old log-probs from generation time); TRL counts micro-batches, grpolab
+    optimiser steps (api.py maps one onto the other). verl's equivalent is a PPO mini-batch smaller than the
+    train batch (``actor.ppo_mini_batch_size`` < ``data.train_batch_size``: several optimiser steps per
+    generated batch). Test:
+    tests/test_steps_per_generation.py::test_k2_serves_the_plain_path_prompts_in_order_from_one_call_of_k_x_the_rows.
+    """
+
+    def __init__(self, *, steps_per_generation: int):
+        self.k = int(steps_per_generation)
+        self.queue: list[RolloutBatch] = []  # the window's step batches not yet trained, in order
+        self.served = 0  # step batches of the current window served so far (its staleness in updates)
+
+    def split(self, batch: RolloutBatch, prompts_per_step: int) -> list[RolloutBatch]:
+        """``batch``'s groups in order, ``prompts_per_step`` whole groups per step batch, each renumbered from 0."""
+        groups = torch.unique(batch.group_ids)  # sorted: the sampler's order (ids follow the drawn prompts)
+        out = []
+        for first in range(0, len(groups), prompts_per_step):
+            chunk = groups[first:first + prompts_per_step]
+            part = batch.select(torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1))
+            part.group_ids = torch.unique(part.group_ids, return_inverse=True)[1]
+            out.append(part)
+        return out
+
+    def __call__(self, generate, prompts_per_step: int, ctx=None):
+        generated, errors = 0, 0
+        if not self.queue:
+            batch, errors = generate(self.k * prompts_per_step)  # one call: K x the rows per decode step
+            if batch is None:  # the rollout strategy had nothing to train on: the step is skipped
+                return None, errors, {"steps_per_generation/rows_generated": 0}
+            generated, self.served = batch.num_rows, 0
+            self.queue = self.split(batch, prompts_per_step)
+        elif ctx is not None:  # this step's group ids, as a plain step's (a stage's own groups come after them)
+            ctx.allocate_groups(len(torch.unique(self.queue[0].group_ids)))
+        stats = {"steps_per_generation/rows_generated": generated,
+                 "steps_per_generation/staleness": self.served}  # updates since the window was generated
+        self.served += 1
+        return self.queue.pop(0), errors, stats
+
+    def state_dict(self) -> dict:
+        return {"queue": list(self.queue), "served": self.served}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.queue, self.served = list(state["queue"]), int(state["served"])

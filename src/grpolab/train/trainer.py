@@ -273,10 +273,13 @@ class Trainer:
         self.ref_wants = frozenset(n[4:] for n in asked if n.startswith("ref_") and n[4:] in self.policy.offers())
         self.scorer = BatchScorer(RewardScorer(self.rewards, log=self.log, timeout=cfg.reward_timeout),
                                   self.reward_transforms)
-        # DAPO dynamic sampling (grpolab/stages/collectors.py); None: one rollout round per step
+        # DAPO dynamic sampling, or one generation call for steps_per_generation steps (grpolab/stages/
+        # collectors.py); None: one rollout round per step
         self.collector = (Component(COLLECTORS.get("dynamic_sampling"), cfg, "dynamic_sampling",
                                     reward_names=list(self.scorer.names), accuracy_reward=self.accuracy_reward)
                           if cfg.dynamic_sampling else None)
+        if cfg.steps_per_generation > 1:
+            self.collector = Component(COLLECTORS.get("steps_per_generation"), cfg, "steps_per_generation")
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
         self.components.update({f"reward/{c.name}": c for c in self.reward_transforms})
@@ -540,7 +543,7 @@ class Trainer:
             return batch, errors, {}
         return self.collector(generate=self.generate, scalar=lambda b: self.scorer.scalar(b, step=self.step),
                               prompts_per_step=self.cfg.prompts_per_step, step=self.step, log=self.log,
-                              pad_id=self.policy.pad_id)
+                              pad_id=self.policy.pad_id, ctx=self.ctx)
 
     def compute_advantages(self, batch) -> torch.Tensor:
         """Advantages ``[R, T]`` of a batch with ``scalar_rewards`` (estimator, then weightings; zero off the

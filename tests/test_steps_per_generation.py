@@ -1,0 +1,151 @@
+"""steps_per_generation: one generation call for K optimiser steps (stages/collectors.py StepsPerGeneration),
+checked against the plain path (one call per step)."""
+import copy
+
+import pytest
+import torch
+
+from grpolab.config import Config, ConfigError
+from grpolab.registry import COLLECTORS
+from grpolab.train.metrics import read_metrics
+from grpolab.train.trainer import Trainer
+
+TIMING = {"rollout_s", "train_s", "tokens_per_s", "peak_rss_mb", "train_seconds_total"}  # wall-clock, process-wide
+
+
+def _trainer(args, **kw):
+    return Trainer(Config.build(args), log=lambda *a: None, **kw)
+
+
+def _spy(t, seen):
+    """Wrap ``t.collect``: record each served batch (a copy, before the step changes it)."""
+    collect = t.collect
+
+    def spy():
+        out = collect()
+        seen.append(copy.deepcopy(out[0]))
+        return out
+
+    t.collect = spy
+
+
+def _groups(batch):
+    """The batch's prompt uids, one per group, in group order."""
+    return [int(batch.prompt_uids[batch.group_ids == g][0]) for g in torch.unique(batch.group_ids)]
+
+
+def test_k1_is_the_plain_path(tiny_args, tmp_path):
+    """steps_per_generation 1 builds no collector and logs the same metrics as a run without the key."""
+    a = _trainer({**tiny_args, "steps": 2, "out": str(tmp_path / "a")})
+    b = _trainer({**tiny_args, "steps": 2, "steps_per_generation": 1, "out": str(tmp_path / "b")})
+    assert a.collector is None and b.collector is None
+    a.train(progress=False)
+    b.train(progress=False)
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert len(ra) == len(rb) == 2
+    for x, y in zip(ra, rb):
+        assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+
+
+def test_k2_serves_the_plain_path_prompts_in_order_from_one_call_of_k_x_the_rows(tiny_args, tmp_path):
+    """Over 4 steps with K = 2: 2 generation calls of K x prompts x G = 2 x 4 x 4 = 32 rows (counted at the
+    policy's sampler), and each step trains 4 whole groups of 4 rows whose prompts are the plain run's prompts
+    of that step, in order (the uniform sampler draws the same sequence 8 at a time as 4 at a time)."""
+    plain, windowed = [], []
+    a = _trainer({**tiny_args, "steps": 4, "out": str(tmp_path / "a")})
+    _spy(a, plain)
+    b = _trainer({**tiny_args, "steps": 4, "steps_per_generation": 2, "out": str(tmp_path / "b")})
+    _spy(b, windowed)
+    rows = []
+    sample = b.policy.sample
+
+    def counted(*args, **kw):
+        out = sample(*args, **kw)
+        rows.append(out.num_rows)
+        return out
+
+    b.policy.sample = counted
+    a.train(progress=False)
+    b.train(progress=False)
+    assert rows == [2 * 4 * 4, 2 * 4 * 4]
+    assert [_groups(x) for x in windowed] == [_groups(x) for x in plain]
+    for x in windowed:  # whole groups of G, numbered 0..P-1 as a plain step's
+        assert torch.unique(x.group_ids).tolist() == [0, 1, 2, 3]
+        assert torch.bincount(x.group_ids).tolist() == [4, 4, 4, 4]
+    logged = read_metrics(tmp_path / "b")
+    assert [r["steps_per_generation/rows_generated"] for r in logged] == [32, 0, 32, 0]
+    assert [r["steps_per_generation/staleness"] for r in logged] == [0, 1, 0, 1]
+
+
+def _ratio_gaps(args, out, saved=None):
+    """max |log pi_now - log pi_behaviour| over each served batch, before that step's update; ``saved``: a list
+    that receives the generation-time weights of every window's first step."""
+    t = _trainer({**args, "out": out})
+    collect, gaps = t.collect, []
+
+    def spy():
+        if saved is not None and not t.collector.fn.queue:  # about to generate: the generation-time weights
+            saved.append(copy.deepcopy(t.model.state_dict()))
+        res = collect()
+        batch = res[0]
+        now = t.policy.logprobs(t.model, batch, micro_batch_size=16)
+        m = batch.completion_attention_mask.bool()
+        gaps.append(float((now - batch.behavior_logprobs)[m].abs().max()))
+        if saved is not None:  # the behaviour log-probs are the generation-time model's
+            gen = copy.deepcopy(t.model)
+            gen.load_state_dict(saved[-1])
+            then = t.policy.logprobs(gen, batch, micro_batch_size=16)
+            assert float((then - batch.behavior_logprobs)[m].abs().max()) < 1e-4
+        return res
+
+    t.collect = spy
+    t.train(progress=False)
+    return gaps
+
+
+def test_behaviour_logprobs_are_generation_time_and_the_ratio_departs_from_1_on_stale_steps(tiny_args, tmp_path):
+    """K = 2: each step batch's behaviour log-probs equal the generation-time model's log-probs (recomputed
+    from the saved weights); the ratio pi_theta / pi_old of each step's first update is 1 (to float error) at
+    the window's first step and departs from 1 at its second (one update later) when lr > 0; with lr = 0 it is
+    1 at every step."""
+    base = {**tiny_args, "steps": 4, "steps_per_generation": 2}
+    gaps = _ratio_gaps(base, str(tmp_path / "a"), saved=[])
+    assert gaps[0] < 1e-4 and gaps[2] < 1e-4, gaps  # fresh: generated by the weights that train on it
+    assert gaps[1] > 1e-2 and gaps[3] > 1e-2, gaps  # one update after generation
+    frozen = _ratio_gaps({**base, "learning_rate": 0.0}, str(tmp_path / "b"))
+    assert max(frozen) < 1e-4, frozen
+
+
+def test_resume_mid_window_is_identical(tiny_args, tmp_path):
+    """A checkpoint after step 3 of 4 (K = 2: the second window's second batch still queued) resumes to the
+    same metrics as the uninterrupted run; the resumed step generates nothing."""
+    base = {**tiny_args, "steps": 4, "save_steps": 1, "steps_per_generation": 2}
+    _trainer({**base, "out": str(tmp_path / "a")}).train(progress=False)
+    _trainer({**base, "out": str(tmp_path / "b"), "steps": 3}).train(progress=False)
+    c = _trainer({**base, "out": str(tmp_path / "b")}, resume=True)
+    assert c.step == 3 and len(c.collector.fn.queue) == 1 and c.collector.fn.served == 1
+    c.train(progress=False)
+    ra, rb = read_metrics(tmp_path / "a"), read_metrics(tmp_path / "b")
+    assert len(ra) == len(rb) == 4 and rb[3]["steps_per_generation/rows_generated"] == 0
+    for x, y in zip(ra, rb):
+        assert {k: v for k, v in x.items() if k not in TIMING} == {k: v for k, v in y.items() if k not in TIMING}
+
+
+@pytest.mark.parametrize("extra,named", [
+    ({"dynamic_sampling": True}, "dynamic_sampling"),
+    ({"async_rollouts": True, "generation_workers": 1, "max_staleness": 1}, "async_rollouts"),
+    ({"rollout_seeding": "group"}, "rollout_seeding"),
+])
+def test_combinations_that_cannot_work_are_refused_naming_the_fields(tiny_args, extra, named):
+    with pytest.raises(ConfigError, match=rf"steps_per_generation: 2 with {named}"):
+        Config.build({**tiny_args, "steps_per_generation": 2, **extra})
+    Config.build({**tiny_args, "steps_per_generation": 1, **extra})  # K = 1: the plain path, no collector
+
+
+def test_steps_per_generation_below_1_and_its_selection():
+    with pytest.raises(ConfigError, match="steps_per_generation: must be >= 1"):
+        Config.build({"model": "tiny", "task": "repeat", "steps_per_generation": 0})
+    assert COLLECTORS.selection("steps_per_generation") == "steps_per_generation: 2 or more"
+    assert COLLECTORS.selection("dynamic_sampling") == "dynamic_sampling: true"
+    cfg = Config.build({"model": "tiny", "task": "repeat"})
+    assert "collector/steps_per_generation" not in dict(cfg.selected())
