@@ -149,3 +149,22 @@ def test_steps_per_generation_below_1_and_its_selection():
     assert COLLECTORS.selection("dynamic_sampling") == "dynamic_sampling: true"
     cfg = Config.build({"model": "tiny", "task": "repeat"})
     assert "collector/steps_per_generation" not in dict(cfg.selected())
+
+
+def test_split_keeps_whole_groups_in_order_and_renumbers_them():
+    """6 groups of sizes 2,1,3,2,2,1 (ragged, as with per-prompt budgets) and K = 3: step batches hold groups
+    {0,1}, {2,3}, {4,5} in that order (rows 0-2, 3-7, 8-10), each numbered 0, 1 like a plain step's."""
+    from grpolab.batch import RolloutBatch
+    from grpolab.stages.collectors import StepsPerGeneration
+
+    gid = torch.tensor([0, 0, 1, 2, 2, 2, 3, 3, 4, 4, 5])
+    R, T = len(gid), 3
+    batch = RolloutBatch(prompt_ids=torch.ones(R, 2, dtype=torch.long), prompt_mask=torch.ones(R, 2, dtype=torch.long),
+                         completion_ids=torch.arange(R)[:, None].repeat(1, T), completion_mask=torch.ones(R, T),
+                         behavior_logprobs=-torch.arange(R, dtype=torch.float32)[:, None].repeat(1, T),
+                         group_ids=gid, prompt_uids=10 + gid, truncated=torch.zeros(R, dtype=torch.bool))
+    parts = StepsPerGeneration(steps_per_generation=3).split(batch)
+    assert [p.completion_ids[:, 0].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9, 10]]
+    assert [p.group_ids.tolist() for p in parts] == [[0, 0, 1], [0, 0, 0, 1, 1], [0, 0, 1]]
+    assert [p.prompt_uids.tolist() for p in parts] == [[10, 10, 11], [12, 12, 12, 13, 13], [14, 14, 15]]
+    assert torch.equal(torch.cat([p.behavior_logprobs for p in parts]), batch.behavior_logprobs)

@@ -158,7 +158,7 @@ class StepsPerGeneration:
     prompts (``K = steps_per_generation``) in one ``generate`` call, so every
     decode step runs over ``K x prompts_per_step x G`` rows and each weight
     streamed from memory serves K times the rows. The scored batch is split into
-    K step batches of ``prompts_per_step`` whole groups each, in sampler order
+    K step batches of whole groups (``prompts_per_step`` each), in sampler order
     (groups renumbered 0..P-1, as a plain step's), queued, and served one per
     step. Each keeps the behaviour log-probs of generation time, so the batch
     trained at position ``j`` of the window (``j = 0..K-1``) was sampled ``j``
@@ -195,12 +195,14 @@ class StepsPerGeneration:
         self.queue: list[RolloutBatch] = []  # the window's step batches not yet trained, in order
         self.served = 0  # step batches of the current window served so far (its staleness in updates)
 
-    def split(self, batch: RolloutBatch, prompts_per_step: int) -> list[RolloutBatch]:
-        """``batch``'s groups in order, ``prompts_per_step`` whole groups per step batch, each renumbered from 0."""
+    def split(self, batch: RolloutBatch) -> list[RolloutBatch]:
+        """``batch``'s groups in order, cut into K step batches of whole groups (``prompts_per_step`` groups each
+        for a rollout with one group per prompt; as even as the count allows otherwise), each renumbered from 0."""
         groups = torch.unique(batch.group_ids)  # sorted: the sampler's order (ids follow the drawn prompts)
         out = []
-        for first in range(0, len(groups), prompts_per_step):
-            chunk = groups[first:first + prompts_per_step]
+        for chunk in torch.tensor_split(groups, self.k):
+            if not len(chunk):
+                continue
             part = batch.select(torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1))
             part.group_ids = torch.unique(part.group_ids, return_inverse=True)[1]
             out.append(part)
@@ -213,7 +215,7 @@ class StepsPerGeneration:
             if batch is None:  # the rollout strategy had nothing to train on: the step is skipped
                 return None, errors, {"steps_per_generation/rows_generated": 0}
             generated, self.served = batch.num_rows, 0
-            self.queue = self.split(batch, prompts_per_step)
+            self.queue = self.split(batch)
         elif ctx is not None:  # this step's group ids, as a plain step's (a stage's own groups come after them)
             ctx.allocate_groups(len(torch.unique(self.queue[0].group_ids)))
         stats = {"steps_per_generation/rows_generated": generated,
