@@ -80,6 +80,8 @@ def test_the_step_breakdown_adds_up_and_is_rendered():
                                     "2", "--warmup", "0", "--micro-batch", "2"])
     res = bench._run_grpolab(a)
     parts = res["parts"]
+    # the chat-templated prompt's length (a BatchEncoding from transformers 5 is not a dict: once counted as 2 keys)
+    assert res["prompt_tokens"] > 5, res["prompt_tokens"]
     assert set(parts) == {"generation", "forward", "backward", "optimizer", "other"}
     assert all(v >= 0 for k, v in parts.items() if k != "other"), parts
     assert parts["forward"] > 0 and parts["optimizer"] > 0 and parts["generation"] > 0

@@ -254,7 +254,7 @@ def _run_grpolab(a) -> dict:
             "peak_gpu": _peak_gpu(a.device),
             "maxrss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "n_params": n_params,
             "body_params": body, "head_params": head,
-            "prompt_tokens": len(enc["input_ids"] if isinstance(enc, dict) else enc),
+            "prompt_tokens": len(enc["input_ids"] if hasattr(enc, "keys") else enc),
             "threads": torch.get_num_threads(), "precision": precision_label(tr.dtype), "parts": parts}
 
 
