@@ -117,11 +117,19 @@ def test_behaviour_logprobs_are_generation_time_and_the_ratio_departs_from_1_on_
 
 
 def test_resume_mid_window_is_identical(tiny_args, tmp_path):
-    """A checkpoint after step 3 of 4 (K = 2: the second window's second batch still queued) resumes to the
-    same metrics as the uninterrupted run; the resumed step generates nothing."""
-    base = {**tiny_args, "steps": 4, "save_steps": 1, "steps_per_generation": 2}
+    """A checkpoint after step 3 of 4 (K = 2: the second window's second batch still queued), the run then
+    killed, resumes to the same metrics as the uninterrupted run; the resumed step generates nothing."""
+    base = {**tiny_args, "steps": 4, "save_steps": 10, "steps_per_generation": 2}
     _trainer({**base, "out": str(tmp_path / "a")}).train(progress=False)
-    _trainer({**base, "out": str(tmp_path / "b"), "steps": 3}).train(progress=False)
+    b = _trainer({**base, "out": str(tmp_path / "b")})
+    for _ in range(3):  # Trainer.train's loop, stopped after step 3
+        b.budget.begin_step()
+        m = b.train_step()
+        m.update(b.budget.end_step())
+        b.metrics.write(m)
+    b.save()  # the checkpoint of step 3; the process "dies" here
+    b.metrics.close()
+    del b
     c = _trainer({**base, "out": str(tmp_path / "b")}, resume=True)
     assert c.step == 3 and len(c.collector.fn.queue) == 1 and c.collector.fn.served == 1
     c.train(progress=False)
@@ -163,8 +171,28 @@ def test_split_keeps_whole_groups_in_order_and_renumbers_them():
                          completion_ids=torch.arange(R)[:, None].repeat(1, T), completion_mask=torch.ones(R, T),
                          behavior_logprobs=-torch.arange(R, dtype=torch.float32)[:, None].repeat(1, T),
                          group_ids=gid, prompt_uids=10 + gid, truncated=torch.zeros(R, dtype=torch.bool))
-    parts = StepsPerGeneration(steps_per_generation=3).split(batch)
+    parts = StepsPerGeneration(steps_per_generation=3, steps=3).split(batch, 3)
     assert [p.completion_ids[:, 0].tolist() for p in parts] == [[0, 1, 2], [3, 4, 5, 6, 7], [8, 9, 10]]
     assert [p.group_ids.tolist() for p in parts] == [[0, 0, 1], [0, 0, 0, 1, 1], [0, 0, 1]]
     assert [p.prompt_uids.tolist() for p in parts] == [[10, 10, 11], [12, 12, 12, 13, 13], [14, 14, 15]]
     assert torch.equal(torch.cat([p.behavior_logprobs for p in parts]), batch.behavior_logprobs)
+
+
+def test_last_window_is_cut_to_the_steps_left():
+    """steps 3 with K = 2 and 4 prompts per step: one call of 8 prompts for steps 1-2 and one of 4 for step 3
+    (not 8, half of them never trained); every step trains 4 groups of 4 rows."""
+    served = []
+    from grpolab.stages.collectors import StepsPerGeneration
+
+    def generate(n):
+        served.append(n)
+        gid = torch.arange(n).repeat_interleave(4)
+        R = len(gid)
+        from grpolab.batch import RolloutBatch
+        return RolloutBatch(prompt_ids=torch.ones(R, 1, dtype=torch.long), prompt_mask=torch.ones(R, 1, dtype=torch.long),
+                            completion_ids=torch.ones(R, 2, dtype=torch.long), completion_mask=torch.ones(R, 2),
+                            behavior_logprobs=torch.zeros(R, 2), group_ids=gid, prompt_uids=gid,
+                            truncated=torch.zeros(R, dtype=torch.bool)), 0
+    c = StepsPerGeneration(steps_per_generation=2, steps=3)
+    rows = [c(generate, prompts_per_step=4, step=s)[0].num_rows for s in range(3)]
+    assert served == [8, 4] and rows == [16, 16, 16] and not c.queue

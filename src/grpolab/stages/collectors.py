@@ -167,7 +167,8 @@ class StepsPerGeneration:
         rho_t = pi_theta_{s+j}(o_t) / pi_theta_s(o_t)
 
     which the policy loss's clip corrects (the off-policy ratio of PPO's
-    surrogate). K = 1 is the plain path (the collector is not built). The queue
+    surrogate). The run's last window is cut to the steps left, so nothing
+    generated goes untrained. K = 1 is the plain path (the collector is not built). The queue
     is component state: a checkpoint taken mid-window resumes it bit for bit.
 
     Differences from TRL: TRL computes advantages over the whole generation
@@ -190,17 +191,18 @@ class StepsPerGeneration:
     tests/test_steps_per_generation.py::test_k2_serves_the_plain_path_prompts_in_order_from_one_call_of_k_x_the_rows.
     """
 
-    def __init__(self, *, steps_per_generation: int):
+    def __init__(self, *, steps_per_generation: int, steps: int):
         self.k = int(steps_per_generation)
+        self.steps = int(steps)  # the run's last window is cut to the steps left (nothing generated is dropped)
         self.queue: list[RolloutBatch] = []  # the window's step batches not yet trained, in order
         self.served = 0  # step batches of the current window served so far (its staleness in updates)
 
-    def split(self, batch: RolloutBatch) -> list[RolloutBatch]:
+    def split(self, batch: RolloutBatch, k: int) -> list[RolloutBatch]:
         """``batch``'s groups in order, cut into K step batches of whole groups (``prompts_per_step`` groups each
         for a rollout with one group per prompt; as even as the count allows otherwise), each renumbered from 0."""
         groups = torch.unique(batch.group_ids)  # sorted: the sampler's order (ids follow the drawn prompts)
         out = []
-        for chunk in torch.tensor_split(groups, self.k):
+        for chunk in torch.tensor_split(groups, k):
             if not len(chunk):
                 continue
             part = batch.select(torch.isin(batch.group_ids, chunk).nonzero().squeeze(-1))
@@ -208,14 +210,15 @@ class StepsPerGeneration:
             out.append(part)
         return out
 
-    def __call__(self, generate, prompts_per_step: int, ctx=None):
+    def __call__(self, generate, prompts_per_step: int, step: int, ctx=None):
         generated, errors = 0, 0
         if not self.queue:
-            batch, errors = generate(self.k * prompts_per_step)  # one call: K x the rows per decode step
+            k = max(1, min(self.k, self.steps - step))
+            batch, errors = generate(k * prompts_per_step)  # one call: K x the rows per decode step
             if batch is None:  # the rollout strategy had nothing to train on: the step is skipped
                 return None, errors, {"steps_per_generation/rows_generated": 0}
             generated, self.served = batch.num_rows, 0
-            self.queue = self.split(batch)
+            self.queue = self.split(batch, k)
         elif ctx is not None:  # this step's group ids, as a plain step's (a stage's own groups come after them)
             ctx.allocate_groups(len(torch.unique(self.queue[0].group_ids)))
         stats = {"steps_per_generation/rows_generated": generated,
