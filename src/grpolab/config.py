@@ -217,6 +217,11 @@ class Config:
                     ["auto", "float32", "bfloat16", "float16"])
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
                                      "projections (same forward; generation/fast_decode.py)")
+    compile_decode: str = _f("off", "compile the static-KV-cache decode step's layers with torch.compile "
+                                    "(inductor; once per process): 'on' or 'auto' compile where torch.compile "
+                                    "runs (else the eager step, the reason logged once), "
+                                    "'off' never; off by default: not measured faster on the 2-core CPU "
+                                    "(docs/performance.md)", ["auto", "on", "off"])
     # rollout workers on Ray (docs/distributed.md)
     generation_workers: int = _f(0, "generation engines placed as Ray actors (grpolab's sampler, or vLLM with "
                                     "generation_engine: vllm); 0 = sample in the trainer's process")

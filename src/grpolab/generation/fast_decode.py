@@ -25,6 +25,16 @@ carry over; softmax attention with the model's ``1/sqrt(head_dim)`` scale) up
 to floating-point summation order: ``tests/test_fast_decode.py`` checks logits,
 tokens and behaviour log-probs against the Hugging Face path in float64.
 
+``compile_decode`` (config; off by default) runs the layer step compiled by
+``torch.compile`` (inductor): one graph per model shape, with the rows and the
+cache length dynamic (the position is a tensor and attention covers the whole
+masked buffer, so no step changes a shape) and the weights passed as inputs (so
+an optimiser step's in-place update is read at the next call, no recompile).
+Where torch.compile cannot run (no C++ compiler, an exception while compiling)
+the eager step runs and the reason is printed once (:func:`configure_compile`,
+:func:`compile_failed`). Measured on the 2-core CPU it was not faster
+(docs/performance.md, "Compiled decode step"), hence opt-in.
+
 Supported: ``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (with its q/k/v bias)
 with SiLU MLPs, full attention on every layer, no attention-logit soft-capping.
 Anything else (PEFT-wrapped models, sliding windows, other architectures)
@@ -33,10 +43,15 @@ Face path.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..model.hf import exact_architecture, rope
 
+
+
+COMPILE_MODES = ("auto", "on", "off")
 
 
 def static_decoder(model, cache, rows_index: torch.Tensor, attn: torch.Tensor, capacity: int):
@@ -65,7 +80,8 @@ def _cat(*ts):
 class StaticDecoder:
     """Decode state: static KV buffers, fused weights, per-row positions. See the module docstring."""
 
-    def __init__(self, model, cache, rows_index: torch.Tensor, attn: torch.Tensor, capacity: int):
+    def __init__(self, model, cache, rows_index: torch.Tensor, attn: torch.Tensor, capacity: int,
+                 compile_layers: bool | None = None):
         base, cfg = model.model, model.config
         self.rotary = base.rotary_emb
         self.embed = base.embed_tokens.weight
@@ -92,6 +108,15 @@ class StaticDecoder:
         dtype = self.embed.dtype  # softmax in float32 for half-precision models, else in the model's dtype
         self.softmax_dtype = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
         self.inter = base.layers[0].mlp.gate_proj.weight.shape[0]
+        shape = (self.heads, self.kv_heads, self.head_dim, self.scale, self.inter, self.softmax_dtype)
+        self.layer_fn = layer_step(*shape)
+        use = COMPILE["active"] if compile_layers is None else compile_layers
+        self.compiled_fn = None
+        if use:
+            try:
+                self.compiled_fn = _compiled_layer_step(shape)
+            except Exception as e:  # noqa: BLE001 -- torch.compile itself refused: say why (once), run eager
+                compile_failed(e)
         rows, P = attn.shape
         self.length = P
         self.keys, self.values = [], []
@@ -112,48 +137,151 @@ class StaticDecoder:
         self.values = [V[idx] for V in self.values]
         self.valid = self.valid[idx]
 
+    def _layers(self, x, cos, sin, t: int) -> torch.Tensor:
+        """All decoder layers at cache position ``t``: compiled (attention over the whole masked buffer, the
+        position a tensor, so shapes do not change between steps) or eager (over the ``t + 1`` filled slots).
+        A single row runs eager (a size-1 dimension would specialise the compiled graph: one more compile)."""
+        compiled = self.compiled_fn is not None and x.shape[1] > 1
+        valid = self.valid if compiled else self.valid[:, : t + 1]
+        bias = torch.zeros(valid.shape, dtype=x.dtype, device=x.device)  # additive mask, once per step
+        bias = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]  # [r, 1, 1, L]
+        if compiled:
+            at, h = torch.tensor([t], device=x.device), x
+            try:
+                for i, weights in enumerate(self.layers):
+                    h = self.compiled_fn(h, cos, sin, bias, self.keys[i], self.values[i], at, *weights)
+                return h
+            except Exception as e:  # noqa: BLE001 -- compiling failed: say why (once), then run eager
+                compile_failed(e)
+                self.compiled_fn = None  # the eager pass below rewrites position t of every layer's cache
+                return self._layers(x, cos, sin, t)
+        for i, weights in enumerate(self.layers):
+            x = self.layer_fn(x, cos, sin, bias, self.keys[i], self.values[i], t, *weights)
+        return x
+
     def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Feed one token per row at ``positions``; returns the next-token logits ``[rows, vocab]``."""
-        r, t = tokens.shape[0], self.length
-        H, KV, D = self.heads, self.kv_heads, self.head_dim
+        t = self.length
         x = self.embed[tokens].t()  # [d, r]: every linear below is W @ x
         cos, sin = self.rotary(x, positions[:, None])  # [r, 1, D]
         cos, sin = cos[:, 0, None, :], sin[:, 0, None, :]  # [r, 1, D] broadcast over heads
         self.valid[:, t] = True
-        bias = torch.zeros(self.valid[:, : t + 1].shape, dtype=x.dtype, device=x.device)  # additive mask, once per step
-        bias = bias.masked_fill_(~self.valid[:, : t + 1], float("-inf"))[:, None, None, :]  # [r, 1, 1, L]
-        for i, (w_in, eps_in, w_qkv, b_qkv, w_o, b_o, w_post, eps_post, w_gu, b_gu, w_down, b_down) \
-                in enumerate(self.layers):
-            h = _rms_norm(x, w_in, eps_in)
-            qkv = w_qkv @ h
-            if b_qkv is not None:
-                qkv = qkv + b_qkv
-            qkv = qkv.t()  # [r, (H + 2 KV) D]
-            qk = rope(qkv[:, :(H + KV) * D].reshape(r, H + KV, D), cos, sin)  # queries and keys at once
-            K, V = self.keys[i], self.values[i]
-            K[:, :, t] = qk[:, H:]
-            V[:, :, t] = qkv[:, (H + KV) * D:].reshape(r, KV, D)
-            q = qk[:, :H].reshape(r, KV, H // KV, D)  # queries grouped under their key/value head
-            scores = (q @ K[:, :, : t + 1].transpose(-1, -2)) * self.scale  # [r, KV, H/KV, L]
-            scores = scores + bias
-            probs = torch.softmax(scores, dim=-1, dtype=self.softmax_dtype).to(q.dtype)
-            o = (probs @ V[:, :, : t + 1]).reshape(r, H * D)  # [r, H D]
-            o = w_o @ o.t()
-            if b_o is not None:
-                o = o + b_o
-            x = x + o
-            h = _rms_norm(x, w_post, eps_post)
-            gu = w_gu @ h
-            if b_gu is not None:
-                gu = gu + b_gu
-            m = w_down @ (torch.nn.functional.silu(gu[: self.inter]) * gu[self.inter:])
-            if b_down is not None:
-                m = m + b_down
-            x = x + m
+        x = self._layers(x, cos, sin, t)
         self.length = t + 1
         h = _rms_norm(x, self.norm_w[:, None], self.norm_eps)
         logits = (self.head @ h).t()
         return logits if self.head_bias is None else logits + self.head_bias
+
+
+# compile_decode (config field; set once per process by configure_compile): "mode" as configured, "active" whether
+# new decoders use the compiled step, "reason" why (printed once; CausalLMPolicy.compile_decode_reason)
+COMPILE: dict = {"mode": "off", "active": False, "reason": "compile_decode off (the default): eager decode step",
+                 "log": print}
+_COMPILED: dict = {}  # (heads, kv_heads, head_dim, scale, intermediate, softmax dtype) -> compiled layer_step
+
+
+def compile_unavailable() -> str | None:
+    """Why ``torch.compile`` cannot run the decode step here (no compiler, an unsupported platform), else None.
+    A failure this check does not foresee is caught at the first compiled step (:func:`compile_failed`)."""
+    import shutil
+    import sys
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    if sys.platform == "win32":
+        return "torch.compile's C++ backend is not set up on Windows here"
+    try:
+        import torch._dynamo as _dynamo  # noqa: F401
+        from torch._inductor import config as inductor_config
+    except Exception as e:  # noqa: BLE001
+        return f"torch.compile cannot be imported: {type(e).__name__}: {e}"
+    cxx = inductor_config.cpp.cxx
+    names = [c for c in (cxx if isinstance(cxx, (list, tuple)) else [cxx]) if c] or ["g++", "c++", "clang++"]
+    if os.environ.get("CXX"):
+        names.insert(0, os.environ["CXX"])
+    if not any(shutil.which(c) for c in names):
+        return f"no C++ compiler for inductor's CPU backend (looked for {', '.join(names)} on PATH)"
+    return None
+
+
+def configure_compile(mode, log=print) -> str:
+    """Set the process's ``compile_decode`` (``"auto"``, ``"on"``/true, ``"off"``/false) and return the reason
+    of the outcome, printed once. ``auto`` compiles where torch.compile can run; ``on`` likewise (it falls back
+    to eager, saying why, where it cannot); ``off`` never compiles."""
+    mode = {True: "on", False: "off"}.get(mode, mode)
+    if mode not in COMPILE_MODES:
+        from ..errors import ConfigError
+        raise ConfigError(f"compile_decode: {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    if COMPILE["mode"] == mode and COMPILE.get("configured"):
+        return COMPILE["reason"]
+    why = compile_unavailable() if mode != "off" else None
+    if mode == "off":
+        active, reason = False, "compile_decode off: eager decode step"
+    elif why:
+        active, reason = False, f"compile_decode {mode}: eager decode step, since {why}"
+    else:
+        active, reason = True, (f"compile_decode {mode}: decoder layers compiled with torch.compile (inductor, "
+                                f"dynamic rows and cache length), once per process at the first decode step")
+    COMPILE.update(mode=mode, active=active, reason=reason, log=log, configured=True)
+    log(f"[grpolab] {reason}")
+    return reason
+
+
+def compile_failed(error: Exception) -> None:
+    """A compiled decode step raised: record why and print it (once); the process decodes eagerly from then on."""
+    first = str(error).strip().splitlines()[0][:300] if str(error).strip() else ""
+    COMPILE.update(active=False, reason=f"compile_decode {COMPILE['mode']}: eager decode step, since compiling it "
+                                        f"failed ({type(error).__name__}: {first})")
+    _COMPILED.clear()
+    COMPILE["log"](f"[grpolab] {COMPILE['reason']}")
+
+
+def _compiled_layer_step(shape: tuple):
+    """The compiled :func:`layer_step` for these shapes, made once per process (dynamic rows and cache length:
+    rows leave the batch as they finish, prompts differ in length, and neither recompiles)."""
+    if shape not in _COMPILED:
+        _COMPILED[shape] = torch.compile(layer_step(*shape), dynamic=True)
+    return _COMPILED[shape]
+
+
+def layer_step(H: int, KV: int, D: int, scale: float, inter: int, softmax_dtype: torch.dtype):
+    """One decoder layer's decode step for a model's shapes: ``x [d, r] -> x [d, r]``, writing the step's key
+    and value into ``K``/``V`` at position ``t`` (the weights are arguments, so a compiled copy reads the live
+    weights at every call)."""
+    def step(x, cos, sin, bias, K, V, t, w_in, eps_in, w_qkv, b_qkv, w_o, b_o, w_post, eps_post, w_gu, b_gu,
+             w_down, b_down):
+        r = x.shape[1]
+        h = _rms_norm(x, w_in, eps_in)
+        qkv = w_qkv @ h
+        if b_qkv is not None:
+            qkv = qkv + b_qkv
+        qkv = qkv.t()  # [r, (H + 2 KV) D]
+        qk = rope(qkv[:, :(H + KV) * D].reshape(r, H + KV, D), cos, sin)  # queries and keys at once
+        if isinstance(t, int):  # eager: attend over the filled part of the cache
+            K[:, :, t] = qk[:, H:]
+            V[:, :, t] = qkv[:, (H + KV) * D:].reshape(r, KV, D)
+            K, V = K[:, :, : t + 1], V[:, :, : t + 1]
+        else:  # compiled: position as a tensor, attention over the whole buffer (masked), so no shape changes
+            K.index_copy_(2, t, qk[:, H:, None])
+            V.index_copy_(2, t, qkv[:, (H + KV) * D:].reshape(r, KV, 1, D))
+        q = qk[:, :H].reshape(r, KV, H // KV, D)  # queries grouped under their key/value head
+        scores = (q @ K.transpose(-1, -2)) * scale  # [r, KV, H/KV, L]
+        scores = scores + bias
+        probs = torch.softmax(scores, dim=-1, dtype=softmax_dtype).to(q.dtype)
+        o = (probs @ V).reshape(r, H * D)  # [r, H D]
+        o = w_o @ o.t()
+        if b_o is not None:
+            o = o + b_o
+        x = x + o
+        h = _rms_norm(x, w_post, eps_post)
+        gu = w_gu @ h
+        if b_gu is not None:
+            gu = gu + b_gu
+        m = w_down @ (torch.nn.functional.silu(gu[: inter]) * gu[inter:])
+        if b_down is not None:
+            m = m + b_down
+        x = x + m
+        return x
+    return step
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

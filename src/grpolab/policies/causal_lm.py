@@ -63,11 +63,12 @@ class CausalLMPolicy(PolicyBase):
     def __init__(self, *, temperature: float, shared_prefix_forward: bool, gradient_checkpointing: bool,
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list,
                  max_completion_length: int, max_prompt_length: int, top_k: int, top_p: float,
-                 sampling_method: str, static_kv_cache: bool, tiny_arch: str, seed: int):
+                 sampling_method: str, static_kv_cache: bool, compile_decode: str, tiny_arch: str, seed: int):
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
         self.top_k, self.top_p, self.sampling_method = int(top_k), float(top_p), sampling_method
         self.static_cache, self.tiny_arch, self.seed = bool(static_kv_cache), tiny_arch, int(seed)
+        self.compile_decode = compile_decode
         # the shared-prefix forward runs the prompt once per group; activation checkpointing re-runs each row
         self.shared_prefix = bool(shared_prefix_forward) and not gradient_checkpointing
         self.shared_prefix_no_grad = bool(shared_prefix_forward)  # nothing is checkpointed without gradients
@@ -89,6 +90,9 @@ class CausalLMPolicy(PolicyBase):
         texts = model_texts(rows + eval_rows) + list(extra_texts)
         model, self.tokenizer = load_policy(cfg.model, task_texts=texts, tiny_arch=self.tiny_arch, seed=self.seed,
                                             log=log)
+        if self.static_cache:  # the decode step compiled or not, and why (logged once per process)
+            from ..generation.fast_decode import configure_compile
+            self.compile_decode_reason = configure_compile(self.compile_decode, log=log)
         return model
 
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature, generator=None,
