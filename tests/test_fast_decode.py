@@ -103,3 +103,35 @@ def test_unsupported_model_falls_back_to_hf_path():
     g = torch.Generator().manual_seed(2)  # zero-initialised B: the LoRA model computes the base model
     got = sample_completions(lora, ids, mask, num_samples=2, max_new_tokens=6, eos_ids=[5], pad_id=0, generator=g)
     assert torch.equal(ref.completion_ids, got.completion_ids)
+
+
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+def test_autocast_weights_cast_once_give_the_same_logits(half):
+    """Under autocast the decoder holds its products' weights in autocast's dtype (cast once per sampling call)
+    and its logits equal, bit for bit, those of the decoder that leaves autocast to cast every weight at every
+    step (the same round-to-nearest conversion); without autocast the weights stay float32."""
+    from transformers import DynamicCache
+    m, _ = build_tiny(["hello world 0123456789 abcdef"], arch="llama", layers=2)
+    m = m.float().eval()
+    ids, mask = _prompts(m)
+    rep = torch.tensor([0, 0, 1, 2])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad(), torch.autocast("cpu", dtype=half):
+        outs = []
+        for cast in (True, False):
+            cache = DynamicCache()
+            m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache)
+            dec = StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + 4, cast_weights=cast)
+            assert dec.head.dtype == (half if cast else torch.float32)
+            assert dec.layers[0][2].dtype == (half if cast else torch.float32)  # the fused [W_q; W_k; W_v]
+            g = torch.Generator().manual_seed(1)
+            step = []
+            for t in range(4):
+                tok = torch.randint(4, m.config.vocab_size, (len(rep),), generator=g)
+                step.append(dec.step(tok, pos[rep, -1] + 1 + t))
+            outs.append(torch.stack(step))
+        assert torch.equal(outs[0], outs[1])
+    with torch.no_grad():
+        cache = DynamicCache()
+        m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache)
+        assert StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + 4).head.dtype == torch.float32
