@@ -95,6 +95,7 @@ def test_summary_records_dtype_and_why(tiny_args, monkeypatch):
     t.train(progress=False)
     summary = json.loads((Path(tiny_args["out"]) / "summary.json").read_text())
     assert summary["dtype"] == "bfloat16" and summary["dtype_reason"] == reason
+    assert summary["compile_decode"] == "compile_decode off: eager decode step"  # the default, and why
     monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")  # a resumed run keeps the precision it started with
     t2 = Trainer(Config.build({**tiny_args, "steps": 2, "save_steps": 1}), resume=True, log=logs.append)
     assert t2.dtype == torch.bfloat16 and t2.dtype_reason == f"kept from the checkpoint: {reason}"

@@ -33,6 +33,7 @@ from ..config import Config, ConfigError
 from ..errors import WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, subset, to_json
 from ..generation.engines import build_engine
+from ..generation.fast_decode import COMPILE
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
@@ -858,6 +859,8 @@ class Trainer:
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, "
                      f"{'deterministic' if 'text' not in self.policy.capabilities else 'greedy'})")
         summary["dtype"], summary["dtype_reason"] = str(self.dtype).removeprefix("torch."), self.dtype_reason
+        if hasattr(self.policy, "compile_decode_reason"):  # causal LM: the decode step compiled or eager, and why
+            summary["compile_decode"] = COMPILE.get("reason") or self.policy.compile_decode_reason
         summary["skipped_steps"] = self.skipped_steps
         summary["spent"] = {**self.budget.state_dict(), "steps": self.step}
         summary["data"] = {**self.data_info, "statement": data_statement(self.data_info)}
