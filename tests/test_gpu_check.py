@@ -110,3 +110,17 @@ def test_gpu_memory_column_only_when_both_report_it(monkeypatch):
     assert "measured bfloat16 matmul rate 1000.0 GFLOP/s" in table and "`generation_engine=vllm`" in table
     cpu = {"grpolab": bench._summary([{**run, "peak_gpu": None}])}
     assert "GPU memory" not in bench.render(bench._parser().parse_args([]), [], cpu, 1e9, None, None, None, 1.0)
+
+
+def test_steps_per_generation_is_timed_over_whole_windows(capsys):
+    """With steps_per_generation K only a window's first step generates: the step time is the mean over whole
+    windows (not the median, a training-only step), and steps / warm-up not a multiple of K are refused."""
+    a = bench._parser().parse_args(["--grpolab-set", "steps_per_generation=4", "--steps", "4", "--warmup", "4"])
+    assert bench.generation_window(a) == 4 and bench.generation_window(bench._parser().parse_args([])) == 1
+    run = {"step_s": [70.0, 20.0, 22.0, 24.0], "gen_tokens": [2000.0] * 4, "peak_rss": 2 ** 30}
+    assert bench._summary([run], 4)["median_step_s"] == 34.0 and bench._summary([run])["median_step_s"] == 23.0
+    assert "grpolab mean over windows of 4" in bench.render(a, [], {"grpolab": bench._summary([run], 4)}, 1e9,
+                                                            None, None, None, 1.0)
+    assert bench.speed(["--lib", "grpolab", "--grpolab-set", "steps_per_generation=4", "--steps", "2"]) == 2
+    assert "must be multiples of it" in capsys.readouterr().err
+    assert bench.memory_bandwidth(mb=8, seconds=0.05) > 1e8

@@ -152,20 +152,21 @@ ADAMW_BYTES_PER_PARAM = 7 * 4
 
 
 def memory_bandwidth(mb: int = 256, seconds: float = 0.5) -> float:
-    """This machine's memory bandwidth (bytes/s) for a large float32 copy (read + write counted), the floor's rate
-    for memory-bound parts (the optimiser step)."""
+    """This machine's memory bandwidth (bytes/s): the best of a large float32 copy (read + write counted) and a
+    sum (read), the floor's rate for memory-bound parts (the optimiser step)."""
     import torch
 
     a = torch.ones(mb * 2 ** 20 // 4)
     b = torch.empty_like(a)
-    b.copy_(a)
-    reps, best = 0, 0.0
-    t_end = time.perf_counter() + seconds
-    while reps < 3 or time.perf_counter() < t_end:
-        t0 = time.perf_counter()
-        b.copy_(a)
-        best = max(best, 2 * a.numel() * 4 / (time.perf_counter() - t0))
-        reps += 1
+    best = 0.0
+    for op, traffic in ((lambda: b.copy_(a), 2), (lambda: a.sum(), 1)):  # copy: read + write; sum: read
+        op()
+        reps, t_end = 0, time.perf_counter() + seconds / 2
+        while reps < 3 or time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            op()
+            best = max(best, traffic * a.numel() * 4 / (time.perf_counter() - t0))
+            reps += 1
     return best
 
 
@@ -395,10 +396,21 @@ def _pass_through(a, **over) -> list[str]:
     return argv
 
 
-def _summary(runs: list[dict]) -> dict:
+def generation_window(a) -> int:
+    """grpolab's ``steps_per_generation`` from ``--grpolab-set`` (1 when not set)."""
+    for kv in a.grpolab_set:
+        key, _, value = kv.partition("=")
+        if key.strip() == "steps_per_generation":
+            return max(1, int(value))
+    return 1
+
+
+def _summary(runs: list[dict], window: int = 1) -> dict:
+    """Per-library figures; ``window`` > 1 (steps_per_generation): only a window's first step generates, so the
+    step time is the mean over the timed steps (whole windows), not the median (a step that trains only)."""
     steps = [s for r in runs for s in r["step_s"]]
     toks = [t for r in runs for t in r["gen_tokens"]]
-    med = statistics.median(steps)
+    med = statistics.median(steps) if window == 1 else statistics.mean(steps)
     return {"median_step_s": med, "steps": len(steps), "tokens_per_step": statistics.mean(toks) if toks else None,
             "precision": ", ".join(sorted({r.get("precision", "not reported") for r in runs})),
             "gen_tok_per_s": (statistics.mean(toks) / med) if toks else None,
@@ -477,6 +489,11 @@ def prefix_grouper_timing(prompt_tokens: int = 256, completion_tokens: int = 32,
 def speed(argv: list[str]) -> int:
     a = _parser().parse_args(argv)
     libs = {"both": ["grpolab", "trl"], "none": []}.get(a.lib, [a.lib])
+    window = generation_window(a)
+    if window > 1 and (a.steps % window or a.warmup % window):
+        print(f"grpolab bench speed: steps_per_generation={window}: --steps and --warmup must be multiples of it "
+              f"(only a window's first step generates), got --steps {a.steps} --warmup {a.warmup}", file=sys.stderr)
+        return 2
     if "trl" in libs:
         try:
             import trl  # noqa: F401
@@ -500,7 +517,7 @@ def speed(argv: list[str]) -> int:
         rate = cuda_matmul_flops_per_s(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
     else:
         rate = matmul_flops_per_s()
-    summ = {lib: _summary(rs) for lib, rs in runs.items()}
+    summ = {lib: _summary(rs, window if lib == "grpolab" else 1) for lib, rs in runs.items()}
     g = runs.get("grpolab", [None])[0]
     floor = breakdown = None
     if g is not None:
@@ -561,7 +578,9 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
              f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
     gpu = bool(summ) and all(s.get("peak_gpu_mb") is not None for s in summ.values())
     if summ:
-        lines += ["| library | precision | median step (s) | generated tokens / step | generated tokens / s | "
+        step_col = ("median step (s)" if generation_window(a) == 1 else
+                    f"step (s): grpolab mean over windows of {generation_window(a)}, TRL median")
+        lines += [f"| library | precision | {step_col} | generated tokens / step | generated tokens / s | "
                   "peak RSS (MB) |" + (" peak GPU memory (MB) |" if gpu else ""),
                   "|---|---|---|---|---|---|" + ("---|" if gpu else "")]
     for lib, s in summ.items():
