@@ -20,3 +20,33 @@ def close(a, b, tol=1e-6):
 #: The seeds of a learning test: ``make test`` runs seed 0, ``make test-learning`` (marker ``more_seeds``) seeds 1
 #: and 2 too. Each test's margin was measured to hold on all three (its docstring has the figures).
 LEARNING_SEEDS = [0, pytest.param(1, marks=pytest.mark.more_seeds), pytest.param(2, marks=pytest.mark.more_seeds)]
+
+
+def tiny_decoder_model(arch: str, layers: int, dtype):
+    """A tiny Llama / Qwen2 (``build_tiny``) in ``dtype`` with random biases (Qwen2's q/k/v) and norm weights,
+    so every term of a decode step is exercised (tests/test_fast_decode.py, tests/test_compile_decode.py)."""
+    import torch
+
+    from grpolab.model.loading import build_tiny
+    m, _ = build_tiny(["hello world 0123456789 abcdef"], arch=arch, layers=layers)
+    m = m.to(dtype).eval()
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(3)
+        for mod in m.modules():
+            if isinstance(mod, torch.nn.Linear) and mod.bias is not None:
+                mod.bias.normal_(0, 0.5)
+            if type(mod).__name__.endswith("RMSNorm"):
+                mod.weight.uniform_(0.5, 1.5)
+    return m
+
+
+def decoder_prompts(m):
+    """Three 6-token prompts for ``m`` with left padding on two of them: ``(ids, mask)``."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, m.config.vocab_size, (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, :2] = 0  # left padding
+    mask[2, :1] = 0
+    return ids, mask

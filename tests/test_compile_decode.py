@@ -8,21 +8,13 @@ from grpolab.errors import ConfigError
 from grpolab.generation import fast_decode
 from grpolab.generation.fast_decode import COMPILE, StaticDecoder, configure_compile
 from grpolab.generation.sampling import sample_completions
-from grpolab.model.loading import build_tiny
+
+from _helpers import decoder_prompts, tiny_decoder_model
 
 
 @pytest.fixture(scope="module")
 def model():
-    m, _ = build_tiny(["hello world 0123456789 abcdef"], arch="qwen2", layers=2)  # qwen2: q/k/v biases too
-    m = m.float().eval()
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(3)
-        for mod in m.modules():  # random biases and norm weights, so every term is exercised
-            if isinstance(mod, torch.nn.Linear) and mod.bias is not None:
-                mod.bias.normal_(0, 0.5)
-            if type(mod).__name__.endswith("RMSNorm"):
-                mod.weight.uniform_(0.5, 1.5)
-    return m
+    return tiny_decoder_model("qwen2", 2, torch.float32)  # qwen2: q/k/v biases too
 
 
 @pytest.fixture(autouse=True)
@@ -33,13 +25,7 @@ def keep_compile_state():
     COMPILE.update(saved)
 
 
-def _prompts(m):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, m.config.vocab_size, (3, 6), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding
-    mask[2, :1] = 0
-    return ids, mask
+_prompts = decoder_prompts
 
 
 def _frames():

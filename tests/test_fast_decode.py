@@ -6,27 +6,14 @@ from grpolab.model.loading import build_tiny
 from grpolab.generation.fast_decode import StaticDecoder, supports
 from grpolab.generation.sampling import sample_completions
 
+from _helpers import decoder_prompts, tiny_decoder_model
+
 
 def _model(arch: str):
-    m, _ = build_tiny(["hello world 0123456789 abcdef"], arch=arch, layers=3)
-    m = m.double().eval()
-    with torch.no_grad(), torch.random.fork_rng():
-        torch.manual_seed(3)
-        for mod in m.modules():  # random biases (Qwen2's q/k/v) and norm weights, so every term is exercised
-            if isinstance(mod, torch.nn.Linear) and mod.bias is not None:
-                mod.bias.normal_(0, 0.5)
-            if type(mod).__name__.endswith("RMSNorm"):
-                mod.weight.uniform_(0.5, 1.5)
-    return m
+    return tiny_decoder_model(arch, 3, torch.float64)
 
 
-def _prompts(m):
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(4, m.config.vocab_size, (3, 6), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, :2] = 0  # left padding
-    mask[2, :1] = 0
-    return ids, mask
+_prompts = decoder_prompts
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
