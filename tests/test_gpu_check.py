@@ -124,3 +124,13 @@ def test_steps_per_generation_is_timed_over_whole_windows(capsys):
     assert bench.speed(["--lib", "grpolab", "--grpolab-set", "steps_per_generation=4", "--steps", "2"]) == 2
     assert "must be multiples of it" in capsys.readouterr().err
     assert bench.memory_bandwidth(mb=8, seconds=0.05) > 1e8
+
+
+def test_logprob_consistency_in_each_precision():
+    """Sampling's behaviour log-probs against the training forward, tiny model: float32 agrees to float rounding;
+    under bf16 autocast (both sides, float32 weights) the two paths round differently, so the gap is larger but
+    still far from a wrong log-prob (a token's log-prob is O(1) nats)."""
+    f32 = bench.logprob_consistency("tiny", prompts=2, G=2, max_new=6)
+    bf16 = bench.logprob_consistency("tiny", prompts=2, G=2, max_new=6, precision="bf16")
+    assert f32["tokens"] == bf16["tokens"] > 0
+    assert f32["max_abs"] < 1e-4 and bf16["mean_abs"] > f32["mean_abs"] and bf16["max_abs"] < 0.5, (f32, bf16)

@@ -428,25 +428,31 @@ def dtype_matmul_rates(seconds: float = 0.5) -> dict:
             for dt in (torch.float32, torch.bfloat16, torch.float16)}
 
 
-def logprob_consistency(model: str = "smollm2", prompts: int = 4, G: int = 8, max_new: int = 64) -> dict:
-    """Behaviour log-probs recorded while sampling vs the training forward on the same tokens.
+def logprob_consistency(model: str = "smollm2", prompts: int = 4, G: int = 8, max_new: int = 64,
+                        precision: str = "float32") -> dict:
+    """Behaviour log-probs recorded while sampling vs the training forward on the same tokens, on the CPU, in
+    ``precision`` (``float32``, or ``bf16``: both under bfloat16 autocast over float32 weights, as a run with
+    ``dtype: bfloat16``).
 
     Returns the mean and max absolute difference over all completion tokens,
     and the mean |ratio - 1| it would put into the first optimiser pass.
     """
     import torch
 
+    from .devices import autocast
     from .model.loading import load_policy
     from .model.logprobs import completion_logprobs
     from .generation.plain import plain_rollout
 
-    m, tok = load_policy(model, log=lambda *x: None)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     rows = bench_prompts(prompts)
-    b = plain_rollout(m, tok, rows, list(range(prompts)), num_generations=G, max_completion_length=max_new,
-                      max_prompt_length=1024, temperature=1.0, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        lp = torch.cat([completion_logprobs(m, mb, 1.0)[0] * mb.completion_mask
-                        for mb in b.micro_batches(8, trim=False)])
+    m, tok = load_policy(model, task_texts=[m["content"] for r in rows for m in r["prompt"]], log=lambda *x: None)
+    with autocast(torch.device("cpu"), dtype):
+        b = plain_rollout(m, tok, rows, list(range(prompts)), num_generations=G, max_completion_length=max_new,
+                          max_prompt_length=1024, temperature=1.0, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            lp = torch.cat([completion_logprobs(m, mb, 1.0)[0].float() * mb.completion_mask
+                            for mb in b.micro_batches(8, trim=False)])
     mask = b.completion_mask > 0
     d = (lp - b.behavior_logprobs)[mask].abs()
     return {"tokens": int(mask.sum()), "mean_abs": float(d.mean()), "max_abs": float(d.max()),
@@ -530,7 +536,8 @@ def speed(argv: list[str]) -> int:
     pg = prefix_grouper_timing(model=a.model) if a.prefix_grouper else None
     checks = None
     if a.engine_checks:
-        checks = {"dtypes": dtype_matmul_rates(), "consistency": logprob_consistency(a.model, a.prompts, a.G, a.max_new)}
+        checks = {"dtypes": dtype_matmul_rates(),
+                  "consistency": logprob_consistency(a.model, a.prompts, a.G, a.max_new, precision=a.precision)}
     report = render(a, argv, summ, rate, floor, scaling, pg, time.time() - t_start, checks, breakdown)
     print(report)
     if a.out:
@@ -627,7 +634,8 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
                   "Matrix-multiply rate at a SmolLM2 shape (256 x 576 by 576 x 1536), GFLOP/s:", "",
                   "| " + " | ".join(d) + " |", "|" + "---|" * len(d),
                   "| " + " | ".join(f"{v:.1f}" for v in d.values()) + " |", "",
-                  f"Behaviour log-probs recorded while sampling vs the training forward on the same "
+                  f"Behaviour log-probs recorded while sampling vs the training forward ({a.precision} on the "
+                  f"CPU) on the same "
                   f"{c['tokens']} completion tokens ({a.prompts} prompts x G={a.G}, {a.max_new} new tokens): "
                   f"mean |difference| {c['mean_abs']:.2e}, max {c['max_abs']:.2e}; mean |ratio - 1| at the first "
                   f"optimiser pass {c['ratio_dev']:.2e}.", ""]
