@@ -156,7 +156,18 @@ class Config:
     vllm_enforce_eager: bool = _f(False, "vLLM: run the engine eagerly (no CUDA graphs / torch.compile); "
                                          "faster start-up, and what the CPU build is tested with")
     vllm_is_cap: float = _f(2.0, "vLLM: cap C of the truncated importance weight min(pi_trainer/pi_engine, C) "
-                                 "per token (TRL's token_truncate correction)")
+                                 "per token (TRL's token_truncate correction); also the cap of "
+                                 "behavior_logprobs: trainer")
+    behavior_logprobs: str = _f("sampler", "pi_old of the ratio with the built-in sampler: 'sampler' = the "
+                                           "log-probs recorded while sampling (free; equal to the training "
+                                           "forward's up to rounding in float32); 'trainer' = recomputed with the "
+                                           "training forward after sampling (one forward without gradients per "
+                                           "generation) and a truncated importance weight min(pi_trainer / "
+                                           "pi_sampler, vllm_is_cap) per token for the sampler's own mismatch "
+                                           "(metric sampler_logprob_mismatch), as the vLLM engines do: for "
+                                           "half-precision sampling, where the two differ (docs/benchmarks.md, "
+                                           "Speed II); text policies only",
+                                ["sampler", "trainer"])
     # algorithm
     advantage: str = _f("group_zscore", "advantage estimator", ADVANTAGES)
     advantage_epsilon: float = _f(1e-4, "epsilon added to the group std (group_zscore)")

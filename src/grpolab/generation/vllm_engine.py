@@ -192,10 +192,20 @@ def engine_rollout(engine: VLLMEngine, ctx, rows: list[dict], uids: list[int], *
     truncated = torch.tensor([not fin for _, _, fin in outs])
     batch = pack_completions(tok, rows, uids, prompt_ids, prompt_mask, counts, ids, eng_lp, lengths, truncated,
                              group_offset=group_offset)
+    return trainer_behavior(batch, ctx, eng_lp, cfg.vllm_is_cap, "engine_logprob_mismatch")
+
+
+def trainer_behavior(batch: RolloutBatch, ctx, sampled_logprobs: torch.Tensor, cap: float,
+                     column: str) -> RolloutBatch:
+    """pi_old from the trainer's own forward, and the sampler's mismatch corrected: ``behavior_logprobs`` become
+    ``ctx.logprobs(batch)``, each token's weight is multiplied by ``min(exp(logp_trainer - logp_sampled), cap)``,
+    and ``column`` holds each row's mean ``|logp_trainer - logp_sampled|``. For the vLLM engines and for the
+    built-in sampler with ``behavior_logprobs: trainer``."""
     trainer_lp = ctx.logprobs(batch)  # the trainer's own forward: the ratio's pi_old
     mask = batch.completion_attention_mask.float()
-    batch.token_weights = importance_weights(trainer_lp, eng_lp, mask, cfg.vllm_is_cap)
+    w = importance_weights(trainer_lp, sampled_logprobs, mask, cap)
+    batch.token_weights = w if batch.token_weights is None else batch.token_weights * w
     batch.behavior_logprobs = trainer_lp
-    batch.columns["engine_logprob_mismatch"] = ((trainer_lp - eng_lp).abs() * mask).sum(-1).div(
+    batch.columns[column] = ((trainer_lp - sampled_logprobs).abs() * mask).sum(-1).div(
         mask.sum(-1).clamp(min=1)).tolist()
     return batch

@@ -30,10 +30,11 @@ from ..algorithms.kl import kl_penalty
 from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
 from ..components import Component
 from ..config import Config, ConfigError
-from ..errors import WriteError, stand_in_policy, warn_line
+from ..errors import ConfigError, WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, subset, to_json
 from ..generation.engines import build_engine
 from ..generation.fast_decode import COMPILE
+from ..generation.vllm_engine import trainer_behavior
 from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
@@ -217,6 +218,9 @@ class Trainer:
         if self.policy.float32_only and self.dtype != torch.float32:  # e.g. the image policies' SDE log-probs
             self.dtype, self.dtype_reason = torch.float32, (f"policy {cfg.policy} computes in float32 whatever "
                                                             f"the dtype key ({cfg.dtype})")
+        if cfg.behavior_logprobs == "trainer" and "text" not in self.policy.capabilities:
+            raise ConfigError(f"behavior_logprobs: 'trainer' recomputes a text policy's log-probs with its training "
+                              f"forward; policy {cfg.policy!r} is not one (use behavior_logprobs: sampler)")
         self.model, self.tok = self.load_policy(cfg)
         self.policy.tokenizer = self.tok
         if "text" in self.policy.capabilities:  # prompts fit max_prompt_length, prompt + completion the context
@@ -530,6 +534,8 @@ class Trainer:
         batch = self.rollout(n)
         if batch is None:
             return None, 0
+        if self.cfg.behavior_logprobs == "trainer" and self.engine is None:  # (the engines always do this)
+            trainer_behavior(batch, self.ctx, batch.behavior_logprobs, self.cfg.vllm_is_cap, "sampler_logprob_mismatch")
         errors = self.scorer.score(batch) if batch.rewards is None else 0
         errors += self.ctx.reward_errors
         self.ctx.reward_errors = 0
@@ -749,7 +755,8 @@ class Trainer:
             if share.any():
                 m[key] = float(share.sum()) / max(float(present.sum()), 1.0)
         m.update({f"rollout/{k}": v for k, v in self.ctx.metrics.items()})
-        for key in ("engine_logprob_mismatch", "rollout_staleness"):  # engine rollouts (vLLM, Ray workers)
+        for key in ("engine_logprob_mismatch", "sampler_logprob_mismatch", "rollout_staleness"):  # engine rollouts
+            # (vLLM, Ray workers), behavior_logprobs: trainer
             if key in batch.columns:
                 m[key] = float(np.mean(batch.columns[key]))
         for k, v in upd.items():
