@@ -1,4 +1,5 @@
-"""Step cost of each image policy on this machine against its compute floor (docs/benchmarks.md, "Image policies").
+"""Step cost of each policy family's recipe on this machine against its compute floor (docs/benchmarks.md, "Image
+policies" and "Other policy families"); any recipe works, the default is the image policies'.
 
     .venv/bin/python scripts/bench_images.py [--recipes flow_grpo_images,ddpo,ar_grpo] [--steps 6] [--threads 2]
 
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         rows.append(m)
         print(json.dumps(m), file=sys.stderr, flush=True)
     print(f"float32 matmul rate {rate / 1e9:.1f} GFLOP/s, {a.threads} threads, {a.steps} timed steps after 2 warm-up\n")
-    print("| recipe | policy | parameters | images per step | step (median) | step FLOPs | floor | step / floor |")
+    print("| recipe | policy | parameters | samples per step | step (median) | step FLOPs | floor | step / floor |")
     print("|---|---|---|---|---|---|---|---|")
     for m in rows:
         print(f"| `{m['recipe']}` | `{m['policy']}` | {m['params'] / 1e6:.2f} M | {m['rows']} | "
