@@ -50,3 +50,38 @@ def decoder_prompts(m):
     mask[0, :2] = 0  # left padding
     mask[2, :1] = 0
     return ids, mask
+
+
+def decoder_matches_hf(m, rep, steps: int, atol: float, drops: dict | None = None, capacity_extra: int = 0,
+                       **decoder_kwargs):
+    """A ``StaticDecoder`` over :func:`decoder_prompts` fanned out by ``rep``, stepped on random tokens against the
+    Hugging Face forward of the whole sequence without a cache: logits equal within ``atol`` (and in the model's
+    dtype) at every step; ``drops`` ``{t: keep}``: after step t only the rows ``keep`` stay (rows that finished).
+    Returns the decoder."""
+    import torch
+    from transformers import DynamicCache
+
+    from grpolab.generation.fast_decode import StaticDecoder
+    ids, mask = decoder_prompts(m)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        cache = DynamicCache()
+        m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache)
+        dec = StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + steps + capacity_extra,
+                            **decoder_kwargs)
+        ctx, cmask = ids[rep], mask[rep]  # the full sequences, for the reference forward without cache
+        g = torch.Generator().manual_seed(1)
+        for t in range(steps):
+            tok = torch.randint(4, m.config.vocab_size, (ctx.shape[0],), generator=g)
+            ctx = torch.cat([ctx, tok[:, None]], 1)
+            cmask = torch.cat([cmask, torch.ones_like(tok[:, None])], 1)
+            cpos = (cmask.cumsum(-1) - 1).clamp(min=0)
+            ref = m(input_ids=ctx, attention_mask=cmask, position_ids=cpos).logits[:, -1]
+            got = dec.step(tok, cpos[:, -1])
+            assert got.dtype == m.dtype
+            torch.testing.assert_close(got, ref, rtol=0, atol=atol)
+            if t in (drops or {}):
+                keep = torch.tensor(drops[t])
+                dec.keep(keep)
+                ctx, cmask = ctx[keep], cmask[keep]
+    return dec

@@ -6,10 +6,10 @@ import torch
 
 from grpolab.errors import ConfigError
 from grpolab.generation import fast_decode
-from grpolab.generation.fast_decode import COMPILE, StaticDecoder, configure_compile
+from grpolab.generation.fast_decode import COMPILE, configure_compile
 from grpolab.generation.sampling import sample_completions
 
-from _helpers import decoder_prompts, tiny_decoder_model
+from _helpers import decoder_matches_hf, decoder_prompts, tiny_decoder_model
 
 
 @pytest.fixture(scope="module")
@@ -36,37 +36,13 @@ def _frames():
 def _check_against_hf(m, steps=6, capacity_extra=0):
     """Compiled decoder vs the Hugging Face forward without cache, step by step: padding, ragged groups
     (2, 1, 3 rows), rows 1 and 4 leaving after step 2, and row 0 leaving after step 4."""
-    from transformers import DynamicCache
-    ids, mask = _prompts(m)
-    rep = torch.tensor([0, 0, 1, 2, 2, 2])
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        cache = DynamicCache()
-        m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache)
-        dec = StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + steps + capacity_extra,
-                            compile_layers=True)
-        assert dec.compiled_fn is not None
-        ctx, cmask = ids[rep], mask[rep]
-        g = torch.Generator().manual_seed(1)
-        for t in range(steps):
-            tok = torch.randint(4, m.config.vocab_size, (ctx.shape[0],), generator=g)
-            ctx = torch.cat([ctx, tok[:, None]], 1)
-            cmask = torch.cat([cmask, torch.ones_like(tok[:, None])], 1)
-            cpos = (cmask.cumsum(-1) - 1).clamp(min=0)
-            ref = m(input_ids=ctx, attention_mask=cmask, position_ids=cpos).logits[:, -1]
-            got = dec.step(tok, cpos[:, -1])
-            # float32: both paths round at ~1e-7 relative in a different summation order (logits are O(1));
-            # a wrong term is far above 1e-4 (test_fast_decode.py: a 1% attention scale error gives 3e-5 in
-            # float64 at 3 layers, a missing bias 4e-2)
-            torch.testing.assert_close(got, ref, rtol=0, atol=1e-4)
-            if t == 2:
-                keep = torch.tensor([0, 2, 3, 5])
-                dec.keep(keep)
-                ctx, cmask = ctx[keep], cmask[keep]
-            if t == 4:
-                keep = torch.tensor([1, 2, 3])
-                dec.keep(keep)
-                ctx, cmask = ctx[keep], cmask[keep]
+    # float32: both paths round at ~1e-7 relative in a different summation order (logits are O(1)); a wrong term
+    # is far above 1e-4 (test_fast_decode.py: a 1% attention scale error gives 3e-5 in float64 at 3 layers, a
+    # missing bias 4e-2)
+    dec = decoder_matches_hf(m, torch.tensor([0, 0, 1, 2, 2, 2]), steps, atol=1e-4,
+                             drops={2: [0, 2, 3, 5], 4: [1, 2, 3]}, capacity_extra=capacity_extra,
+                             compile_layers=True)
+    assert dec.compiled_fn is not None
     assert COMPILE["active"] or COMPILE["mode"] == "off"  # nothing failed on the way
 
 

@@ -6,7 +6,7 @@ from grpolab.model.loading import build_tiny
 from grpolab.generation.fast_decode import StaticDecoder, supports
 from grpolab.generation.sampling import sample_completions
 
-from _helpers import decoder_prompts, tiny_decoder_model
+from _helpers import decoder_matches_hf, decoder_prompts, tiny_decoder_model
 
 
 def _model(arch: str):
@@ -19,33 +19,10 @@ _prompts = decoder_prompts
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_static_decoder_logits_equal_hf_forward(arch):
     """Step by step, with left padding, ragged fan-out and rows dropped mid-way: logits equal (float64)."""
-    from transformers import DynamicCache
-    m = _model(arch)
-    ids, mask = _prompts(m)
-    rep = torch.tensor([0, 0, 1, 2, 2, 2])  # ragged groups: 2, 1, 3 rows
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
-    with torch.no_grad():
-        cache = DynamicCache()
-        m(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, past_key_values=cache)
-        dec = StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + 6)
-        ctx = ids[rep]  # the full sequences, for the reference forward without cache
-        cmask = mask[rep]
-        g = torch.Generator().manual_seed(1)
-        for t in range(6):
-            tok = torch.randint(4, m.config.vocab_size, (ctx.shape[0],), generator=g)
-            ctx = torch.cat([ctx, tok[:, None]], 1)
-            cmask = torch.cat([cmask, torch.ones_like(tok[:, None])], 1)
-            cpos = (cmask.cumsum(-1) - 1).clamp(min=0)
-            ref = m(input_ids=ctx, attention_mask=cmask, position_ids=cpos).logits[:, -1]
-            got = dec.step(tok, cpos[:, -1])
-            assert got.dtype == torch.float64
-            # 1e-6: the Hugging Face RMSNorm computes in float32 even in a float64 model, so both paths
-            # round there (in a different summation order); a wrong term is far above that (measured: the attention scale 1% off gives 3e-5, a missing q/k/v bias 4e-2)
-            torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
-            if t == 2:  # rows 1 and 4 finish: they leave the cache
-                keep = torch.tensor([0, 2, 3, 5])
-                dec.keep(keep)
-                ctx, cmask = ctx[keep], cmask[keep]
+    # 1e-6: the Hugging Face RMSNorm computes in float32 even in a float64 model, so both paths round there (in
+    # a different summation order); a wrong term is far above that (measured: the attention scale 1% off gives
+    # 3e-5, a missing q/k/v bias 4e-2). Ragged groups: 2, 1, 3 rows; after step 2 rows 1 and 4 finish
+    decoder_matches_hf(_model(arch), torch.tensor([0, 0, 1, 2, 2, 2]), steps=6, atol=1e-6, drops={2: [0, 2, 3, 5]})
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])

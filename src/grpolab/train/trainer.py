@@ -278,12 +278,13 @@ class Trainer:
         self.ref_wants = frozenset(n[4:] for n in asked if n.startswith("ref_") and n[4:] in self.policy.offers())
         self.scorer = BatchScorer(RewardScorer(self.rewards, log=self.log, timeout=cfg.reward_timeout),
                                   self.reward_transforms)
-        # DAPO dynamic sampling, or one generation call for steps_per_generation steps (grpolab/stages/
-        # collectors.py); None: one rollout round per step
-        self.collector = (Component(COLLECTORS.get("dynamic_sampling"), cfg, "dynamic_sampling",
-                                    reward_names=list(self.scorer.names), accuracy_reward=self.accuracy_reward)
-                          if cfg.dynamic_sampling else None)
-        if cfg.steps_per_generation > 1:
+        # the switched-on collector (grpolab/stages/collectors.py; the two refuse each other): DAPO dynamic
+        # sampling, or one generation call for steps_per_generation steps; None: one rollout round per step
+        self.collector = None
+        if cfg.dynamic_sampling:
+            self.collector = Component(COLLECTORS.get("dynamic_sampling"), cfg, "dynamic_sampling",
+                                       reward_names=list(self.scorer.names), accuracy_reward=self.accuracy_reward)
+        elif cfg.steps_per_generation > 1:
             self.collector = Component(COLLECTORS.get("steps_per_generation"), cfg, "steps_per_generation")
         self.components = {f"advantage/{c.name}": c for c in [self.advantage] + self.weightings}
         self.components.update({f"loss/{c.name}": c for c in [self.policy_loss] + self.regularizers})
