@@ -134,3 +134,22 @@ def test_logprob_consistency_in_each_precision():
     bf16 = bench.logprob_consistency("tiny", prompts=2, G=2, max_new=6, precision="bf16")
     assert f32["tokens"] == bf16["tokens"] > 0
     assert f32["max_abs"] < 1e-4 and bf16["mean_abs"] > f32["mean_abs"] and bf16["max_abs"] < 0.5, (f32, bf16)
+
+
+def test_cpu_floor_is_taken_at_the_rate_of_the_run_precision(monkeypatch):
+    """A bf16 run's floor on the CPU is its FLOPs over the bfloat16 matmul rate (AMX / AVX512-BF16 run bf16
+    products several times faster than float32): the rate helper gets the run's dtype, the table names it."""
+    import torch
+    seen = []
+    monkeypatch.setattr("grpolab.devices.matmul_rate",
+                        lambda m, k, n, dtype=torch.float32, seconds=1.0: seen.append(dtype) or 1e9)
+    assert bench.matmul_flops_per_s(0.01, dtype=torch.bfloat16) == 1e9 and set(seen) == {torch.bfloat16}
+    seen.clear()
+    assert bench.matmul_flops_per_s(0.01) == 1e9 and set(seen) == {torch.float32}
+    run = {"step_s": [2.0], "gen_tokens": [10.0], "peak_rss": 2 ** 30, "precision": "bfloat16 autocast"}
+    summ = {"grpolab": bench._summary([run])}
+    bf16 = bench._parser().parse_args(["--precision", "bf16"])
+    assert "device cpu; measured bfloat16 matmul rate 1.0 GFLOP/s" in bench.render(
+        bf16, [], summ, 1e9, None, None, None, 1.0)
+    assert "measured float32 matmul rate" in bench.render(bench._parser().parse_args([]), [], summ, 1e9, None,
+                                                          None, None, 1.0)

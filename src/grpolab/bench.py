@@ -98,15 +98,19 @@ class PeakRSS:
         self.peak = self.high_water_mark()
 
 
-def matmul_flops_per_s(seconds: float = 1.0) -> float:
-    """This machine's float32 matrix-multiply rate (FLOP/s) with torch's current thread count.
+def matmul_flops_per_s(seconds: float = 1.0, dtype=None) -> float:
+    """This machine's matrix-multiply rate (FLOP/s) in ``dtype`` (float32 by default; bfloat16 for a bf16
+    run's floor: on a CPU with AMX / AVX512-BF16 its products run several times faster) with torch's current
+    thread count.
 
     The best of the shapes a SmolLM2-sized training step runs (2048 tokens x 576 -> 1536, its transpose,
     and 1024^3), so the compute floor is a floor: no step can run its FLOPs faster than this.
     """
+    import torch
+
     from .devices import matmul_rate
-    return max(matmul_rate(m, k, n, seconds=seconds) for m, k, n in ((2048, 576, 1536), (2048, 1536, 576),
-                                                                      (1024, 1024, 1024)))
+    return max(matmul_rate(m, k, n, dtype or torch.float32, seconds=seconds)
+               for m, k, n in ((2048, 576, 1536), (2048, 1536, 576), (1024, 1024, 1024)))
 
 
 def cuda_matmul_flops_per_s(seconds: float = 1.0, dtype=None) -> float:
@@ -519,10 +523,10 @@ def speed(argv: list[str]) -> int:
     import torch
     if a.threads:
         torch.set_num_threads(a.threads)
-    if a.device == "cuda":  # the floor at the rate of the precision the products ran in
-        rate = cuda_matmul_flops_per_s(dtype=torch.bfloat16 if a.precision == "bf16" else torch.float32)
-    else:
-        rate = matmul_flops_per_s()
+    # the floor at the rate of the precision the products ran in
+    rate_dtype = torch.bfloat16 if a.precision == "bf16" else torch.float32
+    rate = (cuda_matmul_flops_per_s(dtype=rate_dtype) if a.device == "cuda" else
+            matmul_flops_per_s(dtype=rate_dtype))
     summ = {lib: _summary(rs, window if lib == "grpolab" else 1) for lib, rs in runs.items()}
     g = runs.get("grpolab", [None])[0]
     floor = breakdown = None
@@ -572,7 +576,7 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
              f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
              f"torch threads {a.threads or 'all'}; device {a.device}"
              f"{' (' + _cuda_name() + ')' if a.device == 'cuda' else ''}; "
-             f"measured {'bfloat16' if a.device == 'cuda' and a.precision == 'bf16' else 'float32'} matmul rate "
+             f"measured {'bfloat16' if a.precision == 'bf16' else 'float32'} matmul rate "
              f"{rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
              f"{elapsed / 60:.1f} min.", "",
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
