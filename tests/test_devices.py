@@ -96,6 +96,7 @@ def test_summary_records_dtype_and_why(tiny_args, monkeypatch):
     summary = json.loads((Path(tiny_args["out"]) / "summary.json").read_text())
     assert summary["dtype"] == "bfloat16" and summary["dtype_reason"] == reason
     assert summary["compile_decode"] == "compile_decode off: eager decode step"  # the default, and why
+    assert summary["cpu_heap_reuse"] == devices.reuse_freed_memory("auto", torch.device("cpu"))  # and why
     monkeypatch.setenv("GRPOLAB_CPU_KIND", "avx2")  # a resumed run keeps the precision it started with
     t2 = Trainer(Config.build({**tiny_args, "steps": 2, "save_steps": 1}), resume=True, log=logs.append)
     assert t2.dtype == torch.bfloat16 and t2.dtype_reason == f"kept from the checkpoint: {reason}"
@@ -144,3 +145,42 @@ def test_bfloat16_autocast_trains_with_float32_master_weights(tiny_args):
         assert p.dtype == torch.float32
         assert not torch.equal(before[n], p.detach())
     assert all(s["exp_avg"].dtype == torch.float32 for s in t.optimizer.state.values())
+
+
+def test_cpu_heap_reuse_sets_glibc_mallopt_once_per_mode():
+    """cpu_heap_reuse: auto/on on the CPU call mallopt(M_MMAP_MAX, 0) then mallopt(M_TRIM_THRESHOLD, 1 GiB) (glibc's
+    parameter numbers -4 and -1); auto beside a GPU, off, no glibc and a refused mallopt leave the allocator alone
+    and say so; a bad mode names the valid ones."""
+    from grpolab.devices import reuse_freed_memory
+    from grpolab.errors import ConfigError
+
+    class Libc:
+        def __init__(self, ok=1):
+            self.calls, self.ok = [], ok
+
+        def mallopt(self, param, value):
+            self.calls.append((param, value))
+            return self.ok
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    for mode, dev in (("auto", cpu), ("on", cpu), ("on", gpu)):
+        libc = Libc()
+        assert "freed memory reused" in reuse_freed_memory(mode, dev, libc=libc)
+        assert libc.calls == [(-4, 0), (-1, 1 << 30)]
+    for mode, dev, says in (("auto", gpu, "off on cuda"), ("off", cpu, "glibc's default")):
+        libc = Libc()
+        assert says in reuse_freed_memory(mode, dev, libc=libc) and libc.calls == []
+    assert "refused" in reuse_freed_memory("auto", cpu, libc=Libc(ok=0))
+    with pytest.raises(ConfigError, match="valid values: auto, on, off"):
+        reuse_freed_memory("yes", cpu, libc=Libc())
+
+
+def test_reused_heap_computes_the_same():
+    """With freed memory kept in the heap (this process, glibc) tensors computed into reused memory are the
+    same as before (torch never relies on fresh pages being zero)."""
+    from grpolab.devices import reuse_freed_memory
+    x = torch.randn(600, 20000, generator=torch.Generator().manual_seed(0))  # 48 MB: over glibc's mmap threshold
+    before = torch.log_softmax(x, -1)
+    reason = reuse_freed_memory("auto", torch.device("cpu"))
+    for _ in range(3):
+        assert torch.equal(torch.log_softmax(x, -1), before), reason

@@ -226,6 +226,11 @@ class Config:
                             "(AVX512-BF16 or AMX-BF16), else float32 (env GRPOLAB_CPU_KIND=avx2|avx512_bf16 "
                             "overrides the detected kind); the choice and why are logged and in summary.json",
                     ["auto", "float32", "bfloat16", "float16"])
+    cpu_heap_reuse: str = _f("auto", "keep freed CPU memory in the process's heap for the next step instead of "
+                                     "unmapping blocks over 32 MB and faulting them in again (glibc mallopt; "
+                                     "measured ~15% off a bf16 CPU step, docs/performance.md): 'auto' = on when "
+                                     "the policy runs on the CPU, 'on' = also beside a GPU, 'off' = glibc's "
+                                     "default", ["auto", "on", "off"])
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
                                      "projections (same forward; generation/fast_decode.py)")
     compile_decode: str = _f("off", "compile the static-KV-cache decode step's layers with torch.compile "

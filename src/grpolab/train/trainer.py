@@ -35,7 +35,8 @@ from ..data import columns_of, load_user_data, subset, to_json
 from ..generation.engines import build_engine
 from ..generation.fast_decode import COMPILE
 from ..generation.vllm_engine import trainer_behavior
-from ..devices import DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype
+from ..devices import (DTYPES as DTYPE_NAMES, autocast, dtype_reason, resolve_device, resolve_dtype,
+                       reuse_freed_memory)
 from ..rewards import BatchScorer, RewardFn, RewardScorer, check_signature, parse_reward_spec
 from ..rewards.transforms import REWARD_TRANSFORMS
 from ..rollouts.context import RolloutContext
@@ -215,6 +216,7 @@ class Trainer:
         self.device = resolve_device(cfg.device)
         self.dtype = resolve_dtype(cfg.dtype, self.device)
         self.dtype_reason = dtype_reason(cfg.dtype, self.device, self.dtype)  # logged below, in summary.json
+        self.heap_reason = reuse_freed_memory(cfg.cpu_heap_reuse, self.device)  # in summary.json
         if self.policy.float32_only and self.dtype != torch.float32:  # e.g. the image policies' SDE log-probs
             self.dtype, self.dtype_reason = torch.float32, (f"policy {cfg.policy} computes in float32 whatever "
                                                             f"the dtype key ({cfg.dtype})")
@@ -867,6 +869,7 @@ class Trainer:
                      f"({100 * (a - b):+.1f} points, {len(self.eval_rows)} problems, "
                      f"{'deterministic' if 'text' not in self.policy.capabilities else 'greedy'})")
         summary["dtype"], summary["dtype_reason"] = str(self.dtype).removeprefix("torch."), self.dtype_reason
+        summary["cpu_heap_reuse"] = self.heap_reason
         if hasattr(self.policy, "compile_decode_reason"):  # causal LM: the decode step compiled or eager, and why
             summary["compile_decode"] = COMPILE.get("reason") or self.policy.compile_decode_reason
         summary["skipped_steps"] = self.skipped_steps
