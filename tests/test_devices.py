@@ -184,3 +184,25 @@ def test_reused_heap_computes_the_same():
     reason = reuse_freed_memory("auto", torch.device("cpu"))
     for _ in range(3):
         assert torch.equal(torch.log_softmax(x, -1), before), reason
+
+
+@pytest.mark.parametrize("num_iterations", [1, 2])
+def test_weights_cast_once_per_pass_gives_the_same_gradients(tiny_args, num_iterations):
+    """bfloat16: the update's pass-wide autocast region (each weight cast once per optimiser pass, backward with
+    autocast off) gives bit for bit the gradients of a cast per micro-batch (the region replaced by a no-op),
+    over 4 micro-batches and across optimiser passes (the cache must not outlive a pass: the weights change)."""
+    import contextlib
+    grads = {}
+    for shared in (True, False):
+        t = Trainer(Config.build({**tiny_args, "out": f"{tiny_args['out']}-{shared}", "dtype": "bfloat16",
+                                  "micro_batch_size": 4, "num_iterations": num_iterations}), log=lambda *a: None)
+        if not shared:
+            t.pass_precision = contextlib.nullcontext
+        seen = grads[shared] = []
+        t.optimizer.register_step_pre_hook(
+            lambda *_: seen.append([p.grad.clone() for p in t.model.parameters() if p.grad is not None]))
+        t.train_step()
+        t.train_step()
+    assert len(grads[True]) == 2 * num_iterations and len(grads[True][0]) > 5
+    for a, b in zip(grads[True], grads[False]):
+        assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -100,6 +100,11 @@ class DistributedTrainer(Trainer):
     def micro_batch_loss(self, mb, totals, want: frozenset):
         return self.train_module(mb, totals, want)
 
+    def pass_precision(self):
+        """FSDP2: per-micro-batch casts (a pass-wide cast cache would keep every unsharded weight's copy alive
+        between forwards, the memory sharding saves); DDP: one cast per pass like one process."""
+        return contextlib.nullcontext() if self.sharded else super().pass_precision()
+
     def grad_sync(self, last: bool):
         """DDP: no all-reduce before the last micro-batch (``no_sync``); FSDP2: no reduce-scatter before it."""
         if self.world_size == 1 or last:

@@ -379,6 +379,20 @@ class Trainer:
         """Context of one micro-batch's forward and backward; ``last``: the step's last on this process."""
         return contextlib.nullcontext()
 
+    def pass_precision(self):
+        """Context of one optimiser pass's micro-batches: an outer autocast region, so autocast casts each
+        float32 weight to the forward precision once per pass instead of once per micro-batch (its cast cache
+        lives until the outermost region exits; the weights change only at the optimiser step, after it).
+        Gradients are the same bit for bit (tested): a cached cast's backward converts each micro-batch's
+        gradient to float32 as the per-micro-batch cast did. The backward runs with autocast off
+        (:meth:`backward_precision`). A no-op in float32; the FSDP2 trainer keeps per-micro-batch casts."""
+        return self.precision()
+
+    def backward_precision(self):
+        """Context of a micro-batch's backward: autocast off, as outside :meth:`pass_precision`'s region."""
+        return torch.autocast(self.device.type, enabled=False) if self.dtype != torch.float32 else \
+            contextlib.nullcontext()
+
     def reduce_sums(self, sums: dict[str, float]) -> dict[str, float]:
         """Sums over the micro-batches of every process (one process: ``sums``)."""
         return sums
@@ -610,22 +624,24 @@ class Trainer:
         for it in range(cfg.num_iterations):
             self.optimizer.zero_grad(set_to_none=True)
             loss_value, finite = 0.0, True
-            for i, mb in enumerate(mbs):
-                mb = mb.to(self.device)
-                with self.grad_sync(last=i == len(mbs) - 1):
-                    with self.precision():
-                        loss, logp, ent, tok_metrics = self.micro_batch_loss(mb, totals, self.loss_wants)
-                    if not torch.isfinite(loss):
-                        finite = False
-                        if self.world_size == 1:
-                            break  # ranks run every backward (collectives); the gradient norm check skips
-                    (loss * self.world_size).backward()  # ranks' gradients are averaged: their sum is the loss's
-                loss_value += float(loss.detach())
-                m = mb.completion_mask
-                if it == 0 and ent is not None:
-                    tok_metrics = {**tok_metrics, "entropy": ent.detach()}
-                for k, v in tok_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float((v.detach() * m).sum())
+            with self.pass_precision():  # each weight cast to the forward precision once per pass
+                for i, mb in enumerate(mbs):
+                    mb = mb.to(self.device)
+                    with self.grad_sync(last=i == len(mbs) - 1):
+                        with self.precision():
+                            loss, logp, ent, tok_metrics = self.micro_batch_loss(mb, totals, self.loss_wants)
+                        if not torch.isfinite(loss):
+                            finite = False
+                            if self.world_size == 1:
+                                break  # ranks run every backward (collectives); the gradient norm check skips
+                        with self.backward_precision():  # ranks' gradients are averaged: their sum is the loss's
+                            (loss * self.world_size).backward()
+                    loss_value += float(loss.detach())
+                    m = mb.completion_mask
+                    if it == 0 and ent is not None:
+                        tok_metrics = {**tok_metrics, "entropy": ent.detach()}
+                    for k, v in tok_metrics.items():
+                        sums[k] = sums.get(k, 0.0) + float((v.detach() * m).sum())
             finite = bool(self.reduce_sums({"__finite__": float(finite)})["__finite__"] == self.world_size)
             if finite:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(
