@@ -71,8 +71,8 @@ def test_unsupported_model_falls_back_to_hf_path():
 
 @pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
 def test_autocast_weights_cast_once_give_the_same_logits(half):
-    """Under autocast the decoder holds its products' weights in autocast's dtype (cast once per sampling call)
-    and its logits equal, bit for bit, those of the decoder that leaves autocast to cast every weight at every
+    """Under autocast the decoder holds its products' weights and its key/value cache in autocast's dtype (cast
+    once per sampling call / per written position) and its logits equal, bit for bit, those of the decoder that leaves autocast to cast every weight at every
     step (the same round-to-nearest conversion); without autocast the weights stay float32."""
     from transformers import DynamicCache
     m, _ = build_tiny(["hello world 0123456789 abcdef"], arch="llama", layers=2)
@@ -88,6 +88,8 @@ def test_autocast_weights_cast_once_give_the_same_logits(half):
             dec = StaticDecoder(m, cache, rep, mask[rep], capacity=ids.shape[1] + 4, cast_weights=cast)
             assert dec.head.dtype == (half if cast else torch.float32)
             assert dec.layers[0][2].dtype == (half if cast else torch.float32)  # the fused [W_q; W_k; W_v]
+            # the KV cache (without the cast: keys float32 from the float32 RoPE, values as v_proj gave them)
+            assert dec.keys[0].dtype == (half if cast else torch.float32) and dec.values[0].dtype == half
             g = torch.Generator().manual_seed(1)
             step = []
             for t in range(4):

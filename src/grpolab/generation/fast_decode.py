@@ -17,6 +17,8 @@ layer's keys and values at every step, mask construction, and Python calls of
   to autocast's dtype once per sampling call instead of by autocast at every
   product of every step (the same rounding, so the same logits; half the bytes
   streamed per step instead of float32 read, cast and read again);
+* likewise the key/value buffers held in autocast's dtype (written once per position; attention's
+  products under autocast would cast the whole float32 cache of every layer at every step);
 * activations kept as ``[features, rows]`` so every linear layer is ``W @ X``,
   the shape the CPU BLAS runs fastest for a few rows (see
   ``sampling.small_batch_linears``);
@@ -135,8 +137,11 @@ class StaticDecoder:
         self.keys, self.values = [], []
         for layer_cache in cache.layers:
             k, v = layer_cache.keys, layer_cache.values  # [n, kv_heads, P, head_dim]
-            K = k.new_zeros(rows, self.kv_heads, capacity, self.head_dim)
-            V = torch.zeros_like(K)
+            # under autocast the cache is held in autocast's dtype: attention's products would cast the whole
+            # float32 cache at every step of every layer (the same rounding, once per written position instead)
+            kv_dtype = self.weight_dtype or k.dtype
+            K = k.new_zeros(rows, self.kv_heads, capacity, self.head_dim, dtype=kv_dtype)
+            V = torch.zeros_like(K, dtype=self.weight_dtype or v.dtype)
             K[:, :, :P] = k[rows_index]
             V[:, :, :P] = v[rows_index]
             self.keys.append(K)
@@ -274,8 +279,8 @@ def layer_step(H: int, KV: int, D: int, scale: float, inter: int, softmax_dtype:
             V[:, :, t] = qkv[:, (H + KV) * D:].reshape(r, KV, D)
             K, V = K[:, :, : t + 1], V[:, :, : t + 1]
         else:  # compiled: position as a tensor, attention over the whole buffer (masked), so no shape changes
-            K.index_copy_(2, t, qk[:, H:, None])
-            V.index_copy_(2, t, qkv[:, (H + KV) * D:].reshape(r, KV, 1, D))
+            K.index_copy_(2, t, qk[:, H:, None].to(K.dtype))
+            V.index_copy_(2, t, qkv[:, (H + KV) * D:].reshape(r, KV, 1, D).to(V.dtype))
         q = qk[:, :H].reshape(r, KV, H // KV, D)  # queries grouped under their key/value head
         scores = (q @ K.transpose(-1, -2)) * scale  # [r, KV, H/KV, L]
         scores = scores + bias
