@@ -49,8 +49,11 @@ def parts(cluster):
 
 
 def config(**kw):
+    # dtype float32 set: the module-scoped engines are built before conftest pins the CPU kind for a test, and
+    # dtype auto would sample in bfloat16 on a CPU with native bf16 (the expected values here are float32)
     return Config.build({"model": "tiny", "task": "repeat", "num_generations": G, "max_completion_length": MAX_LEN,
-                         "micro_batch_size": 16, "temperature": 1.0, "seed": 5, "generation_worker_cpus": 0.25, **kw})
+                         "micro_batch_size": 16, "temperature": 1.0, "seed": 5, "generation_worker_cpus": 0.25,
+                         "dtype": "float32", **kw})
 
 
 ENGINES = []
@@ -334,3 +337,37 @@ def test_why_a_worker_died_is_read_from_rays_message():
                                            "to the node running low on memory.", False)
     assert "preempted" in death_cause(head, True)
     assert death_cause(head + "Something new.", False) == "Ray's report ends: Something new."
+
+
+def test_workers_sample_in_the_trainers_precision_and_compile_setting():
+    """A worker samples under autocast in the dtype the trainer resolves (bfloat16 here): tokens and behaviour
+    log-probs equal the trainer's own sampler under the same autocast, and differ from float32 sampling; the
+    settings carry compile_decode, which the worker configures in its process. No Ray needed: the actor class."""
+    from grpolab.distributed.ray_workers import RolloutWorker, worker_settings
+    from grpolab.generation.fast_decode import COMPILE
+    saved = dict(COMPILE)
+    try:
+        task = get_task("repeat")
+        rows = task.train_rows[:4]
+        model, tok = load_policy("tiny", task_texts=model_texts(rows), seed=0, log=lambda *a: None)
+        s = worker_settings(config(dtype="bfloat16", compile_decode="off"))
+        assert s["dtype"] == "bfloat16" and s["compile_decode"] == "off" and s["static_cache"] is True
+        assert worker_settings(config(dtype="float32"))["dtype"] == "float32"
+        ids = tok(render_prompt(tok, rows[0]["prompt"]), return_tensors="pt", add_special_tokens=False)["input_ids"]
+        req = [{"prompt": ids[0].tolist(), "n": G, "temperature": 1.0, "seed": 11}]
+        worker = RolloutWorker(model, tok, s)
+        assert worker.compile_reason == "compile_decode off: eager decode step"
+        got = worker.generate(req, 0)["groups"][0]
+        expect = {}
+        for dtype in (torch.bfloat16, torch.float32):
+            with torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+                out = sample_completions(model, ids, torch.ones_like(ids), num_samples=G, max_new_tokens=MAX_LEN,
+                                         eos_ids=eos_token_ids(tok, model), pad_id=tok.pad_token_id,
+                                         temperature=1.0, generator=torch.Generator().manual_seed(11))
+            expect[dtype] = [(out.completion_ids[i, :n].tolist(), out.logprobs[i, :n].tolist())
+                             for i, n in enumerate(out.lengths.tolist())]
+        assert [(ids_, lps) for ids_, lps, _ in got] == expect[torch.bfloat16]
+        assert [lps for _, lps in expect[torch.bfloat16]] != [lps for _, lps in expect[torch.float32]]
+    finally:
+        COMPILE.clear()
+        COMPILE.update(saved)

@@ -72,26 +72,49 @@ def import_ray():
     return ray
 
 
+def worker_settings(cfg) -> dict:
+    """What each :class:`RolloutWorker` samples with, from the config: the trainer's sampler settings, the
+    forward precision the trainer resolves for ``dtype`` on the workers' device (so behaviour log-probs come
+    from the precision the loss is computed in) and ``compile_decode``."""
+    from ..devices import resolve_dtype
+    device = torch.device("cuda" if cfg.generation_worker_gpus > 0 and torch.cuda.is_available() else "cpu")
+    return {"max_new_tokens": cfg.max_completion_length, "top_k": cfg.top_k, "top_p": cfg.top_p,
+            "sampling_method": cfg.sampling_method, "static_cache": cfg.static_kv_cache,
+            "compile_decode": cfg.compile_decode,
+            "dtype": str(resolve_dtype(cfg.dtype, device)).removeprefix("torch."),
+            "threads": max(1, int(cfg.generation_worker_cpus)), "gpus": cfg.generation_worker_gpus}
+
+
 class RolloutWorker:
     """One generation engine (what a Ray actor holds): a copy of the policy, or a vLLM engine.
 
-    ``settings``: ``max_new_tokens``, ``top_k``, ``top_p``, ``sampling_method``,
-    ``static_cache``, ``threads``, ``gpus`` (> 0: the policy copy samples on the actor's GPU). ``engine_factory`` (a picklable zero-argument
-    callable) builds a vLLM-like engine in the actor (``generate``, ``continue_``,
-    ``sync``); then the policy copy only receives the pushed weights and hands
-    them to it.
+    ``settings`` (:func:`worker_settings`): ``max_new_tokens``, ``top_k``, ``top_p``, ``sampling_method``,
+    ``static_cache``, ``compile_decode``, ``dtype`` (the forward precision: bfloat16 / float16 sample under
+    autocast, like the trainer's own sampler), ``threads``, ``gpus`` (> 0: the policy copy samples on the
+    actor's GPU). ``engine_factory`` (a picklable zero-argument callable) builds a vLLM-like engine in the
+    actor (``generate``, ``continue_``, ``sync``); then the policy copy only receives the pushed weights and
+    hands them to it.
     """
 
     def __init__(self, model, tokenizer, settings: dict, engine_factory=None):
+        from ..devices import DTYPES
+        from ..generation.fast_decode import configure_compile
         torch.set_num_threads(max(1, int(settings.get("threads", 1))))
         self.model = model.eval().requires_grad_(False)
         if settings.get("gpus", 0) > 0 and engine_factory is None and torch.cuda.is_available():
             self.model.to("cuda")  # the GPU Ray gave this actor (CUDA_VISIBLE_DEVICES is set by Ray)
+        self.dtype = DTYPES[settings.get("dtype", "float32")]
+        self.compile_reason = configure_compile(settings.get("compile_decode", "off"), log=lambda *a: None)
         self.tok = tokenizer
         self.s = settings
         self.eos = eos_token_ids(tokenizer, model)
         self.version = 0
         self.engine = engine_factory() if engine_factory is not None else None
+
+    def precision(self):
+        """Autocast in the trainer's forward precision (a no-op for float32), as the trainer samples."""
+        from ..devices import autocast
+        return autocast(next(self.model.parameters()).device, self.dtype)
 
     def check(self, min_version: int) -> None:
         if self.version < min_version:
@@ -135,12 +158,13 @@ class RolloutWorker:
                                                    max_tokens=s["max_new_tokens"], seed=r["seed"]))
                 continue
             ids = torch.tensor([r["prompt"]], dtype=torch.long)
-            out = sample_completions(self.model, ids, torch.ones_like(ids), num_samples=r["n"],
-                                     max_new_tokens=s["max_new_tokens"], eos_ids=self.eos,
-                                     pad_id=self.tok.pad_token_id, temperature=r["temperature"],
-                                     top_k=s["top_k"], top_p=s["top_p"],
-                                     generator=torch.Generator().manual_seed(r["seed"]),
-                                     method=s["sampling_method"], static_cache=s["static_cache"])
+            with self.precision():
+                out = sample_completions(self.model, ids, torch.ones_like(ids), num_samples=r["n"],
+                                         max_new_tokens=s["max_new_tokens"], eos_ids=self.eos,
+                                         pad_id=self.tok.pad_token_id, temperature=r["temperature"],
+                                         top_k=s["top_k"], top_p=s["top_p"],
+                                         generator=torch.Generator().manual_seed(r["seed"]),
+                                         method=s["sampling_method"], static_cache=s["static_cache"])
             groups.append([(out.completion_ids[i, :n].tolist(), out.logprobs[i, :n].tolist(),
                             not bool(out.truncated[i])) for i, n in enumerate(out.lengths.tolist())])
         return {"version": self.version, "groups": groups, "generated": self._generated_since(before)}
@@ -165,11 +189,12 @@ class RolloutWorker:
                                              temperature=[r["temperature"]], top_k=s["top_k"], top_p=s["top_p"],
                                              stop=r["stop"], stop_token_ids=r["stop_token_ids"], seed=r["seed"])
                 continue
-            c = continue_sequences(self.model, self.tok, [r["context"]], max_new_tokens=r["max_tokens"],
-                                   temperature=r["temperature"], top_k=s["top_k"], top_p=s["top_p"],
-                                   generator=torch.Generator().manual_seed(r["seed"]),
-                                   stop_token_ids=r["stop_token_ids"], stop_strings=r["stop"],
-                                   sampling_method=s["sampling_method"], static_cache=s["static_cache"])
+            with self.precision():
+                c = continue_sequences(self.model, self.tok, [r["context"]], max_new_tokens=r["max_tokens"],
+                                       temperature=r["temperature"], top_k=s["top_k"], top_p=s["top_p"],
+                                       generator=torch.Generator().manual_seed(r["seed"]),
+                                       stop_token_ids=r["stop_token_ids"], stop_strings=r["stop"],
+                                       sampling_method=s["sampling_method"], static_cache=s["static_cache"])
             ids, reason = c.ids[0], c.finish_reasons[0]
             stop_reason = {"stop_string": "stop string", "stop_token": ids[-1] if ids else None}.get(reason)
             out.append((ids, c.logprobs[0], "length" if reason == "length" else "stop", stop_reason))
@@ -194,9 +219,7 @@ class RayRolloutEngine:
         if engine_factory is None and cfg.generation_engine == "vllm":
             engine_factory = vllm_factory(cfg)
         self.uses_engine = engine_factory is not None
-        settings = {"max_new_tokens": cfg.max_completion_length, "top_k": cfg.top_k, "top_p": cfg.top_p,
-                    "sampling_method": cfg.sampling_method, "static_cache": cfg.static_kv_cache,
-                    "threads": max(1, int(cfg.generation_worker_cpus)), "gpus": cfg.generation_worker_gpus}
+        settings = worker_settings(cfg)
         total = ray.cluster_resources()
         for res, per in (("CPU", cfg.generation_worker_cpus), ("GPU", cfg.generation_worker_gpus)):
             if cfg.generation_workers * per > total.get(res, 0.0) + 1e-9:
