@@ -1,4 +1,5 @@
 """Rollout schedules and in-process resume of everything a checkpoint holds."""
+import pytest
 import torch
 
 from grpolab.config import Config
@@ -342,14 +343,16 @@ def test_dynamic_sampling_every_round_is_a_whole_generation_batch(tiny_args, mon
     assert stats["dynamic_sampling/generated_groups"] == 16
 
 
-def test_dapo_recipe_trains_end_to_end(tiny_args):
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_dapo_recipe_trains_end_to_end(tiny_args, adaptive):
     from grpolab.recipes import recipe_overrides
 
-    t = _trainer({**tiny_args, **recipe_overrides("dapo"), "steps": 2})
+    t = _trainer({**tiny_args, **recipe_overrides("dapo"), "steps": 2, "dynamic_sampling_adaptive": adaptive})
     t.train(progress=False)
     rows = read_metrics(tiny_args["out"])
     assert len(rows) == 2
     assert all("dynamic_sampling/rounds" in r or r.get("skipped") for r in rows)
+    assert all(("dynamic_sampling/keep_rate" in r) == adaptive for r in rows if not r.get("skipped"))
 
 
 def test_dynamic_sampling_keys_belong_to_its_collector():
@@ -402,3 +405,57 @@ def test_a_rollout_with_nothing_to_train_skips_the_step(tiny_args):
     tr.strategy = real
     m = tr.train_step()
     assert m["skipped"] == 0 and tr.step == 2 and m["loss"] is not None
+
+
+def _every_other_group_varies(t, calls):
+    real_score = t.scorer.score
+
+    def score(batch):  # the round's groups 0, 2, 4, ... vary; 1, 3, ... are constant
+        errors = real_score(batch)
+        for j, g in enumerate(torch.unique(batch.group_ids)):
+            rows = batch.group_ids == g
+            batch.rewards[rows, 0] = 1.0 if j % 2 else torch.arange(int(rows.sum()), dtype=torch.float32)
+        calls.append(len(torch.unique(batch.group_ids)))
+        return errors
+    return score
+
+
+def test_adaptive_dynamic_sampling_sizes_rounds_by_the_keep_rate(tiny_args, monkeypatch, tmp_path):
+    """dynamic_sampling_adaptive: the first round is the fixed one (4 prompts; 2 of 4 groups vary); a round is
+    ceil(oversample x need / rate) with rate = (kept + 1) / (generated + 1) over counts decayed 0.8 per step, by
+    hand: round 2 of step 1: need 2, rate 3/5 -> 4 prompts (2 vary: done); step 2: counts 0.8 x (4, 8) = (3.2,
+    6.4), rate 4.2 / 7.4, need 4 -> ceil(7.05) = 8 prompts in one round. The state resumes; a cap holds."""
+    t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_adaptive": True, "steps": 2})
+    calls = []
+    monkeypatch.setattr(t.scorer, "score", _every_other_group_varies(t, calls))
+    batch, _, stats = t.collect()
+    assert calls == [4, 4] and stats["dynamic_sampling/rounds"] == 2 and len(torch.unique(batch.group_ids)) == 4
+    assert t.collector.fn.seen == [4.0, 8.0] and stats["dynamic_sampling/keep_rate"] == 5 / 9
+    fn = t.collector.fn
+    fn.seen = [v * fn.DECAY for v in fn.seen]  # what the next call does first, to read its round size
+    assert fn.round_size(4, 4) == 8
+    fn.seen = [4.0, 8.0]
+    calls.clear()
+    batch, _, stats = t.collect()
+    assert calls == [8] and stats["dynamic_sampling/rounds"] == 1 and len(torch.unique(batch.group_ids)) == 4
+    assert fn.seen == pytest.approx([3.2 + 4, 6.4 + 8])
+    # the decayed counts are component state: a checkpoint resumes them
+    fresh = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_adaptive": True, "steps": 2,
+                      "out": str(tmp_path / "other")})
+    fresh.collector.fn.load_state_dict(fn.state_dict())
+    assert fresh.collector.fn.seen == fn.seen and t.collector.stateful
+    # the cap: never more than max_rounds x oversample x prompts_per_step prompts in a round
+    fn.seen = [0.0, 1000.0]
+    assert fn.round_size(4, 4) == 4 * 4 and fn.round_size(1, 4) == 16
+
+
+def test_adaptive_dynamic_sampling_first_step_is_the_fixed_path(tiny_args):
+    """Before any round the keep rate is 1, so the first step's rounds (and batch) are the fixed path's."""
+    batches = []
+    for adaptive in (False, True):
+        t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_adaptive": adaptive, "steps": 1,
+                      "out": f"{tiny_args['out']}-{adaptive}"})
+        batches.append(t.collect()[0])
+    a, b = batches
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.group_ids, b.group_ids)
+    assert torch.equal(a.behavior_logprobs, b.behavior_logprobs)

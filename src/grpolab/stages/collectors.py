@@ -58,7 +58,9 @@ class DynamicSampling:
     recipe/dapo/run_dapo_qwen2.5_32b.sh): ``filter_groups.metric=acc`` (``dynamic_sampling_metric:
     accuracy``), ``data.gen_batch_size`` prompts per round (``dynamic_sampling_oversample``; the script sets
     ``gen_prompt_bsz = 3 x train_prompt_bsz``), the accumulated batch truncated to ``train_batch_size``
-    groups, ``max_num_gen_batches`` rounds (``dynamic_sampling_max_rounds``). Known differences: after the
+    groups, ``max_num_gen_batches`` rounds (``dynamic_sampling_max_rounds``). ``dynamic_sampling_adaptive``
+    (grpolab's, off by default) sizes each round by the groups still needed over the keep rate seen so far,
+    so the rounds verl would run one after another are decoded as one batch. Known differences: after the
     last round verl raises an error, grpolab warns and trains on the groups it kept (the step is skipped if
     none); verl keeps a group when its metric has ``np.std > 0`` or it has one completion, grpolab when its
     Bessel std exceeds 1e-6 (algorithms/filters.py: float noise never passes a constant group, a group of one
@@ -77,10 +79,41 @@ class DynamicSampling:
                           "over-sampling)"),
                  dynamic_sampling_max_rounds: int = param(
                      4, "generation rounds per step before dynamic sampling gives up and trains on the groups it "
-                        "has (with a warning; verl max_num_gen_batches, where it is an error)")):
+                        "has (with a warning; verl max_num_gen_batches, where it is an error)"),
+                 dynamic_sampling_adaptive: bool = param(
+                     False, "size each round by the groups still needed over the fraction of groups kept so far "
+                            "(decayed 0.8 per step), so a step's expected rounds are decoded as one batch (more "
+                            "rows per decode step, fewer rounds); capped at max_rounds x oversample x "
+                            "prompts_per_step prompts; off = verl's fixed gen_batch_size rounds")):
         self.oversample = float(dynamic_sampling_oversample)
         self.max_rounds = int(dynamic_sampling_max_rounds)
         self.column = self._column(dynamic_sampling_metric, list(reward_names), accuracy_reward)
+        self.adaptive = bool(dynamic_sampling_adaptive)
+        self.seen = [0.0, 0.0]  # adaptive: decayed counts of (groups with signal, groups generated)
+
+    DECAY = 0.8  # adaptive: weight of the previous steps' counts at each new step
+
+    def keep_rate(self) -> float:
+        """Estimated fraction of generated groups with signal: (kept + 1) / (generated + 1) over the decayed
+        counts (1 before any round: the first round is the fixed one)."""
+        kept, generated = self.seen
+        return (kept + 1.0) / (generated + 1.0)
+
+    def round_size(self, need: int, prompts_per_step: int) -> int:
+        """Prompts the next round generates: ``ceil(oversample x prompts_per_step)`` (verl's gen_batch_size), or
+        with ``dynamic_sampling_adaptive`` ``ceil(oversample x need / keep_rate)`` capped at
+        ``ceil(max_rounds x oversample x prompts_per_step)`` (the most the fixed rounds generate in a step)."""
+        fixed = math.ceil(self.oversample * prompts_per_step - 1e-9)
+        if not self.adaptive:
+            return fixed
+        cap = math.ceil(self.max_rounds * self.oversample * prompts_per_step - 1e-9)
+        return max(1, min(cap, math.ceil(self.oversample * need / self.keep_rate() - 1e-9)))
+
+    def state_dict(self) -> dict:
+        return {"seen": list(self.seen)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = [float(v) for v in state["seen"]]
 
     @staticmethod
     def _column(metric: str, names: list[str], accuracy_reward: str | None) -> int | None:
@@ -106,15 +139,19 @@ class DynamicSampling:
 
     def __call__(self, generate, scalar, prompts_per_step: int, step: int, log, pad_id: int):
         kept, errors, generated, dropped, n_kept = [], 0, 0, 0, 0
-        n_prompts = math.ceil(self.oversample * prompts_per_step - 1e-9)
+        self.seen = [self.DECAY * v for v in self.seen]
         for round_ in range(self.max_rounds):
             need = prompts_per_step - n_kept
+            n_prompts = self.round_size(need, prompts_per_step)
             batch, round_errors = generate(n_prompts)
             errors += round_errors
             generated += n_prompts
             values = self.values(batch, scalar)
             keep = zero_variance_groups(values, batch.group_ids)
-            dropped += zero_variance_groups_count(values, batch.group_ids)
+            n_dropped = zero_variance_groups_count(values, batch.group_ids)
+            dropped += n_dropped
+            n_groups = len(torch.unique(batch.group_ids))
+            self.seen = [self.seen[0] + n_groups - n_dropped, self.seen[1] + n_groups]
             if keep.any():
                 groups = torch.unique(batch.group_ids[keep])[:need]  # over-sampled surplus is discarded
                 rows = (keep & torch.isin(batch.group_ids, groups)).nonzero().squeeze(-1)
@@ -127,6 +164,8 @@ class DynamicSampling:
                 f"{self.max_rounds} rounds (dynamic_sampling_max_rounds); training on what it has")
         stats = {"dynamic_sampling/rounds": round_ + 1, "dynamic_sampling/generated_groups": generated,
                  "dynamic_sampling/dropped_groups": dropped, "frac_zero_std_groups": dropped / max(generated, 1)}
+        if self.adaptive:
+            stats["dynamic_sampling/keep_rate"] = self.keep_rate()
         if not kept:
             return None, errors, stats
         return RolloutBatch.concat(kept, pad_id=pad_id), errors, stats
