@@ -186,16 +186,18 @@ def test_reused_heap_computes_the_same():
         assert torch.equal(torch.log_softmax(x, -1), before), reason
 
 
-@pytest.mark.parametrize("num_iterations", [1, 2])
-def test_weights_cast_once_per_pass_gives_the_same_gradients(tiny_args, num_iterations):
+@pytest.mark.parametrize("num_iterations,checkpointing", [(1, False), (2, False), (1, True)])
+def test_weights_cast_once_per_pass_gives_the_same_gradients(tiny_args, num_iterations, checkpointing):
     """bfloat16: the update's pass-wide autocast region (each weight cast once per optimiser pass, backward with
     autocast off) gives bit for bit the gradients of a cast per micro-batch (the region replaced by a no-op),
-    over 4 micro-batches and across optimiser passes (the cache must not outlive a pass: the weights change)."""
+    over 4 micro-batches and across optimiser passes (the cache must not outlive a pass: the weights change), and
+    with gradient checkpointing (the backward's recomputation runs inside the region)."""
     import contextlib
     grads = {}
     for shared in (True, False):
         t = Trainer(Config.build({**tiny_args, "out": f"{tiny_args['out']}-{shared}", "dtype": "bfloat16",
-                                  "micro_batch_size": 4, "num_iterations": num_iterations}), log=lambda *a: None)
+                                  "micro_batch_size": 4, "num_iterations": num_iterations,
+                                  "gradient_checkpointing": checkpointing}), log=lambda *a: None)
         if not shared:
             t.pass_precision = contextlib.nullcontext
         seen = grads[shared] = []

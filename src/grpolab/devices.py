@@ -180,9 +180,9 @@ def reuse_freed_memory(mode: str, device: torch.device, libc=None) -> str:
     On the CPU torch allocates with glibc ``malloc``, which serves every block over 32 MB (a ``[512, 49152]``
     logit or softmax tensor, a weight's bfloat16 copy) with a fresh ``mmap`` and unmaps it when freed: the
     next step's same-sized tensor is faulted in again page by page (4 KB each), and the kernel zeroes every
-    page. Measured on the benchmark job (2-core CPU, bfloat16): about a third of the step's time was system
-    time, and a ``[512, 49152]`` subtract-and-exp ran 41 ms on fresh memory against 21 ms into reused memory
-    (docs/performance.md, "Reusing freed memory"). ``mallopt(M_MMAP_MAX, 0)`` serves every block from the heap
+    page. Measured on the benchmark job (2-core AVX512-BF16 CPU, bfloat16): a 3-step run spent 24 s of its 70 s
+    in system time (12 s with reuse), and a ``[512, 49152]`` subtract-and-exp ran 41 ms on fresh memory against
+    22 ms into reused memory (docs/performance.md, "bfloat16 on a CPU with bf16 matrix instructions"). ``mallopt(M_MMAP_MAX, 0)`` serves every block from the heap
     and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keeps up to 1 GiB of freed memory there, so a step reuses the
     last step's pages. Peak memory is the same working set (measured +1%); memory freed is kept by the
     process rather than returned.
