@@ -153,3 +153,22 @@ def test_cpu_floor_is_taken_at_the_rate_of_the_run_precision(monkeypatch):
         bf16, [], summ, 1e9, None, None, None, 1.0)
     assert "measured float32 matmul rate" in bench.render(bench._parser().parse_args([]), [], summ, 1e9, None,
                                                           None, None, 1.0)
+
+
+def test_trl_heap_reuse_gives_trl_grpolabs_glibc_settings(monkeypatch):
+    """--trl-heap-reuse: the TRL worker process gets glibc's environment form of cpu_heap_reuse (the values
+    devices.reuse_freed_memory sets with mallopt), grpolab's does not, and the report says so."""
+    a = bench._parser().parse_args(["--trl-heap-reuse"])
+    assert bench.trl_heap_env() == {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+    assert bench.worker_env(a, "trl") == bench.trl_heap_env() and bench.worker_env(a, "grpolab") is None
+    assert bench.worker_env(bench._parser().parse_args([]), "trl") is None
+    seen = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: seen.append(kw["env"]) or type(
+        "P", (), {"stdout": 'BENCH_RESULT {"lib": "trl"}', "returncode": 0, "stderr": ""})())
+    assert bench._spawn("trl", [], env=bench.worker_env(a, "trl")) == {"lib": "trl"}
+    assert seen[0]["MALLOC_MMAP_MAX_"] == "0" and seen[0]["HF_HUB_OFFLINE"] == "1"
+    run = {"step_s": [2.0], "gen_tokens": [10.0], "peak_rss": 2 ** 30}
+    table = bench.render(a, [], {"trl": bench._summary([run])}, 1e9, None, None, None, 1.0)
+    assert "TRL without vLLM and with MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=1073741824" in table
+    assert "MALLOC" not in bench.render(bench._parser().parse_args([]), [], {"trl": bench._summary([run])}, 1e9,
+                                        None, None, None, 1.0)

@@ -374,13 +374,29 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-checks", action="store_true",
                    help="also measure the matmul rate per dtype and sampler-vs-training log-prob consistency")
     p.add_argument("--grpolab-set", nargs="*", default=[], help="extra grpolab config key=value")
+    p.add_argument("--trl-heap-reuse", action="store_true",
+                   help="run TRL with the glibc heap settings grpolab's cpu_heap_reuse applies on the CPU "
+                        "(MALLOC_MMAP_MAX_=0, MALLOC_TRIM_THRESHOLD_=1 GiB), to compare the libraries, not the "
+                        "allocators")
     p.add_argument("--out", default=None, help="write the markdown report here (e.g. docs/benchmarks.md)")
     return p
 
 
-def _spawn(lib: str, argv: list[str]) -> dict:
+def trl_heap_env() -> dict[str, str]:
+    """glibc's environment-variable form of :func:`grpolab.devices.reuse_freed_memory` (``--trl-heap-reuse``)."""
+    from .devices import HEAP_KEEP_BYTES
+    return {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(HEAP_KEEP_BYTES)}
+
+
+def worker_env(a, lib: str) -> dict | None:
+    """Extra environment of a library's timed process: TRL's with ``--trl-heap-reuse``, else none."""
+    return trl_heap_env() if lib == "trl" and a.trl_heap_reuse else None
+
+
+def _spawn(lib: str, argv: list[str], env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "grpolab.bench", "worker", "--lib", lib] + argv
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     for line in proc.stdout.splitlines():
         if line.startswith("BENCH_RESULT "):
             return json.loads(line[len("BENCH_RESULT "):])
@@ -516,7 +532,7 @@ def speed(argv: list[str]) -> int:
     for r in range(a.rounds):
         for lib in libs:
             print(f"[bench] round {r + 1}/{a.rounds}: {lib} ...", file=sys.stderr, flush=True)
-            res = _spawn(lib, _pass_through(a))
+            res = _spawn(lib, _pass_through(a), env=worker_env(a, lib))
             runs[lib].append(res)
             print(f"[bench]   step times {[round(s, 2) for s in res['step_s']]} s, peak RSS "
                   f"{res['peak_rss'] / 2 ** 20:.0f} MB", file=sys.stderr, flush=True)
@@ -570,6 +586,8 @@ def _cuda_name() -> str:
 
 def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakdown=None) -> str:
     cmd = "grpolab bench speed " + " ".join(argv)
+    trl_env = (" and with " + ", ".join(f"{k}={v}" for k, v in trl_heap_env().items()) + " (grpolab's cpu_heap_reuse)"
+               if getattr(a, "trl_heap_reuse", False) else "")
     lines = ["# Benchmarks", "",
              "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
              f"    {cmd.strip()}", "",
@@ -582,7 +600,7 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
              f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
              f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
-             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM; grpolab samples with "
+             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM{trl_env}; grpolab samples with "
              f"`sampling_method: inverse_cdf`"
              f"{'; grpolab settings ' + ', '.join(f'`{kv}`' for kv in a.grpolab_set) if a.grpolab_set else ''}. "
              f"{a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
