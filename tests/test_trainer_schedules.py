@@ -295,25 +295,14 @@ def test_dynamic_sampling_metric_errors_name_the_fix(tiny_args, tmp_path, monkey
 def test_dynamic_sampling_oversamples_and_truncates(tiny_args, monkeypatch):
     t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 2.0, "steps": 1})
     calls = []
-    real_score = t.scorer.score
-
-    def score(batch):  # every other group constant
-        errors = real_score(batch)
-        for j, g in enumerate(torch.unique(batch.group_ids)):
-            rows = batch.group_ids == g
-            batch.rewards[rows, 0] = 1.0 if j % 2 else torch.arange(int(rows.sum()), dtype=torch.float32)
-        calls.append(len(torch.unique(batch.group_ids)))
-        return errors
-
-    monkeypatch.setattr(t.scorer, "score", score)
+    monkeypatch.setattr(t.scorer, "score", _every_other_group_varies(t, calls))
     batch, _, stats = t.collect()
     # 8 prompts generated for 4 needed, 4 of them vary: one round, no surplus
     assert calls == [8] and len(torch.unique(batch.group_ids)) == 4
     assert stats["dynamic_sampling/generated_groups"] == 8 and stats["dynamic_sampling/dropped_groups"] == 4
     # factor 3: 12 prompts, 6 vary, the first 4 are kept (verl truncates to the train batch)
     t = _trainer({**tiny_args, "dynamic_sampling": True, "dynamic_sampling_oversample": 3.0, "steps": 1})
-    real_score = t.scorer.score
-    monkeypatch.setattr(t.scorer, "score", score)
+    monkeypatch.setattr(t.scorer, "score", _every_other_group_varies(t, calls))
     calls.clear()
     batch, _, stats = t.collect()
     assert calls == [12] and len(torch.unique(batch.group_ids)) == 4 and stats["dynamic_sampling/rounds"] == 1
