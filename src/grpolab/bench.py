@@ -586,8 +586,9 @@ def _cuda_name() -> str:
 
 def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakdown=None) -> str:
     cmd = "grpolab bench speed " + " ".join(argv)
-    trl_env = (" and with " + ", ".join(f"{k}={v}" for k, v in trl_heap_env().items()) + " (grpolab's cpu_heap_reuse)"
-               if getattr(a, "trl_heap_reuse", False) else "")
+    trl_env = ""
+    if getattr(a, "trl_heap_reuse", False):
+        trl_env = f" and with {', '.join(f'{k}={v}' for k, v in trl_heap_env().items())} (grpolab's cpu_heap_reuse)"
     lines = ["# Benchmarks", "",
              "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
              f"    {cmd.strip()}", "",
@@ -600,7 +601,8 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
              f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
              f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
              f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
-             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM{trl_env}; grpolab samples with "
+             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM{trl_env}; grpolab "
+             f"samples with "
              f"`sampling_method: inverse_cdf`"
              f"{'; grpolab settings ' + ', '.join(f'`{kv}`' for kv in a.grpolab_set) if a.grpolab_set else ''}. "
              f"{a.warmup} warm-up step(s) then {a.steps} timed steps per run, "

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from .devices import check_device_spec
+from .devices import HEAP_MODES, check_device_spec
 from .errors import ConfigError
 from .registry import (ADVANTAGES, AGGREGATIONS, ALL_REGISTRIES, BATCH_STAGES, CAPABILITIES, COLLECTORS,
                        KL_ESTIMATORS, POLICIES, POLICY_LOSSES, REGULARIZERS, REWARD_SPECS, REWARD_TRANSFORMS,
@@ -228,9 +228,9 @@ class Config:
                     ["auto", "float32", "bfloat16", "float16"])
     cpu_heap_reuse: str = _f("auto", "keep freed CPU memory in the process's heap for the next step instead of "
                                      "unmapping blocks over 32 MB and faulting them in again (glibc mallopt; "
-                                     "measured ~15% off a bf16 CPU step, docs/performance.md): 'auto' = on when "
-                                     "the policy runs on the CPU, 'on' = also beside a GPU, 'off' = glibc's "
-                                     "default", ["auto", "on", "off"])
+                                     "measured on a bf16 CPU: system time halved, step 19.3 -> 18.7 s, "
+                                     "docs/performance.md): 'auto' = on when the policy runs on the CPU, 'on' = "
+                                     "also beside a GPU, 'off' = glibc's default", list(HEAP_MODES))
     static_kv_cache: bool = _f(True, "decode Llama / Qwen2 models with a preallocated KV cache and fused "
                                      "projections (same forward; generation/fast_decode.py)")
     compile_decode: str = _f("off", "compile the static-KV-cache decode step's layers with torch.compile "

@@ -182,10 +182,10 @@ def reuse_freed_memory(mode: str, device: torch.device, libc=None) -> str:
     next step's same-sized tensor is faulted in again page by page (4 KB each), and the kernel zeroes every
     page. Measured on the benchmark job (2-core AVX512-BF16 CPU, bfloat16): a 3-step run spent 24 s of its 70 s
     in system time (12 s with reuse), and a ``[512, 49152]`` subtract-and-exp ran 41 ms on fresh memory against
-    22 ms into reused memory (docs/performance.md, "bfloat16 on a CPU with bf16 matrix instructions"). ``mallopt(M_MMAP_MAX, 0)`` serves every block from the heap
-    and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keeps up to 1 GiB of freed memory there, so a step reuses the
-    last step's pages. Peak memory is the same working set (measured +1%); memory freed is kept by the
-    process rather than returned.
+    22 ms into reused memory (docs/performance.md, "bfloat16 on a CPU with bf16 matrix instructions").
+    ``mallopt(M_MMAP_MAX, 0)`` serves every block from the heap and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` keeps
+    up to 1 GiB of freed memory there, so a step reuses the last step's pages. Peak memory is the same working
+    set (measured +1%); memory freed is kept by the process rather than returned.
 
     ``mode`` (config ``cpu_heap_reuse``): ``auto`` = on when the policy runs on the CPU with glibc, ``on`` =
     also when it runs on a GPU (the host side), ``off`` = leave the allocator as it is. Process-wide and not

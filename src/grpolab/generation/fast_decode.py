@@ -139,9 +139,9 @@ class StaticDecoder:
             k, v = layer_cache.keys, layer_cache.values  # [n, kv_heads, P, head_dim]
             # under autocast the cache is held in autocast's dtype: attention's products would cast the whole
             # float32 cache at every step of every layer (the same rounding, once per written position instead)
-            kv_dtype = self.weight_dtype or k.dtype
-            K = k.new_zeros(rows, self.kv_heads, capacity, self.head_dim, dtype=kv_dtype)
-            V = torch.zeros_like(K, dtype=self.weight_dtype or v.dtype)
+            buf = (rows, self.kv_heads, capacity, self.head_dim)
+            K = k.new_zeros(buf, dtype=self.weight_dtype or k.dtype)
+            V = v.new_zeros(buf, dtype=self.weight_dtype or v.dtype)
             K[:, :, :P] = k[rows_index]
             V[:, :, :P] = v[rows_index]
             self.keys.append(K)
