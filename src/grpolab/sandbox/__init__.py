@@ -22,9 +22,12 @@ and runs the ``preload`` calls (e.g. building the datasets a scorer needs, so
 children start warm). For each call it forks a fresh child, which
 
 * is process 1 of a PID namespace of its own (killed with everything it started
-  when the call ends or times out) and pivots into the view: a minimal
-  read-only root with a scratch directory (its working directory, deleted
-  afterwards), no host path it does not need, no network;
+  when the call ends or times out), gets mount and IPC namespaces of its own and
+  pivots into the view: a minimal read-only root with a scratch directory (its
+  working directory: a fresh tmpfs of ``tmp_mb``, gone with the call), no host
+  path it does not need, no network;
+* joins a memory cgroup of its own limited to ``memory_mb`` where the worker can
+  make one (:class:`jail.MemoryCgroup`), so shared memory and files count too;
 * drops every capability and loads a seccomp filter that refuses new
   processes, exec, sockets, ptrace, mounts, namespaces, keyrings, bpf, ...;
 * has a minimal environment and no file descriptor but its stdout, stderr and
@@ -38,9 +41,11 @@ children start warm). For each call it forks a fresh child, which
 Every call runs in a fresh child, so nothing one call does to its process
 (monkey-patching the scorer, say) reaches the next call. Results come back as
 JSON only: nothing a child sends is ever unpickled, so a child that is taken
-over cannot run code in the worker or in the training process. A timeout, a
-crash, a limit hit or a non-JSON result is a ``SandboxResult`` with ``ok=False``
-and ``error`` saying which, never an exception in the caller.
+over cannot run code in the worker or in the training process, and what it
+sends is checked strictly (:func:`parse_result`: size, depth, keys, types). A
+timeout, a crash, a limit hit or a malformed result is a ``SandboxResult`` with
+``ok=False`` and ``error`` saying which, never an exception in the caller; a
+request the worker received is never run twice.
 
 What the kernel allowed is in ``Sandbox.isolation`` (:func:`capabilities`):
 ``view`` (``"jail"`` or ``"host"``), ``processes`` (``"pidns"`` or
@@ -85,9 +90,10 @@ from . import jail
 class Limits:
     """Per-call limits of a sandboxed child."""
     cpu_s: float = 10.0          # CPU seconds (RLIMIT_CPU)
-    memory_mb: int = 2048        # address space in MiB (RLIMIT_AS); 0 = no limit
+    memory_mb: int = 2048        # MiB: address space (RLIMIT_AS) and, with a memory cgroup, all the call holds
     wall_s: float = 20.0         # wall-clock seconds before the child is killed
     file_mb: int = 64            # largest file the child may write (RLIMIT_FSIZE)
+    tmp_mb: int = 256            # size of the call's own scratch folder (a fresh tmpfs per call, in the jail)
     max_output: int = 65536      # bytes of stdout / stderr kept
 
 
@@ -111,6 +117,8 @@ class _Isolation:
     processes: str = "session"      # "pidns": a PID namespace per call; nothing outlives the call
     seccomp: str = "none"           # "filter": jail.seccomp_program is loaded in every child
     environment: str = "minimal"    # the worker starts with a minimal environment (no variables of the trainer)
+    memory: str = "address-space"   # "cgroup-v1" / "cgroup-v2": a memory cgroup per call counts all it holds
+    ipc: str = "seccomp"            # "ipcns": System V / POSIX IPC namespace per call (besides the filter)
     note: str = ""                  # why a layer is missing, where the kernel said so
 
     def as_dict(self) -> dict:
@@ -235,11 +243,13 @@ _MIN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 _PASS_ENV = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "TZ")
 
 
-def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, view, lib):
-    """In the forked child (PID 1 of the call's own PID namespace when jailed): enter the view, lock down, run,
-    write the JSON result to ``res_fd``; never returns."""
+def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, view, lib, cgroup_fd: int = -1):
+    """In the forked child (PID 1 of the call's own PID namespace when jailed): join the call's memory cgroup,
+    enter the view, lock down, run, write the JSON result to ``res_fd``; never returns."""
     code = 0
     try:
+        if cgroup_fd >= 0:
+            jail.MemoryCgroup.join(cgroup_fd)
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(out_fd, 1)
@@ -249,19 +259,21 @@ def _child(req: dict, scratch: str, out_fd: int, err_fd: int, res_fd: int, view,
         sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
         sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
         iso: _Isolation = req["isolation"]
-        if view is not None:
-            if lib.unshare(jail.CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
-            view.enter(scratch)
-            scratch = view.inside(scratch)
+        lim: Limits = req["limits"]
+        if view is not None:  # mounts and System V / POSIX IPC of its own: nothing of an earlier call is there
+            if lib.unshare(jail.CLONE_NEWNS | jail.CLONE_NEWIPC) != 0:
+                raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS | CLONE_NEWIPC)")
+            view.enter(lim.tmp_mb)
+            scratch = jail.SCRATCH
         else:
-            os.setsid()  # without a PID namespace: the call's processes are killed as its session
+            os.setsid()  # without a mount namespace: the call's processes are (also) killed as its session
+            if req["pidns"]:
+                lib.unshare(jail.CLONE_NEWIPC)  # best effort: the seccomp filter refuses IPC calls anyway
             os.chdir(scratch)
         os.environ.clear()
         os.environ.update({**_MIN_ENV, "HOME": scratch, "TMPDIR": scratch})
         tempfile.tempdir = scratch
         import resource
-        lim: Limits = req["limits"]
         if lim.cpu_s > 0:
             cpu = max(1, int(lim.cpu_s + 0.999))
             resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
@@ -326,9 +338,9 @@ def _tail(path: str, limit: int) -> str:
     return text + ("\n[output truncated]" if len(data) > limit else "")
 
 
-def _fork_call(jailed: bool, lib, pidns_fd: int) -> int:
-    """``os.fork()``; jailed, the child is PID 1 of a new PID namespace (unshare, fork, then back to ours)."""
-    if not jailed:
+def _fork_call(pidns: bool, lib, pidns_fd: int) -> int:
+    """``os.fork()``; with ``pidns``, the child is PID 1 of a new PID namespace (unshare, fork, then back)."""
+    if not pidns:
         return os.fork()
     if lib.unshare(jail.CLONE_NEWPID) != 0:
         raise OSError(ctypes.get_errno(), "sandbox: unshare(CLONE_NEWPID) for a call")
@@ -338,23 +350,70 @@ def _fork_call(jailed: bool, lib, pidns_fd: int) -> int:
     return pid
 
 
-def _run_one(req: dict, base: str, view, lib, pidns_fd: int) -> dict:
+#: what a child may send back: at most this many bytes of JSON, nested at most this deep
+MAX_RESULT_BYTES = 32 << 20
+MAX_RESULT_DEPTH = 64
+_RESULT_KEYS = frozenset(("ok", "value", "error"))
+
+
+def _too_deep(value, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            if d > limit:
+                return True
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return False
+
+
+def parse_result(data: bytes) -> dict:
+    """What a child wrote to its result pipe, checked strictly: ``{"ok": bool, "value": ..., "error": str|None}``
+    or, for anything else (not JSON, too large, too deep, another shape), an error result saying what was wrong.
+    The child is hostile: nothing it sends may raise here or reach the caller unchecked."""
+    def bad(why):
+        return {"ok": False, "value": None, "error": f"child sent a malformed result: {why}"}
+    if len(data) > MAX_RESULT_BYTES:
+        return bad(f"more than {MAX_RESULT_BYTES >> 20} MiB")
+    try:
+        obj = json.loads(data)
+    except RecursionError:
+        return bad(f"nested deeper than {MAX_RESULT_DEPTH} levels")
+    except ValueError as e:  # UnicodeDecodeError and json.JSONDecodeError included
+        return bad(f"not JSON ({str(e)[:100]})")
+    if not isinstance(obj, dict):
+        return bad(f"a JSON {type(obj).__name__}, not an object")
+    if set(obj) - _RESULT_KEYS or "ok" not in obj:
+        return bad(f"keys {sorted(obj)[:8]}, expected 'ok' with 'value' or 'error'")
+    ok, value, error = obj["ok"], obj.get("value"), obj.get("error")
+    if not isinstance(ok, bool):
+        return bad(f"'ok' is {type(ok).__name__}, not a boolean")
+    if ok and error is not None or not ok and (not isinstance(error, str) or value is not None):
+        return bad("'ok' does not agree with 'value' / 'error'")
+    if _too_deep(value, MAX_RESULT_DEPTH):
+        return bad(f"nested deeper than {MAX_RESULT_DEPTH} levels")
+    return {"ok": ok, "value": value, "error": error[:2000] if isinstance(error, str) else None}
+
+
+def _run_one(req: dict, base: str, view, lib, pidns_fd: int, cgroup) -> dict:
     lim: Limits = req["limits"]
-    scratch = tempfile.mkdtemp(prefix="call-", dir=view.tmp if view is not None else base)
+    # jailed, the scratch folder is a fresh tmpfs the child mounts in its own mount namespace (View.enter)
+    scratch = jail.SCRATCH if view is not None else tempfile.mkdtemp(prefix="call-", dir=base)
     io_dir = tempfile.mkdtemp(prefix="io-", dir=base)
     out_path, err_path = os.path.join(io_dir, "stdout"), os.path.join(io_dir, "stderr")
     out_fd = os.open(out_path, os.O_WRONLY | os.O_CREAT, 0o600)
     err_fd = os.open(err_path, os.O_WRONLY | os.O_CREAT, 0o600)
+    group = cgroup.prepare(lim.memory_mb) if cgroup is not None and lim.memory_mb > 0 else None
+    group_fd = jail.MemoryCgroup.join_fd(group) if group is not None else -1
     r_fd, w_fd = os.pipe()
     t0 = time.monotonic()
-    pid = _fork_call(view is not None, lib, pidns_fd)
+    pid = _fork_call(pidns_fd >= 0, lib, pidns_fd)
     if pid == 0:
         os.close(r_fd)
-        _child(req, scratch, out_fd, err_fd, w_fd, view, lib)
-    os.close(w_fd)
-    os.close(out_fd)
-    os.close(err_fd)
-    chunks, status, usage, timed_out = [], None, None, False
+        _child(req, scratch, out_fd, err_fd, w_fd, view, lib, group_fd)
+    for fd in (w_fd, out_fd, err_fd) + ((group_fd,) if group_fd >= 0 else ()):
+        os.close(fd)
+    chunks, size, status, usage, timed_out = [], 0, None, None, False
     deadline = t0 + (lim.wall_s if lim.wall_s > 0 else 1e9)
     open_pipe = True
     while True:
@@ -363,8 +422,9 @@ def _run_one(req: dict, base: str, view, lib, pidns_fd: int) -> dict:
             if ready:
                 chunk = os.read(r_fd, 1 << 16)
                 if chunk:
-                    if sum(map(len, chunks)) < (64 << 20):
+                    if size <= MAX_RESULT_BYTES:  # keep up to the first byte past the limit
                         chunks.append(chunk)
+                    size += len(chunk)
                 else:
                     open_pipe = False
         else:
@@ -376,36 +436,37 @@ def _run_one(req: dict, base: str, view, lib, pidns_fd: int) -> dict:
         if time.monotonic() > deadline:
             timed_out = True
             break
-    try:  # jailed: killing the call's init ends its whole PID namespace; else the call's session
-        (os.kill if view is not None else os.killpg)(pid, signal.SIGKILL)
+    try:  # in a PID namespace: killing the call's init ends its whole namespace; else the call's session
+        (os.kill if pidns_fd >= 0 else os.killpg)(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     if status is None:
         _, status, usage = os.wait4(pid, 0)
     os.set_blocking(r_fd, False)  # what is left; a process that escaped the kill cannot make us wait
-    while open_pipe and not timed_out:
+    while open_pipe and not timed_out and size <= MAX_RESULT_BYTES:
         try:
             chunk = os.read(r_fd, 1 << 16)
         except BlockingIOError:
             break
         if not chunk:
             break
+        size += len(chunk)
         chunks.append(chunk)
     os.close(r_fd)
     _reap()
+    out_of_memory = cgroup.finish(group) if group is not None else False
     seconds = time.monotonic() - t0
     res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
            "timed_out": timed_out, "seconds": seconds}
-    shutil.rmtree(scratch, ignore_errors=True)
+    if view is None:
+        shutil.rmtree(scratch, ignore_errors=True)
     shutil.rmtree(io_dir, ignore_errors=True)
     if timed_out:
         return {**res, "ok": False, "error": f"timeout: still running after {lim.wall_s:g} s (wall_s)"}
-    data = b"".join(chunks)
-    if data:
-        try:
-            return {**res, **json.loads(data)}
-        except ValueError:
-            return {**res, "ok": False, "error": "child sent a malformed result"}
+    if out_of_memory:
+        return {**res, "ok": False, "error": f"crashed: memory limit of {lim.memory_mb} MiB (memory_mb)"}
+    if chunks:
+        return {**res, **parse_result(b"".join(chunks))}
     if os.WIFSIGNALED(status):
         sig = os.WTERMSIG(status)
         cpu = usage.ru_utime + usage.ru_stime if usage is not None else 0.0
@@ -466,6 +527,8 @@ def _worker_main() -> None:
     if ns["network"]:
         iso.network = "netns"
     abi = _landlock_abi(lib)
+    if os.environ.get("GRPOLAB_SANDBOX_LANDLOCK_ABI", "").isdigit():  # tests: a kernel with an older Landlock
+        abi = min(abi, int(os.environ["GRPOLAB_SANDBOX_LANDLOCK_ABI"]))
     if abi >= 1:
         iso.filesystem = "landlock"
         if iso.network != "netns" and abi >= 4:
@@ -475,23 +538,36 @@ def _worker_main() -> None:
     if jail.seccomp_supported() and lib is not None:
         iso.seccomp = "filter"
         jail._compiled_filter()  # once here, not in every child
+    notes = []
+    cgroup = None
+    if os.environ.get("GRPOLAB_SANDBOX_NO_CGROUP") != "1":  # tests: a machine without a writable memory cgroup
+        try:
+            cgroup = jail.MemoryCgroup.create()
+            iso.memory = f"cgroup-v{cgroup.version}"
+        except OSError as e:
+            notes.append(f"memory: address space only, no memory cgroup ({e.strerror or e})")
     base = tempfile.mkdtemp(prefix="grpolab-sandbox-")
     view, pidns_fd = None, -1
     try:
         init = pickle.loads(_read_msg(proto_in) or b"")
         sys.path[:0] = [p for p in init.get("path", []) if p not in sys.path]
+        if ns["pid"]:  # every call is PID 1 of a PID namespace of its own: it cannot signal anything outside
+            pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
+            iso.processes = iso.signals = "pidns"
         if ns["mount"] and ns["pid"]:
             try:
-                pidns_fd = os.open("/proc/self/ns/pid", os.O_RDONLY | os.O_CLOEXEC)
                 view = jail.View(lib, base)
                 for p in jail.default_paths(init.get("binds", []), init.get("home"), init.get("cwd")):
                     view.add(p)
-                iso.view, iso.processes, iso.signals = "jail", "pidns", "pidns"
+                iso.view, iso.ipc = "jail", "ipcns"
             except OSError as e:
-                view, iso.note = None, f"no jail: {e}"
+                view = None
+                notes.append(f"no jail: {e}")
         else:
-            iso.note = ("no jail: the kernel refused new mount and PID namespaces (they need root or "
-                        "unprivileged user namespaces)")
+            notes.append("no jail: the kernel refused new mount and PID namespaces (they need root or "
+                         "unprivileged user namespaces)" if not ns["pid"] else
+                         "no jail: the kernel refused a new mount namespace (calls get PID namespaces only)")
+        iso.note = "; ".join(notes)
         errors = []
         for fn, args in init.get("preload", []):
             try:
@@ -504,24 +580,37 @@ def _worker_main() -> None:
         _write_msg(proto_out, json.dumps({"isolation": iso.as_dict(), "preload_errors": errors,
                                           "pid": os.getpid()}).encode())
         while (raw := _read_msg(proto_in)) is not None:
-            req = pickle.loads(raw)  # from the trusted parent only
-            if view is not None:
-                for p in req.pop("binds", []):
-                    try:
-                        view.add(p)
-                    except OSError as e:
-                        print(f"sandbox: could not show {p} in the jail: {e}", file=sys.stderr)
-            req = {**req, "isolation": iso, "landlock_abi": abi}
-            if "items" in req:
-                answers = [_run_one({**req, "args": a, "kwargs": {}}, base, view, lib, pidns_fd)
-                           for a in req["items"]]
-            else:
-                answers = _run_one(req, base, view, lib, pidns_fd)
-            _write_msg(proto_out, json.dumps(answers).encode())
+            _write_msg(proto_out, _answer(pickle.loads(raw), base, view, lib, pidns_fd, cgroup, iso, abi))
     finally:
         if view is not None and lib is not None:
             lib.umount2(view.root.encode(), jail.MNT_DETACH)  # never recurse into the read-only binds
+        if cgroup is not None:
+            cgroup.close()
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _answer(req: dict, base: str, view, lib, pidns_fd: int, cgroup, iso, abi: int) -> bytes:
+    """The JSON answer to one request (from the trusted parent): one result, or one per item. Never raises:
+    whatever a call did, the worker answers and serves the next request (it never runs a call twice)."""
+    n = len(req["items"]) if "items" in req else None
+    try:
+        if view is not None:
+            for p in req.pop("binds", []):
+                try:
+                    view.add(p)
+                except OSError as e:
+                    print(f"sandbox: could not show {p} in the jail: {e}", file=sys.stderr)
+        req = {**req, "isolation": iso, "landlock_abi": abi, "pidns": pidns_fd >= 0}
+        if n is not None:
+            answers = [_run_one({**req, "args": a, "kwargs": {}}, base, view, lib, pidns_fd, cgroup)
+                       for a in req["items"]]
+        else:
+            answers = _run_one(req, base, view, lib, pidns_fd, cgroup)
+        return json.dumps(answers).encode()
+    except Exception as e:  # noqa: BLE001 - the worker's own failure, reported as the calls' error
+        err = {"ok": False, "value": None, "error": f"sandbox worker error: {type(e).__name__}: {e}"[:2000],
+               "stdout": "", "stderr": "", "timed_out": False, "seconds": 0.0}
+        return json.dumps(err if n is None else [err] * n).encode()
 
 
 # ------------------------------------------------------------------ parent
@@ -621,22 +710,36 @@ class Sandbox:
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
 
-    def _request(self, req: dict, budget: float):
+    def _request(self, req: dict, budget: float, n: int | None = None) -> list[SandboxResult]:
+        """Send ``req`` and return its results (``n`` items, or one). A request the worker received is never
+        sent again: if the worker dies or hangs while running it (a call that found a way to kill it, say),
+        the calls get an error result and the next request starts a fresh worker. Only a request that could
+        not be delivered (the worker had died in between) is delivered once more, to a fresh worker."""
         with self._lock:
-            for attempt in (0, 1):
+            raw, delivered, ready = None, False, []
+            for _ in (0, 1):
                 if self._proc is None or self._proc.poll() is not None:
                     self._proc = None
                     self._start()
                 try:
                     _write_msg(self._proc.stdin, pickle.dumps(req))
+                    delivered = True
                     ready, _, _ = select.select([self._proc.stdout], [], [], budget)
                     raw = _read_msg(self._proc.stdout) if ready else None
                 except (BrokenPipeError, OSError):
                     raw = None
-                if raw is not None:
-                    return json.loads(raw)
-                self._kill()  # a worker that died or hangs is replaced; the request is retried once
-            raise SandboxError("the sandbox worker stopped answering twice")
+                if raw is not None or delivered:
+                    break
+                self._kill()
+            results = _results(raw, n)
+            if results is None:
+                alive = not ready and self._proc is not None and self._proc.poll() is None  # ready + no answer: EOF
+                self._kill()  # replaced on the next request
+                why = (f"the sandbox worker did not answer within {budget:g} s" if alive else
+                       "the sandbox worker died while running this call")
+                results = [SandboxResult(ok=False, error=f"crashed: {why} (a fresh worker serves the next call)")
+                           for _ in range(1 if n is None else n)]
+            return results
 
     # -- the API
     def call(self, fn: Callable, *args, limits: Limits | None = None, **kwargs) -> SandboxResult:
@@ -644,21 +747,47 @@ class Sandbox:
         lim = limits or self.limits
         req = {"fn": fn, "args": args, "kwargs": kwargs, "limits": lim, "audit_hook": self.audit_hook,
                "binds": jail.module_paths(fn)}
-        return SandboxResult(**self._request(req, budget=lim.wall_s + 30))
+        return self._request(req, budget=lim.wall_s + 30)[0]
 
     def map(self, fn: Callable, items: list[tuple], limits: Limits | None = None) -> list[SandboxResult]:
         """``[fn(*item) for item in items]``, each in its own fresh child (limits per item), in one round trip."""
         if not items:
             return []
         lim = limits or self.limits
-        out = self._request({"fn": fn, "items": [tuple(a) for a in items], "limits": lim,
-                             "audit_hook": self.audit_hook, "binds": jail.module_paths(fn)},
-                            budget=len(items) * (lim.wall_s + 1) + 30)
-        return [SandboxResult(**r) for r in out]
+        return self._request({"fn": fn, "items": [tuple(a) for a in items], "limits": lim,
+                              "audit_hook": self.audit_hook, "binds": jail.module_paths(fn)},
+                             budget=len(items) * (lim.wall_s + 1) + 30, n=len(items))
 
     def run_python(self, source: str, limits: Limits | None = None) -> SandboxResult:
         """Run Python source as a script in a fresh child; read its ``stdout`` / ``stderr``."""
         return self.call(_exec_source, source, limits=limits)
+
+
+def _result(d) -> SandboxResult | None:
+    """One result of the worker's answer as a ``SandboxResult`` (None if it is not one)."""
+    if not isinstance(d, dict) or not isinstance(d.get("ok"), bool):
+        return None
+    text = {k: d.get(k) if isinstance(d.get(k), str) else "" for k in ("stdout", "stderr")}
+    err = d.get("error")
+    secs = d.get("seconds")
+    return SandboxResult(ok=d["ok"], value=d.get("value"), error=err if isinstance(err, str) else None,
+                         timed_out=d.get("timed_out") is True, seconds=float(secs) if isinstance(secs, (int, float))
+                         else 0.0, **text)
+
+
+def _results(raw: bytes | None, n: int | None) -> list[SandboxResult] | None:
+    """The worker's answer: one result (``n`` None) or ``n``; None when it is missing or not that shape."""
+    if raw is None:
+        return None
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    items = [data] if n is None else data
+    if not isinstance(items, list) or len(items) != (1 if n is None else n):
+        return None
+    out = [_result(d) for d in items]
+    return None if any(r is None for r in out) else out
 
 
 def capabilities() -> dict:

@@ -61,7 +61,8 @@ PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 24, 38, 22
 SECCOMP_MODE_FILTER = 2
 
 DEV_NODES = ("null", "zero", "full", "random", "urandom")
-TMP_MB = 1024            # size of the jail's /tmp (every call's scratch folder lives there)
+SCRATCH = "/tmp/scratch"  # a call's scratch folder (its working directory, HOME and TMPDIR) inside the view
+SCRATCH_INODES = 16384    # files and folders a call's scratch tmpfs may hold
 
 
 def libc():
@@ -91,13 +92,18 @@ def enter_worker_namespaces(lib) -> dict:
     if lib is None or sys.platform != "linux":
         return none
     full = CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS
+    # where a mount namespace is refused, a PID namespace alone still keeps every call from signalling the
+    # worker, the trainer or anything else outside it (the layer that holds where Landlock cannot scope signals)
+    tries = (full, full & ~CLONE_NEWNS, CLONE_NEWNET)
+    if os.environ.get("GRPOLAB_SANDBOX_NO_MOUNTNS") == "1":  # tests: a kernel that refuses mount namespaces
+        tries = tries[1:]
     # GRPOLAB_SANDBOX_USERNS=1: take the path of a user without root (a user namespace) even as root (tests)
-    for flags in (() if os.environ.get("GRPOLAB_SANDBOX_USERNS") == "1" else (full, CLONE_NEWNET)):
+    for flags in (() if os.environ.get("GRPOLAB_SANDBOX_USERNS") == "1" else tries):
         if lib.unshare(flags) == 0:
             return {"network": True, "mount": bool(flags & CLONE_NEWNS), "pid": bool(flags & CLONE_NEWPID)}
     uid, gid = os.getuid(), os.getgid()
-    for flags in (CLONE_NEWUSER | full, CLONE_NEWUSER | CLONE_NEWNET):
-        if lib.unshare(flags) == 0:
+    for flags in tries:
+        if lib.unshare(CLONE_NEWUSER | flags) == 0:
             try:  # keep our uid/gid inside the user namespace
                 for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"),
                                    ("gid_map", f"{gid} {gid} 1")):
@@ -126,9 +132,14 @@ def _under(path: str, roots) -> bool:
 
 
 class View:
-    """A root folder (tmpfs) of read-only binds that each call's child pivots into."""
+    """A root folder (tmpfs, read-only) of read-only binds that each call's child pivots into.
 
-    def __init__(self, lib, base: str, tmp_mb: int = TMP_MB):
+    Nothing in it is writable by a call but the call's own scratch folder, ``/tmp/scratch`` (:data:`SCRATCH`):
+    a fresh tmpfs of ``Limits.tmp_mb`` that each child mounts in its own mount namespace (:meth:`enter`), so
+    no file of an earlier call is ever in view and the folder's memory is gone with the call.
+    """
+
+    def __init__(self, lib, base: str):
         self.lib = lib
         self.root = os.path.join(base, "root")
         self.bound: list[str] = []
@@ -136,21 +147,19 @@ class View:
         _check(lib.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "making mounts private")
         _check(lib.mount(b"tmpfs", self.root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755,size=16m"),
                "mounting the jail's root")
-        for d in ("proc", "tmp", "dev", "etc"):
-            os.makedirs(os.path.join(self.root, d))
-        tmp = os.path.join(self.root, "tmp")
-        _check(lib.mount(b"tmpfs", tmp.encode(), b"tmpfs", MS_NOSUID | MS_NODEV,
-                         f"mode=1777,size={int(tmp_mb)}m".encode()), "mounting the jail's /tmp")
+        for d in ("proc", "tmp", "dev", "etc", SCRATCH.lstrip("/")):
+            os.makedirs(os.path.join(self.root, d), exist_ok=True)
+        os.chmod(os.path.join(self.root, "tmp"), 0o755)
         for name in DEV_NODES:
             src = f"/dev/{name}"
             if os.path.exists(src):
                 dst = os.path.join(self.root, "dev", name)
                 open(dst, "w").close()
                 _check(lib.mount(src.encode(), dst.encode(), None, MS_BIND, None), f"binding {src}")
+        self._remount_root(writable=False)
         for src in ("/etc/ld.so.cache", "/etc/localtime"):
             if os.path.isfile(src):
                 self.add(src)
-        self.tmp = tmp
 
     def add(self, path: str) -> None:
         """Make ``path`` (a file or folder of the host) visible, read-only, at the same place in the view."""
@@ -198,23 +207,24 @@ class View:
         flags = MS_REMOUNT | MS_NOSUID | MS_NODEV | (0 if writable else MS_RDONLY)
         _check(self.lib.mount(None, self.root.encode(), None, flags, None), "remounting the jail's root")
 
-    def enter(self, scratch: str) -> bool:
-        """In a call's child (PID 1 of its own PID namespace, in a mount namespace of its own): a fresh ``/proc``,
-        pivot into the view, ``chdir`` to ``scratch`` (a folder under the view's ``/tmp``). Returns whether
-        ``/proc`` could be mounted (a user namespace in a container whose ``/proc`` is partly masked cannot)."""
+    def enter(self, tmp_mb: int) -> bool:
+        """In a call's child (PID 1 of its own PID namespace, in mount and IPC namespaces of its own): a fresh
+        tmpfs of ``tmp_mb`` MiB on the scratch folder, a fresh read-only ``/proc``, pivot into the view,
+        ``chdir`` to :data:`SCRATCH`. Returns whether ``/proc`` could be mounted (a user namespace in a
+        container whose ``/proc`` is partly masked cannot)."""
         lib = self.lib
+        scratch = (self.root + SCRATCH).encode()
+        opts = f"mode=0700,size={max(1, int(tmp_mb))}m,nr_inodes={SCRATCH_INODES}".encode()
+        _check(lib.mount(b"tmpfs", scratch, b"tmpfs", MS_NOSUID | MS_NODEV, opts), "mounting the call's scratch")
         proc = os.path.join(self.root, "proc")
-        has_proc = lib.mount(b"proc", proc.encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None) == 0
+        has_proc = lib.mount(b"proc", proc.encode(), b"proc", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                             None) == 0
         os.chdir(self.root)
         _check(lib.syscall(_NR["pivot_root"], b".", b"."), "pivot_root")
         _check(lib.umount2(b".", MNT_DETACH), "detaching the host's root")
         os.chdir("/")
-        os.chdir(self.inside(scratch))
+        os.chdir(SCRATCH)
         return has_proc
-
-    def inside(self, host_path: str) -> str:
-        """The path of the view's ``host_path`` (under ``root``) as the jailed child sees it."""
-        return host_path[len(self.root):] if host_path.startswith(self.root + "/") else host_path
 
 
 def default_paths(extra=(), home: str | None = None, cwd: str | None = None) -> list[str]:
@@ -247,6 +257,146 @@ def module_paths(fn) -> list[str]:
         return [p for p in top.__path__ if os.path.isdir(p)]
     f = getattr(top, "__file__", None)
     return [f] if f and os.path.exists(f) else []
+
+
+# --------------------------------------------------------------------- memory of a call
+class MemoryCgroup:
+    """A memory cgroup for each call, so ``Limits.memory_mb`` counts everything a call holds.
+
+    ``RLIMIT_AS`` counts address space only: memory that is not mapped (files in a tmpfs, a memory file
+    written with ``write``, System V segments detached after use) escapes it. A cgroup counts every page
+    charged to the call (anonymous, shared, tmpfs, kernel buffers). The worker makes one folder of its own
+    below its cgroup (``grpolab-sandbox-PID``) and, per call, a child folder with ``memory_mb`` as its limit
+    and no swap; the call's child moves itself in before it runs anything (:meth:`join`); when the call has
+    ended the folder is read (was the call killed for memory?) and removed. cgroup v2 where the memory
+    controller is delegated to this process's cgroup, else cgroup v1's memory hierarchy where writable
+    (root); :meth:`create` raises ``OSError`` saying why where neither is.
+    """
+
+    def __init__(self, parent: str, version: int):
+        self.parent, self.version, self._n = parent, version, 0
+
+    @classmethod
+    def create(cls) -> "MemoryCgroup":
+        mounts, mine = _cgroup_mounts(), _own_cgroups()
+        errors = []
+        for version, key in ((2, ""), (1, "memory")):
+            if key not in mine or version not in mounts or (version == 1 and "memory" not in mounts[1]):
+                errors.append(f"no cgroup v{version} memory hierarchy")
+                continue
+            mount, root = mounts[version] if version == 2 else mounts[1]["memory"]
+            rel = mine[key]
+            here = os.path.join(mount, os.path.relpath(rel, root) if rel.startswith(root) else rel.lstrip("/"))
+            try:
+                if version == 2:
+                    with open(os.path.join(here, "cgroup.controllers")) as fh:
+                        if "memory" not in fh.read().split():
+                            raise OSError(errno.ENOTSUP, "the memory controller is not delegated here")
+                parent = os.path.join(here, f"grpolab-sandbox-{os.getpid()}")
+                os.makedirs(parent, exist_ok=True)
+                if version == 2:
+                    _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
+                return cls(parent, version)
+            except OSError as e:
+                errors.append(f"cgroup v{version} at {here}: {e.strerror or e}")
+        raise OSError(errno.ENOTSUP, "; ".join(errors))
+
+    def prepare(self, memory_mb: int) -> str:
+        """A fresh folder for one call, limited to ``memory_mb`` MiB (no swap); returns its path."""
+        self._n += 1
+        path = os.path.join(self.parent, f"call-{self._n}")
+        os.mkdir(path)
+        limit = str(int(memory_mb) << 20)
+        if self.version == 2:
+            _write(os.path.join(path, "memory.max"), limit)
+            _write(os.path.join(path, "memory.swap.max"), "0", missing_ok=True)
+        else:
+            _write(os.path.join(path, "memory.limit_in_bytes"), limit)
+            _write(os.path.join(path, "memory.memsw.limit_in_bytes"), limit, missing_ok=True)
+        return path
+
+    @staticmethod
+    def join_fd(path: str) -> int:
+        """An fd the call's child writes ``0`` to (:meth:`join`) to move itself into ``path``."""
+        return os.open(os.path.join(path, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+
+    @staticmethod
+    def join(fd: int) -> None:
+        os.write(fd, b"0")
+        os.close(fd)
+
+    def finish(self, path: str) -> bool:
+        """After the call: remove its folder; True when the kernel killed a process of it for memory."""
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        killed = False
+        try:
+            with open(os.path.join(path, name)) as fh:
+                killed = any(line.split()[:1] == ["oom_kill"] and int(line.split()[1]) > 0 for line in fh)
+        except (OSError, ValueError, IndexError):
+            pass
+        for _ in range(200):  # the PID namespace's last processes may still be exiting
+            try:
+                os.rmdir(path)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                import time
+                time.sleep(0.005)
+        return killed
+
+    def close(self) -> None:
+        for name in sorted(os.listdir(self.parent)) if os.path.isdir(self.parent) else []:
+            if name.startswith("call-"):
+                self.finish(os.path.join(self.parent, name))
+        try:
+            os.rmdir(self.parent)
+        except OSError:
+            pass
+
+
+def _write(path: str, text: str, missing_ok: bool = False) -> None:
+    try:
+        with open(path, "w") as fh:
+            fh.write(text)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def _cgroup_mounts() -> dict:
+    """``{2: (mountpoint, root), 1: {controller: (mountpoint, root)}}`` from ``/proc/self/mountinfo``."""
+    out: dict = {1: {}}
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        left, _, right = line.partition(" - ")
+        f, r = left.split(), right.split()
+        if len(f) < 5 or len(r) < 3:
+            continue
+        if r[0] == "cgroup2":
+            out.setdefault(2, (f[4], f[3]))
+        elif r[0] == "cgroup":
+            for opt in r[2].split(","):
+                out[1].setdefault(opt, (f[4], f[3]))
+    return out
+
+
+def _own_cgroups() -> dict:
+    """This process's cgroup per v1 controller, and ``""`` for v2 (``/proc/self/cgroup``)."""
+    out = {}
+    try:
+        with open("/proc/self/cgroup") as fh:
+            for line in fh:
+                _, ctrl, path = line.rstrip("\n").split(":", 2)
+                for c in (ctrl.split(",") if ctrl else [""]):
+                    out[c] = path
+    except (OSError, ValueError):
+        pass
+    return out
 
 
 # --------------------------------------------------------------------- the child's own locks
@@ -284,6 +434,12 @@ _X86_64 = {
     "settimeofday": 164, "clock_settime": 227, "adjtimex": 159, "personality": 135, "uselib": 134,
     "modify_ldt": 154, "vhangup": 153, "lookup_dcookie": 212, "name_to_handle_at": 303,
     "open_by_handle_at": 304, "fanotify_init": 300, "pidfd_getfd": 438,
+    # memory that RLIMIT_AS does not count and that could carry data from one call to the next: anonymous
+    # memory files, System V shared memory / semaphores / message queues, POSIX message queues
+    "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67,
+    "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69, "msgrcv": 70,
+    "msgctl": 71, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243,
+    "mq_notify": 244, "mq_getsetattr": 245,
 }
 DENIED = tuple(n for n in _X86_64 if n not in ("clone", "clone3"))
 _AUDIT_ARCH_X86_64 = 0xC000003E

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import re
 
 from ..registry import TASKS
@@ -69,12 +70,22 @@ def _import_gym():
 SCORE_MEMORY_MB = 2048  # address space of a scoring child (the worker with sympy loaded uses about 250 MiB)
 
 
+def checked_score(value) -> float:
+    """A score a scoring child sent back, as a reward: a finite number in [0, 1] (reasoning-gym's range for
+    every dataset), else 0.0. The child ran the model's answer, so the value is the answer's to forge: a
+    ``1e300``, a ``NaN``, a string or a list must cost that answer its score, never the run."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return 0.0
+    return float(value) if 0.0 <= value <= 1.0 else 0.0
+
+
 def score_in_sandbox(box: Sandbox, answers: list[str | None], entries: list[dict], splits: list[str],
                      per_item: bool = False) -> list[float]:
     """reasoning-gym scores of ``answers`` (None = no ``Answer:`` line, 0.0), computed in ``box``'s children.
 
-    One child for all answers (``per_item`` False), retried one child per answer if that child fails; an
-    answer whose child fails scores 0.0.
+    One child for all answers (``per_item`` False), retried one child per answer if that child fails or sends
+    back anything but one score per answer; an answer whose child fails, or whose score is not a number in
+    [0, 1] (:func:`checked_score`), scores 0.0. Never raises for what an answer did.
     """
     out = [0.0] * len(answers)
     todo = [(i, (s, a, e)) for i, (a, e, s) in enumerate(zip(answers, entries, splits)) if a is not None]
@@ -82,12 +93,12 @@ def score_in_sandbox(box: Sandbox, answers: list[str | None], entries: list[dict
         return out
     if not per_item:
         res = box.call(sandboxed.score_many, [t for _, t in todo])
-        if res.ok:
+        if res.ok and isinstance(res.value, list) and len(res.value) == len(todo):
             for (i, _), v in zip(todo, res.value):
-                out[i] = 0.0 if v is None else float(v)
+                out[i] = checked_score(v)
             return out
     for (i, _), res in zip(todo, box.map(sandboxed.score, [t for _, t in todo])):
-        out[i] = float(res.value) if res.ok and res.value is not None else 0.0
+        out[i] = checked_score(res.value) if res.ok else 0.0
     return out
 
 
