@@ -328,3 +328,14 @@ def test_checked_score_is_a_finite_number_in_0_1():
     assert [checked_score(v) for v in (0, 1, 0.25, 1.0, 0.0)] == [0.0, 1.0, 0.25, 1.0, 0.0]
     for v in (1e300, float("inf"), float("nan"), -0.1, 1.5, "1", [1], {"a": 1}, None, True):
         assert checked_score(v) == 0.0, v
+
+
+def test_the_python_tool_turns_a_forged_result_into_text():
+    """The agent's python tool (model-written code) gets an error text, never an exception in the rollout."""
+    from grpolab.agents.tools import make_python_tool
+
+    python = make_python_tool(Limits(cpu_s=5, wall_s=10, memory_mb=1024))
+    for payload in (FORGERIES["deep array"], FORGERIES["extra key"], b"[1]"):
+        out = python(f"import os\nos.write({RESULT_FD}, {payload!r})\nos._exit(0)")
+        assert isinstance(out, str) and "malformed result" in out, out
+    assert python("print(6 * 7)").strip().endswith("42")
