@@ -510,7 +510,16 @@ class TrainOutput(tuple):
 
 
 class _APITrainer(Trainer):
-    """grpolab's Trainer with in-memory data, reward callables, a loaded model and callbacks."""
+    """grpolab's Trainer with in-memory data, reward callables, a loaded model and callbacks.
+
+    The run folder is opened by :meth:`open_run` (``GRPOTrainer.train``, which knows whether it resumes), not in
+    the constructor: at construction an output_dir that holds a run passes, and only what no run may write into
+    is refused (a folder that is not a run, files grpolab did not write, another process training there). The
+    folder's lock (train/runlock.py) is taken at construction and held until ``train()`` returns."""
+
+    # `grpolab train --resume` cannot rebuild the Python objects a GRPOTrainer run was given (recorded in the marker)
+    resume_from_python = ("`trainer.train(resume_from_checkpoint=True)` (the same script: a GRPOTrainer with the "
+                          "same arguments)")
 
     def __init__(self, cfg: Config, *, rows, eval_rows, reward_funcs, model_obj, processing_class, callbacks,
                  overwrite: bool, environment=None):
@@ -520,7 +529,42 @@ class _APITrainer(Trainer):
         self.callbacks = callbacks
         self.losses: list[float] = []
         self.last_metrics: dict = {}
-        super().__init__(cfg, overwrite=overwrite)
+        self.opened = False
+        super().__init__(cfg, resume=True, overwrite=overwrite)  # resume=True: a run there passes; open_run decides
+
+    def _open_run(self, resume: bool, overwrite: bool) -> None:
+        self._overwrite = overwrite  # the folder is opened by open_run (class docstring)
+
+    def open_run(self, resume: bool) -> None:
+        """Claim the run folder (``resume``: continue its run from its newest checkpoint; otherwise a folder that
+        holds a run is refused unless overwrite_output_dir) and open its logs; once."""
+        if not self.opened:
+            if resume:
+                self._check_same_settings()
+            Trainer._open_run(self, resume, self._overwrite)
+            self.opened = True
+
+    def _check_same_settings(self) -> None:
+        """A resumed run trains as it did: a setting other than those `grpolab train --resume OUT` may change
+        (``RESUME_OVERRIDES``: steps, save_steps, logging, ...) that differs from its config.yaml is refused."""
+        from .cli import RESUME_OVERRIDES
+        from .config import load_yaml
+
+        saved = Path(self.cfg.out) / "config.yaml"
+        if not saved.is_file():
+            return
+        import yaml
+
+        before = load_yaml(saved)  # what Config.save wrote: the same YAML round trip on both sides
+        now = yaml.safe_load(yaml.safe_dump(self.cfg.to_dict(), sort_keys=False))
+        changed = [k for k, v in now.items() if k not in RESUME_OVERRIDES and k in before and before[k] != v]
+        if changed:
+            given = ", ".join(f"{k} {now[k]!r}" for k in changed[:5])
+            then = ", ".join(f"{k} {before[k]!r}" for k in changed[:5])
+            raise ConfigError(f"train(resume_from_checkpoint=True): {given} would change what the run in "
+                              f"{self.cfg.out} trains (saved in {saved}: {then}); a resumed run keeps its settings "
+                              f"(only {', '.join(RESUME_OVERRIDES)} may change). Give GRPOTrainer the arguments "
+                              f"of the run, or start a new run in another output_dir")
 
     def setup_data(self, cfg: Config):
         tmp = Path(tempfile.mkdtemp(prefix="grpolab-api-"))
@@ -690,10 +734,26 @@ class GRPOTrainer:
         self.callbacks("on_init_end")
 
     def train(self, resume_from_checkpoint=None) -> TrainOutput:
-        """Train; returns :class:`TrainOutput` (``.global_step``, ``.training_loss``, ``.metrics``)."""
-        if resume_from_checkpoint:
-            raise ConfigError("train(resume_from_checkpoint=...) not supported by the Python API; resume with "
-                              "`grpolab train --resume OUTPUT_DIR`")
+        """Train; returns :class:`TrainOutput` (``.global_step``, ``.training_loss``, ``.metrics``).
+        ``resume_from_checkpoint=True`` (or ``args.output_dir``) continues the run in ``output_dir`` from its
+        newest checkpoint that loads, as TRL (an empty or new output_dir starts at step 0)."""
+        resume = self._resume_wanted(resume_from_checkpoint)
+        with self.trainer.run_lock.training(self.trainer.log):  # the lock of output_dir, held since __init__
+            self.trainer.open_run(resume)
+            self.state.global_step = self.trainer.step
+            return self._train()
+
+    def _resume_wanted(self, given) -> bool:
+        if given is None or given is False:
+            return False
+        out = Path(self.cfg.out)
+        if given is True or (isinstance(given, (str, Path)) and Path(given).resolve() == out.resolve()):
+            return True
+        raise ConfigError(f"train(resume_from_checkpoint={given!r}): grpolab resumes the run in output_dir "
+                          f"({out}) from its newest checkpoint that loads; pass True (or output_dir), and "
+                          f"output_dir=<the run's folder> in GRPOConfig to resume another run")
+
+    def _train(self) -> TrainOutput:
         t0 = time.perf_counter()
         self.callbacks("on_train_begin")
         summary = self.trainer.train(progress=not self.args.disable_tqdm)

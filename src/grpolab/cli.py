@@ -128,7 +128,15 @@ def _resume_config(args, cli: dict):
     from .config import Config, ConfigError, load_yaml
     from .registry import REPLACED_KEYS, replaced_key_note
 
+    from .train.rundir import python_resume
+    from .train.runlock import RunLock
+
     out = Path(args.resume)
+    RunLock(out).check()  # another process trains in it: refused, naming it (train/runlock.py)
+    if python_resume(out):
+        raise ConfigError(f"--resume {out}: this run was started from the Python API (GRPOTrainer), whose reward "
+                          f"functions, datasets and callbacks are Python objects that the run folder does not hold; "
+                          f"continue it from Python: {python_resume(out)} (docs/python_api.md, 'Resuming a run')")
     saved = out / "config.yaml"
     if not saved.exists():
         raise ConfigError(f"--resume {args.resume}: no config.yaml there; is it a grpolab run folder?")
@@ -252,9 +260,10 @@ def _train_config(args, rest: list[str]):
                   + " (its default job's settings; any --key overrides them)", file=sys.stderr)
         out = Path(cfg.out)
         from .train.checkpoint import latest_checkpoint
+        from .train.runlock import RunLock, holder_of
 
-        def used(p: Path) -> bool:
-            return latest_checkpoint(p) is not None or (p / "metrics.jsonl").exists()
+        def used(p: Path) -> bool:  # (or another process trains there now: train/runlock.py)
+            return latest_checkpoint(p) is not None or (p / "metrics.jsonl").exists() or holder_of(p) is not None
 
         explicit = "out" in cli or "out" in file_cfg or "out" in rec
         if not explicit and used(out):  # default run folder taken: pick the next free one, never overwrite
@@ -264,6 +273,7 @@ def _train_config(args, rest: list[str]):
             out = out.with_name(f"{out.name}-{n}")
             cfg.out = str(out)
             print(f"[grpolab] {Path(Config().out)} already holds a run; writing this one to {out}", file=sys.stderr)
+        RunLock(out).check()  # another process trains there: refused, naming it
         if used(out) and not args.overwrite:
             raise ConfigError(f"--out {out} already holds a run; continue it with `grpolab train --resume {out}` "
                               f"or choose another --out (nothing was overwritten)")

@@ -20,6 +20,11 @@ class WriteError(RuntimeError):
     the cause and what happens next (train/rundir.py: write_failure)."""
 
 
+class RunFolderBusy(ConfigError):
+    """Another process trains in the run folder (train/runlock.py); the message names it (pid, host) and what
+    to do. Nothing in the folder was changed."""
+
+
 class RunStalled(RuntimeError):
     """A run stopped because nothing could be learned (``stall_steps``); the message says why and what to change."""
 

@@ -26,8 +26,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, WriteError
 from ..train import checkpoint as ckpt
+from ..train.rundir import write_failure
 from . import collective
 
 DCP_DIR = "dcp"
@@ -63,34 +64,71 @@ def fsync(path: Path) -> None:
 
 def save(out: Path, step: int, module: torch.nn.Module, optimizer, state: dict, keep: int) -> Path:
     """Collective: every rank calls it. Model + optimiser through DCP, ``state`` (identical on all ranks)
-    written by rank 0; the folder appears complete or not at all."""
+    written by rank 0; the folder appears complete or not at all. A part that cannot be written (a full disk)
+    on any rank removes ``step_N.tmp`` and raises :class:`~grpolab.errors.WriteError` on every rank (the same
+    sentence as the single-process writer's: train/checkpoint.py); the checkpoints before it are untouched."""
     root = Path(out) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
+    encoded = {"format": ckpt.FORMAT, "state": ckpt.encode_state(state)}
+    failed = None
     if collective.rank() == 0:
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        (tmp / DCP_DIR).mkdir(parents=True)
-    collective.barrier()
+        try:
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            (tmp / DCP_DIR).mkdir(parents=True)
+        except Exception as e:
+            failed = e
+    _all_written(failed, out, final, encoded)
     model_sd, optim_sd = get_state_dict(module, optimizer)
-    with one_process_quiet():
-        dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR),
-                 no_dist=not collective.initialized())
-    collective.barrier()  # every rank's shards are written
+    try:
+        with one_process_quiet():
+            dcp.save({"model": model_sd, "optimizer": optim_sd}, checkpoint_id=str(tmp / DCP_DIR),
+                     no_dist=not collective.initialized())
+    except Exception as e:
+        failed = e
+    _all_written(failed, out, final, encoded)  # every rank's shards are written
     if collective.rank() == 0:
-        torch.save({"format": ckpt.FORMAT, "state": ckpt.encode_state(state)}, tmp / "state.pt")
-        for f in sorted((tmp / DCP_DIR).iterdir()) + [tmp / "state.pt"]:
-            fsync(f)
-        fsync(tmp / DCP_DIR)
-        fsync(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        fsync(root)
+        try:
+            torch.save(encoded, tmp / "state.pt")
+            for f in sorted((tmp / DCP_DIR).iterdir()) + [tmp / "state.pt"]:
+                fsync(f)
+            fsync(tmp / DCP_DIR)
+            fsync(tmp)
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            fsync(root)
+        except Exception as e:
+            failed = e
+    _all_written(failed, out, final, encoded)
+    if collective.rank() == 0:
         for old in ckpt.checkpoint_dirs(out)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     collective.barrier()
     return final
+
+
+def _all_written(failed: Exception | None, out: Path, final: Path, encoded: dict) -> None:
+    """Collective: raise on every rank when the write of any rank failed (``failed``: this rank's error), after
+    rank 0 removed ``step_N.tmp``: a :class:`~grpolab.errors.WriteError` naming the folder, the cause and the
+    space when every failure was a failed write (a full disk), else this rank's own error (or one naming the
+    rank that failed)."""
+    tmp = final.with_name(final.name + ".tmp")
+    full = None if failed is None else write_failure(failed, tmp, needed=ckpt.checkpoint_bytes(out, {}, encoded))
+    why = full or (None if failed is None else f"{type(failed).__name__}: {str(failed)[:300]}")
+    whys = collective.all_gather_objects((why, full is not None))
+    if not any(w for w, _ in whys):
+        return
+    if collective.rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if all(is_full for w, is_full in whys if w):
+        first = next(w for w, _ in whys if w)
+        raise WriteError(f"checkpoint {final.name} could not be written to {final.parent}: {first}") from None
+    if failed is not None and full is None:
+        raise failed
+    rank = next(r for r, (w, is_full) in enumerate(whys) if w and not is_full)
+    raise RuntimeError(f"checkpoint {final.name}: rank {rank} could not write its part: {whys[rank][0]}")
 
 
 def load(path: Path, module: torch.nn.Module, optimizer) -> dict:

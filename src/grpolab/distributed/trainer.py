@@ -205,7 +205,7 @@ class DistributedTrainer(Trainer):
         state.pop("optimizer")  # in the DCP folder
         return state
 
-    def save(self):
+    def write_checkpoint(self):
         return dckpt.save(self.out, self.step, self.train_module, self.optimizer, self._state(),
                           self.cfg.save_total_limit)
 

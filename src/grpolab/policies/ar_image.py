@@ -13,7 +13,7 @@ from ..config import ConfigError
 from ..generation.sampling import completion_counts, sample_completions
 from ..model.logprobs import completion_logprobs
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, held_out_seed
 from .flow_matching import BUILT_IN, condition_of, image_rows
 
 NUM_CLASSES = 10
@@ -134,8 +134,9 @@ class ARImagePolicy(PolicyBase):
     contract); ``row_data["cond"]`` the class.
 
     Evaluation (``evaluation=True``; ``ar_eval_sampling``): ``seeded`` (default) draws the held-out rows at
-    temperature 1, the rows of an evaluation chunk that share a ``noise_seed`` (the digits tasks' 5 fixed seeds
-    per class) together from a generator seeded with it, so the held-out set measures the sampling
+    temperature 1, the rows of an evaluation chunk that share a seed (``base.held_out_seed``: the row's
+    ``noise_seed``, e.g. the digits tasks' 5 fixed seeds per class, else derived from its uid and prompt) together
+    from a generator seeded with it, so the held-out set measures the sampling
     distribution that RL trains, with the same random draws before and after training (a row's draw depends on
     its seed and its place among that seed's rows of the chunk: fixed for a given held-out set and
     ``eval_batch_size``); ``greedy`` is argmax decoding (one image per class, whatever the seed: the 50
@@ -251,7 +252,7 @@ class ARImagePolicy(PolicyBase):
         if evaluation and self.eval_sampling == "seeded":
             # one draw per noise_seed: the rows of a chunk with the same seed are sampled together from a
             # generator seeded with it (the digits tasks' held-out rows are noise-major: one call per seed)
-            seeds = [int(r["noise_seed"]) if r.get("noise_seed") is not None else int(u) for r, u in zip(rows, uids)]
+            seeds = [held_out_seed(r, u) for r, u in zip(rows, uids)]  # noise_seed, else derived from the row
             ids = torch.zeros(sum(counts), TOKENS, dtype=torch.long)
             lps = torch.zeros(sum(counts), TOKENS)
             starts = torch.tensor([0] + counts).cumsum(0).tolist()

@@ -28,7 +28,27 @@ import torch
 
 from ..registry import CAPABILITIES, POLICIES
 
-__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler", "load_config_module", "save_config_module"]
+__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler", "held_out_seed", "load_config_module",
+           "save_config_module"]
+
+
+def held_out_seed(row: dict, uid: int, column: str = "noise_seed") -> int:
+    """The seed of a held-out row's fixed random draws (an image policy's initial noise and step noises, a seeded
+    evaluation's tokens), so that evaluations before and after training, and two ``grpolab eval`` runs of one
+    model, draw the same for the same row: the row's ``column`` (``noise_seed``) where it has one; otherwise
+    ``zlib.crc32`` of the UTF-8 text ``f"{uid}|{prompt}"``, ``uid`` being the row's index among the held-out rows
+    (what ``train/evaluate.py`` passes) and ``prompt`` its ``prompt`` column (its ``label`` where it has no
+    prompt; a non-string prompt as JSON). A stable hash, unlike Python's salted ``hash()``: the same on every
+    process and machine; different rows (another index or another prompt) get different seeds. The one place
+    this formula lives (docs/images.md)."""
+    import json
+    import zlib
+
+    if row.get(column) is not None:
+        return int(row[column])
+    prompt = row.get("prompt", row.get("label", ""))
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, default=str)
+    return zlib.crc32(f"{int(uid)}|{text}".encode("utf-8"))
 
 
 def check_own_sampler(cfg, reason: str) -> None:
@@ -92,7 +112,9 @@ class PolicyBase(ABC):
     rest has defaults.
 
     Class attributes: ``step`` (what one column of ``[rows, steps]`` is, e.g. "token"), ``capabilities``
-    (a subset of :data:`CAPABILITIES`), ``description`` (one line, for errors and ``grpolab components``).
+    (a subset of :data:`CAPABILITIES`), ``description`` (one line, for errors and ``grpolab components``),
+    ``steps_key`` (a policy with a fixed number of steps per training sample, e.g. a denoising sampler: the
+    config key that sets it, e.g. ``flow_steps``; the stages that choose steps check against it at start-up).
     Instance attribute ``tokenizer``: the tokenizer of a text policy (``RolloutContext.tokenizer``), None for
     policies whose actions are not text. The frozen reference copy, the optimiser, DDP/FSDP2 and checkpoints
     are the trainer's and work on any ``torch.nn.Module`` the policy loads.
@@ -102,6 +124,7 @@ class PolicyBase(ABC):
     capabilities: ClassVar[frozenset[str]] = frozenset()
     description: ClassVar[str] = ""
     float32_only: ClassVar[bool] = False  # True: the trainer runs this policy in float32 whatever the dtype key
+    steps_key: ClassVar[str | None] = None  # the config key of a training sample's number of steps (fixed T)
     tokenizer: Any = None
 
     @property

@@ -12,13 +12,14 @@ from ..config import ConfigError
 from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, declared_params, param
-from .base import PolicyBase
+from .base import PolicyBase, held_out_seed
 from .flow_matching import (BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of,
                             gaussian_step_outputs, pack_images, row_noise)
 
 #: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
 GUIDANCE_SCALE = declared_params(FlowMatchingPolicy)["guidance_scale"]
-#: added to a held-out row's noise_seed to seed its step noises (the seed itself draws the initial noise)
+#: added to a held-out row's seed (``base.held_out_seed``: its noise_seed, else derived from the row) to seed
+#: its step noises (the seed itself draws the initial noise)
 STEP_NOISE_OFFSET = 1_000_003
 
 
@@ -51,9 +52,10 @@ class DDPMPolicy(PolicyBase):
     averaged over elements (DDPO has no KL; Flow-GRPO's s differs from its step std by √(−Δσ), DDIM's has no
     such factor). Evaluation (``evaluation=True``) runs ``ddpm_eval_steps`` DDIM steps with η =
     ``ddpm_eval_eta``: by default the training η (the distribution RL trains, as DDPO reports the reward of its
-    training samples), the initial noise from each row's ``noise_seed`` and every step's noise from
-    ``noise_seed`` + :data:`STEP_NOISE_OFFSET`, so a held-out row gets the same draws before and after
-    training; ``ddpm_eval_eta: 0`` is deterministic DDIM (the same step with std 0: at the last step it keeps
+    training samples), the initial noise from each row's seed (its ``noise_seed``, else derived from its uid
+    and prompt: ``base.held_out_seed``) and every step's noise from that seed + :data:`STEP_NOISE_OFFSET`, so a
+    held-out row gets the same draws before and after training and in every ``grpolab eval``; ``ddpm_eval_eta: 0``
+    is deterministic DDIM (the same step with std 0: at the last step it keeps
     ᾱ[0] ≈ 0.9999 where diffusers' ``DDIMScheduler.step`` uses 1). Why the training η by default [measured,
     digits model, held-out confidence of the asked class]: η = 1 samples score 0.770 (200 rows), η = 0 samples
     0.594 (50 rows), and RL trains the former.
@@ -80,6 +82,7 @@ class DDPMPolicy(PolicyBase):
     default_model = "digits"
     default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
+    steps_key = "ddpm_steps"  # the columns of a training sample (denoising_steps checks it)
 
     def __init__(self, *, model: str,
                  ddpm_steps: int = param(10, "DDIM steps of a training sample (the columns of [rows, steps]; DDPO "
@@ -191,10 +194,11 @@ class DDPMPolicy(PolicyBase):
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
         labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
-        x = row_noise(rows, counts, self.shape, generator, evaluation=evaluation, same_in_group=False).to(device)
+        x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
+                      same_in_group=False).to(device)
         R = len(x)
         if evaluation:
-            z = self.eval_noise(rows, counts, generator).to(device)  # [R, T_eval, *shape]
+            z = self.eval_noise(rows, uids, counts).to(device)  # [R, T_eval, *shape]
             for j, (t, t_prev) in enumerate(self.eval_timesteps):
                 tt = torch.full((R,), t, device=device)
                 x = self._step(x, self.epsilon(module, x, tt, labels), t, t_prev, self.eval_eta,
@@ -215,21 +219,17 @@ class DDPMPolicy(PolicyBase):
         return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2, logprobs=torch.stack(lps, 1),
                            group_offset=group_offset, step_data=step_data)
 
-    def eval_noise(self, rows, counts, generator) -> torch.Tensor:
+    def eval_noise(self, rows, uids, counts) -> torch.Tensor:
         """The step noises ``[R, ddpm_eval_steps, *shape]`` of a held-out sample: zeros when ``ddpm_eval_eta`` is
-        0; otherwise, like the initial noise (``row_noise``), drawn from the row's ``noise_seed`` (a generator
-        seeded with it + :data:`STEP_NOISE_OFFSET`, so a held-out row gets the same draws before and after
-        training) or, for a row without one, from ``generator``."""
+        0; otherwise drawn, like the initial noise (``row_noise``), from the row's own seed (``held_out_seed``:
+        its ``noise_seed``, else derived from its uid and prompt) + :data:`STEP_NOISE_OFFSET`, so a held-out row
+        gets the same draws before and after training."""
         if self.eval_eta == 0:
             return torch.zeros(sum(counts), self.T_eval, *self.shape)
-        on = {"device": generator.device} if generator is not None else {}
         out = []
-        for row, n in zip(rows, counts):
-            if row.get("noise_seed") is not None:
-                g = torch.Generator().manual_seed(int(row["noise_seed"]) + STEP_NOISE_OFFSET)
-                out.append(torch.randn((n, self.T_eval, *self.shape), generator=g))
-            else:
-                out.append(torch.randn((n, self.T_eval, *self.shape), generator=generator, **on).cpu())
+        for row, uid, n in zip(rows, uids, counts):
+            g = torch.Generator().manual_seed(held_out_seed(row, uid) + STEP_NOISE_OFFSET)
+            out.append(torch.randn((n, self.T_eval, *self.shape), generator=g))
         return torch.cat(out)
 
     def offers(self) -> frozenset[str]:

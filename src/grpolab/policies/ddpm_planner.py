@@ -172,7 +172,8 @@ class DDPMPlannerPolicy(PolicyBase):
     μ = √ᾱ_{t'}x̂₀ + √(1 − ᾱ_{t'} − std²)ε̂), so each step j has log π(x_{j+1} | x_j, scene, head) = the mean
     element Gaussian log-density, recomputed from the stored x_j, x_{j+1} under new weights (only the steps on
     the loss mask). Timesteps t_j = 901, 801, ..., 1 for T = 10 (``steps_offset`` 1, t' = t − N/T, DDPO's clamp
-    at the last step), linear β (1e-4 → 0.02, N = 1000). Evaluation: η = 0 from each row's ``noise_seed``.
+    at the last step), linear β (1e-4 → 0.02, N = 1000). Evaluation: η = 0 from each row's ``noise_seed`` (a row
+    without one: ``base.held_out_seed``'s).
     The trajectory is relative to the start inside the model; reward functions receive the absolute waypoints
     p_1..p_8 as a float32 NumPy array ``[8, 2]``. Groups are per row, and the task ``toy_planner`` makes one row
     per (scene, head), so each group holds one head's samples of one scene.
@@ -197,6 +198,7 @@ class DDPMPlannerPolicy(PolicyBase):
     default_model = "planner"
     default_task = "toy_planner"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
+    steps_key = "planner_steps"  # the columns of a training sample (denoising_steps checks it)
 
     def __init__(self, *, model: str,
                  planner_steps: int = param(10, "ddpm_planner: DDIM steps of a training sample (the columns)"),
@@ -258,7 +260,7 @@ class DDPMPlannerPolicy(PolicyBase):
         rep = torch.tensor(counts)
         scenes = scene_tensor(rows).repeat_interleave(rep, 0).to(device)
         heads = torch.tensor([int(r.get("head", 0)) for r in rows]).repeat_interleave(rep).to(device)
-        x = row_noise(rows, counts, (WAYPOINTS * 2,), generator, evaluation=evaluation,
+        x = row_noise(rows, uids, counts, (WAYPOINTS * 2,), generator, evaluation=evaluation,
                       same_in_group=False).to(device)
         R = len(x)
         xs, nexts, lps = [], [], []

@@ -50,7 +50,8 @@ class FlowDSMPolicy(PolicyBase):
     so that behaviour values (−ℓ under the sampling weights) and ratios exp(ℓ_old − ℓ_θ) exist for the
     trainer; ``offers`` ``dsm_loss`` (ℓ, so the frozen reference's ℓ_ref arrives as ``ref_dsm_loss``).
     ``step_data``: x_t, sigma, target (and noise). Evaluation is ``flow_matching``'s (Euler ODE from each row's
-    ``noise_seed``). Capabilities: flow_matching, images, denoising_loss (not gaussian_steps: the Gaussian
+    fixed noise: its ``noise_seed``, else ``base.held_out_seed``'s). Capabilities: flow_matching, images,
+    denoising_loss (not gaussian_steps: the Gaussian
     components are refused).
 
     Provenance: authors' code — https://github.com/Luo-Yihong/DGPO, scripts/train_sd3_dgpo.py
@@ -68,6 +69,7 @@ class FlowDSMPolicy(PolicyBase):
     default_model = "digits"
     default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
+    steps_key = "dsm_timesteps"  # the columns of a training sample: the M re-noisings
 
     def __init__(self, *, model: str,
                  flow_steps: int = _FM["flow_steps"],
@@ -135,9 +137,9 @@ class FlowDSMPolicy(PolicyBase):
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
         labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
-        x = row_noise(rows, counts, self.shape, generator, evaluation=evaluation,
+        x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
                       same_in_group=self.same_noise).to(device)
-        if evaluation:  # from each row's noise_seed, flow_eval_steps Euler steps (as flow_matching)
+        if evaluation:  # from each row's fixed noise (row_noise), flow_eval_steps Euler steps (as flow_matching)
             x = self.ode(module, x, labels, self.T_eval)
             return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2,
                                logprobs=torch.zeros(len(x), 1), group_offset=group_offset)

@@ -14,7 +14,7 @@ from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts
 from ..images import sde
 from ..registry import POLICIES, param
-from .base import PolicyBase
+from .base import PolicyBase, held_out_seed
 
 BUILT_IN = ("digits", "tiny")  #: model names of the built-in class-conditional 8x8 digits model
 #: T5 tokens of a pipeline's prompt embedding (Flow-GRPO's compute_text_embeddings: max_sequence_length=128)
@@ -42,16 +42,17 @@ def image_rows(images: torch.Tensor) -> list:
     return [img.permute(1, 2, 0).float().cpu().numpy() for img in images]
 
 
-def row_noise(rows: list[dict], counts: list[int], shape: tuple, generator, *, evaluation: bool,
+def row_noise(rows: list[dict], uids: list[int], counts: list[int], shape: tuple, generator, *, evaluation: bool,
               same_in_group: bool) -> torch.Tensor:
     """Initial noise ``[R, *shape]``: drawn from ``generator`` (one per row, or one per group when
-    ``same_in_group``); for evaluation, from each row's ``noise_seed`` (the same noise before and after
-    training) where the row has one."""
+    ``same_in_group``); for evaluation, from each row's own seed (``base.held_out_seed``: its ``noise_seed``,
+    else derived from its uid and prompt), so a held-out row is denoised from the same noise before and after
+    training and in every ``grpolab eval`` of the model."""
     on = {"device": generator.device} if generator is not None else {}  # an accelerator's generator draws there
     out = []
-    for row, n in zip(rows, counts):
-        if evaluation and row.get("noise_seed") is not None:
-            g = torch.Generator().manual_seed(int(row["noise_seed"]))
+    for row, uid, n in zip(rows, uids, counts):
+        if evaluation:
+            g = torch.Generator().manual_seed(held_out_seed(row, uid))
             out.append(torch.randn((n, *shape), generator=g))
         elif same_in_group:
             out.append(torch.randn((1, *shape), generator=generator, **on).expand(n, *shape).clone().cpu())
@@ -184,7 +185,8 @@ class FlowMatchingPolicy(PolicyBase):
     as in the authors' code). ``step_data`` keeps x_j, x_{j+1}, σ_j, σ_{j+1} of every step, so the log-probs
     are recomputed under new weights from the stored pairs, steps one at a time or any subset (only the steps
     on the loss mask are run). Evaluation (``evaluation=True``) is the Euler ODE (a = 0) for
-    ``flow_eval_steps`` steps from each row's ``noise_seed``. Images are x_T clipped to [−1, 1] and mapped to
+    ``flow_eval_steps`` steps from each row's fixed noise (its ``noise_seed``, else derived from the row:
+    ``base.held_out_seed``). Images are x_T clipped to [−1, 1] and mapped to
     [0, 1]; reward functions receive them as float32 NumPy ``[H, W, C]``.
 
     The forward runs in float32 whatever the run's ``dtype`` (Flow-GRPO computes the log-prob in float32: bf16
@@ -211,6 +213,7 @@ class FlowMatchingPolicy(PolicyBase):
     default_model = "digits"
     default_task = "digits"  # the task a run with this policy and no --task / --data trains on
     float32_only = True
+    steps_key = "flow_steps"  # the columns of a training sample (denoising_steps checks it)
     pipe = None  #: a diffusers pipeline (model_index.json) whose frozen VAE / text encoders this policy uses
     lora = None  #: (r, alpha, targets) with use_lora
     uses_element_weights = True  # forward weights each step's elements by row_data["element_weights"] (ViPO)
@@ -422,7 +425,7 @@ class FlowMatchingPolicy(PolicyBase):
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
         """Images for ``rows`` by the SDE (training: step_data and per-step log-probs) or, with ``evaluation``,
-        the Euler ODE from each row's fixed ``noise_seed`` (log-probs 0)."""
+        the Euler ODE from each row's fixed noise (``row_noise``; log-probs 0)."""
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
         labels = cond = self.conditions(rows, counts, device)
@@ -430,7 +433,7 @@ class FlowMatchingPolicy(PolicyBase):
         if self.pipe is not None:  # text embeds in row_data (forward does not re-encode); the prompt uid as label
             labels = torch.tensor(uids, device=device).repeat_interleave(torch.tensor(counts, device=device))
             extra = cond
-        x = row_noise(rows, counts, self.shape, generator, evaluation=evaluation,
+        x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
                       same_in_group=self.same_noise).to(device)
         if evaluation:
             sigmas = sde.flow_sigmas(self.T_eval, self.shift, schedule="diffusers")

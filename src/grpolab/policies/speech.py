@@ -12,7 +12,7 @@ from ..config import ConfigError
 from ..generation.counting import GENERATED
 from ..generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
 from ..registry import POLICIES, param
-from .base import PolicyBase, check_own_sampler
+from .base import PolicyBase, check_own_sampler, held_out_seed
 
 BUILT_IN = ("spoken_digits", "tiny")
 
@@ -41,7 +41,8 @@ class SpeechToTextPolicy(PolicyBase):
     ``truncated``. ``columns["completion"]`` is the transcript: the words before ``</s>`` (special tokens other
     than ``</s>`` are dropped from the text but keep their log-probs). Held-out evaluation (``evaluation``;
     ``speech_eval_sampling``): ``greedy`` (default, argmax, as for text) or ``seeded`` (draws at the run's
-    temperature by inverse CDF from uniforms of a generator seeded with the row's ``audio_seed``: the same draws
+    temperature by inverse CDF from uniforms of a generator seeded with the row's ``audio_seed``, else
+    ``base.held_out_seed``'s: the same draws
     before and after training, whatever the batch; it measures the sampling distribution RL trains).
 
     ``forward``: the encoder on the row's frames, the decoder teacher-forced on ``<s>`` + the completion, log
@@ -174,7 +175,7 @@ class SpeechToTextPolicy(PolicyBase):
         seeded = evaluation and self.eval_sampling == "seeded"
         if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
             temps = torch.full((R,), self.temperature)
-            seeds = [int(r["audio_seed"]) if r.get("audio_seed") is not None else int(u) for r, u in zip(rows, uids)]
+            seeds = [held_out_seed(r, u, "audio_seed") for r, u in zip(rows, uids)]
             uniforms = seeded_uniforms(seeds, counts, MAX_TOKENS)
         greedy = torch.full((R,), not seeded) if evaluation else temps <= 0
         eos, pad = self.vocab["eos"], self.vocab["pad"]

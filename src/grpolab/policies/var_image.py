@@ -12,7 +12,7 @@ from ..config import ConfigError
 from ..generation.sampling import completion_counts
 from ..registry import POLICIES, param
 from .ar_image import check_ar_image
-from .base import PolicyBase
+from .base import PolicyBase, held_out_seed
 from .flow_matching import BUILT_IN, condition_of, pack_images
 
 
@@ -40,8 +40,9 @@ class VARImagePolicy(PolicyBase):
     ``columns["completion"]`` holds them as float32 NumPy [8, 8, 1] (the image reward contract).
 
     Evaluation (``evaluation=True``; ``var_eval_sampling``): ``seeded`` (default) draws each held-out row at
-    temperature 1, the rows of a chunk that share a ``noise_seed`` together from a generator seeded with it
-    (the same draws before and after training: the held-out accuracy measures the distribution RL trains);
+    temperature 1, the rows of a chunk that share a seed (``base.held_out_seed``: the row's ``noise_seed``, else
+    derived from its uid and prompt) together from a generator seeded with it (the same draws before and after
+    training: the held-out accuracy measures the distribution RL trains);
     ``greedy`` takes the argmax code of every token (one image per class).
 
     Model ``digits`` / ``tiny`` (the default): pre-trained on first use by cross-entropy on all 85 tokens of the
@@ -157,7 +158,7 @@ class VARImagePolicy(PolicyBase):
         labels = torch.tensor([condition_of(r) for r in rows]).repeat_interleave(torch.tensor(counts))
         R = len(labels)
         if evaluation and self.eval_sampling == "seeded":
-            seeds = [int(r["noise_seed"]) if r.get("noise_seed") is not None else int(u) for r, u in zip(rows, uids)]
+            seeds = [held_out_seed(r, u) for r, u in zip(rows, uids)]  # noise_seed, else derived from the row
             row_seed = torch.tensor(seeds).repeat_interleave(torch.tensor(counts))
             codes = torch.zeros(R, 85, dtype=torch.long)
             logps = torch.zeros(R, 85)

@@ -28,6 +28,7 @@ CLIP_FRAC_MAX = 0.2            # recent mean clip_frac_low + clip_frac_high abov
 TRUNCATION_MAX = 0.3           # recent mean frac_truncated above this
 UNSCORABLE_STEPS_FRAC = 0.5    # a reward column unscorable (NaN) in at least this share of steps
 EVAL_DROP_TOLERANCE = 0.02     # after-training accuracy (or reward_mean) this much below before: worse
+GRAD_NORM_ZERO = 0.0           # grad_norm at or below this on every logged step (rewards varying): nothing trained
 
 
 @dataclasses.dataclass
@@ -217,6 +218,32 @@ def check_skipped_steps(rows, summary) -> Finding | None:
                    [s for s, _ in hit])
 
 
+def check_nothing_trained(rows, summary) -> Finding | None:
+    """``grad_norm`` 0 on every logged step while the rewards vary: no weight ever received a gradient."""
+    grads = series(rows, "grad_norm")
+    if not grads or any(v > GRAD_NORM_ZERO for _, v in grads):
+        return None
+    varied = [(s, v) for s, v in series(rows, "reward_std") if v > REWARD_CONSTANT_STD]
+    if not varied:
+        return None  # a constant reward explains it (reward_constant)
+    adv = series(rows, "advantage_abs_mean")
+    adv_note = ""
+    if adv and all(v == 0 for _, v in adv):
+        adv_note = f"; advantage_abs_mean 0 on all {len(adv)} steps (no row of the loss had an advantage)"
+    return Finding("nothing_trained", "nothing was trained",
+                   f"grad_norm <= {GRAD_NORM_ZERO:g} on all {len(grads)} logged steps ({_fmt(grads)}) while "
+                   f"reward_std > {REWARD_CONSTANT_STD:g} on {len(varied)} of them ({_fmt(varied)}){adv_note}",
+                   "nothing was trained: no weight received a gradient on any step, so the model at the end is "
+                   "the one the run started from and any before/after difference is noise. Likely causes: a "
+                   "sampler that trains no step (batch stage denoising_steps keeping int(flow_steps or "
+                   "ddpm_steps x steps_fraction) = 0 steps of each sample: raise the steps or the fraction); all "
+                   "advantages zero (every group's completions scored alike, or advantages clipped or masked to "
+                   "0: see frac_zero_std_groups and advantage_abs_mean); frozen parameters (nothing has "
+                   "requires_grad: a LoRA target list that matches no module, a component that freezes the "
+                   "network). Check `grpolab config` for these settings and rerun a few steps.",
+                   [s for s, _ in grads])
+
+
 def check_eval_worse(rows, summary) -> Finding | None:
     """Held-out evaluation after training is worse than before."""
     before, after = summary.get("before"), summary.get("after")
@@ -238,7 +265,7 @@ def check_eval_worse(rows, summary) -> Finding | None:
 
 CHECKS: list[Callable] = [check_reward_constant, check_zero_variance_groups, check_entropy_collapse, check_length,
                           check_kl_runaway, check_clip_fraction, check_truncation, check_reward_errors,
-                          check_skipped_steps, check_eval_worse]
+                          check_skipped_steps, check_nothing_trained, check_eval_worse]
 
 
 def diagnose(run: str | Path) -> dict:

@@ -348,7 +348,9 @@ class CAL:
             out = self.update_once(model, optimizer, {k: v[i] for k, v in self.buf.items()})
         model.eval()
         ep_cost = float(batch.row_data.get("step_costs", torch.zeros(1, 1)).sum(1).mean())
-        return {**out, "grad_norm": 0.0, "skipped": 0, "kl": None, "entropy": None, "clip_frac_low": 0.0,
+        # grad_norm: not measured (the critics' and actor's own optimisers), null rather than a 0 that reads as
+        # "nothing trained" (report/doctor.py)
+        return {**out, "grad_norm": None, "skipped": 0, "kl": None, "entropy": None, "clip_frac_low": 0.0,
                 "clip_frac_high": 0.0, "cal/lambda": float(self.log_lam.detach().exp()),
                 "cal/alpha": float(self.log_alpha.detach().exp()),
                 "cal/budget": self.budget, "cal/episode_cost": ep_cost, "cal/buffer": float(self.size),

@@ -88,6 +88,7 @@ class DynamicSampling:
         self.oversample = float(dynamic_sampling_oversample)
         self.max_rounds = int(dynamic_sampling_max_rounds)
         self.column = self._column(dynamic_sampling_metric, list(reward_names), accuracy_reward)
+        self.metric = "reward" if self.column is None else list(reward_names)[self.column]  # (named in messages)
         self.adaptive = bool(dynamic_sampling_adaptive)
         self.seen = [0.0, 0.0]  # adaptive: decayed counts of (groups with signal, groups generated)
 
@@ -138,7 +139,7 @@ class DynamicSampling:
         return scalar(batch) if self.column is None else batch.rewards[:, self.column]
 
     def __call__(self, generate, scalar, prompts_per_step: int, step: int, log, pad_id: int):
-        kept, errors, generated, dropped, n_kept = [], 0, 0, 0, 0
+        kept, errors, generated, dropped, n_kept, sampled = [], 0, 0, 0, 0, []
         self.seen = [self.DECAY * v for v in self.seen]
         for round_ in range(self.max_rounds):
             need = prompts_per_step - n_kept
@@ -147,6 +148,7 @@ class DynamicSampling:
             errors += round_errors
             generated += n_prompts
             values = self.values(batch, scalar)
+            sampled.append(values)
             keep = zero_variance_groups(values, batch.group_ids)
             n_dropped = zero_variance_groups_count(values, batch.group_ids)
             dropped += n_dropped
@@ -160,10 +162,20 @@ class DynamicSampling:
             if n_kept >= prompts_per_step:
                 break
         else:
-            log(f"[grpolab] step {step + 1}: dynamic sampling kept {n_kept} of {prompts_per_step} groups after "
-                f"{self.max_rounds} rounds (dynamic_sampling_max_rounds); training on what it has")
+            if n_kept:
+                log(f"[grpolab] step {step + 1}: dynamic sampling kept {n_kept} of {prompts_per_step} groups after "
+                    f"{self.max_rounds} rounds (dynamic_sampling_max_rounds); training on what it has")
+            else:
+                values = torch.cat(sampled)
+                mean = float(torch.nanmean(values)) if (~values.isnan()).any() else float("nan")
+                log(f"[grpolab] step {step + 1}: dynamic sampling kept 0 of {prompts_per_step} groups after "
+                    f"{self.max_rounds} rounds (dynamic_sampling_max_rounds): in each of the {dropped} groups it "
+                    f"sampled, {self.metric} was the same for every completion (mean {self.metric} "
+                    f"{mean:.3f}); the step is skipped: no optimiser step, the learning-rate schedule does not "
+                    f"advance")
         stats = {"dynamic_sampling/rounds": round_ + 1, "dynamic_sampling/generated_groups": generated,
-                 "dynamic_sampling/dropped_groups": dropped, "frac_zero_std_groups": dropped / max(generated, 1)}
+                 "dynamic_sampling/dropped_groups": dropped, "dynamic_sampling/kept_groups": n_kept,
+                 "frac_zero_std_groups": dropped / max(generated, 1)}
         if self.adaptive:
             stats["dynamic_sampling/keep_rate"] = self.keep_rate()
         if not kept:

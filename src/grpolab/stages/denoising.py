@@ -1,17 +1,51 @@
 """Which denoising steps of an image policy enter the loss (Flow-GRPO, DDPO, DanceGRPO): a batch stage."""
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import torch
 
 from ..errors import ConfigError
-from ..registry import BATCH_STAGES, param
+from ..registry import BATCH_STAGES, POLICIES, param
 
 
 def _check_denoising_steps(cfg) -> None:
+    """``steps_fraction`` in (0, 1], and at least one step of a sample trained: the policy's number of steps
+    (its ``steps_key``, e.g. ``flow_steps``) T, n = T (T − 1 with ``steps_drop_last``), ``int(n ·
+    steps_fraction)`` >= 1, else refused naming the fields, their values and the smallest valid ones."""
     if not 0.0 < cfg.steps_fraction <= 1.0:
         raise ConfigError(f"steps_fraction: must be in (0, 1], got {cfg.steps_fraction}")
+    key = getattr(POLICIES.get(cfg.policy), "steps_key", None) if cfg.policy in POLICIES else None
+    if key is None or key not in cfg.params:
+        return
+    message = no_step_trained(int(cfg.params[key]), float(cfg.steps_fraction), bool(cfg.steps_drop_last), key)
+    if message:
+        raise ConfigError(message)
+
+
+def no_step_trained(T: int, fraction: float, drop_last: bool, key: str = "steps") -> str | None:
+    """None when a row of ``T`` loss steps keeps at least one (``k = int(n · fraction)``, n = T, or T − 1 with
+    ``drop_last``); else the error: the fields and values, the k that would train, and the smallest valid
+    ``key`` (at this fraction), ``steps_fraction`` (at this T) and ``steps_drop_last``."""
+    n = T - 1 if drop_last else T
+    k = int(n * fraction)
+    if k >= 1 or T < 1:
+        return None
+    how = f"int(({key} - 1) * steps_fraction) = int({n} * {fraction:g})" if drop_last else \
+        f"int({key} * steps_fraction) = int({n} * {fraction:g})"
+    fixes = [f"{key} >= {next(t for t in range(T + 1, T + 10**6) if int((t - drop_last) * fraction) >= 1)} "
+             f"(at steps_fraction {fraction:g})"]
+    if n >= 1:  # the smallest fraction f with int(n * f) >= 1, rounded up to 3 decimals
+        f = math.ceil(1000 / n) / 1000
+        while int(n * f) < 1:
+            f += 0.001
+        fixes.append(f"steps_fraction >= {min(f, 1.0):g} (at {key} {T})")
+    if drop_last and int(T * fraction) >= 1:
+        fixes.append("steps_drop_last: false")
+    return (f"{key} {T}, steps_fraction {fraction:g}, steps_drop_last {str(drop_last).lower()}: denoising_steps "
+            f"keeps {how} = {k} of each sample's {T} denoising step{'s' if T != 1 else ''}, so no step would "
+            f"train (loss and grad_norm 0 on every step); set {' or '.join(fixes)}")
 
 
 def kept_steps(mask_row: torch.Tensor, fraction: float, order: str, drop_last: bool,
@@ -83,6 +117,14 @@ def denoising_steps(batch, ctx, *,
         if keep:
             idx = torch.tensor(keep, dtype=torch.long, device=mask.device)
             new_mask[i, idx] = mask[i, idx]
+    if bool((mask > 0).any()) and not bool((new_mask > 0).any()):  # e.g. a rollout whose rows have one step
+        n = int((mask > 0).sum(1).max())
+        m = n - 1 if steps_drop_last else n
+        raise ConfigError(f"denoising_steps: the batch's rows have at most {n} loss step{'s' if n != 1 else ''} "
+                          f"and steps_fraction {steps_fraction:g}{' with steps_drop_last' if steps_drop_last else ''}"
+                          f" keeps int({m} * {steps_fraction:g}) = 0 of them, so no step would train; set "
+                          f"steps_fraction: 1.0 and steps_drop_last: false, or leave denoising_steps out of "
+                          f"batch_stages")
     out = {"completion_mask": new_mask}
     if batch.advantages is not None:
         out["advantages"] = batch.advantages * new_mask.to(batch.advantages.dtype)

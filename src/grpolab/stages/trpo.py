@@ -166,8 +166,8 @@ class TRPO:
     ``trpo_cg_iters + 1`` double-backprop passes, at most ``trpo_backtrack_iters`` forwards.
 
     Not used for this step: the optimiser (AdamW), ``learning_rate``, ``max_grad_norm``, ``num_iterations``,
-    ``policy_loss`` and ``loss_aggregation``; the scheduler still steps (PyTorch warns once that it stepped
-    before the optimiser: harmless here) and checkpoints hold the untouched, empty optimiser state.
+    ``policy_loss`` and ``loss_aggregation``; the learning-rate scheduler does not step either (it follows the
+    optimiser's steps) and checkpoints hold the untouched, empty optimiser state.
     ``grad_norm`` is the norm of ``g``, ``loss`` is ``-L(theta_old)``. Metrics: ``trpo/kl`` (KL of the accepted
     step, or of the last try when rejected), ``trpo/surrogate_improvement`` (``L(theta_new) - L(theta_old)``;
     0 when rejected), ``trpo/expected_improvement`` (``g . step``), ``trpo/line_search_steps`` (the shrinks

@@ -8,8 +8,9 @@ Layout::
 A checkpoint is written into ``step_N.tmp``, its files flushed to disk (fsync), and
 the folder renamed when complete, so a run killed mid-save (even by ``kill -9``)
 leaves the previous checkpoint intact. One that cannot be written (a full disk)
-is removed and reported (:class:`~grpolab.errors.WriteError`); the trainer skips
-it with a warning and trains on.
+is removed and reported (:class:`~grpolab.errors.WriteError`: the folder, the cause, the free space and about
+how much the checkpoint needs, also when PyTorch's writer says only ``enforce fail at inline_container.cc``);
+the trainer skips it with one warning line that names the resume command and trains on.
 
 Loading never executes code. ``state.pt`` holds only tensors, numbers, strings,
 lists, tuples and dicts: everything else a component's ``state_dict`` returns is
@@ -170,11 +171,12 @@ def save_checkpoint(out: Path, step: int, model, state: dict, keep: int) -> Path
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
     encoded = {"format": FORMAT, "state": encode_state(state)}
+    weights = trainable_state(model)
     try:
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
-        save_file(trainable_state(model), str(tmp / "weights.safetensors"))
+        save_file(weights, str(tmp / "weights.safetensors"))
         torch.save(encoded, tmp / "state.pt")
         for f in ("weights.safetensors", "state.pt"):
             _fsync(tmp / f)
@@ -185,13 +187,31 @@ def save_checkpoint(out: Path, step: int, model, state: dict, keep: int) -> Path
         _fsync(root)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        why = write_failure(e, tmp) if isinstance(e, Exception) else None
+        why = write_failure(e, tmp, needed=checkpoint_bytes(out, weights, encoded)) if isinstance(e, Exception) \
+            else None
         if why is None:
             raise
         raise WriteError(f"checkpoint {final.name} could not be written to {root}: {why}") from None
     for old in checkpoint_dirs(out)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _tensor_bytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def checkpoint_bytes(out: Path, weights: dict, encoded: dict) -> int:
+    """About what a checkpoint of this run takes on disk: the newest one's size, else its tensors' bytes."""
+    last = latest_checkpoint(out)
+    files = [f for f in last.rglob("*") if f.is_file()] if last is not None else []
+    return sum(f.stat().st_size for f in files) if files else _tensor_bytes(weights) + _tensor_bytes(encoded)
 
 
 def _legacy_globals() -> list:

@@ -48,6 +48,23 @@ class MetricsLog:
         self.trackers = []
 
 
+def progress_fields(m: dict) -> dict[str, str]:
+    """The progress bar's fields for the step metrics ``m``. A step that trained on nothing says so in plain
+    words (``reward=0 groups kept``: dynamic sampling kept no group; ``reward=skipped``: the rollout had nothing
+    to train on), and a step whose every reward was unscorable ``reward=unscorable``, never ``nan``."""
+    reward = m.get("reward_mean")
+    if reward is not None:
+        shown = f"{reward:.3f}"
+    elif m.get("dynamic_sampling/kept_groups") == 0:
+        shown = "0 groups kept"
+    elif m.get("skipped") and "loss" not in m:
+        shown = "skipped"
+    else:
+        shown = "unscorable"
+    return {"reward": shown, "step_s": f"{m.get('rollout_s', 0.0) + m.get('train_s', 0.0):.1f}",
+            "len": f"{m.get('completion_len_mean') or 0:.0f}"}
+
+
 def append_line(path: Path, record: dict) -> None:
     """Append one JSON line in a single write, flushed: a kill leaves at most a cut final line, which
     ``parse_lines`` drops."""

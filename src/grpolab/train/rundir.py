@@ -34,6 +34,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from ..data import json_safe
+from .runlock import LOCK
 
 MARKER = "grpolab_run.json"
 EVAL_BEFORE = "eval_before.json"
@@ -111,29 +112,58 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-# what PyTorch's and safetensors' writers say when the disk is full (they raise RuntimeError / SafetensorError,
-# without an errno); an OSError says it with its errno
-WRITE_FAILED = ("No space left", "os error 28", "StorageFull", "Disk quota", "os error 122", "QuotaExceeded",
-                "file write failed")
+# what PyTorch's and safetensors' writers say when a write fails (a RuntimeError / SafetensorError, without an
+# errno; an OSError says it with its errno): "No space left on device (os error 28)", "PytorchStreamWriter failed
+# writing file data/0: file write failed" and, torch 2.x on a full tmpfs (measured), "[enforce fail at
+# inline_container.cc:672] . unexpected pos 576 vs 534" raised while handling "basic_ios::clear: iostream error"
+DISK_FULL = ("No space left", "os error 28", "StorageFull")
+QUOTA = ("Disk quota", "os error 122", "QuotaExceeded")
+WRITE_FAILED = DISK_FULL + QUOTA + ("file write failed", "enforce fail at inline_container.cc", "iostream error")
 
 
-def write_failure(e: BaseException, path: Path) -> str | None:
-    """Why writing ``path`` failed, with the free space left there, when ``e`` is a failed write (a full disk,
-    a quota, an I/O error) rather than a bug; None otherwise."""
+def size_text(n: float) -> str:
+    """``n`` bytes for a message: kB, MB or GB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _texts(e: BaseException) -> list[str]:
+    """The messages of ``e`` and of the exceptions it was raised from or while handling."""
+    out, seen = [], set()
+    while e is not None and id(e) not in seen and len(out) < 8:
+        seen.add(id(e))
+        out.append(str(e))
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def write_failure(e: BaseException, path: Path, needed: int | None = None) -> str | None:
+    """Why writing ``path`` failed, with the free space left there (and ``needed``, the bytes the write needs,
+    when known), when ``e`` is a failed write (a full disk, a quota, an I/O error) rather than a bug; None
+    otherwise."""
+    text = " ".join(_texts(e))
     if isinstance(e, OSError) and e.errno is not None:
         why = e.strerror or str(e)
-    elif any(m in str(e) for m in WRITE_FAILED):
-        why = str(e).strip().splitlines()[0][:200]
-    else:
+    elif not any(m in text for m in WRITE_FAILED):
         return None
+    elif any(m in text for m in DISK_FULL):
+        why = "No space left on device"
+    elif any(m in text for m in QUOTA):
+        why = "Disk quota exceeded"
+    else:  # PyTorch's writer says only that its stream failed
+        why = None
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     where = Path(path)
     while not where.exists() and where != where.parent:
         where = where.parent
     try:
         free = shutil.disk_usage(where).free
     except OSError:
-        return why
-    return f"{why} ({free / 1e6:.0f} MB free on the file system of {where})"
+        return why or f"the write failed (PyTorch: {first})"
+    if why is None:  # a full disk when the space left is less than the write needs (or under 1 MB)
+        why = f"{'No space left on device' if free < max(needed or 0, 1e6) else 'the write failed'} " \
+              f"(PyTorch: {first})"
+    need = f"about {size_text(needed)} needed, " if needed else ""
+    return f"{why} ({need}{size_text(free)} free on the file system of {where})"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -152,14 +182,16 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, log=print,
-                     dry_run: bool = False, writes=LAYOUT) -> None:
+                     dry_run: bool = False, writes=LAYOUT, resume_with: str | None = None) -> None:
     """Check that a run that writes the names ``writes`` (:func:`run_paths`) may write into ``out`` (see the
     module docstring), then create and mark it, its manifest listing what it owns (``dry_run``: only check, so
-    a run can refuse before it loads anything and change files only after)."""
+    a run can refuse before it loads anything and change files only after). ``resume_with``: how a run that
+    `grpolab train --resume OUT` cannot continue is continued (a Python-API run: its Python call), recorded in the
+    marker (:func:`python_resume`)."""
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"out: {out} is a file, not a folder; choose another --out")
-    entries = [p for p in out.iterdir()] if out.is_dir() else []
+    entries = [p for p in out.iterdir() if p.name != LOCK] if out.is_dir() else []  # (the run's lock: runlock.py)
     run = bool(entries) and is_run_folder(out)
     owned = owned_paths(out) if run else set()
     foreign = [n for n in writes if os.path.lexists(out / n) and n not in owned]
@@ -181,9 +213,11 @@ def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, l
         log(f"[grpolab] --overwrite: writing a run into {out}, next to its other files (none is changed)")
     elif run and has_results(out) and not resume:
         if not overwrite:
-            raise ConfigError(f"out: {out} already holds a run; continue it with `grpolab train --resume {out}` "
-                              f"(Python: Trainer(cfg, resume=True)), choose another --out, or pass --overwrite "
-                              f"to delete that run and start again (nothing was overwritten)")
+            how = python_resume(out) or (f"`grpolab train --resume {out}` (Python: Trainer(cfg, resume=True); "
+                                         f"GRPOTrainer: trainer.train(resume_from_checkpoint=True))")
+            raise ConfigError(f"out: {out} already holds a run; continue it with {how}, choose another --out, or "
+                              f"pass --overwrite (GRPOConfig: overwrite_output_dir=True) to delete that run and "
+                              f"start again (nothing was overwritten)")
         if dry_run:
             return
         present = [n for n in owned if os.path.lexists(out / n)]
@@ -198,10 +232,18 @@ def claim_run_folder(out: Path, resume: bool = False, overwrite: bool = False, l
     out.mkdir(parents=True, exist_ok=True)
     marker = _read_marker(out)
     manifest = sorted(owned | set(writes))
-    if marker.get("owned") != manifest or marker.get("grpolab_run") != 2 or "cwd" not in marker:
+    if marker.get("owned") != manifest or marker.get("grpolab_run") != 2 or "cwd" not in marker \
+            or marker.get("resume_with") != resume_with:
         write_atomic(out / MARKER, json.dumps({"grpolab_run": 2, "created": marker.get(
             "created", time.strftime("%Y-%m-%dT%H:%M:%S%z")), "cwd": marker.get("cwd", os.getcwd()),
-            "owned": manifest}) + "\n")
+            "owned": manifest, **({"resume_with": resume_with} if resume_with else {})}) + "\n")
+
+
+def python_resume(out: Path) -> str | None:
+    """How the run in ``out`` is continued when `grpolab train --resume OUT` cannot (a run started from the Python
+    API, ``GRPOTrainer``: its Python call, recorded in the marker); None for a run the CLI resumes."""
+    how = _read_marker(out).get("resume_with")
+    return how if isinstance(how, str) and how else None
 
 
 def run_workdir(out: Path) -> Path | None:

@@ -16,6 +16,10 @@ Nothing else changes for the user:
   parent ignores it and the trainer gets its ``KeyboardInterrupt``); SIGINT, SIGTERM, SIGHUP, SIGUSR1 and
   SIGUSR2 sent to the parent's pid (``kill``, ``timeout``, a scheduler) are passed on to the child; the
   parent then ends by the same signal, so the exit status is the one a single process would have had;
+* a training process killed by a signal nobody sent through the parent (SIGKILL from the kernel's
+  out-of-memory killer, ``kill -9`` of the child's pid) gets one message from the parent, naming the signal,
+  the likely cause and the command that resumes the run, and the parent ends by the same signal (a shell
+  shows 128 + 9 = 137 for SIGKILL), as a single process killed so would have;
 * ``kill -9`` of the parent kills the child at once (Linux: ``PR_SET_PDEATHSIG``; elsewhere a thread of
   the child polls its parent every 0.2 s), so a killed run stops where it was killed and ``--resume``
   continues it exactly.
@@ -65,6 +69,12 @@ def fork() -> int | None:
         return None
     os.close(write_end)
     return _wait(pid, read_end)
+
+
+def watched() -> bool:
+    """True in the training process of a supervised `grpolab train` (its parent, the process the user started,
+    watches it)."""
+    return _report_fd is not None
 
 
 def report(key: str, value) -> None:
@@ -126,8 +136,11 @@ def _wait(pid: int, read_end: int) -> int:
             cause = " (the kernel's out-of-memory killer sends it)" if sig == signal.SIGKILL else ""
             _error(f"the training process was killed by {signal.Signals(sig).name}{cause} before the run reached "
                    f"its end", said)
-        signal.signal(sig, signal.SIG_DFL)
-        os.kill(os.getpid(), sig)  # end as a single process would have
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if sig not in (signal.SIGKILL, getattr(signal, "SIGSTOP", None)):  # (those two have no handler to reset)
+            signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)  # end as a single process would have (a shell shows 128 + sig: 137 for SIGKILL)
         return 128 + sig
     rc = os.WEXITSTATUS(status)
     if "end" in said:

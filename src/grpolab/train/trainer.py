@@ -48,10 +48,11 @@ from ..tasks import get_task
 from . import checkpoint as ckpt
 from . import checks
 from .evaluate import evaluate
-from .metrics import CompletionsLog, DiscardLog, MetricsLog, completions_table, plot_rewards
+from .metrics import CompletionsLog, DiscardLog, MetricsLog, completions_table, plot_rewards, progress_fields
 from .trackers import tracker_names
 from .budget import Budget
 from .interrupt import catch_lost_interrupts
+from .runlock import RunLock
 from .rundir import claim_run_folder, load_eval_before, run_paths, save_eval_before, write_atomic, write_failure
 
 
@@ -170,20 +171,36 @@ class Trainer:
         self.cfg = cfg
         self.log = log or warn_line  # stderr, on a line of its own while a progress bar is drawn
         self.out = Path(cfg.out)
+        # one training process per run folder, rank 0's for a multi-rank run (train/runlock.py)
+        self.run_lock = RunLock(self.out, active=self.is_main, resume=self.resume_command)
         if self.is_main:
             checks.check_out(self.out)
+            self.run_lock.check()  # another process trains there: refused first, naming it
             claim_run_folder(self.out, resume=resume, overwrite=overwrite, dry_run=True,  # refuse before any work
                              writes=run_writes(cfg))
-        if cfg.threads:
-            torch.set_num_threads(cfg.threads)
-        torch.manual_seed(cfg.seed)
-        random.seed(cfg.seed)
-        np.random.seed(cfg.seed)
-        self._setup_data_and_rewards(cfg)
-        self._prepare_model(cfg)
-        self._setup_optimizer(cfg)
-        self._wire_pipeline(cfg)
-        self._open_run(resume, overwrite)
+            self.run_lock.acquire(self.log)  # from here until the run ends no other process trains in OUT
+        try:
+            if cfg.threads:
+                torch.set_num_threads(cfg.threads)
+            torch.manual_seed(cfg.seed)
+            random.seed(cfg.seed)
+            np.random.seed(cfg.seed)
+            self._setup_data_and_rewards(cfg)
+            self._prepare_model(cfg)
+            self._setup_optimizer(cfg)
+            self._wire_pipeline(cfg)
+            self._open_run(resume, overwrite)
+        except BaseException:
+            self.run_lock.release()
+            raise
+
+    # how a run `grpolab train --resume` cannot continue is continued (the Python API: its Python call); None: the CLI
+    resume_from_python: str | None = None
+
+    @property
+    def resume_command(self) -> str:
+        """How the user continues this run (in messages, in the lock's record)."""
+        return self.resume_from_python or f"`grpolab train --resume {self.out}`"
 
     def _setup_data_and_rewards(self, cfg: Config) -> None:
         """Training and held-out rows, the environment, the reward functions (weighted, checked)."""
@@ -254,6 +271,11 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(params, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2),
                                            weight_decay=cfg.weight_decay, fused=fused or None)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_lambda)
+        self.optimizer_updates = 0  # optimiser steps taken by this process: the LR schedule follows them
+        self.optimizer.register_step_post_hook(self._count_update)
+
+    def _count_update(self, optimizer, args, kwargs) -> None:
+        self.optimizer_updates += 1
 
     def _wire_pipeline(self, cfg: Config) -> None:
         """The prompt sampler, random streams, the selected components, the scorer, the generation engine and
@@ -319,7 +341,7 @@ class Trainer:
         self.budget = Budget(cfg, reduce=self.reduce_sums)
         if self.is_main:
             claim_run_folder(self.out, resume=resume, overwrite=overwrite, log=self.log,  # never lose a user's files
-                             writes=run_writes(cfg))
+                             writes=run_writes(cfg), resume_with=self.resume_from_python)
         if resume:
             self.resume()
         # the engine loaded the initial weights from disk (a server may hold an earlier run's: needs_sync)
@@ -448,17 +470,21 @@ class Trainer:
                 "behavior": None if self.behavior_model is None else ckpt.trainable_state(self.behavior_model)}
 
     def save(self) -> Path | None:
-        """A checkpoint of this step; one that cannot be written (a full disk) is skipped with a warning naming
-        the folder and the cause, and the run goes on (None)."""
+        """A checkpoint of this step; one that cannot be written (a full disk) is skipped with one warning line
+        naming the folder, the cause, the space and the resume command, and the run goes on (None)."""
         try:
-            return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
+            return self.write_checkpoint()
         except WriteError as e:
             last = ckpt.latest_checkpoint(self.out)
-            self.log(f"[grpolab] warning: {e}; skipped, training goes on ("
-                     + (f"a resume starts from {last.name}" if last else "no checkpoint yet: a resume starts "
-                                                                        "from step 0")
-                     + "); free space there to keep the next ones")
+            if self.is_main:
+                self.log(f"[grpolab] warning: {e}; skipped, and training goes on: free space there to keep the "
+                         f"next checkpoints (stopped now, the run continues with {self.resume_command} from "
+                         f"{f'its newest, {last.name}, intact' if last else 'step 0: it has no checkpoint yet'})")
             return None
+
+    def write_checkpoint(self) -> Path:
+        """Write this step's checkpoint (train/checkpoint.py; the distributed trainer: DCP, on every rank)."""
+        return ckpt.save_checkpoint(self.out, self.step, self.model, self._state(), self.cfg.save_total_limit)
 
     def precision(self):
         """Autocast context of the configured forward precision (a no-op for float32)."""
@@ -712,9 +738,8 @@ class Trainer:
             batch, errors, stats = self.collect()
         t1 = time.perf_counter()
         if batch is None:  # no group with signal (dynamic sampling), or the rollout had nothing to train on
-            self.step += 1
+            self.step += 1  # no optimiser step: the LR schedule does not advance either
             self.skipped_steps += 1
-            self.scheduler.step()
             return {"step": self.step, "skipped": 1, "reward_errors": errors, **stats,
                     "rollout_s": t1 - t0, "train_s": 0.0}
         batch.scalar_rewards = self.scorer.scalar(batch, step=self.step)  # weights, then reward transforms
@@ -733,11 +758,13 @@ class Trainer:
         self.ctx.reward_errors = 0
         with self.precision():
             self.reference_logprobs(batch)
+        updates = self.optimizer_updates
         upd = self.update_strategy(update=self.update, batch=batch, model=self.model, optimizer=self.optimizer,
                                    ctx=self.ctx, step=self.step)
         self.after_update()
         self.components_after_step()
-        self.scheduler.step()  # once per step, however many optimiser passes the update strategy made
+        if self.optimizer_updates > updates:  # the LR schedule counts the steps that updated the weights: once
+            self.scheduler.step()  # per step, however many passes; none when every pass was skipped (non-finite)
         self._engine_stale = True
         self.sampler.feedback(prompt_uids=batch.prompt_uids, rewards=scalar, group_ids=batch.group_ids,
                               reward_matrix=batch.rewards, lengths=batch.completion_attention_mask.sum(-1),
@@ -799,8 +826,9 @@ class Trainer:
 
     # --------------------------------------------------------------------- run
     def train(self, progress: bool = True) -> dict:
-        with catch_lost_interrupts() as interrupted:  # a Ctrl-C whose KeyboardInterrupt Python lost still stops
-            return self._train(progress, interrupted)
+        # the run folder's lock, held since __init__, is released when the run ends (train/runlock.py)
+        with self.run_lock.training(self.log), catch_lost_interrupts() as interrupted:  # a Ctrl-C whose
+            return self._train(progress, interrupted)  # KeyboardInterrupt Python lost still stops the run
 
     def _train(self, progress: bool, interrupted) -> dict:
         cfg = self.cfg
@@ -827,10 +855,7 @@ class Trainer:
                 self.metrics.write(m)
                 self.log_completions()
                 bar.update(1)
-                reward = m.get("reward_mean")
-                bar.set_postfix(reward=f"{reward if reward is not None else float('nan'):.3f}",
-                                step_s=f"{m['rollout_s'] + m['train_s']:.1f}",
-                                len=f"{m.get('completion_len_mean') or 0:.0f}")
+                bar.set_postfix(progress_fields(m))  # a step that kept no group says so (never reward=nan)
                 saved = self.step % cfg.save_steps == 0 or self.step == cfg.steps
                 if saved:
                     self.save()
@@ -908,8 +933,8 @@ class Trainer:
                 shutil.rmtree(path, ignore_errors=True)
             last = ckpt.latest_checkpoint(self.out)
             raise WriteError(f"{what} could not be written to {path}: {why}. The run's checkpoints are kept "
-                             f"(newest: {last.name if last else 'none'}); free space, then `grpolab train --resume "
-                             f"{self.out}` ends the run again from there") from None
+                             f"(newest: {last.name if last else 'none'}); free space, then {self.resume_command} "
+                             f"ends the run again from there") from None
 
     def _eval(self, when: str) -> dict:
         from tqdm import tqdm
