@@ -131,6 +131,7 @@ print(out)
 
 def test_no_file_descriptor_of_the_worker_or_an_earlier_call_is_open(box):
     r = _run(box, "import os; print(sorted(int(f) for f in os.listdir('/proc/self/fd')))")
+    assert r.ok, r
     fds = eval(r.stdout)
     assert len(fds) <= 5 and set(fds) >= {0, 1, 2}, fds  # stdio, the result pipe, listdir's own
 
@@ -167,6 +168,17 @@ except OSError as e:
 """)
     if box.isolation.get("view") == "jail":  # a tmpfs of tmp_mb=64 per call
         assert r.stdout.startswith("stopped") and int(r.stdout.split()[1]) <= 64, r.stdout
+
+
+def test_workers_side_by_side_have_cgroups_of_their_own():
+    """Two workers at once (xdist, a trainer with several sandboxes): each worker is PID 1 of its namespace, so
+    the cgroup's name must not come from its pid; closing one must not remove the other's."""
+    with Sandbox(limits=Limits(cpu_s=5, wall_s=10)) as a, Sandbox(limits=Limits(cpu_s=5, wall_s=10)) as b:
+        assert a.run_python("print(1)").ok and b.run_python("print(2)").ok
+        a.close()
+        for _ in range(3):
+            r = b.run_python("print(3)")
+            assert r.ok and r.stdout == "3\n", r
 
 
 def test_a_memory_cgroup_counts_what_the_address_space_limit_does_not():

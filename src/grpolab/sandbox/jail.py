@@ -266,7 +266,7 @@ class MemoryCgroup:
     ``RLIMIT_AS`` counts address space only: memory that is not mapped (files in a tmpfs, a memory file
     written with ``write``, System V segments detached after use) escapes it. A cgroup counts every page
     charged to the call (anonymous, shared, tmpfs, kernel buffers). The worker makes one folder of its own
-    below its cgroup (``grpolab-sandbox-PID``) and, per call, a child folder with ``memory_mb`` as its limit
+    below its cgroup (``grpolab-sandbox-RANDOM``) and, per call, a child folder with ``memory_mb`` as its limit
     and no swap; the call's child moves itself in before it runs anything (:meth:`join`); when the call has
     ended the folder is read (was the call killed for memory?) and removed. cgroup v2 where the memory
     controller is delegated to this process's cgroup, else cgroup v1's memory hierarchy where writable
@@ -292,8 +292,9 @@ class MemoryCgroup:
                     with open(os.path.join(here, "cgroup.controllers")) as fh:
                         if "memory" not in fh.read().split():
                             raise OSError(errno.ENOTSUP, "the memory controller is not delegated here")
-                parent = os.path.join(here, f"grpolab-sandbox-{os.getpid()}")
-                os.makedirs(parent, exist_ok=True)
+                # a name of its own: the worker is PID 1 of its namespace, so its pid names nothing
+                parent = os.path.join(here, f"grpolab-sandbox-{os.urandom(6).hex()}")
+                os.mkdir(parent)
                 if version == 2:
                     _write(os.path.join(parent, "cgroup.subtree_control"), "+memory")
                 return cls(parent, version)
