@@ -268,6 +268,19 @@ def _torch_full_disk() -> RuntimeError:
             return e
 
 
+def _save_fails_at(monkeypatch, module, step_dir: str, failure, before=None) -> None:
+    """``module.torch.save`` raises ``failure(f)`` for a file of ``step_dir`` (after ``before()``, if given)."""
+    real_save = module.torch.save
+
+    def save(obj, f, *a, **k):
+        if step_dir in str(f):
+            if before is not None:
+                before()
+            raise failure(f)
+        return real_save(obj, f, *a, **k)
+    monkeypatch.setattr(module.torch, "save", save)
+
+
 @pytest.mark.parametrize("failure", [
     lambda f: RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed writing file "
                            "data/3: file write failed: No space left on device"),
@@ -277,15 +290,9 @@ def _torch_full_disk() -> RuntimeError:
 def test_a_full_disk_during_a_checkpoint_is_one_sentence_and_keeps_the_previous_one(tiny_args, monkeypatch,
                                                                                      failure):
     out = Path(tiny_args["out"])
-    real_save = ckpt.torch.save
     kept: dict = {}
-
-    def save(obj, f, *a, **k):
-        if "step_000004" in str(f):
-            kept.update(_checksums(out / "checkpoints" / "step_000002"))
-            raise failure(f)
-        return real_save(obj, f, *a, **k)
-    monkeypatch.setattr(ckpt.torch, "save", save)
+    _save_fails_at(monkeypatch, ckpt, "step_000004", failure,
+                   before=lambda: kept.update(_checksums(out / "checkpoints" / "step_000002")))
     usage = rundir.shutil.disk_usage
     monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: usage(p)._replace(free=200_000))  # 200 kB left
     logs = []
@@ -308,13 +315,7 @@ def test_a_full_disk_during_a_checkpoint_is_one_sentence_and_keeps_the_previous_
 
 def test_a_full_disk_at_a_checkpoint_is_no_traceback_on_the_command_line(tiny_args, monkeypatch, capsys):
     out = tiny_args["out"]
-    real_save = ckpt.torch.save
-
-    def save(obj, f, *a, **k):
-        if "step_000001" in str(f):
-            raise _torch_full_disk()
-        return real_save(obj, f, *a, **k)
-    monkeypatch.setattr(ckpt.torch, "save", save)
+    _save_fails_at(monkeypatch, ckpt, "step_000001", lambda f: _torch_full_disk())
     usage = rundir.shutil.disk_usage
     monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: usage(p)._replace(free=0))
     assert main(["train", *TINY_CLI, "--steps", "2", "--save_steps", "1", "--out", out]) == 0
@@ -489,13 +490,7 @@ def test_a_full_disk_during_a_distributed_checkpoint_is_the_same_sentence(tiny_a
     from grpolab.distributed.trainer import DistributedTrainer
 
     out = Path(tiny_args["out"])
-    real_save = dckpt.torch.save
-
-    def save(obj, f, *a, **k):
-        if "step_000004" in str(f):
-            raise _torch_full_disk()
-        return real_save(obj, f, *a, **k)
-    monkeypatch.setattr(dckpt.torch, "save", save)
+    _save_fails_at(monkeypatch, dckpt, "step_000004", lambda f: _torch_full_disk())
     usage = rundir.shutil.disk_usage
     monkeypatch.setattr(rundir.shutil, "disk_usage", lambda p: usage(p)._replace(free=0))
     logs = []

@@ -17,7 +17,6 @@ ignores: the previous checkpoint stays the newest complete one. The single-proce
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import warnings
 from pathlib import Path
@@ -54,14 +53,6 @@ def one_process_quiet():
         yield
 
 
-def fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save(out: Path, step: int, module: torch.nn.Module, optimizer, state: dict, keep: int) -> Path:
     """Collective: every rank calls it. Model + optimiser through DCP, ``state`` (identical on all ranks)
     written by rank 0; the folder appears complete or not at all. A part that cannot be written (a full disk)
@@ -92,13 +83,10 @@ def save(out: Path, step: int, module: torch.nn.Module, optimizer, state: dict, 
         try:
             torch.save(encoded, tmp / "state.pt")
             for f in sorted((tmp / DCP_DIR).iterdir()) + [tmp / "state.pt"]:
-                fsync(f)
-            fsync(tmp / DCP_DIR)
-            fsync(tmp)
-            if final.exists():
-                shutil.rmtree(final)
-            tmp.rename(final)
-            fsync(root)
+                ckpt.fsync(f)
+            ckpt.fsync(tmp / DCP_DIR)
+            ckpt.fsync(tmp)
+            ckpt.publish(tmp, final, root)
         except Exception as e:
             failed = e
     _all_written(failed, out, final, encoded)

@@ -49,6 +49,7 @@ import os
 import platform
 import struct
 import sys
+import time
 
 CLONE_NEWNS, CLONE_NEWCGROUP, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x02000000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET, CLONE_THREAD = 0x10000000, 0x20000000, 0x40000000, 0x00010000
@@ -342,7 +343,6 @@ class MemoryCgroup:
             except FileNotFoundError:
                 break
             except OSError:
-                import time
                 time.sleep(0.005)
         return killed
 

@@ -152,12 +152,20 @@ def decode_state(obj):
     raise CheckpointError(f"checkpoint holds an unknown tagged value {kind!r}")
 
 
-def _fsync(path: Path) -> None:
+def fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def publish(tmp: Path, final: Path, root: Path) -> None:
+    """``tmp`` (written and synced) becomes ``final`` in one rename; the folder entry is synced too."""
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    fsync(root)
 
 
 def save_checkpoint(out: Path, step: int, model, state: dict, keep: int) -> Path:
@@ -179,12 +187,9 @@ def save_checkpoint(out: Path, step: int, model, state: dict, keep: int) -> Path
         save_file(weights, str(tmp / "weights.safetensors"))
         torch.save(encoded, tmp / "state.pt")
         for f in ("weights.safetensors", "state.pt"):
-            _fsync(tmp / f)
-        _fsync(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        _fsync(root)
+            fsync(tmp / f)
+        fsync(tmp)
+        publish(tmp, final, root)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         why = write_failure(e, tmp, needed=checkpoint_bytes(out, weights, encoded)) if isinstance(e, Exception) \
