@@ -18,7 +18,7 @@ BIN     := $(VENV)/bin
 TORCH   := torch==2.13.0
 STAMP   := $(VENV)/.installed
 DEVSTAMP:= $(VENV)/.installed-dev
-# the Pokémon Showdown battle server (npm) that the VGC-Bench tests start on loopback (grpolab.control.showdown)
+# the Pokémon Showdown battle server (npm) that the VGC-Bench tests start on loopback (grpolab.experiments.showdown)
 SHOWDOWN:= .cache/showdown/node_modules/pokemon-showdown/package.json
 ARGS    ?=
 

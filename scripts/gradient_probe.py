@@ -12,7 +12,7 @@ import copy
 
 import torch
 
-from grpolab.tasks.digits import digit_confidence
+from grpolab.policies._image.tasks import digit_confidence
 
 
 def main() -> None:
@@ -23,10 +23,10 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(1)
     if a.policy == "ar_image":
-        from grpolab.policies.ar_image import ARImagePolicy
+        from grpolab.policies.ar_image.policy import ARImagePolicy
         pol = ARImagePolicy(model="digits", temperature=1.0, top_k=0, top_p=1.0)
     else:
-        from grpolab.policies.ddpm import DDPMPolicy
+        from grpolab.policies.ddpm.policy import DDPMPolicy
         pol = DDPMPolicy(model="digits")
     model = pol.load(None, [], [], log=lambda *x: None)
     print(f"{a.policy}: {sum(p.numel() for p in model.parameters()):,} parameters")

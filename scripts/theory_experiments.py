@@ -1,13 +1,13 @@
-"""Print the measured tables of the theory experiments (grpolab/control/theory.py; docs/control.md).
+"""Print the measured tables of the theory experiments (grpolab/experiments/theory.py; docs/control.md).
 
     python scripts/theory_experiments.py <grouping|grouping_corrected|lpo|agnostic|all> [seed]
 
-Same as ``python -m grpolab.control.theory ...`` without runpy's warning about a module that ``import grpolab``
+Same as ``python -m grpolab.experiments.theory ...`` without runpy's warning about a module that ``import grpolab``
 (its component catalogue) has already loaded.
 """
 import sys
 
-from grpolab.control.theory import main
+from grpolab.experiments.theory import main
 
 if __name__ == "__main__":
     raise SystemExit(main(sys.argv[1:]))

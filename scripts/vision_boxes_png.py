@@ -11,10 +11,10 @@ import sys
 import torch
 from PIL import Image, ImageDraw
 
-from grpolab.policies.vlm import VisionLanguagePolicy
-from grpolab.tasks.vision import grounding_row, parse_box
-from grpolab.vision.scenes import shapes_scene
-from grpolab.vision.tiny import EVAL_BASE
+from grpolab.policies.vision_language.policy import VisionLanguagePolicy
+from grpolab.policies.vision_language.tasks import grounding_row, parse_box
+from grpolab.policies.vision_language.scenes import shapes_scene
+from grpolab.policies.vision_language.tiny import EVAL_BASE
 
 SCALE = 6
 

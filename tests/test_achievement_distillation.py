@@ -1,5 +1,5 @@
-"""Achievement distillation (update strategy ``achievement_distillation``, stages/achievement_distillation.py;
-seed 000-81) and the Crafter environment (control/gymenvs/crafter_env.py): goal extraction, the partial-OT
+"""Achievement distillation (update strategy ``achievement_distillation``, policies/control/achievement_distillation.py;
+seed 000-81) and the Crafter environment (policies/control/gymenvs/crafter_env.py): goal extraction, the partial-OT
 matching, the contrastive and KL terms by hand, an aux phase that lowers its own losses, Crafter through
 policy control (and repeatable runs), and the Crafter return rising under the update strategy on 3 seeds."""
 import math
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab.control.nets import ControlActor
-from grpolab.stages.achievement_distillation import (AchievementDistillation, achievement_states, categorical_kl,
+from grpolab.policies.control.nets import ControlActor
+from grpolab.policies.control.achievement_distillation import (AchievementDistillation, achievement_states, categorical_kl,
                                                      contrastive_loss, encode, entropic_partial_ot, goals,
                                                      next_goals)
 
 from _helpers import LEARNING_SEEDS
 
-CRAFTER = "grpolab.control.gymenvs.crafter_env:grpolab/Crafter-v0"
+CRAFTER = "grpolab.policies.control.gymenvs.crafter_env:grpolab/Crafter-v0"
 
 
 def test_goal_steps_and_next_goals_by_hand():
@@ -125,8 +125,8 @@ def test_aux_phase_lowers_its_losses(seed):
 def test_crafter_through_policy_control():
     """The Crafter wrapper: semantic observations (9 x 7 x 19 one-hot + 16 inventory = 1213), 17 actions,
     the same seed the same start state; policy control samples episodes in it."""
-    from grpolab.control.gymenvs.crafter_env import CrafterEnv
-    from grpolab.policies.control import ControlPolicy
+    from grpolab.policies.control.gymenvs.crafter_env import CrafterEnv
+    from grpolab.policies.control.policy import ControlPolicy
     env = CrafterEnv(area=16, length=12)
     o1, _ = env.reset(seed=3)
     assert o1.shape == (1213,) and env.action_space.n == 17
@@ -148,7 +148,7 @@ def test_crafter_runs_repeat_across_instances():
     """Two instances, the same seeds and actions: the same observations for 300 steps in a 24 x 24 world.
     Crafter alone (``crafter.Env._balance_chunk`` on the set of a chunk's creatures, ordered by memory address)
     differed on both seeds when this test was written; the wrapper's ``_World`` sorts them by position."""
-    from grpolab.control.gymenvs.crafter_env import CrafterEnv
+    from grpolab.policies.control.gymenvs.crafter_env import CrafterEnv
     envs = [CrafterEnv(area=24, length=300) for _ in range(2)]
     for seed in (0, 1):
         runs = []

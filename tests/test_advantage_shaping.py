@@ -514,7 +514,7 @@ def test_tw_group_divergence_of_the_model_matches_a_full_forward():
 
 
 def test_tw_trainer_computes_divergence_only_when_asked(tiny_args, monkeypatch):
-    import grpolab.policies.causal_lm as trainer_mod  # the causal LM policy computes it (advantage_inputs)
+    import grpolab.policies.causal_lm.policy as trainer_mod  # the causal LM policy computes it (advantage_inputs)
     from grpolab.train.trainer import Trainer
     calls = []
     real = trainer_mod.group_token_divergence

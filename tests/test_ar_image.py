@@ -1,4 +1,4 @@
-"""The autoregressive image policy (policies/ar_image.py), its codebook (images/codebook.py), AR-GRPO's reward map
+"""The autoregressive image policy (policies/ar_image/policy.py), its codebook (policies/ar_image/codebook.py), AR-GRPO's reward map
 and task digits_multi, and the group_dpo loss (algorithms/losses.py)."""
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from _helpers import LEARNING_SEEDS  # noqa: E402
 
 @pytest.fixture(scope="module")
 def policy_and_model():
-    from grpolab.policies.ar_image import ARImagePolicy
+    from grpolab.policies.ar_image.policy import ARImagePolicy
     policy = ARImagePolicy(model="digits", temperature=1.0, top_k=0, top_p=1.0)
     return policy, policy.load(None, [], [], log=lambda *a: None)
 
 
 def test_codebook_round_trip_error_is_bounded():
-    from grpolab.images.codebook import K, ROUND_TRIP_MSE_BOUND, TOKENS, load_codebook, patches, unpatch
-    from grpolab.images.digits import load_digits_tensor
+    from grpolab.policies.ar_image.codebook import K, ROUND_TRIP_MSE_BOUND, TOKENS, load_codebook, patches, unpatch
+    from grpolab.policies._image.digits import load_digits_tensor
 
     images, _ = load_digits_tensor()
     assert torch.equal(unpatch(patches(images)), images)  # the patch layout is a bijection
@@ -70,7 +70,7 @@ def test_recomputed_logprobs_equal_behaviour(policy_and_model):
 
 def test_seeded_evaluation_repeats_and_decode_of_non_codes(policy_and_model):
     policy, model = policy_and_model
-    from grpolab.tasks.digits import digit_eval_rows
+    from grpolab.policies._image.tasks import digit_eval_rows
 
     rows = digit_eval_rows([1, 2], 2)
     a = policy.sample(model, rows, [0, 1, 2, 3], num_generations=1, temperature=0.0, evaluation=True)
@@ -81,7 +81,7 @@ def test_seeded_evaluation_repeats_and_decode_of_non_codes(policy_and_model):
 
 
 def test_save_and_load_round_trip(policy_and_model, tmp_path):
-    from grpolab.policies.ar_image import ARImagePolicy
+    from grpolab.policies.ar_image.policy import ARImagePolicy
     policy, model = policy_and_model
     policy.save(model, tmp_path / "m")
     other = ARImagePolicy(model=str(tmp_path / "m"), temperature=1.0, top_k=0, top_p=1.0)
@@ -112,7 +112,7 @@ def test_ar_grpo_raises_the_held_out_confidence_on_every_seed(tmp_path, seed):
 
 def test_ar_grpo_step_map_and_digits_multi_weights():
     from grpolab.registry import TASKS
-    from grpolab.tasks.digits import step_map
+    from grpolab.policies._image.tasks import step_map
 
     # AR-GRPO's discrete_reward_map(score, [0, 0.3, 0.6, 1], [-1, 0.5, 1, 1.5]); >= 1 -> 1.5 (theirs: IndexError)
     assert [step_map(v) for v in (-0.1, 0.0, 0.29, 0.3, 0.59, 0.6, 0.99, 1.0)] == \

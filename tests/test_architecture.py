@@ -13,21 +13,33 @@ from grpolab.registry import POLICIES, ALL_REGISTRIES, Param, declared_params
 
 SRC = Path(grpolab.__file__).parent
 
-# From the ground up: a module may import from its own layer or below (docs/architecture.md).
+# From the ground up: a module may import from its own layer or below (docs/architecture.md). "kinds" are the
+# packages of grpolab/policies other than its __init__ and base.py: one per policy kind (policies/<kind>/) and the
+# shared code of several kinds (policies/_<name>/).
 LAYERS = [
     {"errors", "registry", "sandbox"},
-    {"batch", "data", "config", "components", "devices", "recipes", "roles"},
-    {"algorithms", "model", "images", "dllm", "speech", "vision", "control"},
+    {"batch", "data", "config", "components", "devices", "recipes", "roles", "media"},
+    {"algorithms", "model"},
     {"generation", "policies"},
     {"rewards", "tasks", "prompts", "rollouts", "stages", "agents"},
-    {"catalog", "train", "distributed"},
+    {"kinds"},
+    {"catalog", "train", "distributed", "experiments"},
     {"cli", "bench", "compare", "report", "api", "__main__", "__init__"},
 ]
 
 
+def kind_of(module: str) -> str | None:
+    """The policy-kind package a module belongs to (``grpolab.policies.ddpm.policy`` -> ``ddpm``; shared code:
+    ``_image``), None outside them (``grpolab.policies.base`` is the interface, not a kind)."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] == "policies" and parts[2] != "base":
+        return parts[2]
+    return None
+
+
 def layer_of(module: str) -> int:
     parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "__init__"
+    top = "kinds" if kind_of(module) else parts[1] if len(parts) > 1 else "__init__"
     for i, names in enumerate(LAYERS):
         if top in names:
             return i
@@ -86,6 +98,8 @@ def import_graph() -> dict[str, set[str]]:
 def top_package(module: str) -> str:
     """The top-level name a module belongs to: ``grpolab.train.trainer`` -> ``train``; ``grpolab`` -> ``__init__``."""
     parts = module.split(".")
+    if kind_of(module):
+        return f"policies.{kind_of(module)}"  # each kind package is a package of its own
     return parts[1] if len(parts) > 1 else "__init__"
 
 
@@ -178,7 +192,7 @@ HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algo
 
 
 # kinds whose components are spread over one family module each: the packages that hold them
-PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents", "grpolab.control"), "reward_spec": ("grpolab.rewards",),
+PACKAGE_HOME = {"advantage": ("grpolab.algorithms", "grpolab.agents"), "reward_spec": ("grpolab.rewards",),
                 "task": ("grpolab.tasks",), "prompt_sampler": ("grpolab.prompts",),
                 "rollout": ("grpolab.rollouts", "grpolab.agents"), "stage": ("grpolab.stages",),
                 "update": ("grpolab.stages",), "policy": ("grpolab.policies",)}
@@ -198,7 +212,7 @@ def test_every_kind_has_a_home_and_modules_hold_one_kind():
             if not mod.startswith("grpolab."):
                 continue
             kinds.setdefault(mod, set()).add(kind)
-            if kind in PACKAGE_HOME and not mod.startswith(tuple(p + "." for p in PACKAGE_HOME[kind])):
+            if kind in PACKAGE_HOME and not kind_of(mod) and not mod.startswith(tuple(p + "." for p in PACKAGE_HOME[kind])):
                 wrong.append(f"{kind} '{name}' is defined in {mod}, outside {' / '.join(PACKAGE_HOME[kind])}")
     wrong += [f"{mod} defines components of {len(k)} kinds ({', '.join(sorted(k))})"
               for mod, k in kinds.items() if len(k) > 1 and mod not in MIXED]
@@ -209,7 +223,7 @@ def test_each_kind_of_component_lives_in_the_module_named_for_it():
     built_in = [(kind, name, obj.__module__) for kind, reg in ALL_REGISTRIES.items() for name, obj in reg.items()
                 if obj.__module__.startswith("grpolab.")]
     wrong = [f"{kind} '{name}' is defined in {mod}, not {HOME[kind]}" for kind, name, mod in built_in
-             if kind in HOME and mod != HOME[kind]]
+             if kind in HOME and mod != HOME[kind] and not kind_of(mod)]
     wrong += [f"{mod} (the {home_kind} module) defines {kind} '{name}'" for kind, name, mod in built_in
               for home_kind, home in HOME.items() if mod == home and kind != home_kind]
     assert not wrong, "\n".join(wrong)
@@ -327,3 +341,74 @@ def test_every_module_of_the_component_packages_is_imported():
     for pkg in COMPONENT_PACKAGES:
         for mod in pkgutil.iter_modules(pkg.__path__):
             assert f"{pkg.__name__}.{mod.name}" in sys.modules, f"{pkg.__name__}.{mod.name} is not imported"
+
+
+# ------------------------------------------------------------------ the policy is the only seam
+
+
+def kind_violations(graph: dict[str, set[str]]) -> list[str]:
+    """The kind rules (docs/architecture.md): outside grpolab/policies' kind packages nothing imports one (the
+    catalogue finds them by discovery), and a kind imports no other kind, only the shared packages (``_<name>``)."""
+    bad = []
+    for a, targets in graph.items():
+        ka = kind_of(a)
+        for b in targets:
+            kb = kind_of(b)
+            if kb is None or kb == ka:
+                continue
+            if ka is None:
+                bad.append(f"{a} imports the policy kind package {b}: go through the policy (grpolab/policies/base.py)")
+            elif not kb.startswith("_"):
+                bad.append(f"{a} (kind {ka}) imports kind {kb} ({b}): move what both use to a shared policies/_<name>/")
+            elif ka.startswith("_") and not kb.startswith("_"):
+                bad.append(f"{a} (shared code) imports kind {kb}")
+    return sorted(bad)
+
+
+def test_nothing_outside_a_kind_imports_one_and_kinds_import_no_other_kind():
+    bad = kind_violations(import_graph())
+    assert not bad, "\n".join(bad)
+
+
+def test_the_kind_rules_can_fail():
+    g = {"grpolab.train.trainer": {"grpolab.policies.ddpm.policy", "grpolab.policies.base"},
+         "grpolab.policies.ddpm.policy": {"grpolab.policies._image.flow", "grpolab.policies.ar_image.codebook"},
+         "grpolab.policies._image.flow": {"grpolab.policies.base"}}
+    bad = kind_violations(g)
+    assert len(bad) == 2 and "grpolab.train.trainer imports" in bad[1] and "imports kind ar_image" in bad[0]
+
+
+def test_every_policy_kind_is_one_package_named_for_it():
+    """A registered policy ``X`` (a built-in) is defined in the package ``grpolab/policies/X/``, and every package
+    there is a kind (one policy of that name) or shared code (``_<name>``, no policy)."""
+    wrong = [f"policy '{name}' is defined in {cls.__module__}, not in grpolab.policies.{name}"
+             for name, cls in POLICIES.items()
+             if cls.__module__.startswith("grpolab.") and kind_of(cls.__module__) != name]
+    packages = {p.name for p in (SRC / "policies").iterdir() if (p / "__init__.py").exists()}
+    wrong += [f"grpolab/policies/{p}/ registers no policy named {p} (shared code is named _{p})"
+              for p in sorted(packages) if not p.startswith("_") and p not in POLICIES]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_a_new_kind_is_one_package_with_no_edit_elsewhere(tmp_path):
+    """Discovery: a package dropped into grpolab/policies (here a copy of ``flow_frames`` under a new name, as a
+    user would start a kind) registers its policy, its task and its capability when the catalogue is imported,
+    with no shared list edited."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    shutil.copytree(SRC, src / "grpolab", ignore=shutil.ignore_patterns("__pycache__"))
+    kind = src / "grpolab" / "policies" / "my_frames"
+    shutil.copytree(src / "grpolab" / "policies" / "flow_frames", kind)
+    for f in kind.glob("*.py"):
+        f.write_text(f.read_text().replace('register("flow_frames"', 'register("my_frames"')
+                     .replace('register("digit_frames"', 'register("my_digit_frames"'))
+    (kind / "__init__.py").write_text('from ...registry import declare_capability\n\n'
+                                      'declare_capability("my_capability", "what my kind offers")\n')
+    code = ("import grpolab\nfrom grpolab.registry import CAPABILITIES, POLICIES, TASKS\n"
+            "print(POLICIES.get('my_frames').__module__, 'my_digit_frames' in TASKS, 'my_capability' in CAPABILITIES)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                         env={"PYTHONPATH": str(src), "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    assert out.stdout.split() == ["grpolab.policies.my_frames.policy", "True", "True"], out.stderr[-2000:]

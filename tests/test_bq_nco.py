@@ -1,5 +1,5 @@
 """BQ-NCO (seed 000-97): BQ states, suffix sampling, the expert, the loss, the policy's log-probs, and imitation
-learning on TSP-10 (control/bq_nco.py, policies/bq_nco.py, tasks/tsp.py, stages/bq_imitation.py)."""
+learning on TSP-10 (policies/bq_nco/model.py, policies/bq_nco/policy.py, policies/bq_nco/tasks.py, policies/bq_nco/imitation.py)."""
 import math
 import sys
 from pathlib import Path
@@ -12,14 +12,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _helpers import LEARNING_SEEDS  # noqa: E402
 
 from grpolab.config import Config, ConfigError  # noqa: E402
-from grpolab.control.bq_nco import (BQTransformer, brute_force_tsp, bq_state, cvrp_expert_order,  # noqa: E402
+from grpolab.policies.bq_nco.model import (BQTransformer, brute_force_tsp, bq_state, cvrp_expert_order,  # noqa: E402
                                     cvrp_feasible, cvrp_length, cvrp_state, cvrp_suffix, exact_cvrp, held_karp,
                                     next_node_cross_entropy, ortools_cvrp, ortools_tsp, random_cvrp_instances,
                                     random_instances, sample_cvrp_begin, sample_suffix_size, subproblem_index,
                                     suffix_subproblem, tour_length, tour_lengths)
-from grpolab.policies.bq_nco import BQNCOPolicy  # noqa: E402
+from grpolab.policies.bq_nco.policy import BQNCOPolicy  # noqa: E402
 from grpolab.recipes import recipe_overrides  # noqa: E402
-from grpolab.tasks.tsp import cvrp_rows, neg_tour_length, tour_gap_pct, tour_matches_expert, tsp_rows  # noqa: E402
+from grpolab.policies.bq_nco.tasks import cvrp_rows, neg_tour_length, tour_gap_pct, tour_matches_expert, tsp_rows  # noqa: E402
 from grpolab.train.trainer import Trainer  # noqa: E402
 
 # a hand-made 5-node instance: the unit square's corners and its centre

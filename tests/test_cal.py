@@ -1,17 +1,17 @@
-"""CAL (update strategy ``cal``, stages/cal.py; seed 000-102) on the constrained task grpolab/SpeedLimitPoint-v0
-(control/gymenvs/safety.py): the UCB cost estimate, the rectification, the actor and dual losses by hand, the
+"""CAL (update strategy ``cal``, policies/control/cal.py; seed 000-102) on the constrained task grpolab/SpeedLimitPoint-v0
+(policies/control/gymenvs/safety.py): the UCB cost estimate, the rectification, the actor and dual losses by hand, the
 per-step costs policy control records, the checkpoint state, and a learning run on 3 seeds."""
 import math
 
 import pytest
 import torch
 
-from grpolab.policies.control import ControlPolicy
-from grpolab.stages.cal import CAL, actor_loss, cost_budget, dual_loss, rectification, transitions, ucb_cost
+from grpolab.policies.control.policy import ControlPolicy
+from grpolab.policies.control.cal import CAL, actor_loss, cost_budget, dual_loss, rectification, transitions, ucb_cost
 
 from _helpers import LEARNING_SEEDS
 
-ENV = "grpolab.control.gymenvs.safety:grpolab/SpeedLimitPoint-v0"
+ENV = "grpolab.policies.control.gymenvs.safety:grpolab/SpeedLimitPoint-v0"
 
 
 def test_ucb_cost_by_hand():

@@ -1,16 +1,16 @@
-"""The control policy (policies/control.py), its environments and networks (control/), task gym_control and the
-PPO baseline's advantage control_gae (control/critic.py)."""
+"""The control policy (policies/control/policy.py), its environments and networks (control/), task gym_control and the
+PPO baseline's advantage control_gae (policies/control/critic.py)."""
 import math
 
 import pytest
 import torch
 
-from grpolab.control.critic import ControlGAE, agent_columns, agent_sequences
+from grpolab.policies.control.critic import ControlGAE, agent_columns, agent_sequences
 from grpolab.algorithms.gae import gae
 from grpolab.batch import RolloutBatch
 from grpolab.config import Config
 from grpolab.errors import ConfigError
-from grpolab.policies.control import ControlPolicy
+from grpolab.policies.control.policy import ControlPolicy
 from grpolab.tasks.base import get_task
 
 from _helpers import LEARNING_SEEDS
@@ -64,7 +64,7 @@ def test_logprobs_by_hand():
     """A zero output layer: categorical = uniform over CartPole's 2 actions, log 0.5; Gaussian mean 0 with
     log_std = log 0.5: log N(0.3; 0, 0.5) = -0.5 (0.3 / 0.5)^2 - log 0.5 - 0.5 log(2 pi)
     = -0.18 + 0.693147 - 0.918939 = -0.405792."""
-    from grpolab.control.nets import ControlActor
+    from grpolab.policies.control.nets import ControlActor
     cat = ControlActor(4, 1, True, 2)
     gau = ControlActor(3, 1, False, 1, log_std_init=math.log(0.5))
     for a in (cat, gau):

@@ -1,5 +1,5 @@
 """The theory seeds as experiments: action grouping (000-80), LPO (000-111), agnostic policy learning (000-105)
-in grpolab/control/theory.py, and GRAPE's generalised relative advantage (000-46, algorithms/adv_grape.py)."""
+in grpolab/experiments/theory.py, and GRAPE's generalised relative advantage (000-46, algorithms/adv_grape.py)."""
 import math
 
 import numpy as np
@@ -8,7 +8,7 @@ import torch
 
 from grpolab.algorithms import ADVANTAGES, group_zscore
 from grpolab.algorithms.adv_baselines import leave_one_out
-from grpolab.control import theory as th
+from grpolab.experiments import theory as th
 from grpolab.errors import ConfigError
 
 from _helpers import LEARNING_SEEDS, close

@@ -189,7 +189,7 @@ ONE_REWARD = "def hit(completions, answer, **kw):\n    return [float(a in c) for
 
 # in reverse order: tests/test_training.py trains every recipe in alphabetical order at the same time on the other
 # worker (`make test`), and each first builds its tiny pre-trained models; in the same order one worker would wait
-# on the other's build of every model (images/cache.py's lock)
+# on the other's build of every model (model/cache.py's lock)
 @pytest.mark.parametrize("recipe", sorted(recipe_names(), reverse=True))
 def test_every_recipe_trains_on_user_data_or_names_the_column(recipe, tiny_args, tmp_path, monkeypatch):
     (tmp_path / "user_rw.py").write_text(ONE_REWARD)

@@ -1,6 +1,6 @@
-"""The DDPM image policy (grpolab/policies/ddpm.py, DDPO's DDIM sampler with log-probs): sampling, exact
+"""The DDPM image policy (grpolab/policies/ddpm/policy.py, DDPO's DDIM sampler with log-probs): sampling, exact
 recomputation of the behaviour log-probs, the step against DDPO's formula computed by hand (here, not with
-images/sde.py), the last step's clamp quirk, evaluation with fixed noises, the KL's std, the config rules, saving,
+policies/_image/sde.py), the last step's clamp quirk, evaluation with fixed noises, the KL's std, the config rules, saving,
 and a short run through the trainer."""
 import json
 import math
@@ -37,7 +37,7 @@ def _alphas_cumprod():
     """ᾱ of the digits DDPM from its scheduler (DDPMScheduler, linear betas 1e-4..0.02, 1000 steps), float64."""
     from diffusers import DDPMScheduler
 
-    from grpolab.images.digits import scheduler_config
+    from grpolab.policies._image.digits import scheduler_config
     return DDPMScheduler.from_config(scheduler_config("ddpm")).alphas_cumprod.double()
 
 
@@ -191,7 +191,7 @@ def test_evaluation_by_default_is_the_training_sampler_with_each_rows_fixed_draw
     """ddpm_eval_eta null (the default) = ddpm_eta: a held-out row is sampled by the sampler RL trains, its initial
     noise from its noise_seed and its step noises from noise_seed + STEP_NOISE_OFFSET, whatever the generator and
     the row's place; by hand: the DDIM step with std eta * sigma_t and those noises."""
-    from grpolab.policies.ddpm import STEP_NOISE_OFFSET
+    from grpolab.policies.ddpm.policy import STEP_NOISE_OFFSET
     pol, module, _ = ddpm
     assert pol.eval_eta == pol.eta == 1.0
     rows = [{"prompt": "4", "noise_seed": 11}, {"prompt": "4", "noise_seed": 12}]

@@ -1,5 +1,5 @@
-"""The masked diffusion LM policy (policies/masked_dlm.py), its log-prob estimators (dllm/estimators.py), LLaDA's
-block-wise sampler (dllm/sampler.py) and the diffu_grpo recipe."""
+"""The masked diffusion LM policy (policies/masked_diffusion_lm/policy.py), its log-prob estimators (policies/masked_diffusion_lm/estimators.py), LLaDA's
+block-wise sampler (policies/masked_diffusion_lm/sampler.py) and the diffu_grpo recipe."""
 from __future__ import annotations
 
 import math
@@ -16,7 +16,7 @@ MASK = 1
 
 @pytest.fixture(scope="module")
 def policy_and_model():
-    from grpolab.policies.masked_dlm import MaskedDiffusionLM
+    from grpolab.policies.masked_diffusion_lm.policy import MaskedDiffusionLM
     policy = MaskedDiffusionLM(model="repeat", temperature=1.0)
     return policy, policy.load(None, [], [], log=lambda *a: None)
 
@@ -40,7 +40,7 @@ def test_onestep_equals_log_softmax_by_hand():
     """3 completion tokens y = (2, 0, 3) over a vocabulary of 4, logits [1, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 3]
     when masked: log p_k = logit_k[y_k] - log Σ exp(logit_k), by hand; with p_mask_prompt 1 both prompt tokens are
     masked and add 10 to logit 0 (the toy's rule; token 2's y is 0, so its numerator is 10)."""
-    from grpolab.dllm.estimators import onestep
+    from grpolab.policies.masked_diffusion_lm.estimators import onestep
 
     masked = torch.tensor([[1.0, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 3]])
     fn = table_logits(masked, torch.zeros(3, 4), 2)
@@ -61,7 +61,7 @@ def test_onestep_equals_log_softmax_by_hand():
 def test_elbo_mc_by_hand():
     """One sample: t and the mask drawn from the row's generator (t first, then L uniforms), term = 1[masked]
     log p / p with p = (1 - 1e-3) t + 1e-3; two samples average two such terms."""
-    from grpolab.dllm.estimators import elbo_mc
+    from grpolab.policies.masked_diffusion_lm.estimators import elbo_mc
 
     masked = torch.tensor([[1.0, 0, 2, 0], [0, 0, 0, 0], [0, 1, 0, 3]])
     fn = table_logits(masked, torch.zeros(3, 4), 2)
@@ -85,7 +85,7 @@ def test_same_mask_seed_same_logprobs(policy_and_model):
     """The estimators depend on the weights and the row's seed only: the same seed twice gives identical
     log-probs (prompt masking included), another seed gives others."""
     policy, model = policy_and_model
-    from grpolab.dllm.estimators import ESTIMATORS
+    from grpolab.policies.masked_diffusion_lm.estimators import ESTIMATORS
     rows = [{"prompt": "say 3:", "digit": "3"}, {"prompt": "say 7:", "digit": "7"}]
     b = policy.sample(model, rows, [0, 1], num_generations=2, temperature=1.0,
                       generator=torch.Generator().manual_seed(0))
@@ -122,7 +122,7 @@ def test_ratio_is_one_before_the_first_update(policy_and_model):
 def test_sampler_schedule_and_step_map(policy_and_model):
     """Each denoising step unmasks exactly its scheduled number of tokens, inside its block; the step map covers
     every token once; the completion mask runs to the first eos."""
-    from grpolab.dllm.sampler import schedule, transfer_counts
+    from grpolab.policies.masked_diffusion_lm.sampler import schedule, transfer_counts
 
     assert transfer_counts(4, 2) == [2, 2] and transfer_counts(3, 2) == [2, 1] and transfer_counts(5, 5) == [1] * 5
     assert schedule(6, 3, 4) == [(0, 0, 2), (1, 0, 1), (2, 1, 2), (3, 1, 1)]
@@ -163,7 +163,7 @@ def test_sdmc_has_lower_variance_than_double_mc():
     ELBO over 1000 mask seeds. Measured: double MC 42.8 / 43.2 / 44.0 / 43.4, semi-deterministic 9.8 / 10.0 / 9.9 /
     10.3 (seed offsets 0, 1e4, 2e4, 3e4): ratio 4.2-4.4 (4.7-4.9 at 2 forwards, 4.0-4.2 at 8); asserted: a ratio
     above 2 and means within 0.5 of each other (both estimate the same integral; about -19.8)."""
-    from grpolab.dllm.estimators import elbo_mc, elbo_sdmc, quadrature
+    from grpolab.policies.masked_diffusion_lm.estimators import elbo_mc, elbo_sdmc, quadrature
 
     t, w = quadrature(4)
     assert abs(sum(w) - 1) < 1e-12 and all(0 < x < 1 for x in t)
@@ -187,8 +187,8 @@ def test_sdmc_has_lower_variance_than_double_mc():
 def test_step_replay_reproduces_the_sampler(policy_and_model):
     """DiPO's estimator replays each step's state from the step map: under the sampling weights it gives the
     sampler's own log-probs of the drawn tokens (every position, past the eos too)."""
-    from grpolab.dllm.estimators import step_replay
-    from grpolab.policies.masked_dlm import MaskedDiffusionLM
+    from grpolab.policies.masked_diffusion_lm.estimators import step_replay
+    from grpolab.policies.masked_diffusion_lm.policy import MaskedDiffusionLM
 
     policy, model = policy_and_model
     rows = [{"prompt": f"say {d}:", "digit": str(d)} for d in (2, 6)]
@@ -207,7 +207,7 @@ def test_step_replay_reproduces_the_sampler(policy_and_model):
 
 
 def test_save_and_load_round_trip(policy_and_model, tmp_path):
-    from grpolab.policies.masked_dlm import MaskedDiffusionLM
+    from grpolab.policies.masked_diffusion_lm.policy import MaskedDiffusionLM
     policy, model = policy_and_model
     policy.save(model, tmp_path / "m")
     other = MaskedDiffusionLM(model=str(tmp_path / "m"), temperature=1.0)
@@ -293,7 +293,7 @@ def test_mask_id_from_dllm_json_when_the_tokenizer_declares_none(policy_and_mode
     samples as before; without it loading stops with an error that names both."""
     import json
 
-    from grpolab.policies.masked_dlm import MaskedDiffusionLM
+    from grpolab.policies.masked_diffusion_lm.policy import MaskedDiffusionLM
     policy, model = policy_and_model
     path = tmp_path / "m"
     policy.save(model, path)
@@ -317,7 +317,7 @@ def test_entropy_is_the_all_masked_vocabulary_entropy_and_entropy_bonus_trains(p
     """``entropy`` = −Σ p log p of softmax(logits) at each completion position with the completion fully masked
     (the toy: logits [1, 0, 2, 0] at a masked position, by hand); the entropy_bonus regularizer (needs tokens)
     runs a step with this policy."""
-    from grpolab.dllm.estimators import masked_entropy
+    from grpolab.policies.masked_diffusion_lm.estimators import masked_entropy
     from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 

@@ -8,7 +8,7 @@ import torch
 from grpolab.algorithms import WEIGHTINGS
 from grpolab.cli import main
 from grpolab.errors import ConfigError
-from grpolab.policies.causal_lm import tag_token_mask
+from grpolab.policies.causal_lm.policy import tag_token_mask
 from grpolab.tasks import get_task
 from grpolab.tasks.fc_data_prep import pass_rate, prepare_fc_data
 from grpolab.tasks.function_calls import (TOOLS, fc_row, fc_single_criteria, fc_think_format, format_calls,

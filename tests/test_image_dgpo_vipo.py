@@ -8,10 +8,10 @@ import torch
 from grpolab.algorithms.losses import dgpo
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
-from grpolab.images import sde
-from grpolab.images.vipo import element_weights, pca_maps, weighted_step_logprob
+from grpolab.policies._image import sde
+from grpolab.policies._image.vipo import element_weights, pca_maps, weighted_step_logprob
 from grpolab.policies import POLICIES
-from grpolab.policies.flow_dsm import dsm_renoise
+from grpolab.policies.flow_dsm.policy import dsm_renoise
 from grpolab.recipes import recipe_overrides
 
 from _helpers import LEARNING_SEEDS  # noqa: E402

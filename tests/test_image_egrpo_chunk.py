@@ -1,4 +1,4 @@
-"""E-GRPO's branching rollout (rollouts/egrpo_flow.py, seed 000-78) and Chunk-GRPO's chunks (stages/chunks.py
+"""E-GRPO's branching rollout (policies/flow_matching/egrpo.py, seed 000-78) and Chunk-GRPO's chunks (stages/chunks.py
 with the loss rank_ratio, seed 000-88).
 
 E-GRPO's expected values are re-derived here in plain torch from the authors' code, shengjun-zhang/VisualGRPO
@@ -21,7 +21,7 @@ from grpolab.algorithms.losses import clipped_ratio, rank_ratio, sequence_ratio
 from grpolab.batch import RolloutBatch
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
-from grpolab.images import sde
+from grpolab.policies._image import sde
 from grpolab.policies import POLICIES
 from grpolab.stages.chunks import chunk_grpo, chunk_ids
 
@@ -92,7 +92,7 @@ def flow():
 
 def test_egrpo_groups_per_prompt_and_step_and_one_column(flow):
     from grpolab.rollouts.context import RolloutContext
-    from grpolab.rollouts.egrpo_flow import egrpo_branch
+    from grpolab.policies._image.flow.egrpo import egrpo_branch
 
     cfg, pol, module, rows = flow
     ctx = RolloutContext(cfg, None, rows, policy=module, scorer=None, generator=torch.Generator().manual_seed(0),

@@ -13,10 +13,10 @@ import time
 import pytest
 import torch
 
-from grpolab.images import digits as D
-from grpolab.images.cache import META, cached_build, cached_path, read_meta, recipe_hash
-from grpolab.images.classifier import DigitClassifier, digit_classifier_path, load_digit_classifier
-from grpolab.images.render import from_signed, grid_png, png_data_uri, thumbnail_data_uri, to_uint8
+from grpolab.policies._image import digits as D
+from grpolab.model.cache import META, cached_build, cached_path, read_meta, recipe_hash
+from grpolab.policies._image.classifier import DigitClassifier, digit_classifier_path, load_digit_classifier
+from grpolab.media import from_signed, grid_png, png_data_uri, thumbnail_data_uri, to_uint8
 
 PIL = pytest.importorskip("PIL.Image")
 

@@ -1,4 +1,4 @@
-"""The image policies (grpolab/policies/flow_matching.py): sampling, exact recomputation of the behaviour
+"""The image policies (grpolab/policies/_image/flow.py): sampling, exact recomputation of the behaviour
 log-probs, evaluation with fixed noises, the config rules, and the SDE step against its hand formula."""
 import math
 
@@ -205,7 +205,7 @@ def test_doctor_sees_no_entropy_collapse_in_an_image_run(tmp_path):
 def test_the_python_api_trains_an_image_policy(tmp_path):
     """TRL's GRPOTrainer shape with an image policy: in-memory rows, a reward function on the images, save."""
     from grpolab import GRPOConfig, GRPOTrainer
-    from grpolab.rewards.images import digit_confidence
+    from grpolab.policies._image.rewards import digit_confidence
 
     rows = [{"prompt": str(i % 10), "label": i % 10} for i in range(20)]
     args = GRPOConfig(output_dir=str(tmp_path / "out"), policy="flow_matching", max_steps=1, num_generations=2,

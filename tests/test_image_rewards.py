@@ -1,4 +1,4 @@
-"""Image rewards (rewards/images.py) and the digits tasks (tasks/digits.py): hand-checked values."""
+"""Image rewards (policies/_image/rewards.py) and the digits tasks (policies/_image/tasks.py): hand-checked values."""
 import io
 
 import numpy as np
@@ -12,7 +12,7 @@ from grpolab.config import Config  # noqa: E402
 from grpolab.errors import ConfigError  # noqa: E402
 from grpolab.registry import POLICIES, TASKS  # noqa: E402
 from grpolab.rewards import RewardFn, RewardScorer  # noqa: E402
-from grpolab.rewards.images import (digit_classifier, digit_confidence, digit_confidence_q, digit_correct,  # noqa: E402
+from grpolab.policies._image.rewards import (digit_classifier, digit_confidence, digit_confidence_q, digit_correct,  # noqa: E402
                                     jpeg_compressibility, jpeg_incompressibility, quantize)
 from grpolab.tasks import get_task  # noqa: E402
 

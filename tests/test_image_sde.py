@@ -1,11 +1,11 @@
-"""grpolab.images.sde: per-step Gaussian log-probs of image samplers, against values computed here by hand
+"""grpolab.policies._image.sde: per-step Gaussian log-probs of image samplers, against values computed here by hand
 (plain Python floats from the formulas written out again), against diffusers' schedulers, and by sampling."""
 import math
 
 import pytest
 import torch
 
-from grpolab.images.sde import (cps_step, dance_step, ddim_step, flow_grpo_step, flow_sigmas, gaussian_mean_kl,
+from grpolab.policies._image.sde import (cps_step, dance_step, ddim_step, flow_grpo_step, flow_sigmas, gaussian_mean_kl,
                                 gaussian_step_logprob, merged_flow_step)
 
 HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)

@@ -1,13 +1,13 @@
-"""MADDPG (seed 000-99): control/maddpg.py (formulas, learner, ensembles, the authors' loop) and the update strategy
-maddpg (stages/maddpg.py) on the control policy's batches."""
+"""MADDPG (seed 000-99): policies/_control/maddpg.py (formulas, learner, ensembles, the authors' loop) and the update strategy
+maddpg (policies/control/maddpg_update.py) on the control policy's batches."""
 import math
 
 import pytest
 import torch
 
-from grpolab.control.maddpg import (MADDPG, actor_loss, critic_input, gumbel_softmax, polyak_update, relu_mlp,
+from grpolab.policies._control.maddpg import (MADDPG, actor_loss, critic_input, gumbel_softmax, polyak_update, relu_mlp,
                                     td_target, train_maddpg)
-from grpolab.stages.maddpg import MADDPGUpdate, batch_transitions
+from grpolab.policies.control.maddpg_update import MADDPGUpdate, batch_transitions
 
 from _helpers import LEARNING_SEEDS
 
@@ -119,7 +119,7 @@ def test_ensembles_keep_one_buffer_per_sub_policy():
 
 
 def _control_batch():
-    from grpolab.policies.control import ControlPolicy
+    from grpolab.policies.control.policy import ControlPolicy
     p = ControlPolicy(model="mlp", temperature=1.0, max_completion_length=4)
     rows = [{"prompt": "s", "env": "pettingzoo:mpe2.simple_spread_v3", "seed": s,
              "env_kwargs": {"N": 3, "max_cycles": 25}} for s in (0, 1)]
@@ -168,7 +168,7 @@ def test_critic_learns_and_actors_improve_against_it(seed):
     agents of Q_i(greedy a_i, the others' stored actions) - Q_i(stored actions)). Measured (seeds 0 / 1 / 2, one
     thread): TD error 1.369 -> 0.018, 1.266 -> 0.020, 1.418 -> 0.024; greedy-minus-behaviour Q 0.051, 0.047,
     0.041. Asserted: TD error at most half its start, the gap above 0.02."""
-    from grpolab.control.envs import Env
+    from grpolab.policies._control.envs import Env
     env = Env("pettingzoo:mpe2.simple_spread_v3", {"N": 3, "max_cycles": 25})
     g = torch.Generator().manual_seed(seed)
     xs, as_, rs, x2s, ds = [], [], [], [], []
@@ -213,7 +213,7 @@ def test_train_maddpg_raises_the_return_on_every_seed(seed):
     steps after 128 transitions (737 updates). The mean return of the last 40 episodes minus the first 40's,
     measured (one thread): seeds 0 / 1 / 2: +0.75, +1.62, +1.05 (seeds 3 / 4 / 5: +0.33, +1.43, +0.65); at 240
     episodes +1.11, +3.50, +0.71. Asserted: a rise of 0.25."""
-    from grpolab.control.maddpg import train_maddpg
+    from grpolab.policies._control.maddpg import train_maddpg
 
     r = train_maddpg(env_kwargs={"N": 2, "max_cycles": 10}, episodes=160, seed=seed, batch_size=128,
                      update_every=2, warmup=128, max_steps=10)

@@ -1,13 +1,13 @@
-"""MARDPG (seed 000-92): the two-scenario recommendation environment (control/rec_env.py), the recurrent actors,
-shared critic and updates (control/mardpg.py), policy mardpg and update strategy mardpg."""
+"""MARDPG (seed 000-92): the two-scenario recommendation environment (policies/mardpg/rec_env.py), the recurrent actors,
+shared critic and updates (policies/mardpg/model.py), policy mardpg and update strategy mardpg."""
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from grpolab.control.mardpg import (RecurrentActors, SharedCritic, actor_objective, critic_loss, train_mardpg)
-from grpolab.control.rec_env import MultiScenarioRec
+from grpolab.policies.mardpg.model import (RecurrentActors, SharedCritic, actor_objective, critic_loss, train_mardpg)
+from grpolab.policies.mardpg.rec_env import MultiScenarioRec
 
 from _helpers import LEARNING_SEEDS
 
@@ -102,10 +102,10 @@ def test_actor_step_climbs_the_critic_through_recurrence_and_messages():
 
 
 def test_policy_batch_and_update_strategy_round_trip():
-    from grpolab.policies.mardpg import MARDPGPolicy
-    from grpolab.stages.mardpg import MARDPGUpdate, batch_episodes
+    from grpolab.policies.mardpg.policy import MARDPGPolicy
+    from grpolab.policies.mardpg.update import MARDPGUpdate, batch_episodes
     p = MARDPGPolicy(model="gru", temperature=1.0, max_completion_length=10)
-    rows = [{"prompt": "u", "env": "pettingzoo:grpolab.control.rec_env", "seed": s, "env_kwargs": {}} for s in (0, 1)]
+    rows = [{"prompt": "u", "env": "pettingzoo:grpolab.policies.mardpg.rec_env", "seed": s, "env_kwargs": {}} for s in (0, 1)]
     torch.manual_seed(0)
     m = p.load(None, rows, [], log=lambda *a: None)
     b = p.sample(m, rows, [0, 1], num_generations=2, generator=torch.Generator().manual_seed(0))

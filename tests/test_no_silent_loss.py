@@ -320,7 +320,7 @@ def test_a_weights_file_that_does_not_fit_leaves_the_previous_checkpoint(tiny_ar
 
 
 def test_a_final_model_that_does_not_fit_is_a_clear_error(tiny_args, monkeypatch, capsys):
-    import grpolab.model.loading as trainer_mod  # the causal LM policy's save (policies/causal_lm.py) calls it
+    import grpolab.model.loading as trainer_mod  # the causal LM policy's save (policies/causal_lm/policy.py) calls it
 
     def save_policy(model, tok, folder):
         Path(folder).mkdir(parents=True, exist_ok=True)

@@ -90,14 +90,14 @@ def test_self_paced_state_round_trip():
 
 def _stack(img: np.ndarray) -> np.ndarray:
     """[8, 8] in [0, 1] -> [8, 8, 3]: frame t shifted right by t pixels."""
-    from grpolab.tasks.digit_frames import shift
+    from grpolab.policies.flow_frames.tasks import shift
     return np.stack([shift(img, t) for t in range(3)], -1).astype(np.float32)
 
 
 def test_digit_frames_rewards_on_hand_made_frames():
     from sklearn.datasets import load_digits
 
-    from grpolab.tasks.digit_frames import frame_alignment, frame_coherence, frame_fidelity, frames_correct
+    from grpolab.policies.flow_frames.tasks import frame_alignment, frame_coherence, frame_fidelity, frames_correct
 
     # one lit pixel at (3, 3) in every frame (no motion): |f1 - S1 f0| is 1 at (3, 3) and (3, 4): 2/64 per pair
     dot = np.zeros((8, 8, 3), np.float32)
@@ -133,7 +133,7 @@ def test_digit_frames_rewards_on_hand_made_frames():
 
 
 def test_toy_planner_rewards_hand_computed():
-    from grpolab.tasks.toy_planner import (planner_fast, planner_reached, planner_safe, planner_speed,
+    from grpolab.policies.ddpm_planner.tasks import (planner_fast, planner_reached, planner_safe, planner_speed,
                                            planner_strategy, toy_planner)
 
     s, g = [-1.0, 0.0], [1.0, 0.0]
@@ -171,8 +171,8 @@ def test_toy_planner_rewards_hand_computed():
 
 
 def test_ddpm_planner_first_pass_ratio_is_one_and_steps_are_ddim():
-    from grpolab.policies.ddpm_planner import DDPMPlannerPolicy, PlannerDenoiser
-    from grpolab.tasks.toy_planner import planner_rows
+    from grpolab.policies.ddpm_planner.policy import DDPMPlannerPolicy, PlannerDenoiser
+    from grpolab.policies.ddpm_planner.tasks import planner_rows
 
     assert DDPMPlannerPolicy.schedule(10) == [(901, 801), (801, 701), (701, 601), (601, 501), (501, 401),
                                               (401, 301), (301, 201), (201, 101), (101, 1), (1, -99)]
@@ -202,7 +202,7 @@ def test_planner_heads_tied_at_step_0_and_head_0_faster_after_training(tmp_path)
     DDIM eta = 0 on 16 scenes): see the assertion's comment."""
     from grpolab.config import Config
     from grpolab.recipes import recipe_overrides
-    from grpolab.tasks.toy_planner import planner_rows, planner_speed
+    from grpolab.policies.ddpm_planner.tasks import planner_rows, planner_speed
     from grpolab.train.trainer import Trainer
 
     rows = planner_rows(16, 777, noise=True)

@@ -97,7 +97,7 @@ def test_a_row_without_noise_seed_draws_as_with_its_derived_seed(policy, task):
 def test_the_initial_noise_is_drawn_from_the_rows_own_seed():
     """flow_matching's held-out x_0 for row ``{"prompt": "3"}`` at uid 4 is torch.randn from a generator seeded
     with crc32(b"4|3"), whatever the global RNG; with noise_seed 11 it is the draw of seed 11."""
-    from grpolab.policies.flow_matching import row_noise
+    from grpolab.policies._image.flow import row_noise
 
     torch.manual_seed(123)
     x = row_noise([{"prompt": "3"}, {"prompt": "3", "noise_seed": 11}], [4, 0], [1, 1], (1, 8, 8), None,
@@ -118,7 +118,7 @@ def test_a_learning_rate_0_ddpo_run_on_user_rows_reports_no_held_out_change(tmp_
     data.write_text("".join(json.dumps({"prompt": str(i % 10), "label": i % 10}) + "\n" for i in range(24)))
     out = tmp_path / "run"
     rc = main(["train", "--recipe", "ddpo", "--data", str(data), "--reward",
-               "grpolab.rewards.images:digit_confidence", "--learning_rate", "0", "--steps", "1",
+               "grpolab.policies._image.rewards:digit_confidence", "--learning_rate", "0", "--steps", "1",
                "--prompts_per_step", "2", "--num_generations", "2", "--ddpm_steps", "2", "--ddpm_eval_steps", "2",
                "--eval_split", "6", "--tensorboard", "false", "--quiet", "--threads", "1", "--out", str(out)])
     assert rc == 0, capsys.readouterr().err

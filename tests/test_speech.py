@@ -1,5 +1,5 @@
-"""The speech recogniser (policies/speech.py), its synthetic corpus (speech/corpus.py), the spoken_digits task and
-its jiwer rewards (tasks/speech.py), and the asr_grpo recipe (seed 000-38)."""
+"""The speech recogniser (policies/speech_to_text/policy.py), its synthetic corpus (policies/speech_to_text/corpus.py), the spoken_digits task and
+its jiwer rewards (policies/speech_to_text/tasks.py), and the asr_grpo recipe (seed 000-38)."""
 from __future__ import annotations
 
 import numpy as np
@@ -15,14 +15,14 @@ QUIET = dict(log=lambda *a: None)
 
 @pytest.fixture(scope="module")
 def policy_and_model():
-    from grpolab.policies.speech import SpeechToTextPolicy
+    from grpolab.policies.speech_to_text.policy import SpeechToTextPolicy
     policy = SpeechToTextPolicy(model="spoken_digits", temperature=1.0)
     return policy, policy.load(None, [], [], **QUIET)
 
 
 def test_one_minus_wer_and_exact_match_by_hand():
     """WER = (S + D + I) / N over the reference's N = 3 words, counted by hand."""
-    from grpolab.rewards.speech import exact_match, one_minus_wer
+    from grpolab.policies.speech_to_text.rewards import exact_match, one_minus_wer
 
     ref = ["three five go"] * 7
     hyps = ["three four go",          # 1 substitution: 1 - 1/3
@@ -42,9 +42,9 @@ def test_one_minus_wer_and_exact_match_by_hand():
 
 
 def test_corpus_is_deterministic_and_splits_are_disjoint():
-    from grpolab.speech.corpus import (EVAL_BASE, FEATURE_DIM, MAX_FRAMES, TRAIN_BASE, WORDS, batch_features,
+    from grpolab.policies.speech_to_text.corpus import (EVAL_BASE, FEATURE_DIM, MAX_FRAMES, TRAIN_BASE, WORDS, batch_features,
                                        utterance)
-    from grpolab.speech.tiny import PRETRAIN_UTTERANCES
+    from grpolab.policies.speech_to_text.tiny import PRETRAIN_UTTERANCES
     from grpolab.tasks import get_task
 
     text, x = utterance(5)
@@ -100,7 +100,7 @@ def test_sample_shapes_and_recomputed_logprobs_equal_behaviour(policy_and_model)
 
 
 def test_evaluation_draws_repeat_and_greedy_is_argmax(policy_and_model):
-    from grpolab.policies.speech import SpeechToTextPolicy
+    from grpolab.policies.speech_to_text.policy import SpeechToTextPolicy
     from grpolab.tasks import get_task
 
     policy, model = policy_and_model
@@ -111,13 +111,13 @@ def test_evaluation_draws_repeat_and_greedy_is_argmax(policy_and_model):
     greedy = SpeechToTextPolicy(model="spoken_digits", temperature=1.0, speech_eval_sampling="greedy")
     greedy.vocab = policy.vocab
     g = greedy.sample(model, rows, list(range(6)), num_generations=1, temperature=0.0, evaluation=True)
-    from grpolab.speech.tiny import greedy_decode
+    from grpolab.policies.speech_to_text.tiny import greedy_decode
     ref = greedy_decode(model, g.row_data["features"], g.row_data["feature_mask"], policy.vocab)
     assert [greedy.text(r) for r in ref.tolist()] == g.columns["completion"]
 
 
 def test_save_and_load_round_trip(policy_and_model, tmp_path):
-    from grpolab.policies.speech import SpeechToTextPolicy
+    from grpolab.policies.speech_to_text.policy import SpeechToTextPolicy
     from grpolab.tasks import get_task
 
     policy, model = policy_and_model

@@ -10,8 +10,8 @@ import torch
 from grpolab.algorithms.adv_var import var_middle_return_advantage
 from grpolab.algorithms.advantages import group_zscore
 from grpolab.algorithms.weightings import span_balance
-from grpolab.images.var import OFFSETS, TOKENS, VarCodebook, scale_ids
-from grpolab.stages.var_masks import propagate, top_q_mask
+from grpolab.policies.var_image.model import OFFSETS, TOKENS, VarCodebook, scale_ids
+from grpolab.policies.var_image.masks import propagate, top_q_mask
 
 from _helpers import LEARNING_SEEDS  # noqa: E402
 
@@ -87,7 +87,7 @@ def test_vmr_last_scale_is_plain_grpo():
 
 @pytest.fixture(scope="module")
 def policy():
-    from grpolab.policies.var_image import VARImagePolicy
+    from grpolab.policies.var_image.policy import VARImagePolicy
     p = VARImagePolicy(model="tiny", temperature=1.0)
     module = p.load(None, [{"label": 1}], [], log=lambda *a: None)
     return p, module
@@ -107,7 +107,7 @@ def test_recomputed_logprobs_equal_behaviour(policy):
 
 
 def test_vmr_rollout_last_scale_draws_as_generate(policy):
-    from grpolab.rollouts.var_middle_return import var_middle_return
+    from grpolab.policies.var_image.middle_return import var_middle_return
     p, module = policy
     cfg = types.SimpleNamespace(num_generations=4, temperature=1.0)
     ctx = types.SimpleNamespace(cfg=cfg, actions=p, policy=module, sampling_generator=torch.Generator().manual_seed(5),

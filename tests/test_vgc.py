@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from _helpers import LEARNING_SEEDS
-from grpolab.control import vgc
-from grpolab.control.showdown import ShowdownServer, find_showdown, group_alive
+from grpolab.experiments import vgc
+from grpolab.experiments.showdown import ShowdownServer, find_showdown, group_alive
 from grpolab.errors import ConfigError
 
 

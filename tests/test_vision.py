@@ -1,5 +1,5 @@
-"""The vision-language policy (policies/vlm.py), its scenes (vision/scenes.py), TRL's prompt convention
-(vision/prompts.py), the tiny LLaVA (vision/tiny.py), the shape_grounding task and the vlm_grpo recipe."""
+"""The vision-language policy (policies/vision_language/policy.py), its scenes (policies/vision_language/scenes.py), TRL's prompt convention
+(policies/vision_language/prompts.py), the tiny LLaVA (policies/vision_language/tiny.py), the shape_grounding task and the vlm_grpo recipe."""
 from __future__ import annotations
 
 import numpy as np
@@ -18,8 +18,8 @@ SMOKE = {"vlm_pretrain_steps": 5}  # a separate, quickly built cache entry: smok
 def policy_and_model():
     """The policy around a freshly initialised tiny LLaVA (no pre-training: the log-prob identities hold for any
     weights)."""
-    from grpolab.policies.vlm import VisionLanguagePolicy
-    from grpolab.vision import tiny
+    from grpolab.policies.vision_language.policy import VisionLanguagePolicy
+    from grpolab.policies.vision_language import tiny
 
     policy = VisionLanguagePolicy(model="tiny", task="shape_grounding", temperature=1.0, max_completion_length=12,
                                   max_prompt_length=0)
@@ -31,7 +31,7 @@ def policy_and_model():
 
 
 def test_scenes_are_pure_functions_of_the_seed_and_masks_match_the_pixels():
-    from grpolab.vision.scenes import BACKGROUND, COLOURS, box_mask, shapes_scene
+    from grpolab.policies.vision_language.scenes import BACKGROUND, COLOURS, box_mask, shapes_scene
 
     for seed in range(30):
         a, b = shapes_scene(seed), shapes_scene(seed)
@@ -47,7 +47,7 @@ def test_scenes_are_pure_functions_of_the_seed_and_masks_match_the_pixels():
 
 
 def test_box_iou_and_box_hit_by_hand():
-    from grpolab.rewards.vision import box_hit, box_iou
+    from grpolab.policies.vision_language.rewards import box_hit, box_iou
 
     # [0,0,3,3] is 16 pixels, [2,2,5,5] 16 pixels, overlap [2,2,3,3] 4 pixels: IoU 4 / 28
     comps = ["<answer>[0,0,3,3]</answer>", "<answer>[2, 2, 5, 5]</answer>", "no box here", "[0,0,3,3]",
@@ -64,7 +64,7 @@ def test_box_iou_and_box_hit_by_hand():
 def test_prompt_messages_follow_trl():
     """TRL's prepare_multimodal_messages: a string content becomes a text block, one image block per picture goes
     before the first user message's text; placeholders already present are kept and must match the pictures."""
-    from grpolab.vision.prompts import prompt_messages
+    from grpolab.policies.vision_language.prompts import prompt_messages
 
     msgs = prompt_messages({"prompt": [{"role": "system", "content": "Be brief."},
                                        {"role": "user", "content": "What is it?"}]}, 2)
@@ -81,7 +81,7 @@ def test_prompt_messages_follow_trl():
 def test_row_pictures_from_image_images_or_scene(tmp_path):
     from PIL import Image
 
-    from grpolab.vision.scenes import row_images, shapes_scene
+    from grpolab.policies.vision_language.scenes import row_images, shapes_scene
 
     img = shapes_scene(3).image
     Image.fromarray(img).save(tmp_path / "a.png")
@@ -99,7 +99,7 @@ def test_row_pictures_from_image_images_or_scene(tmp_path):
 def test_recomputed_logprobs_equal_behaviour(policy_and_model):
     """The KV-cache sampler's behaviour log-probs equal the full forward's, to 1e-5, on left-padded prompts of
     different lengths; no completion writes the image token; uncertainty lies in [0, 1]."""
-    from grpolab.tasks.vision import grounding_row
+    from grpolab.policies.vision_language.tasks import grounding_row
 
     policy, model = policy_and_model
     rows = [grounding_row(i)[0] for i in range(6)]
@@ -118,7 +118,7 @@ def test_recomputed_logprobs_equal_behaviour(policy_and_model):
 
 
 def test_greedy_evaluation_is_the_argmax_and_repeats(policy_and_model):
-    from grpolab.tasks.vision import grounding_row
+    from grpolab.policies.vision_language.tasks import grounding_row
 
     policy, model = policy_and_model
     rows = [grounding_row(i)[0] for i in range(4)]
@@ -126,8 +126,8 @@ def test_greedy_evaluation_is_the_argmax_and_repeats(policy_and_model):
     b = policy.sample(model, rows, list(range(4)), num_generations=1, temperature=0.0, evaluation=True)
     assert a.columns["completion"] == b.columns["completion"]
     # the first token is the argmax of the prompt's last logits (image token excluded)
-    from grpolab.vision.prompts import encode_prompts
-    from grpolab.vision.tiny import positions
+    from grpolab.policies.vision_language.prompts import encode_prompts
+    from grpolab.policies.vision_language.tiny import positions
     enc = encode_prompts(policy.processor, rows)
     with torch.no_grad():
         logits = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"],
@@ -142,8 +142,8 @@ def test_describe_shows_the_picture(policy_and_model):
 
     from PIL import Image
 
-    from grpolab.tasks.vision import grounding_row
-    from grpolab.vision.scenes import shapes_scene
+    from grpolab.policies.vision_language.tasks import grounding_row
+    from grpolab.policies.vision_language.scenes import shapes_scene
 
     policy, model = policy_and_model
     batch = policy.sample(model, [grounding_row(5)[0]], [0], num_generations=1, temperature=1.0,
@@ -158,7 +158,7 @@ def test_describe_shows_the_picture(policy_and_model):
 
 
 def test_save_and_load_round_trip(policy_and_model, tmp_path):
-    from grpolab.policies.vlm import VisionLanguagePolicy
+    from grpolab.policies.vision_language.policy import VisionLanguagePolicy
 
     policy, model = policy_and_model
     policy.save(model, tmp_path / "m")
@@ -205,7 +205,7 @@ def test_vlm_grpo_trains_two_steps_end_to_end(tmp_path):
 def test_seeded_evaluation_repeats_whatever_the_batch(policy_and_model):
     """vlm_eval_sampling seeded: a row's held-out draws come from its own scene_seed: the same alone or in a batch,
     and not all argmax."""
-    from grpolab.tasks.vision import grounding_row
+    from grpolab.policies.vision_language.tasks import grounding_row
 
     policy, model = policy_and_model
     policy.eval_sampling = "seeded"
@@ -244,9 +244,9 @@ def test_trl_style_vlm_dataset_trains_through_the_python_api(tmp_path):
     from PIL import Image
 
     from grpolab import GRPOConfig, GRPOTrainer
-    from grpolab.rewards.vision import box_iou
-    from grpolab.tasks.vision import grounding_row
-    from grpolab.vision.scenes import row_images
+    from grpolab.policies.vision_language.rewards import box_iou
+    from grpolab.policies.vision_language.tasks import grounding_row
+    from grpolab.policies.vision_language.scenes import row_images
 
     rows = []
     for i in range(4):
@@ -277,7 +277,7 @@ def test_trl_style_vlm_dataset_trains_through_the_python_api(tmp_path):
 
 def test_rows_without_pictures_are_refused_before_any_pre_training(tmp_path, monkeypatch):
     """Data without pictures stops at load with the column to add, before the tiny VLM is built (no cache entry)."""
-    from grpolab.policies.vlm import VisionLanguagePolicy
+    from grpolab.policies.vision_language.policy import VisionLanguagePolicy
 
     monkeypatch.setenv("GRPOLAB_CACHE", str(tmp_path / "cache"))
     policy = VisionLanguagePolicy(model="tiny", task="shape_grounding", temperature=1.0, max_completion_length=4,

@@ -1,5 +1,5 @@
-"""Synthetic GUI screens (vision/gui.py), the gui_actions (CRAFT-GUI, seed 000-19) and gui_critic (GUI-Critic-R1,
-seed 000-121) tasks and rewards (tasks/vision_gui.py), the difficulty_curriculum sampler (prompts/curriculum.py) and
+"""Synthetic GUI screens (policies/vision_language/gui.py), the gui_actions (CRAFT-GUI, seed 000-19) and gui_critic (GUI-Critic-R1,
+seed 000-121) tasks and rewards (policies/vision_language/tasks_gui.py), the difficulty_curriculum sampler (prompts/curriculum.py) and
 the craft_gui / gui_critic_r1 recipes. Expected values are worked out by hand in the comments."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from grpolab.vision import gui
-from grpolab.vision.gui import action_correct, critic_case, format_action, gui_screen, parse_action
+from grpolab.policies.vision_language import gui
+from grpolab.policies.vision_language.gui import action_correct, critic_case, format_action, gui_screen, parse_action
 
 QUIET = dict(log=lambda *a: None)
 
@@ -39,7 +39,7 @@ def test_screens_are_deterministic_and_well_formed():
 
 
 def test_field_is_an_outline_and_screens_are_registered():
-    from grpolab.vision.scenes import SCENE_KINDS, row_images
+    from grpolab.policies.vision_language.scenes import SCENE_KINDS, row_images
     m = gui.field_mask([2, 3, 6, 6])
     # a 5 x 4 box: 20 pixels, its 3 x 2 inside (x 3..5, y 4..5) left out -> 14 outline pixels
     assert m.sum() == 14 and not m[4, 3] and m[3, 2] and m[6, 6]
@@ -101,7 +101,7 @@ def test_format_action_round_trips_and_click_boxes_include_corners():
 # ----------------------------------------------------------------------------- gui_actions rewards
 
 def test_gui_action_rewards_by_hand():
-    from grpolab.tasks.vision_gui import answer_action, gui_action_args, gui_action_type, gui_format
+    from grpolab.policies.vision_language.tasks_gui import answer_action, gui_action_args, gui_action_type, gui_format
     comps = ["<answer>click(4,5)</answer>",                 # inside [2,3,6,8]
              "<think>red</think> <answer>click(7,5)</answer>",  # one column right of the box
              "<answer>type(hi)</answer>",                   # wrong type for a click row
@@ -124,7 +124,7 @@ def test_gui_action_rewards_by_hand():
 
 
 def test_gui_judge_scores_only_the_unannotated_rows():
-    from grpolab.tasks.vision_gui import GuiJudge
+    from grpolab.policies.vision_language.tasks_gui import GuiJudge
     seed = next(s for s in range(100) if gui_screen(s).action_type == "click")
     s = gui_screen(seed)
     x1, y1, x2, y2 = s.elements[s.target].box
@@ -167,9 +167,9 @@ def test_mixed_reward_weights():
 
 def test_rows_and_pretraining_targets():
     from grpolab.tasks import get_task
-    from grpolab.tasks.vision_gui import action_row, critic_row, gui_action_args, critic_format, critic_label, \
+    from grpolab.policies.vision_language.tasks_gui import action_row, critic_row, gui_action_args, critic_format, critic_label, \
         critic_suggestion
-    from grpolab.vision.tiny import EVAL_BASE, PRETRAINING, TRAIN_BASE
+    from grpolab.policies.vision_language.tiny import EVAL_BASE, PRETRAINING, TRAIN_BASE
     assert PRETRAINING["gui_actions"] is action_row and PRETRAINING["gui_critic"] is critic_row
     t = get_task("gui_actions", gui_train_size=10, gui_eval_size=3)
     assert sorted(r["scene_seed"] for r in t.train_rows) == list(range(TRAIN_BASE, TRAIN_BASE + 10))
@@ -188,7 +188,7 @@ def test_rows_and_pretraining_targets():
 # ----------------------------------------------------------------------------- gui_critic rewards
 
 def test_critic_rewards_by_hand():
-    from grpolab.tasks.vision_gui import critic_format, critic_label, critic_score, critic_suggestion
+    from grpolab.policies.vision_language.tasks_gui import critic_format, critic_label, critic_score, critic_suggestion
     comps = ["<score>Correct</score><suggestion>click(4,5)</suggestion>",
              "<think>x</think><score>\nIncorrect\n</score> <suggestion>click(9,9)</suggestion>",
              "<score>Incorrect</score><suggestion>type(hi)</suggestion>",

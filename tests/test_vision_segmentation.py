@@ -1,4 +1,4 @@
-"""Task ``shape_segmentation`` and the Seg-R1 / PixelThink rewards (grpolab.rewards.segmentation).
+"""Task ``shape_segmentation`` and the Seg-R1 / PixelThink rewards (grpolab.policies.vision_language.rewards_segment).
 
 Every expected value is worked out by hand in the comments (the authors' rules: Seg-R1's grpo.py and metrics.py,
 PixelThink's seg_pixelthink.py), never by calling the function under test on another input.
@@ -8,15 +8,15 @@ import math
 import numpy as np
 import pytest
 
-from grpolab.rewards.segmentation import (mask_iou, mask_iou_at_50, parse_seg_r1, pixelthink_box_iou,
+from grpolab.policies.vision_language.rewards_segment import (mask_iou, mask_iou_at_50, parse_seg_r1, pixelthink_box_iou,
                                           pixelthink_length, pixelthink_length_budget, pixelthink_length_score,
                                           pixelthink_reward, pixelthink_terms, s_measure, seg_r1_format_reward,
                                           segmentation_reward, stand_in_segment)
 from grpolab.tasks import get_task
-from grpolab.tasks.vision_segment import (inscribed_points, pretraining_example, scene_difficulty, segment_row,
+from grpolab.policies.vision_language.tasks_segment import (inscribed_points, pretraining_example, scene_difficulty, segment_row,
                                           target_completion)
-from grpolab.vision import tiny
-from grpolab.vision.scenes import Scene, SceneObject, shapes_scene
+from grpolab.policies.vision_language import tiny
+from grpolab.policies.vision_language.scenes import Scene, SceneObject, shapes_scene
 
 # ------------------------------------------------------------------------------------------------ parser
 
@@ -344,7 +344,7 @@ SMOKE = {"vlm_pretrain_steps": 5}  # a quickly built cache entry from random wei
 def test_recipe_trains_one_step_on_the_tiny_model(tmp_path, monkeypatch, recipe, reward, top):
     from grpolab.config import Config
     from grpolab.recipes import load_recipe, recipe_overrides
-    from grpolab.tasks import vision_segment
+    from grpolab.policies.vision_language import tasks_segment as vision_segment
     from grpolab.train.trainer import Trainer
 
     seen = []   # the sampler's per-completion uncertainty reaches PixelThink's reward as a column

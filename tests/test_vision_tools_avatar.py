@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grpolab.batch import RolloutBatch
-from grpolab.vision.scenes import SceneObject, paint, shape_mask
+from grpolab.policies.vision_language.scenes import SceneObject, paint, shape_mask
 
 QUIET = dict(log=lambda *a: None)
 
@@ -29,7 +29,7 @@ def hand_scene():
 
 
 def test_tools_on_a_hand_made_scene():
-    from grpolab.vision.tools import TOOL_NAMES, blobs, classify, run_tools
+    from grpolab.policies.vision_language.tools import TOOL_NAMES, blobs, classify, run_tools
 
     img, objs = hand_scene()
     assert int(objs[2].mask.sum()) == 69 and int(objs[0].mask.sum()) == 49
@@ -50,8 +50,8 @@ def test_tools_on_a_hand_made_scene():
 
 def test_tools_agree_with_the_scene_metadata():
     """The tools read pixels only; on 300 generated scenes their objects are the scene's (colour, shape, area)."""
-    from grpolab.vision.scenes import shapes_scene
-    from grpolab.vision.tools import blobs, classify
+    from grpolab.policies.vision_language.scenes import shapes_scene
+    from grpolab.policies.vision_language.tools import blobs, classify
 
     for s in range(300):
         sc = shapes_scene(s)
@@ -60,8 +60,8 @@ def test_tools_agree_with_the_scene_metadata():
 
 
 def test_reasoner_by_hand():
-    from grpolab.tasks.vision_tools import PRIOR, UNSURE, reason
-    from grpolab.vision.tools import run_tools
+    from grpolab.policies.vision_language.tasks_tools import PRIOR, UNSURE, reason
+    from grpolab.policies.vision_language.tools import run_tools
 
     img, _ = hand_scene()
     out = dict(zip(["count", "colours", "largest", "where", "shapes"], run_tools(img, [1, 2, 3, 4, 5])))
@@ -81,7 +81,7 @@ def test_reasoner_by_hand():
 
 
 def test_vista_reward_table_four_cases():
-    from grpolab.tasks.vision_tools import vista_reward, vista_table
+    from grpolab.policies.vision_language.tasks_tools import vista_reward, vista_table
 
     # (tools right, no-tool right) -> +1, +1, -0.5, 0
     assert [vista_table(a, b) for a, b in ((True, True), (True, False), (False, True), (False, False))] == \
@@ -106,7 +106,7 @@ def test_vista_reward_table_four_cases():
 
 
 def test_selected_tools_parsing():
-    from grpolab.tasks.vision_tools import selected_tools
+    from grpolab.policies.vision_language.tasks_tools import selected_tools
 
     assert selected_tools("<answer>1,3</answer>") == [1, 3]
     assert selected_tools("x <answer> 3 , 1,3 x2</answer><answer>5</answer>") == [3, 1]  # first tag, dedup, ints
@@ -116,8 +116,8 @@ def test_selected_tools_parsing():
 
 def test_visual_tools_rows_and_answers_are_deterministic():
     from grpolab.tasks import get_task
-    from grpolab.tasks.vision_tools import QUESTION_KINDS, scene_question, vista_reward
-    from grpolab.vision.tiny import EVAL_BASE, TRAIN_BASE
+    from grpolab.policies.vision_language.tasks_tools import QUESTION_KINDS, scene_question, vista_reward
+    from grpolab.policies.vision_language.tiny import EVAL_BASE, TRAIN_BASE
 
     a = get_task("visual_tools", vista_train_size=30, vista_eval_size=40)
     b = get_task("visual_tools", vista_train_size=30, vista_eval_size=40)
@@ -136,9 +136,9 @@ def test_visual_tools_rows_and_answers_are_deterministic():
 # ----------------------------------------------------------------------------- AVATAR: clips and the task
 
 def test_motion_clips_are_deterministic_and_move():
-    from grpolab.vision.clips import DIRECTIONS, FRAMES, motion_clip
-    from grpolab.vision.scenes import row_images
-    from grpolab.vision.tools import blobs, classify
+    from grpolab.policies.vision_language.clips import DIRECTIONS, FRAMES, motion_clip
+    from grpolab.policies.vision_language.scenes import row_images
+    from grpolab.policies.vision_language.tools import blobs, classify
 
     a, b = motion_clip(5), motion_clip(5)
     assert all(np.array_equal(x, y) for x, y in zip(a.frames, b.frames))
@@ -164,8 +164,8 @@ def test_motion_clips_are_deterministic_and_move():
 
 def test_motion_clips_with_a_distractor(monkeypatch):
     """MAX_DISTRACTORS 1: the still shape is the same in every frame and never touches the mover's path."""
-    from grpolab.vision import clips
-    from grpolab.vision.scenes import box_mask
+    from grpolab.policies.vision_language import clips
+    from grpolab.policies.vision_language.scenes import box_mask
 
     monkeypatch.setattr(clips, "MAX_DISTRACTORS", 1)
     two = 0
@@ -188,7 +188,7 @@ def test_motion_clips_with_a_distractor(monkeypatch):
 
 def test_motion_rewards_by_hand():
     from grpolab.tasks import get_task
-    from grpolab.tasks.motion_clips import motion_accuracy, motion_format
+    from grpolab.policies.vision_language.tasks_motion import motion_accuracy, motion_format
 
     comps = ["<answer>left</answer>", " <answer> Left </answer>", "<answer>up</answer>", "left",
              "<answer>left</answer> because"]

@@ -430,7 +430,7 @@ def _pictures_as_uris(row: dict, where: str) -> dict:
     a PNG data URI, so the row travels through the JSONL data checks (file paths and URIs stay as they are)."""
     if row.get("image") is None and row.get("images") is None:
         return row
-    from .vision.scenes import to_data_uri
+    from .media import to_data_uri
 
     def uri(x, at):
         try:

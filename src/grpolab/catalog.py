@@ -25,7 +25,6 @@ from typing import Any
 # this module: a cycle)
 import grpolab.agents as agents
 import grpolab.algorithms as algorithms
-import grpolab.control as control
 import grpolab.policies as policies
 import grpolab.prompts as prompts
 import grpolab.rewards as rewards
@@ -37,13 +36,18 @@ from .distributed import ray_workers as _ray_workers  # noqa: F401  (registers t
 from .errors import UnknownComponentError
 from .registry import ALL_REGISTRIES, declared_params
 
-COMPONENT_PACKAGES = (agents, algorithms, control, policies, prompts, rewards, rollouts, stages, tasks)
+COMPONENT_PACKAGES = (agents, algorithms, policies, prompts, rewards, rollouts, stages, tasks)
 
 # A new component is one new file: every module of the component packages is imported (and so registers
-# what it defines) without an edit to the package's __init__.
+# what it defines) without an edit to the package's __init__. A policy kind is one package of
+# grpolab/policies (policies/<kind>/, shared code in policies/_<name>/): every module of it is imported too, so a
+# new kind edits no shared list (docs/architecture.md).
 for _pkg in COMPONENT_PACKAGES:
     for _mod in pkgutil.iter_modules(_pkg.__path__):
-        importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
+        _m = importlib.import_module(f"{_pkg.__name__}.{_mod.name}")
+        if _pkg is policies and _mod.ispkg:
+            for _sub in pkgutil.iter_modules(_m.__path__):
+                importlib.import_module(f"{_m.__name__}.{_sub.name}")
 
 __all__ = ["ALL_REGISTRIES", "COMPONENT_PACKAGES", "PROVENANCE_KINDS", "describe", "components_markdown",
            "components_text", "parse_provenance", "provenance_markdown"]

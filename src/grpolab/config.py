@@ -66,6 +66,14 @@ def _many(registry: Registry) -> tuple:
     return (registry, "many")
 
 
+
+def engine_name(cfg) -> str | None:
+    """The engine a config selects: ``ray`` with ``generation_workers > 0`` (each actor then samples with the
+    built-in sampler or vLLM), else ``generation_engine``; None for the trainer's own sampler (``native``)."""
+    if cfg.generation_workers:
+        return "ray"
+    return None if cfg.generation_engine == "native" else cfg.generation_engine
+
 @dataclass
 class Config:
     """The core settings; component parameters of this run are in ``params`` (read them as ``cfg.NAME``)."""
@@ -539,10 +547,15 @@ class Config:
                     f"with one completion (advantage spo_single_stream)")
 
     def _check_components(self, extra: tuple = ()) -> None:
-        """Refuse a chosen component that needs a capability the policy lacks (``register(..., needs=...)``),
-        naming the component, the capability, the policy and the ways out; then let each chosen component reject
-        settings it cannot work with (its registered ``check``)."""
+        """Refuse a text generation engine for a policy that samples in the trainer (its ``text_engines`` is
+        False); refuse a chosen component that needs a capability the policy lacks (``register(...,
+        needs=...)``), naming the component, the capability, the policy and the ways out; then let each chosen
+        component reject settings it cannot work with (its registered ``check``)."""
         policy = POLICIES.get(self.policy)
+        if engine_name(self) is not None and not getattr(policy, "text_engines", True):
+            raise ConfigError(f"generation_engine: {engine_name(self)} samples text from a causal LM; policy "
+                              f"{self.policy} samples in the trainer (set generation_engine: native and "
+                              f"generation_workers: 0)")
         has = frozenset(getattr(policy, "capabilities", ()))
         for reg, name in self._selected_in(extra):
             missing = [c for c in reg.needs(name) if c not in has]

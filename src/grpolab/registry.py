@@ -34,7 +34,7 @@ from .errors import UnknownComponentError
 T = TypeVar("T")
 
 __all__ = ["Registry", "Param", "param", "declared_params", "UnknownComponentError", "ALL_REGISTRIES",
-           "CAPABILITIES", "REPLACED_KEYS", "replaced_key_note"]
+           "CAPABILITIES", "declare_capability", "REPLACED_KEYS", "replaced_key_note"]
 
 
 class Param:
@@ -84,7 +84,7 @@ def _collect(obj, owner: str) -> dict[str, Param]:
                 params[key] = value
                 kwd[key] = value.default  # callable directly with the declared default
     for p in params.values():
-        if owner not in p.owners:
+        if owner is not None and owner not in p.owners:
             p.owners.append(owner)
     try:
         obj.__grpolab_params__ = params
@@ -93,10 +93,12 @@ def _collect(obj, owner: str) -> dict[str, Param]:
     return params
 
 
-def declared_params(obj) -> dict[str, Param]:
-    """The parameters ``obj`` (a function or class) declared with :func:`param`."""
+def declared_params(obj, *, owned: bool = True) -> dict[str, Param]:
+    """The parameters ``obj`` (a function or class) declared with :func:`param`. ``owned=False``: collect them
+    without naming ``obj`` as their owner (a base class whose subclasses register: only the registered names own
+    the keys)."""
     if not hasattr(obj, "__grpolab_params__"):
-        _collect(obj, getattr(obj, "__qualname__", repr(obj)))
+        _collect(obj, getattr(obj, "__qualname__", repr(obj)) if owned else None)
     return dict(getattr(obj, "__grpolab_params__", {}))
 
 
@@ -240,18 +242,17 @@ CAPABILITIES: dict[str, str] = {
               "lengths in tokens",
     "text": "completions decode to text through a tokenizer and a chat template: text tasks and reward "
             "functions, thinking tags, tool calls, hints, injected text, agent episodes",
-    "gaussian_steps": "each step is a Gaussian transition with a known mean and std (SDE / DDIM denoising "
-                      "steps): per-step means, the Gaussian mean KL, which denoising steps train",
-    "flow_matching": "a rectified-flow model: the sigma schedule and the predicted velocity",
-    "images": "actions decode to images (row_data['images']): image rewards and tasks, image grids",
-    "scales": "span_ids number the scales of a next-scale (VAR) image model",
-    "audio": "conditions are utterances (speech feature frames): speech tasks",
-    "vision": "conditions include pictures (a row's image / images / built-in scene): vision-language tasks",
-    "denoising_loss": "each step is a re-noised final sample scored by the model's flow-matching loss (DGPO): "
-                      "per-step denoising losses",
-    "control": "actions are environment steps of Gymnasium / PettingZoo environments: per-step observations, "
-               "actions and rewards (step_data / row_data), episode returns, learned critics over observations",
 }
+
+
+def declare_capability(name: str, help: str) -> str:
+    """Declare a capability a policy kind offers and components may need (``register(..., needs=(name,))``),
+    with the line errors show; a kind declares its own in its package (policies/<kind>/__init__.py), so a new
+    kind edits no shared list. Declaring a name twice with another text is an error. Returns ``name``."""
+    if CAPABILITIES.get(name, help) != help:
+        raise ValueError(f"capability '{name}' is already declared as {CAPABILITIES[name]!r}")
+    CAPABILITIES[name] = help
+    return name
 # builders of generation engines (grpolab/generation/engines.py); no component: their settings are core keys
 GENERATION_ENGINES: Registry = Registry("generation engine")
 

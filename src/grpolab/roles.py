@@ -5,7 +5,7 @@ optionally with its own LoRA adapter on the shared base model (``role_adapters: 
 one adapter per role, named after it, trained only on that role's rows; or a separate model
 (``role_adapters: separate``): every role its own full copy of the run's model (:class:`RoleModels`), trained only
 on its rows. The ``team`` rollout (grpolab/rollouts/team.py) plays the roles; the causal LM policy
-(grpolab/policies/causal_lm.py) creates the adapters or copies and routes each row to its role's.
+(grpolab/policies/causal_lm/policy.py) creates the adapters or copies and routes each row to its role's.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Generalised advantage estimation (GAE) and masked whitening: the learned critics' shared formulas (turn-PPO's
-turn-level critic, agents/critic.py; the control policies' PPO baseline, control/critic.py).
+turn-level critic, agents/critic.py; the control policies' PPO baseline, policies/control/critic.py).
 
 GAE (Schulman et al., 2015, arXiv:1506.02438, eq. 16) over a row of length ``L`` with values ``V_0..V_{L-1}`` and
 the value after the last step ``V_L = bootstrap`` (0 for a terminal state)::

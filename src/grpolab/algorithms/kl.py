@@ -68,3 +68,25 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
         return value
     grad = KL_ESTIMATORS.get(gradient)(logprobs, ref_logprobs)
     return grad + (value - grad).detach()
+
+
+def gaussian_mean_kl(mean: torch.Tensor, ref_mean: torch.Tensor, std_dev_t: float | torch.Tensor) -> torch.Tensor:
+    """Flow-GRPO's KL term per row: (1/d)·Σ_u (μ_u − μ_ref,u)² / (2·s²), [R], float32 (or float64).
+
+    s is the ``std_dev_t`` of the step (``policies/_image/sde.py``'s ``SDEStep.std_dev_t``): for ``sde`` s = a·√(σ/(1−σ̃)) *without* the
+    √(−Δ) of the step std, so this is the exact KL between the two step Gaussians times 1/(−Δ); matching the
+    code lets their β transfer. The trainer multiplies by β and averages over rows.
+    [code: yifan123/flow_grpo, scripts/train_sd3.py, kl_loss = ((prev_sample_mean − prev_sample_mean_ref)²)
+    .mean(dim=(1,2,3), keepdim=True) / (2·std_dev_t²), std_dev_t returned by sde_step_with_logprob]
+    No zero guard: s = 0 (an ODE step) is a caller error and gives inf/nan, as in the code.
+    """
+    dtype = torch.promote_types(torch.promote_types(torch.float32, mean.dtype), ref_mean.dtype)
+    mean = mean.to(dtype)
+    rows = mean.shape[0]
+    s = torch.as_tensor(std_dev_t, dtype=dtype, device=mean.device)
+    s = s.expand(rows) if s.ndim == 0 else s.reshape(rows, -1)[:, 0]
+    sq = (mean - ref_mean.to(dtype)) ** 2
+    return s ** -2 * (sq.reshape(rows, -1).mean(1) if sq.ndim > 1 else sq) / 2
+
+
+# ---------------------------------------------------------------------------------------------- flow matching

@@ -290,7 +290,7 @@ def gaussian_mean_kl(step_mean: torch.Tensor, ref_step_mean: torch.Tensor, step_
     training loop: squared mean difference averaged over the latent, divided by 2*std_dev_t^2, times beta).
     Test: tests/test_image_policies.py::test_gaussian_mean_kl_by_hand.
     """
-    from ..images.sde import gaussian_mean_kl as kl
+    from .kl import gaussian_mean_kl as kl
     R, T = mask.shape
     on = mask > 0
     term = torch.zeros(R, T, dtype=step_mean.dtype, device=step_mean.device)

@@ -16,18 +16,11 @@ vLLM and Ray and a user's own engine joins the same way (``@GENERATION_ENGINES.r
 """
 from __future__ import annotations
 
+from ..config import engine_name
 from ..errors import ConfigError
 from ..registry import GENERATION_ENGINES
 
 __all__ = ["GENERATION_ENGINES", "build_engine", "engine_name"]
-
-
-def engine_name(cfg) -> str | None:
-    """The engine a config selects: ``ray`` with ``generation_workers > 0`` (each actor then samples with the
-    built-in sampler or vLLM), else ``generation_engine``; None for the trainer's own sampler (``native``)."""
-    if cfg.generation_workers:
-        return "ray"
-    return None if cfg.generation_engine == "native" else cfg.generation_engine
 
 
 def build_engine(cfg, model, tokenizer, *, log, rank: int = 0, world_size: int = 1):

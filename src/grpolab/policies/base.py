@@ -10,7 +10,7 @@ actions in ``step_data`` / ``row_data``), so masks, spans, per-step advantages
 and loss aggregation keep one meaning: "per step".
 
 Policies are registered in ``POLICIES`` (config key ``policy``); the causal
-language model (``causal_lm``, policies/causal_lm.py) is the default and the
+language model (``causal_lm``, policies/causal_lm/policy.py) is the default and the
 one every text recipe trains. A component that only makes sense for some
 policies declares what it needs at registration, ``register(name,
 needs=("text",))``; selecting it with a policy that lacks a capability is a
@@ -53,15 +53,10 @@ def held_out_seed(row: dict, uid: int, column: str = "noise_seed") -> int:
 
 def check_own_sampler(cfg, reason: str) -> None:
     """The start-up checks of a token policy that samples in the trainer with its own sampler (speech, vision):
-    a text generation engine, rollout strategies other than ``plain`` (hints, injected text and tools continue a
+    rollout strategies other than ``plain`` (hints, injected text and tools continue a
     text prompt) and ``top_k`` / ``top_p`` (the sampler draws from the full softmax) are refused; ``reason`` says
     why the text machinery does not apply (e.g. "transcribes audio")."""
     from ..config import ConfigError
-    from ..generation.engines import engine_name
-    if engine_name(cfg) is not None:
-        raise ConfigError(f"generation_engine: {engine_name(cfg)} samples text from a text-only causal LM; policy "
-                          f"{cfg.policy} samples in the trainer (set generation_engine: native and "
-                          f"generation_workers: 0)")
     if cfg.rollout_strategy != "plain":
         raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt (hints, injected "
                           f"text, tools); policy {cfg.policy} {reason}: use rollout_strategy: plain")
@@ -105,7 +100,7 @@ def load_config_module(cls, path, policy: str):
 
 
 class PolicyBase(ABC):
-    """The interface every policy implements (the causal LM: policies/causal_lm.py; a 40-line example in
+    """The interface every policy implements (the causal LM: policies/causal_lm/policy.py; a 40-line example in
     docs/extending.md). Required: :meth:`load` (build or load the network), :meth:`sample` (draw G actions per
     condition and pack them as a :class:`~grpolab.batch.RolloutBatch` with per-step behaviour log-probs),
     :meth:`forward` (recompute per-step log-probs of a micro-batch under given weights) and :meth:`save`. The
@@ -125,6 +120,9 @@ class PolicyBase(ABC):
     description: ClassVar[str] = ""
     float32_only: ClassVar[bool] = False  # True: the trainer runs this policy in float32 whatever the dtype key
     steps_key: ClassVar[str | None] = None  # the config key of a training sample's number of steps (fixed T)
+    #: True: the text generation engines (vLLM, Ray workers) may sample for this policy (the causal LM). False:
+    #: it samples in the trainer, and selecting an engine is a start-up error (config.py, the one guard)
+    text_engines: ClassVar[bool] = False
     tokenizer: Any = None
 
     @property

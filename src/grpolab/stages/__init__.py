@@ -18,6 +18,5 @@ scored batch over several rollout rounds (collectors.py).
 from __future__ import annotations
 
 from ..registry import BATCH_STAGES, COLLECTORS, UPDATE_STRATEGIES
-from . import collectors, dcpo, pruning, replay, sfpo, updates  # noqa: F401  (register stages, updates, collectors)
 
 __all__ = ["BATCH_STAGES", "COLLECTORS", "UPDATE_STRATEGIES"]

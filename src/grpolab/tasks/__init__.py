@@ -18,14 +18,6 @@ parameters such as the built-ins' ``seed`` never read the training ``seed``).
 from __future__ import annotations
 
 from ..registry import TASKS, UnknownComponentError
-from . import agent_tasks, arithmetic, countdown, digits, gym, repeat, speech, vision  # noqa: F401  (register the tasks)
-from . import vision_segment  # noqa: F401  (shape_segmentation: Seg-R1 / PixelThink)
-from . import arithmetic_aux  # noqa: F401  (GCPO-geometry: optional <aux> step)
-from . import function_calls  # noqa: F401  (seed 000-106: BFCL-style calls with <think> reasoning)
-from . import mqr  # noqa: F401  (seed 000-05: MathForge MQR, arithmetic_mqr)
-from . import irpo_prefs  # noqa: F401  (seed 000-21: IRPO's generative reward model on preference pairs)
-from . import drirl_safety  # noqa: F401  (seed 000-43: DR-IRL category reward models learnt by IRL)
-from . import team_tasks  # noqa: F401  (issue 26: split_facts, the cooperative task of the team rollout)
 from .base import Task, get_task
 from .gym import GYM_PREFIX
 

@@ -95,7 +95,7 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
 def image_grid(images: list, per_row: int = 10, max_rows: int = 10) -> str:
     """The held-out images as one PNG data URI: a row per condition (prompt, in first-seen order, at most
     ``max_rows``), its first ``per_row`` images left to right (the same fixed noises before and after)."""
-    from ..images.render import grid_png, png_data_uri
+    from ..media import grid_png, png_data_uri
 
     by: dict[str, list] = {}
     for prompt, img in images:

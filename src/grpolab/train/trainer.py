@@ -818,7 +818,7 @@ class Trainer:
         self.completions.write(records)
         self.metrics.log_table("completions", *completions_table(records), step=self.step)
         if "images" in self.scored_batch.row_data:  # an image policy: the logged groups' images to the trackers
-            from ..images.render import to_uint8
+            from ..media import to_uint8
             rows = sorted({i for i, g in enumerate(self.scored_batch.group_ids.tolist())
                            if g in {r["group"] for r in records}})
             self.metrics.log_images("samples", to_uint8(self.scored_batch.row_data["images"][rows]), step=self.step)

@@ -1,0 +1,650 @@
+"""Theory papers of the control seeds as small tabular experiments (numpy; no GRPO pipeline).
+
+Three experiments, each a function returning its measured table (a list of dicts), printed by
+``python scripts/theory_experiments.py <grouping|grouping_corrected|lpo|agnostic|all> [seed]``:
+
+- :func:`grouping_experiment` — optimal action grouping in action-wise similar MDPs (seed 000-80): coarser
+  groupings win with few samples, finer ones with many, and the grouping chosen by minimising an estimated
+  (approximation + estimation) bound follows the better side.
+- :func:`lpo_experiment` — low-switching policy optimisation (seed 000-111): the behaviour policy is replaced
+  only when the accumulated sensitivity of the data since the last switch reaches log 2 (the determinant of
+  the feature covariance doubles), so the number of switches grows like ``d log T`` while the return reaches
+  near-optimal; compared with replacing it every episode.
+- :func:`agnostic_experiment` — agnostic policy learning (seed 000-105): a policy class that does not contain
+  the optimal policy, the best-in-class policy found by enumeration, and the suboptimality against it, as the
+  number of episodes grows, of the empirical-risk minimiser over the class and of group-relative policy gradient
+  (GRPO's ``group_zscore`` advantages) in the class's softmax relaxation.
+
+GRAPE's generalised relative advantage (seed 000-46) is a pipeline component: the advantage ``grape``
+(algorithms/adv_grape.py). The experiments are deliberately tabular: the papers' claims are about sample counts,
+switch counts and value gaps, which exact planning on a small MDP measures without noise from function
+approximation. docs/control.md has the tables and the commands.
+"""
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..registry import ADVANTAGES
+
+
+# ============================================================ tabular MDP tools (discounted and episodic)
+def discounted_q(P: np.ndarray, R: np.ndarray, gamma: float, iters: int = 2000, tol: float = 1e-10) -> np.ndarray:
+    """Optimal ``Q*[s, a]`` of a discounted MDP by value iteration (``P[s, a, s']``, ``R[s, a]``)::
+
+        Q <- R + gamma * P @ max_a Q      until the sup-norm change is below ``tol``."""
+    Q = np.zeros_like(R, dtype=np.float64)
+    for _ in range(iters):
+        Qn = R + gamma * P @ Q.max(1)
+        if np.abs(Qn - Q).max() < tol:
+            return Qn
+        Q = Qn
+    return Q
+
+
+def discounted_value(P: np.ndarray, R: np.ndarray, gamma: float, pi: np.ndarray) -> np.ndarray:
+    """Exact ``V^pi[s]`` of a stochastic policy ``pi[s, a]``: ``V = (I - gamma P_pi)^-1 R_pi``."""
+    S = P.shape[0]
+    P_pi = np.einsum("sa,sat->st", pi, P)
+    R_pi = (pi * R).sum(1)
+    return np.linalg.solve(np.eye(S) - gamma * P_pi, R_pi)
+
+
+def episodic_q(P: np.ndarray, R: np.ndarray, H: int, pi: np.ndarray | None = None,
+               bonus: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Backward induction on a finite-horizon MDP (``P[s, a, s']``, ``R[s, a]``, steps ``h = 0..H-1``).
+
+    ``Q_h = min(H - h, R + bonus_h + P V_{h+1})``, ``V_h = max_a Q_h`` (optimal) or ``sum_a pi_h Q_h`` (policy
+    ``pi[h, s, a]``); ``V_H = 0``. The clip at ``H - h`` (the most reward left when rewards lie in [0, 1]) keeps
+    an optimistic bonus from inflating values past their range. Returns ``(Q[h, s, a], V[h, s])``.
+    """
+    S, A = R.shape
+    Q = np.zeros((H, S, A))
+    V = np.zeros((H + 1, S))
+    for h in range(H - 1, -1, -1):
+        q = R + P @ V[h + 1]
+        if bonus is not None:
+            q = q + bonus[h]
+        Q[h] = np.minimum(q, H - h)
+        V[h] = Q[h].max(1) if pi is None else (pi[h] * Q[h]).sum(1)
+    return Q, V[:H]
+
+
+# ============================================================ 000-80: optimal action grouping
+@dataclass
+class GroupedMDP:
+    """A discounted tabular MDP whose actions form latent groups (``labels[level][a]``: a's group at each level
+    of the hierarchy, coarse to fine) and the noise of its reward observations."""
+    P: np.ndarray            # [S, A, S]
+    R: np.ndarray            # [S, A] mean rewards in [0, 1]
+    gamma: float
+    reward_noise: float      # std of the Gaussian noise on each observed reward
+    branching: tuple[int, ...] = ()   # groups per level of the latent hierarchy (coarse to fine)
+
+
+def action_similar_mdp(n_states: int = 4, branching: tuple[int, ...] = (4, 4), spread: tuple[float, ...] = (1.0, 0.2),
+                       gamma: float = 0.9, reward_noise: float = 1.5, seed: int = 0) -> GroupedMDP:
+    """A random action-wise similar MDP: ``A = prod(branching)`` actions in a hierarchy of latent groups.
+
+    At each level ``l`` every node draws a transition row ``q_l(.|s) ~ Dirichlet(1)`` and a reward ``u_l(s) ~
+    U(0, 1)``; an action's model is the mixture of the nodes on its path, weighted by ``spread`` (normalised)::
+
+        P(.|s, a) = sum_l w_l q_{l, node_l(a)}(.|s),   R(s, a) = sum_l w_l u_{l, node_l(a)}(s)
+
+    So two actions that share their coarse group differ only by the finer levels' weight: the larger the shared
+    prefix, the more similar their transitions and rewards (the "action-wise similar" structure of the paper).
+    Rewards are observed with Gaussian noise of std ``reward_noise``.
+    """
+    rng = np.random.default_rng(seed)
+    w = np.asarray(spread, dtype=np.float64)
+    w = w / w.sum()
+    A = int(np.prod(branching))
+    S = n_states
+    P = np.zeros((S, A, S))
+    R = np.zeros((S, A))
+    nodes = 1
+    for level, b in enumerate(branching):
+        nodes *= b
+        q = rng.dirichlet(np.ones(S), size=(nodes, S))   # [node, s, s']
+        u = rng.uniform(0.0, 1.0, size=(nodes, S))       # [node, s]
+        for a in range(A):
+            node = a // (A // nodes)
+            P[:, a] += w[level] * q[node]
+            R[:, a] += w[level] * u[node]
+    return GroupedMDP(P=P, R=R, gamma=gamma, reward_noise=reward_noise, branching=tuple(branching))
+
+
+def action_profiles(P: np.ndarray, R: np.ndarray) -> np.ndarray:
+    """One vector per action: its transition rows over all states and its rewards, ``[A, S*S + S]``."""
+    S, A, _ = P.shape
+    return np.concatenate([P.transpose(1, 0, 2).reshape(A, S * S), R.T], axis=1)
+
+
+def grouping_family(P: np.ndarray, R: np.ndarray) -> list[np.ndarray]:
+    """Nested groupings of the actions by similarity: average-linkage agglomerative clustering of the action
+    profiles (L1 distance), from ``A`` singleton groups down to one group. Returns one label array ``[A]`` per
+    number of groups ``k = 1..A`` (``family[k - 1]``), labels numbered ``0..k-1`` in order of first action."""
+    X = action_profiles(P, R)
+    A = X.shape[0]
+    D = np.abs(X[:, None, :] - X[None, :, :]).sum(-1)
+    clusters = [[a] for a in range(A)]
+    family: dict[int, np.ndarray] = {}
+
+    def labels() -> np.ndarray:
+        lab = np.zeros(A, dtype=np.int64)
+        for i, c in enumerate(sorted(clusters, key=min)):
+            lab[c] = i
+        return lab
+
+    family[A] = labels()
+    while len(clusters) > 1:
+        best, pair = math.inf, (0, 1)
+        for i in range(len(clusters)):
+            for j in range(i + 1, len(clusters)):
+                d = D[np.ix_(clusters[i], clusters[j])].mean()
+                if d < best - 1e-12:
+                    best, pair = d, (i, j)
+        i, j = pair
+        clusters[i] = clusters[i] + clusters[j]
+        del clusters[j]
+        family[len(clusters)] = labels()
+    return [family[k] for k in range(1, A + 1)]
+
+
+def sample_model(mdp: GroupedMDP, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """``n >= 2`` generative-model samples of every ``(s, a)``, kept as two halves (``n // 2`` and the rest) so
+    the bound can cross-fit: next-state counts ``[2, S, A, S]`` and reward sums ``[2, S, A]`` (rewards observed
+    as ``R(s, a) + N(0, reward_noise^2)``). The plan uses both halves summed."""
+    if n < 2:
+        raise ValueError(f"n (samples per (s, a)) must be >= 2 to split the samples in two halves, got {n}")
+    S, A, _ = mdp.P.shape
+    counts = np.zeros((2, S, A, S))
+    rsum = np.zeros((2, S, A))
+    for half, m in enumerate((n // 2, n - n // 2)):
+        for s in range(S):
+            for a in range(A):
+                counts[half, s, a] = rng.multinomial(m, mdp.P[s, a])
+        rsum[half] = m * mdp.R + rng.normal(0.0, mdp.reward_noise * math.sqrt(m), size=mdp.R.shape)
+    return counts, rsum
+
+
+def grouped_estimate(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The grouped model: a group's actions treated as one, their samples pooled::
+
+        P_g(s'|s) = sum_{a in g} N(s, a, s') / sum_{a in g} N(s, a),   R_g(s) = sum_{a in g} Rsum(s, a) / ...
+
+    Returns ``(P_g[S, k, S], R_g[S, k])``."""
+    S, A, _ = counts.shape
+    k = int(labels.max()) + 1
+    onehot = np.eye(k)[labels]                          # [A, k]
+    c = np.einsum("sat,ag->sgt", counts, onehot)
+    r = rsum @ onehot
+    n = c.sum(-1)
+    return c / n[..., None], r / n
+
+
+def decomposition_offsets(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The linear decomposition's per-action reward correction ``b_a`` (one number per action).
+
+    Model: ``R(s, a) = R_g(s) + b_a`` for ``a`` in group ``g``; ``b_a`` is estimated from every state's samples
+    at once, ``b_a = mean_s (Rhat(s, a) - R_g(s))``, so it costs ``S`` times fewer samples per parameter than
+    the per-(s, a) model it corrects."""
+    n = counts.sum(-1)
+    _, Rg = grouped_estimate(counts, rsum, labels)
+    return (rsum / n - Rg[:, labels]).mean(0)
+
+
+def grouped_policy(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray, gamma: float,
+                   correction: bool = False) -> np.ndarray:
+    """Plan on the grouped model, then act in the real MDP: ``pi[s, a]`` (stochastic).
+
+    The grouped MDP (states ``S``, actions = the ``k`` groups) is solved by value iteration; in state ``s`` the
+    policy plays the chosen group ``g*(s)``'s actions uniformly, or, with ``correction``, the member with the
+    largest decomposition offset ``b_a`` (:func:`decomposition_offsets`)."""
+    S, A, _ = counts.shape
+    Pg, Rg = grouped_estimate(counts, rsum, labels)
+    g_star = discounted_q(Pg, Rg, gamma).argmax(1)
+    pi = np.zeros((S, A))
+    b = decomposition_offsets(counts, rsum, labels) if correction else None
+    for s in range(S):
+        members = np.flatnonzero(labels == g_star[s])
+        if b is None:
+            pi[s, members] = 1.0 / len(members)
+        else:
+            pi[s, members[np.argmax(b[members])]] = 1.0
+    return pi
+
+
+def value_loss(mdp: GroupedMDP, pi: np.ndarray) -> float:
+    """``mean_s (V*(s) - V^pi(s))``: the performance loss of ``pi`` from a uniform start state."""
+    v_star = discounted_q(mdp.P, mdp.R, mdp.gamma).max(1)
+    return float((v_star - discounted_value(mdp.P, mdp.R, mdp.gamma, pi)).mean())
+
+
+def grouping_bound(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray, gamma: float,
+                   reward_noise: float) -> dict:
+    """Estimated (approximation + estimation) bound on the value loss of the grouped plan (simulation lemma).
+
+    For a model within ``eps_R`` (rewards) and ``eps_P`` (transition rows, L1) of the truth, planning loses at
+    most ``2 (eps_R + gamma V_max eps_P) / (1 - gamma)`` with ``V_max = 1 / (1 - gamma)``. Each ``eps`` is the
+    sum of an approximation and an estimation term, root-mean-square over ``(s, a)``, with L1 taken as
+    ``sqrt(S)`` times L2 (Cauchy-Schwarz):
+
+    - approximation — how far an action's own model lies from its group's, ``||P_a - P_g||^2`` and
+      ``(R_a - R_g)^2``, estimated without bias by cross-fitting the two halves of the samples
+      (:func:`sample_model`): ``<Phat1_a - Phat1_g, Phat2_a - Phat2_g>`` (independent noise, so the product has
+      the squared difference as its mean), averaged and clipped at 0;
+    - estimation — the error of the pooled estimate from ``m = n |g|`` samples: ``sigma / sqrt(m)`` and
+      ``sqrt(S u_s / m)``, ``u_s = (1 - sum_s' Phat(s')^2) M / (M - 1)`` from all ``M`` samples of state ``s``
+      pooled over actions.
+
+    ``counts [2, S, A, S]`` and ``rsum [2, S, A]`` are the two halves. Returns the terms and ``bound``;
+    :func:`select_grouping` takes the grouping that minimises it."""
+    S, A, _ = counts.shape[1:]
+    halves = []
+    for c, r in zip(counts, rsum):
+        n = c.sum(-1)
+        Pg, Rg = grouped_estimate(c, r, labels)
+        halves.append((c / n[..., None] - Pg[:, labels], r / n - Rg[:, labels]))
+    (dp1, dr1), (dp2, dr2) = halves
+    approx_r = math.sqrt(max(0.0, float((dr1 * dr2).mean())))
+    approx_p = math.sqrt(S * max(0.0, float((dp1 * dp2).sum(-1).mean())))
+    total = counts.sum(0)
+    n = total.sum(-1)                                    # [S, A]
+    m = n * np.bincount(labels)[labels][None, :]
+    M = n.sum(1, keepdims=True)                          # [S, 1]
+    u = (1.0 - ((total.sum(1) / M) ** 2).sum(-1, keepdims=True)) * M / np.maximum(M - 1, 1)
+    est_r = math.sqrt(float((reward_noise ** 2 / m).mean()))
+    est_p = math.sqrt(S * float((u / m).mean()))
+    vmax = 1.0 / (1.0 - gamma)
+    scale = 2.0 / (1.0 - gamma)
+    approx = scale * (approx_r + gamma * vmax * approx_p)
+    est = scale * (est_r + gamma * vmax * est_p)
+    return {"approximation": approx, "estimation": est, "bound": approx + est}
+
+
+def select_grouping(counts: np.ndarray, rsum: np.ndarray, family: list[np.ndarray], gamma: float,
+                    reward_noise: float) -> int:
+    """The index (``k - 1``) of the grouping in ``family`` with the smallest estimated bound."""
+    bounds = [grouping_bound(counts, rsum, lab, gamma, reward_noise)["bound"] for lab in family]
+    return int(np.argmin(bounds))
+
+
+def grouping_experiment(*, seed: int = 0, sample_sizes: tuple[int, ...] = (2, 4, 8, 16, 64, 256, 1024),
+                        ks: tuple[int, ...] | None = None, reps: int = 20, correction: bool = False,
+                        mdp: GroupedMDP | None = None) -> list[dict]:
+    """Value loss of planning on each candidate grouping, and on the bound-selected one, per sample size ``n``.
+
+    One MDP (``action_similar_mdp(seed=seed)`` unless given); the candidates are the groupings of
+    :func:`grouping_family` of the true model with ``k`` groups for ``k`` in ``ks`` (default: the levels of the
+    latent hierarchy, 1 .. A; the similarity structure is taken as known, the paper's grouping function, and only
+    the models are estimated). For each ``n`` (samples per ``(s, a)``), ``reps`` independent sample sets. Returns
+    one row per ``n``: ``loss_k<k>`` (mean value loss of the plan on grouping ``k``), ``loss_selected`` (of the
+    grouping :func:`select_grouping` picks from the same samples), ``selected_k`` (mean ``k`` picked) and
+    ``best_k`` (the ``k`` of least mean loss).
+
+    Paper: Li, Ju and Shroff, "Achieving Sample and Computational Efficient Reinforcement Learning by Action
+    Space Reduction via Grouping", arXiv:2306.12981 (seed 000-80).
+
+    Provenance: reconstructed from the abstract — the hierarchical generator, clustering of the actions'
+    transition and reward profiles (average linkage, L1), pooling a group's samples, the reward-offset form of
+    the linear decomposition (:func:`decomposition_offsets`) and the simulation-lemma bound with cross-fitted
+    approximation terms (:func:`grouping_bound`) are grpolab's choices; the paper's own decomposition model,
+    bound and its action-space-independent selection method were not read (no authors' code found: searched
+    GitHub code and the web for the title and arXiv id; Papers with Code lists no implementation).
+    """
+    mdp = mdp or action_similar_mdp(seed=seed)
+    family = grouping_family(mdp.P, mdp.R)
+    A = mdp.R.shape[1]
+    ks = ks or tuple(sorted({1, A, *[int(np.prod(mdp.branching[:i + 1])) for i in range(len(mdp.branching))]}))
+    cands = [family[k - 1] for k in ks]
+    rng = np.random.default_rng(10_000 + seed)
+    rows = []
+    for n in sample_sizes:
+        losses = np.zeros((reps, len(ks)))
+        sel_loss, sel_k = np.zeros(reps), np.zeros(reps)
+        for r in range(reps):
+            halves = sample_model(mdp, n, rng)
+            counts, rsum = halves[0].sum(0), halves[1].sum(0)
+            for i, lab in enumerate(cands):
+                losses[r, i] = value_loss(mdp, grouped_policy(counts, rsum, lab, mdp.gamma, correction))
+            j = select_grouping(*halves, cands, mdp.gamma, mdp.reward_noise)
+            sel_loss[r], sel_k[r] = losses[r, j], ks[j]
+        mean = losses.mean(0)
+        rows.append({"n": n, **{f"loss_k{k}": float(mean[i]) for i, k in enumerate(ks)},
+                     "loss_selected": float(sel_loss.mean()), "selected_k": float(sel_k.mean()),
+                     "best_k": ks[int(np.argmin(mean))]})
+    return rows
+
+
+# ============================================================ 000-111: low-switching policy optimisation
+@dataclass
+class EpisodicMDP:
+    """A finite-horizon tabular MDP with Bernoulli rewards of mean ``R[s, a]`` and start state 0."""
+    P: np.ndarray   # [S, A, S]
+    R: np.ndarray   # [S, A] in [0, 1]
+    H: int
+
+
+def random_episodic_mdp(n_states: int = 4, n_actions: int = 3, horizon: int = 4, seed: int = 0) -> EpisodicMDP:
+    """A random episodic MDP: sparse-ish transitions ``Dirichlet(0.3)``, reward means ``U(0,1)^2`` (a few good
+    actions stand out)."""
+    rng = np.random.default_rng(seed)
+    P = rng.dirichlet(np.full(n_states, 0.3), size=(n_states, n_actions))
+    R = rng.uniform(0, 1, size=(n_states, n_actions)) ** 2
+    return EpisodicMDP(P=P, R=R, H=horizon)
+
+
+def run_episode(mdp: EpisodicMDP, pi: np.ndarray, rng: np.random.Generator) -> list[tuple[int, int, int, float, int]]:
+    """One episode of ``pi[h, s, a]`` from state 0: ``[(h, s, a, r, s'), ...]``."""
+    s, out = 0, []
+    S, A = mdp.R.shape
+    for h in range(mdp.H):
+        a = int(rng.choice(A, p=pi[h, s]))
+        r = float(rng.random() < mdp.R[s, a])
+        s2 = int(rng.choice(S, p=mdp.P[s, a]))
+        out.append((h, s, a, r, s2))
+        s = s2
+    return out
+
+
+def policy_return(mdp: EpisodicMDP, pi: np.ndarray) -> float:
+    """Exact expected return of ``pi[h, s, a]`` from state 0."""
+    _, V = episodic_q(mdp.P, mdp.R, mdp.H, pi=pi)
+    return float(V[0, 0])
+
+
+def optimal_return(mdp: EpisodicMDP) -> float:
+    """``V*_0(0)`` by backward induction."""
+    _, V = episodic_q(mdp.P, mdp.R, mdp.H)
+    return float(V[0, 0])
+
+
+def optimistic_npg(counts: np.ndarray, rsum: np.ndarray, logits: np.ndarray, H: int, *, bonus_scale: float,
+                   lr: float, iters: int) -> np.ndarray:
+    """Policy optimisation on the optimistic empirical model: ``iters`` natural-policy-gradient steps.
+
+    Model from the counts ``N(h, s, a, s')`` pooled over ``h`` (the MDP is stationary):
+    ``Phat = N(s,a,.) / N(s,a)`` (uniform where unvisited), ``Rhat = Rsum / N``, bonus ``c / sqrt(max(1, N))``.
+    Each step evaluates the softmax policy ``pi_h(a|s) = softmax(logits[h, s])`` on the optimistic model and
+    moves ``logits += lr * Q_opt^pi`` (for the softmax class, the NPG step is this multiplicative-weights update).
+    Returns the new logits."""
+    S, A, _ = counts.shape
+    n = counts.sum(-1)
+    P = np.where(n[..., None] > 0, counts / np.maximum(n, 1)[..., None], 1.0 / S)
+    R = np.where(n > 0, rsum / np.maximum(n, 1), 1.0)
+    bonus = np.broadcast_to(bonus_scale / np.sqrt(np.maximum(n, 1)), (H, S, A))
+    logits = logits.copy()
+    for _ in range(iters):
+        pi = softmax(logits)
+        Q, _ = episodic_q(P, R, H, pi=pi, bonus=bonus)
+        logits += lr * Q
+        logits -= logits.max(-1, keepdims=True)
+    return logits
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis."""
+    z = np.exp(logits - logits.max(-1, keepdims=True))
+    return z / z.sum(-1, keepdims=True)
+
+
+def train_lpo(mdp: EpisodicMDP, episodes: int, *, switching: str = "sensitivity", seed: int = 0,
+              bonus_scale: float = 1.0, lr: float = 1.0, npg_iters: int = 10, eval_every: int = 0) -> dict:
+    """Low-switching policy optimisation on a tabular episodic MDP; returns its metrics.
+
+    Features are tabular, ``phi(s, a) = e_{(s,a)}`` (``d = S A``), so the covariance
+    ``Lambda = I + sum_t phi_t phi_t^T`` is diagonal, ``1 + N(s, a)``. A sample's online sensitivity (its
+    leverage) is ``phi^T Lambda^-1 phi = 1 / (1 + N(s, a))``, and adding it multiplies ``det Lambda`` by
+    ``1 + sensitivity``. With ``switching="sensitivity"`` the behaviour policy is replaced, after an episode, only
+    when the accumulated ``sum log(1 + sensitivity)`` since the last switch reaches ``log 2`` — the determinant
+    of ``Lambda`` has doubled — so the number of switches is at most ``log2 det Lambda_T <= d log2(1 + T H / d)``.
+    At a switch: :func:`optimistic_npg` on all data so far, warm-started from the deployed policy. With
+    ``switching="every"`` the same update runs after every episode (the baseline).
+
+    Returns ``{"switches", "returns" (exact return of the deployed policy before the first episode and at each
+    eval point), "eval_episodes", "final_return", "optimal_return", "d", "logdet"}``.
+
+    Paper: Li, Wang, Cheng and Yang, "Low-Switching Policy Gradient with Exploration via Online Sensitivity
+    Sampling", ICML 2023, arXiv:2306.09554 (seed 000-111).
+
+    Provenance: reconstructed from the abstract — tabular features so the eluder-dimension/sensitivity machinery
+    reduces to counts, the log 2 (determinant-doubling) switching threshold, the optimistic empirical model with
+    a 1/sqrt(N) bonus and softmax natural-policy-gradient steps are grpolab's choices; the paper's general
+    function-approximation algorithm (sensitivity-sampled sub-datasets, its confidence sets and step sizes) is
+    not built (no authors' code found: Papers with Code lists none; GitHub code search for the title found none).
+    """
+    if switching not in ("sensitivity", "every"):
+        raise ValueError(f"switching must be 'sensitivity' or 'every', got {switching!r}")
+    rng = np.random.default_rng(seed)
+    S, A = mdp.R.shape
+    H = mdp.H
+    counts = np.zeros((S, A, S))
+    rsum = np.zeros((S, A))
+    logits = np.zeros((H, S, A))
+    deployed = softmax(logits)
+    logdet_at_switch = 0.0
+    logdet = 0.0
+    switches = 0
+    returns, at = [policy_return(mdp, deployed)], [0]
+    eval_every = eval_every or max(1, episodes // 20)
+    for t in range(episodes):
+        for h, s, a, r, s2 in run_episode(mdp, deployed, rng):
+            logdet += math.log1p(1.0 / (1.0 + counts[s, a].sum()))   # log(1 + phi^T Lambda^-1 phi)
+            counts[s, a, s2] += 1
+            rsum[s, a] += r
+        if switching == "every" or logdet - logdet_at_switch >= math.log(2.0):
+            logits = optimistic_npg(counts, rsum, logits, H, bonus_scale=bonus_scale, lr=lr, iters=npg_iters)
+            deployed = softmax(logits)
+            logdet_at_switch = logdet
+            switches += 1
+        if (t + 1) % eval_every == 0 or t + 1 == episodes:
+            returns.append(policy_return(mdp, deployed))
+            at.append(t + 1)
+    return {"switches": switches, "returns": returns, "eval_episodes": at, "final_return": returns[-1],
+            "optimal_return": optimal_return(mdp), "d": S * A, "logdet": logdet}
+
+
+def lpo_switch_bound(d: int, steps: int) -> float:
+    """The determinant-doubling bound on the number of switches: ``log2 det Lambda_T <= d log2(1 + steps / d)``
+    (AM-GM on the eigenvalues of ``I + sum phi phi^T`` with ``||phi|| = 1`` and ``steps`` samples)."""
+    return d * math.log2(1.0 + steps / d)
+
+
+def lpo_experiment(*, seed: int = 0, horizons: tuple[int, ...] = (250, 500, 1000, 2000),
+                   mdp: EpisodicMDP | None = None) -> list[dict]:
+    """LPO against every-episode switching at several numbers of episodes ``T``: switches, the bound
+    ``d log2(1 + T H / d)`` and the final suboptimality ``V* - V^pi`` of each."""
+    mdp = mdp or random_episodic_mdp(seed=seed)
+    rows = []
+    for T in horizons:
+        low = train_lpo(mdp, T, switching="sensitivity", seed=seed)
+        every = train_lpo(mdp, T, switching="every", seed=seed)
+        rows.append({"T": T, "switches": low["switches"], "switch_bound": lpo_switch_bound(low["d"], T * mdp.H),
+                     "every_switches": every["switches"], "optimal": low["optimal_return"],
+                     "gap_lpo": low["optimal_return"] - low["final_return"],
+                     "gap_every": every["optimal_return"] - every["final_return"],
+                     "initial_return": low["returns"][0]})
+    return rows
+
+
+# ============================================================ 000-105: agnostic policy learning
+@dataclass
+class AgnosticSetup:
+    """An episodic MDP and a restricted policy class: deterministic policies that must take the same action in
+    all states of a cell (``cells[s]``), stationary over ``h``. ``|Pi| = A ** n_cells``."""
+    mdp: EpisodicMDP
+    cells: np.ndarray   # [S] cell of each state
+
+
+def agnostic_setup(n_states: int = 6, n_actions: int = 3, horizon: int = 3, n_cells: int = 3,
+                   seed: int = 0) -> AgnosticSetup:
+    """A random episodic MDP and a class that aliases states in pairs (``cells[s] = s mod n_cells``): the class
+    cannot tell aliased states apart, so it misses the optimal policy whenever they want different actions."""
+    return AgnosticSetup(mdp=random_episodic_mdp(n_states, n_actions, horizon, seed=seed),
+                         cells=np.arange(n_states) % n_cells)
+
+
+def class_policies(setup: AgnosticSetup) -> np.ndarray:
+    """Every policy of the class as ``[|Pi|, S]`` state-to-action tables."""
+    A = setup.mdp.R.shape[1]
+    n_cells = int(setup.cells.max()) + 1
+    grid = np.array(np.meshgrid(*[np.arange(A)] * n_cells, indexing="ij")).reshape(n_cells, -1).T
+    return grid[:, setup.cells]
+
+
+def table_policy(table: np.ndarray, A: int, H: int) -> np.ndarray:
+    """A deterministic state-to-action table as ``pi[h, s, a]``."""
+    return np.broadcast_to(np.eye(A)[table], (H, len(table), A)).copy()
+
+
+def best_in_class(setup: AgnosticSetup) -> tuple[float, int]:
+    """``max_{pi in Pi} V^pi`` by enumeration, and the index of the argmax."""
+    A = setup.mdp.R.shape[1]
+    values = [policy_return(setup.mdp, table_policy(t, A, setup.mdp.H)) for t in class_policies(setup)]
+    return float(max(values)), int(np.argmax(values))
+
+
+def sample_episodes(mdp: EpisodicMDP, pi: np.ndarray, episodes: int, rng: np.random.Generator):
+    """``episodes`` episodes of the stationary policy ``pi[s, a]`` from state 0, simulated together: states and
+    actions ``[N, H]`` and returns ``[N]``."""
+    S, A = mdp.R.shape
+    N, H = episodes, mdp.H
+    states = np.zeros((N, H), dtype=np.int64)
+    actions = np.zeros((N, H), dtype=np.int64)
+    returns = np.zeros(N)
+    cum_p = np.cumsum(mdp.P, axis=-1)
+    cum_pi = np.cumsum(pi, axis=-1)
+    s = np.zeros(N, dtype=np.int64)
+    for h in range(H):
+        states[:, h] = s
+        a = np.minimum((rng.random(N)[:, None] > cum_pi[s]).sum(-1), A - 1)
+        actions[:, h] = a
+        returns += rng.random(N) < mdp.R[s, a]
+        s = np.minimum((rng.random(N)[:, None] > cum_p[s, a]).sum(-1), S - 1)
+    return states, actions, returns
+
+
+def uniform_episodes(mdp: EpisodicMDP, episodes: int, rng: np.random.Generator):
+    """:func:`sample_episodes` of the uniformly random policy."""
+    S, A = mdp.R.shape
+    return sample_episodes(mdp, np.full((S, A), 1.0 / A), episodes, rng)
+
+
+def erm_importance_sampling(setup: AgnosticSetup, episodes: int, rng: np.random.Generator) -> int:
+    """Empirical risk minimisation over the class from ``episodes`` uniformly exploring episodes.
+
+    Every policy's value is estimated from the same data by importance weighting, ``Vhat(pi) = mean_i
+    prod_h 1[pi(s_h) = a_h] A * G_i`` (``G_i`` the episode's return; under the uniform behaviour policy the weight
+    is ``A^H`` when the episode followed ``pi`` and 0 otherwise), and the argmax is returned (ties: the first).
+    Its error is of order ``sqrt(A^H log|Pi| / N)`` with no assumption on ``Pi`` or on the MDP's coverage: the
+    exponential-in-``H`` price of agnostic learning from online access without coverage conditions."""
+    mdp = setup.mdp
+    A = mdp.R.shape[1]
+    tables = class_policies(setup)                        # [|Pi|, S]
+    states, actions, returns = uniform_episodes(mdp, episodes, rng)
+    follows = (tables[:, states] == actions[None]).all(-1)   # [|Pi|, N]
+    est = (follows * returns[None]).sum(1) * float(A ** mdp.H) / max(episodes, 1)
+    return int(np.argmax(est))
+
+
+def train_class_pg(setup: AgnosticSetup, episodes: int, *, group_size: int = 8, lr: float = 0.5,
+                   seed: int = 0) -> np.ndarray:
+    """Group-relative policy gradient inside the class's softmax relaxation; returns the final ``theta``.
+
+    The policy is ``pi(a|s) = softmax(theta[cell(s)])`` (a log-linear class over the cell features, whose greedy
+    policies are exactly the class's); each update draws ``group_size`` episodes from the start state, gives each
+    the GRPO group z-score of its return (``group_zscore``, looked up in the ADVANTAGES registry: control/ does
+    not import algorithms/, which imports control/), and ascends
+    ``theta[cell(s_h)] += lr / G * sum_i A_i sum_h (e_{a_h} - pi(.|s_h))`` (the score function of the softmax).
+    Learns from ``episodes`` episodes in all (``episodes // group_size`` updates)."""
+    mdp = setup.mdp
+    S, A = mdp.R.shape
+    n_cells = int(setup.cells.max()) + 1
+    rng = np.random.default_rng(30_000 + seed)
+    theta = np.zeros((n_cells, A))
+    gid = torch.zeros(group_size, dtype=torch.long)
+    group_zscore = ADVANTAGES.get("group_zscore")
+    for _ in range(episodes // group_size):
+        pi = softmax(theta)[setup.cells]                               # [S, A]
+        states, actions, returns = sample_episodes(mdp, pi, group_size, rng)
+        adv = group_zscore(torch.as_tensor(returns), gid).numpy()      # [G]
+        score = np.eye(A)[actions] - pi[states]                        # [G, H, A]
+        grad = np.zeros_like(theta)
+        np.add.at(grad, setup.cells[states], adv[:, None, None] * score)
+        theta += lr * grad / group_size
+    return theta
+
+
+def agnostic_experiment(*, seed: int = 0, episode_counts: tuple[int, ...] = (10, 30, 100, 300, 1000, 3000, 10000),
+                        reps: int = 50, pg_reps: int = 10, setup: AgnosticSetup | None = None) -> list[dict]:
+    """Suboptimality against the best in class, ``V^{pi_best} - V^{pi_hat}``, as the number of episodes grows:
+    ``subopt_vs_best_in_class`` for ERM (:func:`erm_importance_sampling`, mean over ``reps``) and ``subopt_pg``
+    for the greedy policy of :func:`train_class_pg` (mean over ``pg_reps``), next to the class's approximation gap
+    ``V* - V^{pi_best}`` (which no amount of data closes).
+
+    Thesis: Gene Li, "Agnostic Reinforcement Learning: Foundations and Algorithms", arXiv:2506.01884 (seed
+    000-105). Of its three axes this builds one point: environment access = online episodes from a fixed start
+    state (collected by the uniform policy), no coverage condition assumed, and a representational restriction
+    (state aliasing) that excludes the optimal policy; the learners are importance-weighted ERM over the class
+    and group-relative policy gradient in its softmax relaxation.
+
+    Provenance: reconstructed from the abstract — the aliased-state policy class, the exact best-in-class value by
+    enumeration, the importance-sampling ERM learner and the policy-gradient learner are grpolab's choices
+    illustrating the abstract's setting; none of the thesis's algorithms or lower bounds is built (no code
+    accompanies the thesis).
+    """
+    setup = setup or agnostic_setup(seed=seed)
+    mdp = setup.mdp
+    A = mdp.R.shape[1]
+    tables = class_policies(setup)
+    values = np.array([policy_return(mdp, table_policy(t, A, mdp.H)) for t in tables])
+    v_best = float(values.max())
+    v_star = optimal_return(mdp)
+    rng = np.random.default_rng(20_000 + seed)
+    index = {tuple(t): i for i, t in enumerate(tables)}
+    rows = []
+    for N in episode_counts:
+        gaps = [v_best - values[erm_importance_sampling(setup, N, rng)] for _ in range(reps)]
+        pg = [v_best - values[index[tuple(train_class_pg(setup, N, seed=1000 * seed + r).argmax(1)[setup.cells])]]
+              for r in range(pg_reps)]
+        rows.append({"episodes": N, "subopt_vs_best_in_class": float(np.mean(gaps)),
+                     "subopt_pg": float(np.mean(pg)),
+                     "approximation_gap": v_star - v_best, "class_size": len(tables), "v_best": v_best,
+                     "v_star": v_star})
+    return rows
+
+
+# ============================================================ command line
+def _print_table(rows: list[dict]) -> None:
+    keys = list(rows[0])
+    print(" | ".join(keys))
+    for r in rows:
+        print(" | ".join(f"{r[k]:.4g}" if isinstance(r[k], float) else str(r[k]) for k in keys))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m grpolab.experiments.theory <grouping|lpo|agnostic|all> [seed]``: print the measured tables."""
+    argv = sys.argv[1:] if argv is None else argv
+    which = argv[0] if argv else "all"
+    seed = int(argv[1]) if len(argv) > 1 else 0
+    runs = {"grouping": lambda: grouping_experiment(seed=seed),
+            "grouping_corrected": lambda: grouping_experiment(seed=seed, correction=True),
+            "lpo": lambda: lpo_experiment(seed=seed), "agnostic": lambda: agnostic_experiment(seed=seed)}
+    if which != "all" and which not in runs:
+        print(f"unknown experiment {which!r}; valid: {', '.join(runs)}, all", file=sys.stderr)
+        return 2
+    for name, fn in runs.items():
+        if which in ("all", name):
+            print(f"## {name} (seed {seed})")
+            _print_table(fn())
+            print()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

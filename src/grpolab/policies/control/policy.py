@@ -1,0 +1,208 @@
+"""``control``: an MLP policy acting in Gymnasium and PettingZoo environments; one step = one environment step
+of one agent.
+
+A row is a task instance: an environment (``env``: a Gymnasium id or ``pettingzoo:<module>``, ``env_kwargs``) and
+a start ``seed``. :meth:`ControlPolicy.sample` runs G episodes per row, every one reset with the row's seed, so
+a group is G episodes from the same start state (and the same environment randomness): GRPO's group-relative
+advantage compares them with no critic. Episodes end when the environment ends them or after
+``max_completion_length`` steps (then ``truncated``). Layout of a batch (N agents, T the longest episode):
+
+- column ``t * N + i`` = agent i's action at time t (N = 1 for Gymnasium);
+- ``step_data["obs"]`` ``[R, T*N, D (+ N)]`` the actor's inputs (observation, + the agent's one-hot when N > 1),
+  ``step_data["action"]`` ``[R, T*N]`` (Discrete) or ``[R, T*N, k]`` (Box, unclipped);
+- ``row_data["step_rewards"]`` ``[R, T*N]`` each agent's reward of each step, ``row_data["terminal"]`` ``[R]``
+  (ended in a terminal state: no bootstrap), ``row_data["last_obs"]`` ``[R, N, D (+ N)]`` (the inputs after the
+  last step), ``row_data["agents"]`` ``[R]`` (N), ``row_data["agent_returns"]`` ``[R, N]``, ``row_data["step_costs"]``
+  ``[R, T*N]`` each step's ``info["cost"]`` (0 when the environment reports none; constrained tasks, CAL);
+- ``columns["completion"]`` = the episode's return (the mean over agents of each agent's summed reward): what
+  the reward ``episode_return`` of task ``gym_control`` passes on.
+
+Evaluation (``evaluation=True``): the deterministic policy (argmax / the Gaussian mean) from each held-out row's
+seed. The network (policies/control/nets.py ``ControlActor``) is built from the first row's spaces with the run's seed
+(``--model mlp``, the default) or loaded from a folder :meth:`save` wrote.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ...batch import RolloutBatch
+from ...config import ConfigError
+from .._control.envs import EnvPool, env_key, row_seed
+from .nets import ControlActor, agent_inputs
+from ...generation.counting import GENERATED
+from ...generation.sampling import completion_counts
+from ...registry import POLICIES, param
+from ..base import PolicyBase, load_config_module, save_config_module
+
+BUILT_IN = ("mlp", "tiny")
+
+
+def save_actor(module: ControlActor, path) -> None:
+    save_config_module(module, path)
+
+
+def load_actor(path) -> ControlActor:
+    return load_config_module(ControlActor, path, "control")[0]
+
+
+@POLICIES.register("control")
+class ControlPolicy(PolicyBase):
+    """An MLP actor (categorical for Discrete actions, Gaussian for a Box) acting in the rows' environments; G
+    episodes from one seeded start state per row (module docstring).
+
+    Provenance: grpolab's own — the group of the GRPO family (Shao et al., 2024, arXiv:2402.03300) taken as G
+    episodes from one start state, the per-step log-probs of a categorical / Gaussian actor as in CleanRL's PPO
+    (vwxyzjn/cleanrl ppo.py / ppo_continuous_action.py: orthogonal initialisation, state-independent log-std,
+    the log-prob of the unclipped Gaussian action).
+    """
+
+    step = "environment step"
+    capabilities = frozenset({"control"})
+    description = "an MLP actor in Gymnasium / PettingZoo environments; one step = one agent's environment step"
+    default_model = "mlp"
+    default_task = "gym_control"
+    float32_only = True
+
+    def __init__(self, *, model: str, temperature: float, max_completion_length: int,
+                 control_hidden: int = param(64, "control: hidden units of each actor layer"),
+                 control_layers: int = param(2, "control: hidden layers of the actor MLP"),
+                 control_log_std_init: float = param(0.0, "control: initial log-std of a Gaussian (Box) actor")):
+        if control_hidden < 1 or control_layers < 0:
+            raise ConfigError(f"control_hidden >= 1 and control_layers >= 0, got {control_hidden}, {control_layers}")
+        self.model_name, self.temperature = model, float(temperature)
+        self.max_steps = int(max_completion_length)
+        self.hidden, self.layers, self.log_std_init = int(control_hidden), int(control_layers), control_log_std_init
+        self.pool = EnvPool()
+
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``mlp`` (a new actor sized from the first row's environment, initialised with the run's
+        seed) or a folder :meth:`save` wrote. Every row's environment must have the same spaces."""
+        if not rows:
+            raise ConfigError("policy control: no train rows")
+        info = self.pool.info(rows[0])
+        for where, part in (("train", rows), ("held-out", eval_rows)):
+            for i, row in enumerate(part):
+                row_seed(row, i)
+                other = self.pool.info(row) if env_key(row)[:2] != env_key(rows[0])[:2] else info
+                if other != info:
+                    raise ConfigError(f"{where} row {i}: env {row['env']} has other spaces ({other}) than the first "
+                                      f"row's {rows[0]['env']} ({info}); one actor acts in environments with the "
+                                      f"same observation and action spaces")
+        if self.model_name in BUILT_IN:
+            module = ControlActor(info.obs_dim, info.agents, info.discrete, info.act_dim, self.hidden, self.layers,
+                                  self.log_std_init, info.low, info.high)
+            log(f"[grpolab] policy control: a new MLP actor ({self.layers} x {self.hidden}, "
+                f"{'categorical over ' + str(info.act_dim) if info.discrete else 'Gaussian in ' + str(info.act_dim)} "
+                f"actions, {info.agents} agent(s), {sum(p.numel() for p in module.parameters())} parameters) for "
+                f"{rows[0]['env']}")
+        else:
+            path = Path(self.model_name)
+            if not (path / "config.json").exists():
+                raise ConfigError(f"model: policy control builds 'mlp' (a new MLP actor) or loads a folder it saved "
+                                  f"(config.json + model.safetensors); {path} has no config.json")
+            module = load_actor(path)
+            c = module.config
+            want = (info.obs_dim, info.agents, info.discrete, info.act_dim)
+            if (c["obs_dim"], c["agents"], c["discrete"], c["act_dim"]) != want:
+                raise ConfigError(f"model: {path} was saved for (obs_dim, agents, discrete, act_dim) = "
+                                  f"{(c['obs_dim'], c['agents'], c['discrete'], c['act_dim'])}; the rows' "
+                                  f"environment {rows[0]['env']} has {want}")
+        return module.float()
+
+    def save(self, module, path) -> None:
+        save_actor(module, path)
+
+    @torch.no_grad()
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
+               evaluation=False):
+        counts = completion_counts(num_generations, len(rows))
+        R = sum(counts)
+        ep_rows = [r for r, c in zip(rows, counts) for _ in range(c)]
+        envs = self.pool.take([env_key(r) for r in ep_rows])
+        seeds = [row_seed(r, i) for i, r in enumerate(ep_rows)]
+        c = module.config
+        N, Tmax = c["agents"], self.max_steps
+        temps = temperature if temperature is not None else self.temperature
+        tau = torch.as_tensor(temps, dtype=torch.float32)
+        tau = (tau.expand(len(rows)) if tau.dim() == 0 else tau).repeat_interleave(torch.tensor(counts))
+        device = next(module.parameters()).device
+        cur = torch.from_numpy(np.stack([e.reset(s) for e, s in zip(envs, seeds)]))  # [R, N, D]
+        din = module.input_dim
+        obs = torch.zeros(R, Tmax, N, din)
+        act = torch.zeros(R, Tmax, N, dtype=torch.long) if c["discrete"] else torch.zeros(R, Tmax, N, c["act_dim"])
+        lps, rew, cost = torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N)
+        lengths = torch.full((R,), Tmax, dtype=torch.long)
+        terminal, truncated = torch.zeros(R, dtype=torch.bool), torch.ones(R, dtype=torch.bool)
+        alive = list(range(R))
+        low, high = (np.array(c["low"], np.float32), np.array(c["high"], np.float32)) if not c["discrete"] else (0, 0)
+        for t in range(Tmax):
+            if not alive:
+                break
+            idx = torch.tensor(alive)
+            x = agent_inputs(cur[idx], N)  # [A, N, din]
+            a, lp = module.act(x.reshape(-1, din).to(device), tau[idx].repeat_interleave(N), generator,
+                               deterministic=evaluation)
+            a, lp = a.cpu().reshape(len(idx), N, *act.shape[3:]), lp.cpu().reshape(len(idx), N)
+            obs[idx, t], act[idx, t], lps[idx, t] = x, a, lp
+            still = []
+            for j, r in enumerate(alive):
+                a_env = a[j].numpy() if c["discrete"] else np.clip(a[j].numpy(), low, high)
+                o, rw, done, term = envs[r].step(a_env)
+                rew[r, t] = torch.from_numpy(rw)
+                cost[r, t] = torch.from_numpy(envs[r].last_costs)
+                cur[r] = torch.from_numpy(o)
+                if done:
+                    lengths[r], terminal[r], truncated[r] = t + 1, term, False
+                else:
+                    still.append(r)
+            alive = still
+        T = int(lengths.max())
+        steps = torch.arange(T)[None, :, None].expand(R, T, N)
+        mask = (steps < lengths[:, None, None]).reshape(R, T * N).float()
+        GENERATED.add(R, int(lengths.sum()) * N)
+        agent_returns = rew[:, :T].sum(1)  # [R, N]
+        ret = agent_returns.mean(1)
+        columns = {k: [r.get(k) for r in ep_rows] for k in rows[0]}
+        columns["prompt"] = [str(r.get("prompt", f"{r['env']} seed {r['seed']}")) for r in ep_rows]
+        columns["completion"] = [float(v) for v in ret]
+        columns["episode_length"] = [int(v) for v in lengths]
+        lp_flat = lps[:, :T].reshape(R, T * N) * mask
+        return RolloutBatch(
+            prompt_ids=torch.tensor(seeds, dtype=torch.long)[:, None], prompt_mask=torch.ones(R, 1, dtype=torch.long),
+            completion_ids=torch.arange(T * N).expand(R, T * N).clone(), completion_mask=mask,
+            behavior_logprobs=torch.zeros_like(lp_flat) if evaluation else lp_flat,
+            completion_attention_mask=mask.long(),
+            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(torch.tensor(counts)),
+            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(torch.tensor(counts)),
+            truncated=truncated, columns=columns,
+            step_data={"obs": obs[:, :T].reshape(R, T * N, din), "action": act[:, :T].reshape(R, T * N, *act.shape[3:])},
+            row_data={"step_rewards": rew[:, :T].reshape(R, T * N) * mask, "terminal": terminal,
+                      "last_obs": agent_inputs(cur, N), "agents": torch.full((R,), N, dtype=torch.long),
+                      "agent_returns": agent_returns, "step_costs": cost[:, :T].reshape(R, T * N) * mask})
+
+    def offers(self) -> frozenset[str]:
+        return frozenset({"entropy"})
+
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """Per-step log-probs ``[R, T]`` of the stored actions under ``module`` (0 off the attention mask);
+        ``entropy`` [R, T] (the policy's entropy at each step) on request."""
+        device = next(module.parameters()).device
+        R, T = mb.completion_mask.shape
+        rows, cols = (mb.completion_attention_mask > 0).nonzero(as_tuple=True)
+        x = mb.step_data["obs"][rows, cols].to(device)
+        a = mb.step_data["action"][rows, cols].to(device)
+        with torch.set_grad_enabled(grad):
+            lp, ent = module.log_prob(x, a, self.temperature, entropy="entropy" in want)
+            out = {"logprobs": torch.zeros(R, T, device=device).index_put((rows.to(device), cols.to(device)), lp)}
+            if ent is not None:
+                out["entropy"] = torch.zeros(R, T, device=device).index_put((rows.to(device), cols.to(device)), ent)
+        return out
+
+    def describe(self, batch, i: int) -> dict:
+        return {"prompt": str(batch.columns["prompt"][i]),
+                "completion": f"return {batch.columns['completion'][i]:.2f} in "
+                              f"{batch.columns['episode_length'][i]} steps"}

@@ -1,0 +1,256 @@
+"""A DDPM (ε-prediction) image generator (``diffusers``), sampled by DDIM with η > 0 so that every denoising step has
+a Gaussian log-prob: DDPO's construction; one step of the ``[rows, steps]`` layout is one DDIM step t → t'."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...config import ConfigError
+from ...generation.sampling import completion_counts
+from .._image import sde
+from ...registry import POLICIES, declared_params, param
+from ..base import PolicyBase, held_out_seed
+from .._image.flow import (BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of,
+                            gaussian_step_outputs, pack_images, row_noise)
+
+#: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
+GUIDANCE_SCALE = declared_params(FlowMatchingPolicy)["guidance_scale"]
+#: added to a held-out row's seed (``base.held_out_seed``: its noise_seed, else derived from the row) to seed
+#: its step noises (the seed itself draws the initial noise)
+STEP_NOISE_OFFSET = 1_000_003
+
+
+@POLICIES.register("ddpm", check=check_image_policy)
+class DDPMPolicy(PolicyBase):
+    """A class-conditional DDPM image model (a ``diffusers`` ``UNet2DModel`` predicting ε) sampled by DDIM with
+    η > 0, so every denoising step is a Gaussian and GRPO's per-step ratios exist (DDPO's construction).
+
+    Schedule: ``DDIMScheduler.from_config`` of the model's saved scheduler config (a ``DDPMScheduler``'s, as
+    DDPO builds its DDIM scheduler from the pipeline's), ``set_timesteps(ddpm_steps)``: timesteps t_0 > t_1 > ...
+    > t_{T−1}, and t'_j = t_j − N/T (N = ``num_train_timesteps``; DDPO's ``prev_timestep``). ``steps_offset`` is
+    raised to 1 when the config has 0 (the digits model's): Stable Diffusion's config, which DDPO trains with,
+    has 1, and with 0 the last step starts at t = 0, where ᾱ_t = ᾱ_{t'} (t' is clamped to 0) makes σ_t = 0: a
+    step without a density, no log-prob, a division by 0 in the KL. So T = 10 on N = 1000 gives t = 901, 801,
+    ..., 1. With ᾱ = ``alphas_cumprod``, ε̂ = ε_θ(x_j, t_j, c) (with ``guidance_scale`` w != 1:
+    ε̂ = ε_u + w·(ε_c − ε_u), ε_u under the unconditional label, the last class embedding), step j is
+    ``policies/_image/sde.py::ddim_step``:
+
+    - x̂₀ = (x_j − √(1−ᾱ_t)·ε̂)/√ᾱ_t (``sample`` and ``v_prediction`` configs converted as in the code), clipped
+      to ±``clip_sample_range`` when ``clip_sample`` (the digits config: yes);
+    - σ_t² = (1−ᾱ_{t'})/(1−ᾱ_t)·(1 − ᾱ_t/ᾱ_{t'}), std = η·σ_t (η = ``ddpm_eta``, DDPO's ``sample.eta``);
+    - μ = √ᾱ_{t'}·x̂₀ + √(1 − ᾱ_{t'} − std²)·ε̂;  x_{j+1} = μ + std·z, z ~ N(0, I);
+
+    with ᾱ_{t'} = ᾱ[clamp(t', 0, N−1)]: the authors' code clamps before its ``final_alpha_cumprod`` test, so the
+    last step uses ᾱ[0], never ``final_alpha_cumprod`` (matched). log π(x_{j+1} | x_j, c) is the Gaussian
+    log-density averaged over the image's elements (mean, not sum, as in the code). ``step_data`` keeps x_j,
+    x_{j+1}, t_j and t'_j of every step, so the log-probs are recomputed under new weights from the stored
+    pairs, only for the steps on the loss mask. ``step_std_dev`` (what ``gaussian_mean_kl`` divides by) is the
+    step std η·σ_t, so that regularizer is the exact KL between the policy's and the reference's step Gaussians,
+    averaged over elements (DDPO has no KL; Flow-GRPO's s differs from its step std by √(−Δσ), DDIM's has no
+    such factor). Evaluation (``evaluation=True``) runs ``ddpm_eval_steps`` DDIM steps with η =
+    ``ddpm_eval_eta``: by default the training η (the distribution RL trains, as DDPO reports the reward of its
+    training samples), the initial noise from each row's seed (its ``noise_seed``, else derived from its uid
+    and prompt: ``base.held_out_seed``) and every step's noise from that seed + :data:`STEP_NOISE_OFFSET`, so a
+    held-out row gets the same draws before and after training and in every ``grpolab eval``; ``ddpm_eval_eta: 0``
+    is deterministic DDIM (the same step with std 0: at the last step it keeps
+    ᾱ[0] ≈ 0.9999 where diffusers' ``DDIMScheduler.step`` uses 1). Why the training η by default [measured,
+    digits model, held-out confidence of the asked class]: η = 1 samples score 0.770 (200 rows), η = 0 samples
+    0.594 (50 rows), and RL trains the former.
+    Images are the last x clipped to [−1, 1] and
+    mapped to [0, 1]; reward functions receive them as float32 NumPy ``[H, W, C]``.
+
+    The forward runs in float32 whatever the run's ``dtype``. ``temperature`` does not apply (the noise level
+    is η).
+
+    Paper: Black et al., "Training Diffusion Models with Reinforcement Learning", arXiv:2305.13301 (DDPO; the
+    anchor DDPM recipe, not a seed).
+
+    Provenance: authors' code — https://github.com/kvablack/ddpo-pytorch, ddpo_pytorch/diffusers_patch/ddim_with_logprob.py
+    (ddim_step_with_logprob and _get_variance: the step, its log-prob and the clamp quirk, policies/_image/sde.py) and
+    ddpo_pytorch/diffusers_patch/pipeline_with_logprob.py (the sampling loop over scheduler.timesteps, CFG on ε);
+    steps_offset raised to 1, the η = 0 evaluation sampler and the tiny class-conditional UNet are grpolab's.
+    Test: tests/test_ddpm_policy.py::test_a_step_logprob_is_the_hand_gaussian,
+    tests/test_ddpm_policy.py::test_the_last_step_uses_alphas_cumprod_0.
+    """
+
+    step = "denoising step"
+    capabilities = frozenset({"gaussian_steps", "images"})
+    description = "an image generator by DDPM (diffusers) sampled by DDIM, eta > 0 (DDPO); one step = one DDIM step"
+    default_model = "digits"
+    default_task = "digits"  # the task a run with this policy and no --task / --data trains on
+    float32_only = True
+    steps_key = "ddpm_steps"  # the columns of a training sample (denoising_steps checks it)
+
+    def __init__(self, *, model: str,
+                 ddpm_steps: int = param(10, "DDIM steps of a training sample (the columns of [rows, steps]; DDPO "
+                                         "uses 50)"),
+                 ddpm_eta: float = param(1.0, "DDIM's eta: each step's std is eta * sigma_t (DDPO's sample.eta; "
+                                         "above 0, since eta = 0 is deterministic and has no log-prob)"),
+                 ddpm_eval_steps: int = param(10, "DDIM steps of a held-out evaluation sample"),
+                 ddpm_eval_eta: float | None = param(None, "DDIM's eta of a held-out evaluation sample: null = "
+                                                     "ddpm_eta (the sampler RL trains; every step's noise drawn "
+                                                     "from the row's noise_seed, the same before and after); 0 = "
+                                                     "deterministic DDIM"),
+                 guidance_scale: float = GUIDANCE_SCALE):
+        if ddpm_steps < 1 or ddpm_eval_steps < 1:
+            raise ConfigError(f"ddpm_steps / ddpm_eval_steps: at least 1 denoising step, got {ddpm_steps} / "
+                              f"{ddpm_eval_steps}")
+        if ddpm_eta <= 0:
+            raise ConfigError(f"ddpm_eta: the training sampler needs eta above 0 (eta = 0 is deterministic DDIM, "
+                              f"whose steps have no log-prob; evaluation already uses it), got {ddpm_eta}")
+        self.model_name, self.T, self.T_eval = model, int(ddpm_steps), int(ddpm_eval_steps)
+        if ddpm_eval_eta is not None and ddpm_eval_eta < 0:
+            raise ConfigError(f"ddpm_eval_eta: null (= ddpm_eta) or a number >= 0, got {ddpm_eval_eta}")
+        self.eta, self.w = float(ddpm_eta), float(guidance_scale)
+        self.eval_eta = self.eta if ddpm_eval_eta is None else float(ddpm_eval_eta)
+        self.shape: tuple = (1, 8, 8)
+        self.uncond = 10
+        self.scheduler_config: dict = {}
+
+    # ---------------------------------------------------------------- loading
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``digits`` (the built-in tiny DDPM, pre-trained on first use and cached) or a folder holding
+        a ``diffusers`` ``UNet2DModel`` predicting noise and its ``scheduler_config.json`` (what :meth:`save`
+        writes)."""
+        from diffusers import DDIMScheduler, UNet2DModel
+
+        if self.model_name in BUILT_IN:
+            from .._image.digits import digits_model_path
+            path = digits_model_path("ddpm", log=log)
+        else:
+            path = Path(self.model_name)
+            for name in ("config.json", "scheduler_config.json"):
+                if not (path / name).exists():
+                    raise ConfigError(f"model: policy ddpm loads 'digits' (the built-in tiny model) or a folder with "
+                                      f"a diffusers UNet2DModel (config.json + safetensors) and its DDPM/DDIM "
+                                      f"scheduler (scheduler_config.json); {path} has no {name}")
+        module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32).eval()
+        self._set_scheduler(dict(DDIMScheduler.load_config(path)))
+        c = module.config
+        self.shape = (c.in_channels, c.sample_size, c.sample_size)
+        self.uncond = check_class_rows(module, rows, eval_rows)  # the last embedding is the unconditional label
+        return module.float()
+
+    def _set_scheduler(self, config: dict) -> None:
+        from diffusers import DDIMScheduler
+
+        if config.get("thresholding"):
+            raise ConfigError("model: the scheduler config sets thresholding, which DDPO's DDIM step (and "
+                              "policies/_image/sde.py::ddim_step) does not implement")
+        self.scheduler_config = config
+        offset = max(1, int(config.get("steps_offset", 0) or 0))
+        sched = DDIMScheduler.from_config(config, steps_offset=offset)
+        n = int(sched.config.num_train_timesteps)
+        self.alphas_cumprod = sched.alphas_cumprod.float()
+        self.clip, self.clip_range = bool(sched.config.clip_sample), float(sched.config.clip_sample_range)
+        self.prediction_type = sched.config.prediction_type
+        self.timesteps, self.eval_timesteps = [], []
+        for steps, into in ((self.T, self.timesteps), (self.T_eval, self.eval_timesteps)):
+            if steps > n:
+                raise ConfigError(f"ddpm_steps / ddpm_eval_steps: at most the model's {n} training timesteps, got "
+                                  f"{steps}")
+            sched.set_timesteps(steps)
+            into += [(int(t), int(t) - n // steps) for t in sched.timesteps]
+            if not all(0 < t < n for t, _ in into):
+                raise ConfigError(f"model: the DDIM timesteps for {steps} steps reach t = 0 (a step without "
+                                  f"noise, sigma_t = 0) or leave 0..{n - 1}; the scheduler config's steps_offset "
+                                  f"and timestep_spacing give {[t for t, _ in into]}")
+
+    def save(self, module, path) -> None:
+        """``save_pretrained`` (config.json + diffusion_pytorch_model.safetensors) and the scheduler config the
+        model was loaded with (scheduler_config.json): ``--model PATH`` loads it."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        module.save_pretrained(path, safe_serialization=True)
+        (path / "scheduler_config.json").write_text(json.dumps(self.scheduler_config, indent=2, sort_keys=True) + "\n")
+
+    # ---------------------------------------------------------------- acting
+    def epsilon(self, module, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """ε_θ(x, t, c) for rows of x (integer timestep per row), float32, with classifier-free guidance when
+        w != 1."""
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            t = t.long().to(x.device)
+            if self.w == 1.0:
+                return module(x.float(), t, class_labels=labels).sample.float()
+            both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
+                          class_labels=torch.cat([labels, torch.full_like(labels, self.uncond)])).sample.float()
+            cond, unc = both.chunk(2)
+            return unc + self.w * (cond - unc)
+
+    def _step(self, x, eps, t, t_prev, eta, **kw) -> sde.SDEStep:
+        return sde.ddim_step(x, eps, t, t_prev, self.alphas_cumprod, eta, clip_sample=self.clip,
+                             clip_range=self.clip_range, prediction_type=self.prediction_type, **kw)
+
+    @torch.no_grad()
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
+               evaluation=False):
+        """Images for ``rows`` by DDIM with η = ``ddpm_eta`` (training: step_data and per-step log-probs) or, with
+        ``evaluation``, DDIM with η = ``ddpm_eval_eta`` from each row's fixed draws (log-probs 0)."""
+        if not self.scheduler_config:
+            raise RuntimeError("policy ddpm: load() the model before sampling (it reads the scheduler config)")
+        counts = completion_counts(num_generations, len(rows))
+        device = next(module.parameters()).device
+        labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
+        x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
+                      same_in_group=False).to(device)
+        R = len(x)
+        if evaluation:
+            z = self.eval_noise(rows, uids, counts).to(device)  # [R, T_eval, *shape]
+            for j, (t, t_prev) in enumerate(self.eval_timesteps):
+                tt = torch.full((R,), t, device=device)
+                x = self._step(x, self.epsilon(module, x, tt, labels), t, t_prev, self.eval_eta,
+                               noise=z[:, j]).x_next
+            return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2,
+                               logprobs=torch.zeros(R, 1), group_offset=group_offset)
+        xs, nexts, lps = [], [], []
+        for t, t_prev in self.timesteps:
+            tt = torch.full((R,), t, device=device)
+            out = self._step(x, self.epsilon(module, x, tt, labels), t, t_prev, self.eta, generator=generator)
+            xs.append(x)
+            nexts.append(out.x_next)
+            lps.append(out.logprob)
+            x = out.x_next
+        ts = torch.tensor(self.timesteps, dtype=torch.long)  # [T, 2]
+        step_data = {"x": torch.stack(xs, 1), "x_next": torch.stack(nexts, 1),
+                     "t": ts[:, 0].expand(R, self.T).clone(), "t_prev": ts[:, 1].expand(R, self.T).clone()}
+        return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2, logprobs=torch.stack(lps, 1),
+                           group_offset=group_offset, step_data=step_data)
+
+    def eval_noise(self, rows, uids, counts) -> torch.Tensor:
+        """The step noises ``[R, ddpm_eval_steps, *shape]`` of a held-out sample: zeros when ``ddpm_eval_eta`` is
+        0; otherwise drawn, like the initial noise (``row_noise``), from the row's own seed (``held_out_seed``:
+        its ``noise_seed``, else derived from its uid and prompt) + :data:`STEP_NOISE_OFFSET`, so a held-out row
+        gets the same draws before and after training."""
+        if self.eval_eta == 0:
+            return torch.zeros(sum(counts), self.T_eval, *self.shape)
+        out = []
+        for row, uid, n in zip(rows, uids, counts):
+            g = torch.Generator().manual_seed(held_out_seed(row, uid) + STEP_NOISE_OFFSET)
+            out.append(torch.randn((n, self.T_eval, *self.shape), generator=g))
+        return torch.cat(out)
+
+    def offers(self) -> frozenset[str]:
+        return frozenset({"step_mean", "step_std_dev"})
+
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """Per-step log-probs [R, T] of the stored transitions x_j -> x_{j+1} under ``module``; only the steps on
+        ``completion_mask`` run through the network (0 elsewhere). ``step_mean`` [R, T, *x]: the step's mean
+        μ_θ; ``step_std_dev`` [R, T]: the step std η·σ_t (``gaussian_mean_kl`` is then the exact Gaussian KL)."""
+        device = next(module.parameters()).device
+        R, T = mb.completion_mask.shape
+        on = mb.completion_mask > 0
+        rows, cols = on.nonzero(as_tuple=True)
+        x = mb.step_data["x"][rows, cols].to(device)
+        t = mb.step_data["t"][rows, cols].to(device)
+        with torch.set_grad_enabled(grad):
+            eps = self.epsilon(module, x, t, mb.row_data["cond"][rows].to(device))
+            out = self._step(x, eps, t, mb.step_data["t_prev"][rows, cols].to(device), self.eta,
+                             x_next=mb.step_data["x_next"][rows, cols].to(device))
+            return gaussian_step_outputs(R, T, rows, cols, out, want)
+
+    def describe(self, batch, i: int) -> dict:
+        """The asked class and the image as a 32x32 PNG data URI (the completions log, the report)."""
+        return FlowMatchingPolicy.describe(self, batch, i)

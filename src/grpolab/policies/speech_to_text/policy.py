@@ -1,0 +1,263 @@
+"""A speech recogniser: an audio-conditioned encoder-decoder (``transformers`` ``Speech2TextForConditionalGeneration``)
+that writes a transcript; one step of the ``[rows, steps]`` layout is one transcript token (a word)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ...config import ConfigError
+from ...generation.counting import GENERATED
+from ...generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
+from ...registry import POLICIES, param
+from ..base import PolicyBase, check_own_sampler, held_out_seed
+
+BUILT_IN = ("spoken_digits", "tiny")
+
+
+def check_speech(cfg) -> None:
+    """The text machinery that continues a causal LM's prompt cannot drive an encoder-decoder over audio: a text
+    generation engine, rollout strategies other than ``plain``, and ``top_k`` / ``top_p`` (the speech sampler
+    draws from the full softmax at the run's temperature)."""
+    check_own_sampler(cfg, "transcribes audio")
+
+
+@POLICIES.register("speech_to_text", check=check_speech)
+class SpeechToTextPolicy(PolicyBase):
+    """A speech-to-text encoder-decoder: the encoder reads an utterance's feature frames, the decoder writes its
+    transcript word by word (``transformers`` ``Speech2TextForConditionalGeneration``).
+
+    Conditions: a row names an utterance of the synthetic corpus by ``audio_seed`` (``policies/speech_to_text/corpus.py``:
+    log-mel-like feature frames, **not audio**; the ``spoken_digits`` task), or carries its own ``features``
+    ([frames ≤ 56, 24] floats). The frames, zero-padded to 56, travel in ``row_data["features"]`` [R, 56, 24]
+    with ``row_data["feature_mask"]`` [R, 56]. The prompt is the decoder's start token ``<s>``.
+
+    Acting: decoding one token at a time from ``<s>`` (the full decoder re-run per step: at most 5 steps), each
+    token drawn from softmax(logits / τ) at the run's ``temperature`` (no top-k / top-p: :func:`check_speech`)
+    from the run's generator; behaviour log-prob log softmax(logits / τ)[o_t]. The completion is the tokens up to
+    and including the first ``</s>`` (``completion_mask`` 1 there, 0 after); no ``</s>`` within 5 tokens =
+    ``truncated``. ``columns["completion"]`` is the transcript: the words before ``</s>`` (special tokens other
+    than ``</s>`` are dropped from the text but keep their log-probs). Held-out evaluation (``evaluation``;
+    ``speech_eval_sampling``): ``greedy`` (default, argmax, as for text) or ``seeded`` (draws at the run's
+    temperature by inverse CDF from uniforms of a generator seeded with the row's ``audio_seed``, else
+    ``base.held_out_seed``'s: the same draws
+    before and after training, whatever the batch; it measures the sampling distribution RL trains).
+
+    ``forward``: the encoder on the row's frames, the decoder teacher-forced on ``<s>`` + the completion, log
+    softmax(logits / τ) at each completion token: equal to the behaviour log-probs (the test:
+    tests/test_speech.py::test_recomputed_logprobs_equal_behaviour); ``entropy`` of that softmax per token.
+
+    Model ``spoken_digits`` / ``tiny`` (the default): d_model 64, 2 encoder + 2 decoder layers, a word
+    vocabulary (``<pad>``, ``<s>``, ``</s>`` and the corpus's 16 words), pre-trained in-process on first use by
+    teacher forcing on 3,000 synthetic utterances (``policies/speech_to_text/tiny.py``: 120 AdamW steps, about 10 s on one thread,
+    cached in ``$GRPOLAB_CACHE/speech-s2t-<hash>``). Base held-out greedy word accuracy (mean 1 − WER) 0.525 on
+    200 held-out utterances [measured]: RL has room. A folder saved by :meth:`save` (``save_pretrained`` +
+    ``vocab.json``) loads as well. A real recogniser (Whisper) on a GPU: docs/speech.md (untested here).
+
+    Capabilities: ``tokens`` (token entropies, lengths in tokens, every token-level loss, KL and aggregation
+    component) and ``audio`` (the speech task); not ``text``: there is no tokenizer or chat template, so text
+    tasks, hints, tools and agent episodes are refused at start-up.
+
+    Provenance: grpolab's own — a tiny stand-in for the LLM-based recogniser of GRPO for ASR (Shivakumar et al.,
+    arXiv:2509.01939, seed 000-38; no public code found): an attention encoder-decoder instead of a speech
+    encoder feeding a decoder-only LLM.
+    """
+
+    step = "transcript token (a word)"
+    capabilities = frozenset({"tokens", "audio"})
+    description = "a speech recogniser (Speech2Text encoder-decoder over feature frames); one step = a word token"
+    default_model = "spoken_digits"
+    default_task = "spoken_digits"
+    float32_only = True  # a tiny model: float32 costs nothing and gives the same numbers on every CPU kind
+
+    def __init__(self, *, model: str, temperature: float,
+                 speech_eval_sampling: str = param("seeded", "speech_to_text: held-out evaluation decoding: 'greedy' "
+                                                   "= argmax; 'seeded' = draws at the run's temperature from "
+                                                   "each row's own seed (audio_seed), the same draws before and "
+                                                   "after training", ["greedy", "seeded"])):
+        if speech_eval_sampling not in ("greedy", "seeded"):
+            raise ConfigError(f"speech_eval_sampling: 'greedy' or 'seeded', got {speech_eval_sampling!r}")
+        self.model_name, self.temperature, self.eval_sampling = model, float(temperature), speech_eval_sampling
+        self.vocab: dict = {}
+
+    @property
+    def pad_id(self) -> int:
+        return self.vocab.get("pad", 0)
+
+    # ---------------------------------------------------------------- loading
+    def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``spoken_digits`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a
+        folder written by :meth:`save`."""
+        from transformers import Speech2TextForConditionalGeneration
+
+        from .tiny import speech_model_path
+
+        if self.model_name in BUILT_IN:
+            path = speech_model_path(log=log)
+        else:
+            path = Path(self.model_name)
+            for name in ("config.json", "vocab.json"):
+                if not (path / name).exists():
+                    raise ConfigError(f"model: policy speech_to_text loads 'spoken_digits' (the built-in tiny "
+                                      f"model) or a folder it saved (config.json + safetensors, vocab.json); "
+                                      f"{path} has no {name}")
+        self.vocab = json.loads((Path(path) / "vocab.json").read_text())
+        for where, part in (("train", rows), ("held-out", eval_rows)):
+            for i, row in enumerate(part[:1000]):
+                self.features(row, f"{where} row {i}")
+        return Speech2TextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+
+    def save(self, module, path) -> None:
+        """``save_pretrained`` (config.json + model.safetensors) and the vocabulary: ``--model PATH`` loads it."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        module.save_pretrained(path, safe_serialization=True)
+        (path / "vocab.json").write_text(json.dumps(self.vocab, indent=2) + "\n")
+
+    # ---------------------------------------------------------------- conditions
+    @staticmethod
+    def features(row: dict, where: str = "row") -> torch.Tensor:
+        """The utterance's frames ``[n, 24]``: the row's ``features``, else the corpus's ``audio_seed``."""
+        from .corpus import FEATURE_DIM, MAX_FRAMES, utterance
+
+        if row.get("features") is not None:
+            x = torch.as_tensor(row["features"], dtype=torch.float32)
+            if x.dim() != 2 or x.shape[1] != FEATURE_DIM or not 1 <= x.shape[0] <= MAX_FRAMES:
+                raise ConfigError(f"{where}: 'features' must be [frames <= {MAX_FRAMES}, {FEATURE_DIM}] floats, got "
+                                  f"shape {tuple(x.shape)}")
+            return x
+        if row.get("audio_seed") is None:
+            raise ConfigError(f"{where}: policy speech_to_text transcribes an utterance: the column 'audio_seed' "
+                              f"(an utterance of the synthetic corpus, task spoken_digits) or the column 'features' "
+                              f"([frames, {FEATURE_DIM}] floats) is missing; the row has {sorted(row)}")
+        return torch.from_numpy(utterance(int(row["audio_seed"]))[1])
+
+    def conditions(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(features [N, 56, 24], mask [N, 56])`` of the rows, zero-padded."""
+        from .corpus import FEATURE_DIM, MAX_FRAMES
+        feats = torch.zeros(len(rows), MAX_FRAMES, FEATURE_DIM)
+        mask = torch.zeros(len(rows), MAX_FRAMES, dtype=torch.long)
+        for i, r in enumerate(rows):
+            x = self.features(r)
+            feats[i, :len(x)], mask[i, :len(x)] = x, 1
+        return feats, mask
+
+    def text(self, ids: list[int]) -> str:
+        from .tiny import decode_tokens
+        return decode_tokens(ids, self.vocab)
+
+    # ---------------------------------------------------------------- acting
+    @torch.no_grad()
+    def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
+               evaluation=False):
+        """Up to 5 tokens per action, drawn at the run's temperature from ``generator`` (greedy when
+        ``evaluation``)."""
+        from transformers.modeling_outputs import BaseModelOutput
+
+        from ...batch import RolloutBatch
+        from .tiny import MAX_TOKENS
+
+        if not self.vocab:
+            raise RuntimeError("policy speech_to_text: load() the model before sampling (it reads the vocabulary)")
+        counts = completion_counts(num_generations, len(rows))
+        rep = torch.tensor(counts)
+        R = int(rep.sum())
+        device = next(module.parameters()).device
+        feats, mask = self.conditions(rows)
+        enc = module.get_encoder()(input_features=feats.to(device), attention_mask=mask.to(device)).last_hidden_state
+        enc = BaseModelOutput(last_hidden_state=enc.repeat_interleave(rep.to(device), dim=0))
+        mask_r = mask.repeat_interleave(rep, dim=0).to(device)
+        temp = temperature if temperature is not None else self.temperature
+        temps = (torch.tensor(temp, dtype=torch.float32).repeat_interleave(rep) if isinstance(temp, list)
+                 else torch.full((R,), float(temp)))
+        seeded = evaluation and self.eval_sampling == "seeded"
+        if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
+            temps = torch.full((R,), self.temperature)
+            seeds = [held_out_seed(r, u, "audio_seed") for r, u in zip(rows, uids)]
+            uniforms = seeded_uniforms(seeds, counts, MAX_TOKENS)
+        greedy = torch.full((R,), not seeded) if evaluation else temps <= 0
+        eos, pad = self.vocab["eos"], self.vocab["pad"]
+        ids = torch.full((R, 1), self.vocab["bos"], dtype=torch.long, device=device)
+        lps = torch.zeros(R, MAX_TOKENS)
+        done = torch.zeros(R, dtype=torch.bool)
+        out = torch.full((R, MAX_TOKENS), pad, dtype=torch.long)
+        cmask = torch.zeros(R, MAX_TOKENS)
+        for t in range(MAX_TOKENS):
+            logits = module(encoder_outputs=enc, attention_mask=mask_r, decoder_input_ids=ids).logits[:, -1].float()
+            logits = logits.cpu()
+            draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
+            probs = torch.softmax(logits / draw_t[:, None], -1)
+            if seeded:  # inverse CDF at the row's own uniform
+                drawn = inverse_cdf(probs, uniforms[:, t])
+            else:
+                drawn = torch.multinomial(probs, 1, generator=generator)[:, 0] if not bool(greedy.all()) else None
+            tok = logits.argmax(-1) if drawn is None else torch.where(greedy, logits.argmax(-1), drawn)
+            logp = torch.log_softmax(logits / self.temperature, -1).gather(-1, tok[:, None])[:, 0]
+            live = ~done
+            out[live, t], lps[live, t], cmask[live, t] = tok[live], logp[live], 1.0
+            done = done | (tok == eos)
+            ids = torch.cat([ids, torch.where(live, tok, torch.full_like(tok, pad))[:, None].to(device)], dim=1)
+            if bool(done.all()):
+                break
+        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
+        columns.pop("features", None)
+        columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
+        columns["completion"] = [self.text(o) for o in out.tolist()]
+        GENERATED.add(R, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
+        return RolloutBatch(
+            prompt_ids=torch.full((R, 1), self.vocab["bos"], dtype=torch.long),
+            prompt_mask=torch.ones(R, 1, dtype=torch.long), completion_ids=out, completion_mask=cmask,
+            behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(),
+            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
+            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~done,
+            columns=columns,
+            row_data={"features": feats.repeat_interleave(rep, dim=0), "feature_mask": mask.repeat_interleave(rep, 0)})
+
+    def offers(self) -> frozenset[str]:
+        """``entropy`` / ``entropy_grad`` (of softmax(logits / τ) per token) and ``token_logprobs`` (the
+        log-probs again, for a loss that asks the frozen reference for them)."""
+        return frozenset({"entropy", "entropy_grad", "token_logprobs"})
+
+    def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
+        """``logprobs`` [R, T] of ``mb``'s tokens: the decoder teacher-forced on ``<s>`` + the completion."""
+        from .tiny import decoder_inputs
+
+        device = next(module.parameters()).device
+        ids = mb.completion_ids.to(device)
+        with torch.set_grad_enabled(grad):
+            logits = module(input_features=mb.row_data["features"].to(device),
+                            attention_mask=mb.row_data["feature_mask"].to(device),
+                            decoder_input_ids=decoder_inputs(ids, self.vocab["bos"])).logits.float()
+            logp_all = torch.log_softmax(logits / self.temperature, -1)
+            out = {"logprobs": logp_all.gather(-1, ids[..., None])[..., 0]}
+            if want & {"entropy", "entropy_grad"}:
+                ent = -(logp_all.exp() * logp_all).sum(-1)
+                out["entropy"], out["entropy_grad"] = ent.detach(), ent
+        if "token_logprobs" in want:
+            out["token_logprobs"] = out["logprobs"]
+        return out
+
+    def describe(self, batch, i: int) -> dict:
+        """The utterance, the transcript written, the reference (``transcript``) when the data has one, and the
+        utterance's feature frames as a spectrogram picture (``spectrogram``, a PNG data URI: frames left to
+        right, feature dimensions bottom to top, min-max scaled, 3x3 pixels per value) in the completions log. Not
+        ``image``: the report shows an ``image`` instead of the text, and here the text is the action. There is
+        no audio to play (the corpus is feature frames, not audio)."""
+        ref = batch.columns.get("transcript")
+        return {"prompt": str(batch.columns["prompt"][i]), "completion": str(batch.columns["completion"][i]),
+                **({"reference": str(ref[i])} if ref is not None else {}),
+                "spectrogram": spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])}
+
+
+def spectrogram_data_uri(features: torch.Tensor, mask: torch.Tensor, scale: int = 3) -> str:
+    """Frames ``[T, D]`` (the real ones: ``mask``) as a grey PNG data URI ``[D·scale, T·scale]``, min-max scaled
+    (the range includes 0), dimension 0 at the bottom (``images.render``'s PNG writer)."""
+    from ...media import grid_png, png_data_uri
+
+    x = features[mask.bool()].detach().float().cpu().T.flip(0)  # [D, T]
+    lo = min(float(x.min()), 0.0) if x.numel() else 0.0
+    hi = max(float(x.max()), 0.0) if x.numel() else 0.0
+    x01 = (x - lo) / (hi - lo if hi > lo else 1.0)
+    return png_data_uri(grid_png(x01[None], 1, 1, scale=scale, pad=0))

@@ -1,1 +1,0 @@
-"""The vision-language policy's pieces: synthetic scenes (``scenes``), the built-in tiny VLM (``tiny``)."""
