@@ -92,7 +92,7 @@ def flow():
 
 def test_egrpo_groups_per_prompt_and_step_and_one_column(flow):
     from grpolab.rollouts.context import RolloutContext
-    from grpolab.policies._image.flow.egrpo import egrpo_branch
+    from grpolab.policies.flow_matching.egrpo import egrpo_branch
 
     cfg, pol, module, rows = flow
     ctx = RolloutContext(cfg, None, rows, policy=module, scorer=None, generator=torch.Generator().manual_seed(0),
