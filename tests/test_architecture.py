@@ -184,7 +184,8 @@ def test_no_private_helper_imported_across_packages():
 
 # ------------------------------------------------------------------ one kind of component per module
 
-# the module that holds every built-in component of a kind, and nothing of another kind
+# the module that holds every built-in component of a kind, and nothing of another kind; a home may be a package
+# of family modules (grpolab.rewards.transforms: length.py, noise.py, ...), which then hold that kind only
 HOME = {"policy_loss": "grpolab.algorithms.losses", "regularizer": "grpolab.algorithms.regularizers",
         "aggregation": "grpolab.algorithms.aggregation", "kl": "grpolab.algorithms.kl",
         "weighting": "grpolab.algorithms.weightings", "answer_key": "grpolab.algorithms.answer_keys",
@@ -219,13 +220,30 @@ def test_every_kind_has_a_home_and_modules_hold_one_kind():
     assert not wrong, "\n".join(wrong)
 
 
+def in_home(mod: str, home: str) -> bool:
+    """``mod`` is the home module, or a module of the home package (``grpolab.rewards.transforms.length``)."""
+    return mod == home or mod.startswith(home + ".")
+
+
+def test_home_packages_import_every_module():
+    """A home that is a package registers its components through its ``__init__`` (the catalogue imports the
+    package, not its modules): every module of it is imported with ``import grpolab``."""
+    import importlib
+    import pkgutil
+    import sys
+    missing = [f"{home}.{m.name}" for home in HOME.values()
+               for m in pkgutil.iter_modules(getattr(importlib.import_module(home), "__path__", []))
+               if f"{home}.{m.name}" not in sys.modules]
+    assert not missing, f"import these modules in their package's __init__: {missing}"
+
+
 def test_each_kind_of_component_lives_in_the_module_named_for_it():
     built_in = [(kind, name, obj.__module__) for kind, reg in ALL_REGISTRIES.items() for name, obj in reg.items()
                 if obj.__module__.startswith("grpolab.")]
     wrong = [f"{kind} '{name}' is defined in {mod}, not {HOME[kind]}" for kind, name, mod in built_in
-             if kind in HOME and mod != HOME[kind] and not kind_of(mod)]
+             if kind in HOME and not in_home(mod, HOME[kind]) and not kind_of(mod)]
     wrong += [f"{mod} (the {home_kind} module) defines {kind} '{name}'" for kind, name, mod in built_in
-              for home_kind, home in HOME.items() if mod == home and kind != home_kind]
+              for home_kind, home in HOME.items() if in_home(mod, home) and kind != home_kind]
     assert not wrong, "\n".join(wrong)
 
 

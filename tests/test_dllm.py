@@ -9,7 +9,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 
-from _helpers import LEARNING_SEEDS  # noqa: E402
+from _helpers import LEARNING_SEEDS, assert_resume_is_exact  # noqa: E402
 
 MASK = 1
 
@@ -272,20 +272,10 @@ def test_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
     kill): the same weights to the bit and the same held-out numbers (the rows' mask seeds come from the run's
     generator, restored with the checkpoint)."""
     from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
 
     base = {**recipe_overrides("diffu_grpo"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
             "prompts_per_step": 2, "num_generations": 4, "mask_reseed_iterations": 2}
-    quiet = dict(log=lambda *a: None)
-    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **quiet)
-    sa = a.train(progress=False)
-    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **quiet).train(progress=False)
-    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, **quiet)
-    sc = c.train(progress=False)
-    pc = dict(c.model.named_parameters())
-    for k, v in a.model.named_parameters():
-        assert torch.equal(v, pc[k]), k
-    assert sa["after"]["rewards/match/mean"] == sc["after"]["rewards/match/mean"]
+    assert_resume_is_exact(base, tmp_path, "match")
 
 
 def test_mask_id_from_dllm_json_when_the_tokenizer_declares_none(policy_and_model, tmp_path):
@@ -347,7 +337,7 @@ def test_mask_reseed_passes_use_their_own_seeds(policy_and_model):
     batch is restored afterwards. The config refuses num_iterations > 1 and a policy without mask seeds."""
     import contextlib
 
-    from grpolab.stages.mask_reseed import MaskReseed, derived_seeds
+    from grpolab.policies.masked_diffusion_lm.stages_mask_reseed import MaskReseed, derived_seeds
 
     assert derived_seeds(torch.tensor([5]), 0).tolist() == [5]
     assert derived_seeds(torch.tensor([5]), 2).tolist() == [(5 * 1000003 + 7919 * 2) % (2 ** 31 - 1)]

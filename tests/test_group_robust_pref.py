@@ -1,5 +1,5 @@
 """Group Robust Preference Optimization (arXiv:2405.20304, seed 000-57): task arithmetic_prefs, rollout
-preference_pairs, update strategy group_robust_dpo (stages/group_robust_dpo.py), recipe group_robust_dpo.
+preference_pairs, update strategy group_robust_dpo (stages/update_group_robust_dpo.py), recipe group_robust_dpo.
 
 Expected values are derived by hand in the comments (the authors' bandit code, group_robust_dpo_vectorised_gradfix.py
 batch_update_once: group loss = batch mean of -log sigmoid(beta * margin) per group; alpha <- alpha * exp(eta * L),
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from grpolab.algorithms.aggregation import StepTotals, seq_mean_token_mean
 from grpolab.algorithms.losses import group_dpo
 from grpolab.batch import RolloutBatch
-from grpolab.stages.group_robust_dpo import GroupRobustDPO, alpha_step, group_losses, pair_margins
+from grpolab.stages.update_group_robust_dpo import GroupRobustDPO, alpha_step, group_losses, pair_margins
 
 
 def _batch(logp, ref, mask, chosen, labeller):
@@ -112,7 +112,7 @@ def test_update_strategy_alpha_and_row_weights_by_hand():
     assert w.tolist() == pytest.approx([1.5 * alpha_a] * 4 + [3 * (1 - alpha_a)] * 2, abs=1e-6)
     # the batch must come from preference_pairs; the run must use group_dpo and seq_mean_token_mean
     from types import SimpleNamespace
-    from grpolab.stages.group_robust_dpo import _needs
+    from grpolab.stages.update_group_robust_dpo import _needs
     with pytest.raises(ValueError, match="pair labels"):
         s.weights(RolloutBatch(**{k: getattr(b, k) for k in ("prompt_ids", "prompt_mask", "completion_ids",
                                                              "completion_mask", "behavior_logprobs", "group_ids",

@@ -20,7 +20,7 @@ from grpolab.batch import RolloutBatch
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.registry import ADVANTAGES, BATCH_STAGES, WEIGHTINGS
-from grpolab.stages.denoising import denoising_steps
+from grpolab.policies._image.stages_denoising import denoising_steps
 
 
 def texts(*prompts) -> SimpleNamespace:

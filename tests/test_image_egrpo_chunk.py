@@ -1,4 +1,4 @@
-"""E-GRPO's branching rollout (policies/flow_matching/egrpo.py, seed 000-78) and Chunk-GRPO's chunks (stages/chunks.py
+"""E-GRPO's branching rollout (policies/flow_matching/egrpo.py, seed 000-78) and Chunk-GRPO's chunks (policies/_image/stages_chunks.py
 with the loss rank_ratio, seed 000-88).
 
 E-GRPO's expected values are re-derived here in plain torch from the authors' code, shengjun-zhang/VisualGRPO
@@ -23,7 +23,7 @@ from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.policies._image import sde
 from grpolab.policies import POLICIES
-from grpolab.stages.chunks import chunk_grpo, chunk_ids
+from grpolab.policies._image.stages_chunks import chunk_grpo, chunk_ids
 
 
 def _code_step(x, v, sigmas, k, m, eta, z):
@@ -182,31 +182,31 @@ def test_two_chunks_by_hand():
     assert torch.allclose(loss.double(), torch.tensor([[-1.1, -1.1, -e, -e]], dtype=torch.float64), atol=1e-6)
 
 
-def test_one_step_per_chunk_is_the_clipped_ratio():
-    g = torch.Generator().manual_seed(0)
-    R, T = 5, 8
+def _rank_ratio_and(reference, mask, boundaries, seed):
+    """rank_ratio over the chunks that start at ``boundaries``, and the loss ``reference`` (epsilon 0.05 both), on
+    random log-probs, old log-probs and advantages (generator seed ``seed``) of ``mask``'s rows x steps."""
+    g = torch.Generator().manual_seed(seed)
+    R, T = mask.shape
     lp, old = torch.randn(R, T, generator=g) * 0.1, torch.randn(R, T, generator=g) * 0.1
     adv = torch.randn(R, generator=g)
-    mask = torch.ones(R, T)
-    mask[:, -1] = 0  # Flow-GRPO's 0.99: the last step off the mask
-    b = chunk_grpo(_batch(mask), SimpleNamespace(), chunk_boundaries=list(range(T)),
-                   chunk_weighted_sampling=False, chunk_weights=[])
+    b = chunk_grpo(_batch(mask), SimpleNamespace(), chunk_boundaries=boundaries, chunk_weighted_sampling=False,
+                   chunk_weights=[])
     got, _ = rank_ratio(lp, old, adv, mask, batch=b, epsilon=0.05)
-    want, _ = clipped_ratio(lp, old, adv, mask, epsilon=0.05)
+    want, _ = reference(lp, old, adv, mask, epsilon=0.05)
+    return got, want
+
+
+def test_one_step_per_chunk_is_the_clipped_ratio():
+    mask = torch.ones(5, 8)
+    mask[:, -1] = 0  # Flow-GRPO's 0.99: the last step off the mask
+    got, want = _rank_ratio_and(clipped_ratio, mask, list(range(8)), seed=0)
     assert torch.allclose(got * mask, want * mask, atol=1e-7)
 
 
 def test_one_chunk_is_the_sequence_ratio():
-    g = torch.Generator().manual_seed(1)
-    R, T = 5, 8
-    lp, old = torch.randn(R, T, generator=g) * 0.1, torch.randn(R, T, generator=g) * 0.1
-    adv = torch.randn(R, generator=g)
-    mask = torch.ones(R, T)
+    mask = torch.ones(5, 8)
     mask[1, 5:] = 0
-    b = chunk_grpo(_batch(mask), SimpleNamespace(), chunk_boundaries=[0], chunk_weighted_sampling=False,
-                   chunk_weights=[])
-    got, _ = rank_ratio(lp, old, adv, mask, batch=b, epsilon=0.05)
-    want, _ = sequence_ratio(lp, old, adv, mask, epsilon=0.05)
+    got, want = _rank_ratio_and(sequence_ratio, mask, [0], seed=1)
     assert torch.allclose(got * mask, want * mask, atol=1e-7)
 
 

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 import threading
-import time
 
 import pytest
 
@@ -60,12 +59,12 @@ libc.syscall.restype = ctypes.c_long
 def test_files_of_an_earlier_call_are_gone(box):
     plant = _run(box, """
 import os
-open("planted", "w").write("secret-of-call-1")
+open("planted", "w").write("secret-of-" + "call-1")
 os.makedirs("deep/er", exist_ok=True)
-open("deep/er/x", "w").write("secret-of-call-1")
+open("deep/er/x", "w").write("secret-of-" + "call-1")
 for p in ("/tmp/planted", os.path.expanduser("~/planted"), "/planted", "/dev/shm/planted"):
     try:
-        open(p, "w").write("secret-of-call-1")
+        open(p, "w").write("secret-of-" + "call-1")
     except OSError:
         pass
 print(os.getcwd())
@@ -85,7 +84,7 @@ for top in {tops!r} + [os.getcwd(), os.path.expanduser("~")]:
             continue
         for f in files:
             try:
-                if "secret-of-call-1" in open(os.path.join(root, f), errors="ignore").read(1 << 16):
+                if "secret-of-" + "call-1" in open(os.path.join(root, f), errors="ignore").read(1 << 16):
                     found.append(os.path.join(root, f))
             except OSError:
                 pass

@@ -178,7 +178,7 @@ def test_a_batch_whose_rows_keep_no_step_is_refused_when_it_arrives():
     from types import SimpleNamespace
 
     from grpolab.batch import RolloutBatch
-    from grpolab.stages.denoising import denoising_steps
+    from grpolab.policies._image.stages_denoising import denoising_steps
     R, T = 2, 1
     b = RolloutBatch(prompt_ids=torch.ones(R, 1, dtype=torch.long), prompt_mask=torch.ones(R, 1, dtype=torch.long),
                      completion_ids=torch.zeros(R, T, dtype=torch.long), completion_mask=torch.ones(R, T),

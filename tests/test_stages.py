@@ -9,9 +9,9 @@ import torch
 from grpolab.batch import RolloutBatch
 from grpolab.config import Config, ConfigError
 from grpolab.stages import BATCH_STAGES, UPDATE_STRATEGIES
-from grpolab.stages.pruning import CPPOPrune, row_advantage, top_abs_advantage
-from grpolab.stages.replay import EFRame, RePOReplay
-from grpolab.stages.sfpo import SFPO
+from grpolab.stages.batch_pruning import CPPOPrune, row_advantage, top_abs_advantage
+from grpolab.stages.batch_replay import EFRame, RePOReplay
+from grpolab.stages.update_sfpo import SFPO
 from grpolab.train.trainer import Trainer, build_sampler
 
 
@@ -366,39 +366,44 @@ def params_of(model):
     return [p.detach().clone() for p in model.parameters()]
 
 
+def twin_setups(warm=0):
+    """Two identical :func:`linear_setup` s, each after ``warm`` plain updates: ``(model, optim, update)`` twice."""
+    one, two = linear_setup(), linear_setup()
+    for _ in range(warm):
+        one[2](), two[2]()
+    return one, two
+
+
+def same_params(m1, m2):
+    return all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+
+
 @pytest.mark.parametrize("warm", [0, 2])
 def test_sfpo_alpha_one_equals_k_plus_one_updates(warm):
-    m1, o1, u1 = linear_setup()
-    m2, o2, u2 = linear_setup()
-    for _ in range(warm):
-        u1(), u2()
+    (m1, o1, u1), (m2, o2, u2) = twin_setups(warm)
     SFPO(sfpo_fast_steps=3, sfpo_alpha=1.0)(update=u1, batch=None, model=m1, optimizer=o1)
     for _ in range(4):
         u2()
-    assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+    assert same_params(m1, m2)
 
 
 @pytest.mark.parametrize("warm", [0, 2])
 def test_sfpo_alpha_zero_equals_one_update_from_theta0(warm):
     # grpolab's option sfpo_reposition_optimizer: the optimiser state is repositioned too
-    m1, o1, u1 = linear_setup()
-    m2, o2, u2 = linear_setup()
-    for _ in range(warm):
-        u1(), u2()
+    (m1, o1, u1), (m2, o2, u2) = twin_setups(warm)
     SFPO(sfpo_fast_steps=3, sfpo_alpha=0.0, sfpo_reposition_optimizer=True)(update=u1, batch=None, model=m1,
                                                                              optimizer=o1)
     u2()
-    assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+    assert same_params(m1, m2)
     # the optimiser state was repositioned too: the next updates still agree
     u1(), u2()
-    assert all(torch.equal(a, b) for a, b in zip(params_of(m1), params_of(m2)))
+    assert same_params(m1, m2)
 
 
 def test_sfpo_default_keeps_the_fast_trajectorys_optimizer_state():
     # authors' sfpo_update_actor (Urheen/SFPO): only the trainable weights are repositioned
     # (slow + step_size * (fast - slow)); Adam's moments and step count stay those after the K fast updates
-    m1, o1, u1 = linear_setup()
-    m2, o2, u2 = linear_setup()
+    (m1, o1, u1), (m2, o2, u2) = twin_setups()
     theta0 = params_of(m2)
     SFPO(sfpo_fast_steps=3, sfpo_alpha=0.5)(update=u1, batch=None, model=m1, optimizer=o1)
     for _ in range(3):  # the reference: 3 fast updates, weights moved half way back by hand, one more update
@@ -465,7 +470,7 @@ def test_sfpo_trainer_runs_fast_and_slow_updates(tiny_args):
 # ----------------------------------------------------------------------------- DCPO (000-35)
 
 def test_dcpo_mix_hand_computed_from_the_authors_loop():
-    from grpolab.stages.dcpo import dcpo_alpha, dcpo_mix
+    from grpolab.stages.batch_dcpo import dcpo_alpha, dcpo_mix
     # authors (597358816/DCPO ray_trainer.py, alg == "DCPO"): entropy 0 before the first step, entropy_base .5
     # -> alpha = min(|.5 - 0|, .1) / true_ratio, alpha = alpha / (alpha + 1); true_ratio = share of scores > .05
     scores = [1.0, 0.0, 0.04, 0.5]  # 2 of 4 above .05
@@ -490,7 +495,7 @@ def test_dcpo_mix_hand_computed_from_the_authors_loop():
 
 def test_dcpo_stage_uses_temperature_distributions_and_tracks_entropy():
     from grpolab.model.loading import build_tiny
-    from grpolab.stages.dcpo import DCPO
+    from grpolab.stages.batch_dcpo import DCPO
     model, tok = build_tiny(["abc 0123456789"], seed=3)
     b = make_batch([1.0, 0.0, 1.0, 0.0], [0, 0, 1, 1], [0, 0, 1, 1], adv=[1.0, -1.0, 1.0, -1.0])
     b.completion_ids = torch.tensor([[7, 8, 9], [9, 9, 7], [8, 7, 7], [10, 11, 8]])

@@ -9,7 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from grpolab.config import Config
 from grpolab.errors import ConfigError
 from grpolab.recipes import recipe_overrides
-from grpolab.stages.trpo import (TRPO, conjugate_gradient, fisher_vector_product, get_flat, kl_sum, line_search,
+from grpolab.stages.update_trpo import (TRPO, conjugate_gradient, fisher_vector_product, get_flat, kl_sum, line_search,
                                  set_flat, surrogate_sum)
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer

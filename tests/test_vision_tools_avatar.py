@@ -13,6 +13,8 @@ import torch
 from grpolab.batch import RolloutBatch
 from grpolab.policies.vision_language.scenes import SceneObject, paint, shape_mask
 
+from _helpers import assert_resume_is_exact
+
 QUIET = dict(log=lambda *a: None)
 
 
@@ -236,7 +238,7 @@ def test_tas_weights_by_hand():
 # ----------------------------------------------------------------------------- AVATAR: replay stage
 
 def test_tiers_quantiles_and_targets_by_hand():
-    from grpolab.stages.avatar_replay import assign_tier, quantile, target_counts, tier_capacities
+    from grpolab.stages.batch_avatar_replay import assign_tier, quantile, target_counts, tier_capacities
 
     v = [0.9, 0.0, 1.0, 0.2, 0.5]         # sorted 0, .2, .5, .9, 1; n - 1 = 4
     assert quantile(v, 0.40) == 0.5      # round(1.6) = 2
@@ -256,7 +258,7 @@ def test_tiers_quantiles_and_targets_by_hand():
 
 
 def test_replayed_advantages_from_history_by_hand():
-    from grpolab.stages.avatar_replay import AvatarReplay, replay_advantages
+    from grpolab.stages.batch_avatar_replay import AvatarReplay, replay_advantages
 
     st = AvatarReplay(avatar_vcrs_window=3)
     for r in (1.0, 0.0, 0.0, 1.0):           # window 3 keeps 0, 0, 1: rbar(7) = 1/3
@@ -306,7 +308,7 @@ class Ctx:
 def test_buffer_mixing_replaces_units():
     """Step 1 (empty buffer) trains on its own rows and stores them; step 2 replaces one unit by the oldest unit
     of the tier the draw names, with an advantage from the history of step 1."""
-    from grpolab.stages.avatar_replay import AvatarReplay
+    from grpolab.stages.batch_avatar_replay import AvatarReplay
 
     st = AvatarReplay(avatar_off_policy_batches=1, avatar_on_policy_batches=None, avatar_replay_min_size=2,
                       avatar_replay_strategy="fifo", seed=0)
@@ -346,7 +348,7 @@ def test_buffer_mixing_replaces_units():
 
 
 def test_replayed_rows_get_tas_weights_and_units_of_two():
-    from grpolab.stages.avatar_replay import AvatarReplay
+    from grpolab.stages.batch_avatar_replay import AvatarReplay
 
     st = AvatarReplay(avatar_off_policy_batches=1, avatar_on_policy_batches=None, avatar_replay_min_size=1,
                       avatar_unit_rows=2, avatar_replay_strategy="uniform")
@@ -368,7 +370,7 @@ def test_replayed_rows_get_tas_weights_and_units_of_two():
 
 
 def test_priority_scores_and_state_round_trip():
-    from grpolab.stages.avatar_replay import AvatarReplay
+    from grpolab.stages.batch_avatar_replay import AvatarReplay
 
     st = AvatarReplay(avatar_off_policy_batches=2, avatar_on_policy_batches=None, avatar_replay_min_size=1, seed=3)
     ctx = Ctx()
@@ -447,22 +449,12 @@ def test_avatar_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
     steps 3-4 and the weights are the same to the bit."""
     import json
 
-    from grpolab.config import Config
     from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
 
     base = {**recipe_overrides("avatar"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
             "prompts_per_step": 2, "num_generations": 4, "motion_train_size": 8, "motion_eval_size": 8,
             "avatar_replay_min_size": 4, "avatar_replay_strategy": "priority", "vlm_pretrain_steps": 20}
-    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **QUIET)
-    sa = a.train(progress=False)
-    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **QUIET).train(progress=False)
-    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, **QUIET)
-    sc = c.train(progress=False)
-    pc = dict(c.model.named_parameters())
-    for k, v in a.model.named_parameters():
-        assert torch.equal(v, pc[k]), k
-    assert sa["after"]["rewards/motion_accuracy/mean"] == sc["after"]["rewards/motion_accuracy/mean"]
+    assert_resume_is_exact(base, tmp_path, "motion_accuracy", **QUIET)
     ma = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
     mb = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert [x["loss"] for x in ma][2:] == [x["loss"] for x in mb if x["step"] > 2]

@@ -245,59 +245,72 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
     """The grpolab config overrides that ``args`` means (TRL defaults apply to TRL fields not given)."""
     given = args.to_dict()
     out: dict[str, Any] = {k: v for k, v in given.items() if k not in TRL_FIELDS}  # grpolab keys and recipe
-
-    def val(name):
-        return args.get(name)
-
     recipe = "recipe" in given  # a recipe's settings win over TRL's defaults: only given TRL fields apply then
-
-    def has(name):  # given, or (without a recipe) a TRL default that differs from grpolab's own
-        return name in given or (not recipe and TRL_FIELDS[name][1] is not NO_DEFAULT)
-
-    for same in ("save_steps", "save_total_limit", "learning_rate", "lr_scheduler_type", "warmup_steps",
-                 "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "gradient_checkpointing", "beta",
-                 "epsilon", "temperature", "top_p", "max_completion_length", "num_iterations", "seed",
-                 "reward_weights", "mask_truncated_completions", "num_generations", "vllm_gpu_memory_utilization"):
-        if has(same):
-            out[same] = val(same)
-    if "max_prompt_length" in given and given["max_prompt_length"] is not None:
-        out["max_prompt_length"] = given["max_prompt_length"]
-    if has("top_k"):
-        out["top_k"] = val("top_k") or 0
-    if "vllm_importance_sampling_cap" in given:
-        out["vllm_is_cap"] = given["vllm_importance_sampling_cap"]
-    out["out"] = str(val("output_dir"))
-    for k in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
-        if k in given:
-            out[k] = given[k]
-
-    # batch geometry: one generation batch of per_device x GA completions = one optimiser step (TRL default)
-    bs, ga, g = int(val("per_device_train_batch_size")), int(val("gradient_accumulation_steps")), int(
-        val("num_generations"))
-    if (bs * ga) % g:
-        raise ConfigError(f"GRPOConfig: per_device_train_batch_size x gradient_accumulation_steps = {bs * ga} "
-                          f"completions per step is not a multiple of num_generations = {g} (TRL requires it too)")
-    if any(has(k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "num_generations")):
-        out["prompts_per_step"] = bs * ga // g
-        out["micro_batch_size"] = bs
-    spg = _steps_per_generation(given, bs, ga, g)
-    if spg is not None:
-        out["steps_per_generation"] = spg
-    if int(val("max_steps")) > 0:
-        out["steps"] = int(val("max_steps"))
+    _copy_fields(args, given, recipe, out)
+    _batch_geometry(args, given, recipe, out)
 
     # loss_type / importance_sampling_level / scale_rewards -> components
     if recipe and not any(k in given for k in ("loss_type", "importance_sampling_level", "scale_rewards",
                                                "multi_objective_aggregation", "epsilon_high",
                                                "sapo_temperature_pos", "sapo_temperature_neg")):
         return _rest(args, given, out)
-    loss_type = val("loss_type")
+    _loss_components(args, given, recipe, out)
+    _advantage_component(args, given, recipe, out)
+    return _rest(args, given, out)
+
+
+def _has(name: str, given: dict, recipe: bool) -> bool:
+    """Given, or (without a recipe) a TRL default that differs from grpolab's own."""
+    return name in given or (not recipe and TRL_FIELDS[name][1] is not NO_DEFAULT)
+
+
+def _copy_fields(args: GRPOConfig, given: dict, recipe: bool, out: dict) -> None:
+    """The TRL fields that are the grpolab key of the same name (or a renamed one) and the output folder."""
+    for same in ("save_steps", "save_total_limit", "learning_rate", "lr_scheduler_type", "warmup_steps",
+                 "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "gradient_checkpointing", "beta",
+                 "epsilon", "temperature", "top_p", "max_completion_length", "num_iterations", "seed",
+                 "reward_weights", "mask_truncated_completions", "num_generations", "vllm_gpu_memory_utilization"):
+        if _has(same, given, recipe):
+            out[same] = args.get(same)
+    if "max_prompt_length" in given and given["max_prompt_length"] is not None:
+        out["max_prompt_length"] = given["max_prompt_length"]
+    if _has("top_k", given, recipe):
+        out["top_k"] = args.get("top_k") or 0
+    if "vllm_importance_sampling_cap" in given:
+        out["vllm_is_cap"] = given["vllm_importance_sampling_cap"]
+    out["out"] = str(args.get("output_dir"))
+    for k in ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg"):
+        if k in given:
+            out[k] = given[k]
+
+
+def _batch_geometry(args: GRPOConfig, given: dict, recipe: bool, out: dict) -> None:
+    """Batch geometry: one generation batch of per_device x GA completions = one optimiser step (TRL default)."""
+    bs, ga, g = int(args.get("per_device_train_batch_size")), int(args.get("gradient_accumulation_steps")), int(
+        args.get("num_generations"))
+    if (bs * ga) % g:
+        raise ConfigError(f"GRPOConfig: per_device_train_batch_size x gradient_accumulation_steps = {bs * ga} "
+                          f"completions per step is not a multiple of num_generations = {g} (TRL requires it too)")
+    if any(_has(k, given, recipe) for k in ("per_device_train_batch_size", "gradient_accumulation_steps",
+                                           "num_generations")):
+        out["prompts_per_step"] = bs * ga // g
+        out["micro_batch_size"] = bs
+    spg = _steps_per_generation(given, bs, ga, g)
+    if spg is not None:
+        out["steps_per_generation"] = spg
+    if int(args.get("max_steps")) > 0:
+        out["steps"] = int(args.get("max_steps"))
+
+
+def _loss_components(args: GRPOConfig, given: dict, recipe: bool, out: dict) -> None:
+    """loss_type / importance_sampling_level (and the clip and SAPO fields) -> policy_loss and loss_aggregation."""
+    loss_type = args.get("loss_type")
     if loss_type not in LOSS_TYPES:
         raise ConfigError(f"GRPOConfig: loss_type '{loss_type}' unknown; valid: {', '.join(LOSS_TYPES)}")
     policy_loss, aggregation = LOSS_TYPES[loss_type]
     if loss_type == "vespo":  # luspo keeps TRL's all-rows mean: its recipe's seq_mean_token_mean is grpolab's own
         aggregation = _recipe_aggregation(loss_type) or aggregation
-    level = val("importance_sampling_level")
+    level = args.get("importance_sampling_level")
     if level not in ("token", "sequence"):
         raise ConfigError(f"GRPOConfig: importance_sampling_level '{level}' unknown; valid: token, sequence")
     if level == "sequence":
@@ -325,12 +338,15 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
                 raise ConfigError(f"GRPOConfig: {trl} applies to loss_type 'sapo' only (loss_type is '{loss_type}')")
             out[ours] = given[trl]
 
-    scale = val("scale_rewards")
+
+def _advantage_component(args: GRPOConfig, given: dict, recipe: bool, out: dict) -> None:
+    """scale_rewards / multi_objective_aggregation -> the advantage estimator."""
+    scale = args.get("scale_rewards")
     if scale not in SCALE_REWARDS:
         raise ConfigError(f"GRPOConfig: scale_rewards {scale!r} unknown; valid: 'group', 'batch', 'none', True, "
                           f"False")
     advantage = SCALE_REWARDS[scale]
-    moa = val("multi_objective_aggregation")
+    moa = args.get("multi_objective_aggregation")
     if moa == "normalize_then_sum":
         if advantage != "group_zscore":
             raise ConfigError("GRPOConfig: multi_objective_aggregation 'normalize_then_sum' (grpolab advantage "
@@ -341,7 +357,6 @@ def to_grpolab(args: GRPOConfig) -> dict[str, Any]:
                           f"normalize_then_sum")
     if not recipe or "scale_rewards" in given or "multi_objective_aggregation" in given:
         out.setdefault("advantage", advantage)
-    return _rest(args, given, out)
 
 
 def _rest(args: GRPOConfig, given: dict, out: dict) -> dict:

@@ -585,28 +585,49 @@ def _cuda_name() -> str:
 
 
 def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakdown=None) -> str:
+    """BENCHMARKS.md from a benchmark's results: how it was run, the libraries' table and ratios, then the
+    sections of what was measured (step breakdown, Prefix Grouper, dtype / log-prob checks, scaling)."""
+    lines = _header_lines(a, argv, rate, elapsed) + _summary_lines(a, summ, floor)
+    if breakdown is not None:
+        lines += _breakdown_lines(breakdown)
+    if pg is not None:
+        lines += _prefix_grouper_lines(pg)
+    if checks is not None:
+        lines += _checks_lines(a, checks)
+    if scaling is not None:
+        lines += _scaling_lines(scaling)
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(a, argv, rate, elapsed) -> list[str]:
+    """The command that reproduces the benchmark, the machine and the job."""
     cmd = "grpolab bench speed " + " ".join(argv)
     trl_env = ""
     if getattr(a, "trl_heap_reuse", False):
         trl_env = f" and with {', '.join(f'{k}={v}' for k, v in trl_heap_env().items())} (grpolab's cpu_heap_reuse)"
-    lines = ["# Benchmarks", "",
-             "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
-             f"    {cmd.strip()}", "",
-             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-             f"torch threads {a.threads or 'all'}; device {a.device}"
-             f"{' (' + _cuda_name() + ')' if a.device == 'cuda' else ''}; "
-             f"measured {'bfloat16' if a.precision == 'bf16' else 'float32'} matmul rate "
-             f"{rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
-             f"{elapsed / 60:.1f} min.", "",
-             f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
-             f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
-             f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
-             f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM{trl_env}; grpolab "
-             f"samples with "
-             f"`sampling_method: inverse_cdf`"
-             f"{'; grpolab settings ' + ', '.join(f'`{kv}`' for kv in a.grpolab_set) if a.grpolab_set else ''}. "
-             f"{a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
-             f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
+    return ["# Benchmarks", "",
+            "Measured with `grpolab bench speed` (source: `src/grpolab/bench.py`); reproduce with", "",
+            f"    {cmd.strip()}", "",
+            f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"torch threads {a.threads or 'all'}; device {a.device}"
+            f"{' (' + _cuda_name() + ')' if a.device == 'cuda' else ''}; "
+            f"measured {'bfloat16' if a.precision == 'bf16' else 'float32'} matmul rate "
+            f"{rate / 1e9:.1f} GFLOP/s. Wall time of the whole benchmark "
+            f"{elapsed / 60:.1f} min.", "",
+            f"Job: model `{a.model}`, {a.prompts} prompts x G={a.G} completions, at most {a.max_new} new tokens, "
+            f"temperature {a.temperature}, lr {a.lr}, micro-batch {a.micro_batch} rows (gradient accumulation to "
+            f"one optimiser step per {a.prompts * a.G} completions), precision asked: {a.precision} (what each "
+            f"library ran: the table), beta 0, no gradient checkpointing; TRL without vLLM{trl_env}; grpolab "
+            f"samples with "
+            f"`sampling_method: inverse_cdf`"
+            f"{'; grpolab settings ' + ', '.join(f'`{kv}`' for kv in a.grpolab_set) if a.grpolab_set else ''}. "
+            f"{a.warmup} warm-up step(s) then {a.steps} timed steps per run, "
+            f"{a.rounds} alternating rounds per library (each run a fresh process).", ""]
+
+
+def _summary_lines(a, summ, floor) -> list[str]:
+    """The table of the libraries' runs, the grpolab / TRL ratios and grpolab's step over its compute floor."""
+    lines: list[str] = []
     gpu = bool(summ) and all(s.get("peak_gpu_mb") is not None for s in summ.values())
     if summ:
         step_col = ("median step (s)" if generation_window(a) == 1 else
@@ -633,43 +654,58 @@ def render(a, argv, summ, rate, floor, scaling, pg, elapsed, checks=None, breakd
         lines.append(f"- grpolab step time over the compute floor ({floor:.2f} s = the step's FLOPs / the measured "
                      f"matmul rate): **{summ['grpolab']['median_step_s'] / floor:.1f}x**")
     lines.append("")
-    if breakdown is not None:
-        total = sum(t for _, t, _ in breakdown)
-        lines += ["### Where grpolab's step goes", "",
-                  "Mean seconds per timed step over grpolab's runs, each part against its own floor (generation "
-                  "and the training forward: one forward's FLOPs over the matmul rate; backward: two forwards'; "
-                  "optimiser: AdamW's 28 bytes per parameter over the measured memory bandwidth):", "",
-                  "| part | seconds / step | share | floor (s) | part / floor |", "|---|---|---|---|---|"]
-        for name, t, fl in breakdown:
-            ratio = f"{t / fl:.1f}x" if fl > 0 else "n/a"
-            lines.append(f"| {name} | {t:.2f} | {t / max(total, 1e-12):.0%} | {fl:.2f} | {ratio} |")
-        lines.append("")
-    if pg is not None:
-        lines += ["## Prefix Grouper (shared-prefix training forward)", "",
-                  "One group, 256-token prompt, G=8 completions of 32 tokens, forward + backward of the "
-                  "completion log-probs (median of 5 after a warm-up):", "",
-                  "| forward | seconds |", "|---|---|",
-                  f"| repeated prompt (plain) | {pg['repeated']:.3f} |",
-                  f"| shared prefix (grpolab default) | {pg['shared']:.3f} |",
-                  f"| speed-up | **{pg['speedup']:.2f}x** |", ""]
-    if checks is not None:
-        d, c = checks["dtypes"], checks["consistency"]
-        lines += ["## Dtype and log-prob consistency", "",
-                  "Matrix-multiply rate at a SmolLM2 shape (256 x 576 by 576 x 1536), GFLOP/s:", "",
-                  "| " + " | ".join(d) + " |", "|" + "---|" * len(d),
-                  "| " + " | ".join(f"{v:.1f}" for v in d.values()) + " |", "",
-                  f"Behaviour log-probs recorded while sampling vs the training forward ({a.precision} on the "
-                  f"CPU) on the same "
-                  f"{c['tokens']} completion tokens ({a.prompts} prompts x G={a.G}, {a.max_new} new tokens): "
-                  f"mean |difference| {c['mean_abs']:.2e}, max {c['max_abs']:.2e}; mean |ratio - 1| at the first "
-                  f"optimiser pass {c['ratio_dev']:.2e}.", ""]
-    if scaling is not None:
-        lines += ["## Scaling (grpolab)", "", "| G | max new tokens | median step (s) | generated tokens / s |",
-                  "|---|---|---|---|"]
-        for G, L, s in scaling["G"] + scaling["length"]:
-            lines.append(f"| {G} | {L} | {s['median_step_s']:.2f} | {s['gen_tok_per_s'] or 0:.1f} |")
-        lines.append("")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def _breakdown_lines(breakdown) -> list[str]:
+    """Where grpolab's step goes: each part's seconds, share and floor (:func:`step_breakdown`)."""
+    total = sum(t for _, t, _ in breakdown)
+    lines = ["### Where grpolab's step goes", "",
+             "Mean seconds per timed step over grpolab's runs, each part against its own floor (generation "
+             "and the training forward: one forward's FLOPs over the matmul rate; backward: two forwards'; "
+             "optimiser: AdamW's 28 bytes per parameter over the measured memory bandwidth):", "",
+             "| part | seconds / step | share | floor (s) | part / floor |", "|---|---|---|---|---|"]
+    for name, t, fl in breakdown:
+        ratio = f"{t / fl:.1f}x" if fl > 0 else "n/a"
+        lines.append(f"| {name} | {t:.2f} | {t / max(total, 1e-12):.0%} | {fl:.2f} | {ratio} |")
+    lines.append("")
+    return lines
+
+
+def _prefix_grouper_lines(pg) -> list[str]:
+    """The shared-prefix training forward against the repeated prompt (:func:`prefix_grouper_timing`)."""
+    return ["## Prefix Grouper (shared-prefix training forward)", "",
+            "One group, 256-token prompt, G=8 completions of 32 tokens, forward + backward of the "
+            "completion log-probs (median of 5 after a warm-up):", "",
+            "| forward | seconds |", "|---|---|",
+            f"| repeated prompt (plain) | {pg['repeated']:.3f} |",
+            f"| shared prefix (grpolab default) | {pg['shared']:.3f} |",
+            f"| speed-up | **{pg['speedup']:.2f}x** |", ""]
+
+
+def _checks_lines(a, checks) -> list[str]:
+    """The matmul rate per dtype and the behaviour / training log-prob agreement (:func:`dtype_matmul_rates`,
+    :func:`logprob_consistency`)."""
+    d, c = checks["dtypes"], checks["consistency"]
+    return ["## Dtype and log-prob consistency", "",
+            "Matrix-multiply rate at a SmolLM2 shape (256 x 576 by 576 x 1536), GFLOP/s:", "",
+            "| " + " | ".join(d) + " |", "|" + "---|" * len(d),
+            "| " + " | ".join(f"{v:.1f}" for v in d.values()) + " |", "",
+            f"Behaviour log-probs recorded while sampling vs the training forward ({a.precision} on the "
+            f"CPU) on the same "
+            f"{c['tokens']} completion tokens ({a.prompts} prompts x G={a.G}, {a.max_new} new tokens): "
+            f"mean |difference| {c['mean_abs']:.2e}, max {c['max_abs']:.2e}; mean |ratio - 1| at the first "
+            f"optimiser pass {c['ratio_dev']:.2e}.", ""]
+
+
+def _scaling_lines(scaling) -> list[str]:
+    """grpolab's step time and generation rate over G and the completion length (:func:`_scaling`)."""
+    lines = ["## Scaling (grpolab)", "", "| G | max new tokens | median step (s) | generated tokens / s |",
+             "|---|---|---|---|"]
+    for G, L, s in scaling["G"] + scaling["length"]:
+        lines.append(f"| {G} | {L} | {s['median_step_s']:.2f} | {s['gen_tok_per_s'] or 0:.1f} |")
+    lines.append("")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -382,7 +382,7 @@ def cmd_eval(args, rest: list[str]) -> int:
     res = evaluate(functools.partial(policy.sample, model, evaluation=True), eval_rows, rewards,
                    batch_size=cfg.eval_batch_size, accuracy_reward=acc, extra=extra,
                    reward_timeout=cfg.reward_timeout, pass_k=cfg.eval_pass_k, temperature=cfg.temperature,
-                   seed=cfg.seed)
+                   seed=cfg.seed, render=policy.render)
     res["model"] = args.model
     print(to_json(res, indent=None if args.compact else 2))
     return 0
@@ -842,6 +842,16 @@ def _config_key_first(argv: list[str]) -> list[str]:
     return head + [key or ""] + rest
 
 
+def _own_parser_main(main, argv: list[str], errors: tuple[type[Exception], ...]) -> int:
+    """Run a subcommand that has its own argument parser: its exit code, or 2 with one of ``errors`` (the
+    expected mistakes of its input) shown as ``grpolab: error: ...`` instead of a traceback."""
+    try:
+        return main(argv)
+    except errors as e:
+        print(f"grpolab: error: {e}", file=sys.stderr)
+        return 2
+
+
 def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -851,28 +861,16 @@ def _main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["fc-prep"]:  # its own argument parser (src/grpolab/tasks/fc_data_prep.py)
         from .errors import ConfigError
         from .tasks.fc_data_prep import main as fc_prep_main
-        try:
-            return fc_prep_main(argv[1:])
-        except (ConfigError, ValueError) as e:
-            print(f"grpolab: error: {e}", file=sys.stderr)
-            return 2
+        return _own_parser_main(fc_prep_main, argv[1:], (ConfigError, ValueError))
     if argv[:1] == ["mqr"]:  # its own argument parser (src/grpolab/tasks/mqr.py)
         from .data import DataError
         from .errors import ConfigError
         from .tasks.mqr import main as mqr_main
-        try:
-            return mqr_main(argv[1:])
-        except (ConfigError, DataError, FileNotFoundError) as e:
-            print(f"grpolab: error: {e}", file=sys.stderr)
-            return 2
+        return _own_parser_main(mqr_main, argv[1:], (ConfigError, DataError, FileNotFoundError))
     if argv[:1] == ["rm-train"]:  # its own argument parser (src/grpolab/rewards/multi_label_rm.py)
         from .errors import ConfigError
         from .rewards.multi_label_rm import main as rm_train_main
-        try:
-            return rm_train_main(argv[1:])
-        except (ConfigError, ValueError, FileNotFoundError) as e:
-            print(f"grpolab: error: {e}", file=sys.stderr)
-            return 2
+        return _own_parser_main(rm_train_main, argv[1:], (ConfigError, ValueError, FileNotFoundError))
     if argv[:1] == ["vllm-serve"]:  # its own argument parser (src/grpolab/generation/vllm_server.py)
         from .generation.vllm_server import main as serve_main
         return serve_main(argv[1:])

@@ -1,4 +1,4 @@
-"""PNG rendering of image batches: grids for evaluation (``eval_before.png`` / ``eval_after.png``) and small
+"""PNG rendering of image batches: grids for evaluation (``image_grid`` in summary.json and the report) and small
 thumbnails as data URIs for the completions log and the HTML report.
 
 Convention: every function here takes float images ``[B, C, H, W]`` (or one ``[C, H, W]``) **in [0, 1]**, C = 1
@@ -82,22 +82,16 @@ def thumbnail_data_uri(image, size: int = 32) -> str:
 def to_data_uri(image) -> str:
     """A picture (anything :func:`to_array` reads) as a PNG data URI: how the Python API carries a PIL image in a
     row through grpolab's JSONL data checks."""
-    import base64
-    import io
-
     from PIL import Image
     buf = io.BytesIO()
     Image.fromarray(to_array(image)).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return png_data_uri(buf.getvalue())
 
 
 def to_array(image, where: str = "row") -> np.ndarray:
     """uint8 [H, W, 3] from a PIL image, an array / nested list (uint8, or floats in [0, 1]), a file path or a
     ``data:image/...;base64,`` URI."""
     if isinstance(image, str):
-        import base64
-        import io
-
         from PIL import Image
         try:
             if image.startswith("data:image/"):

@@ -496,19 +496,9 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     prefix form a GRPO group (rewards conditioned on the shared prefix). The
     agent keys are the ``agent`` rollout's.
 
-    Saturation and collapse (:func:`group_health`, :func:`remedied_reveal`):
-    after scoring, a group whose completions all succeed (scalar reward >=
-    ``mcts_success_reward``: advantage saturation, every advantage 0) is drawn
-    again once from a prefix ``mcts_remedy_shift`` steps shorter
-    (``mcts_saturation_remedy: reveal_less``), and a group whose rewards have
-    collapsed (std <= ``mcts_collapse_std`` without all succeeding, e.g. all
-    fail) once from a prefix that many steps longer (``mcts_collapse_remedy:
-    reveal_more``, at most ``n - 1``); the second draw replaces the group.
-    Metrics: ``mcts/saturated_groups`` and ``mcts/collapsed_groups`` (shares
-    of the step's groups before the remedies), ``mcts/remedied_groups`` (share
-    drawn again), ``mcts/saturated_after`` and ``mcts/collapsed_after`` (shares
-    in the returned batch); ``columns["mcts_remedy"]`` names each row's remedy
-    ("" for none).
+    Saturation and collapse: after scoring, a group whose completions all succeed is drawn again once from a
+    shorter prefix, one whose rewards have collapsed from a longer one (:class:`Remedies`: the rules, the
+    ``mcts/*`` metrics and ``columns["mcts_remedy"]``).
 
     Provenance: reconstructed from the abstract — the abstract (Tree-OPO, Huang, Nguyen and Zimmer,
     arXiv:2509.09284, seed 000-20) gives no MCTS settings, stage schedule or advantage formula and names
@@ -522,28 +512,42 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     Test: tests/test_agent_tree.py::test_mcts_group_health_and_remedy_by_hand,
     tests/test_agent_tree.py::test_mcts_staged_saturated_group_is_redrawn_from_a_shorter_prefix.
     """
-    cfg = ctx.cfg
     search = new_search(ctx, dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
                                   max_turn_tokens=max_turn_tokens, tool_timeout=tool_timeout,
                                   tool_output_chars=tool_output_chars, max_tool_calls=max_tool_calls, tools=tools,
                                   environment=environment, environment_kind=environment_kind,
                                   tool_isolation=tool_isolation))
     trees = new_trees(ctx, rows, uids, group_offset, 1, temperatures)
-    for _ in range(mcts_simulations):
-        starts = [(t, select(t.root, mcts_uct_c, mcts_branching)) for t in trees]
+    _mcts_search(ctx, search, trees, mcts_simulations, mcts_uct_c, mcts_branching)
+    remedies = Remedies(mcts_saturation_remedy, mcts_collapse_remedy, mcts_remedy_shift, mcts_success_reward,
+                        mcts_collapse_std)
+    frac = stage_fraction(step, list(mcts_reveal_schedule), mcts_stage_steps)
+    starts, reveal, paths = _staged_starts(ctx.cfg, trees, frac, budgets)
+    chosen = [(t, leaf) for (t, _), leaf in zip(starts, grow(ctx, search, starts))]
+    batch, scalar = _pack_staged(ctx, search, chosen, reveal)
+    # advantage saturation / reward collapse: one redraw per affected group from a shorter / longer prefix
+    batch, scalar, health, after, redo = remedies.apply(ctx, search, trees, paths, chosen, reveal, batch, scalar)
+    _log_mcts(ctx, trees, batch, scalar, health, after, redo, frac, reveal)
+    return batch
+
+
+def _mcts_search(ctx, search: Search, trees: list[Tree], simulations: int, c: float, branching: int) -> None:
+    """``simulations`` rounds over every tree: UCT selection, one episode played on (expansion and simulation),
+    the leaf scored with the run's rewards (value = the scalar reward, NaN as 0) and backed up."""
+    for _ in range(simulations):
+        starts = [(t, select(t.root, c, branching)) for t in trees]
         todo = [(t, n) for t, n in starts if not n.is_leaf]
         grown = iter(grow(ctx, search, todo) if todo else [])
         ends = [(t, n if n.is_leaf else next(grown)) for t, n in starts]
         values = ctx.score(pack_leaves(ctx, search, ends)).nan_to_num(0.0).tolist()
         for (_, leaf), v in zip(ends, values):
             backpropagate(leaf, float(v))
-    for name, value, valid in (("mcts_saturation_remedy", mcts_saturation_remedy, ("reveal_less", "none")),
-                               ("mcts_collapse_remedy", mcts_collapse_remedy, ("reveal_more", "none"))):
-        if value not in valid:
-            raise ConfigError(f"{name}: '{value}' is not valid; valid values: {', '.join(valid)}")
-    if mcts_remedy_shift < 1:
-        raise ConfigError(f"mcts_remedy_shift: expected >= 1, got {mcts_remedy_shift}")
-    frac = stage_fraction(step, list(mcts_reveal_schedule), mcts_stage_steps)
+
+
+def _staged_starts(cfg, trees: list[Tree], frac: float, budgets):
+    """Per tree: its MCTS trajectory (the most-visited path), the node after its revealed prefix and the rows
+    drawn from it (the prompt's budget, else ``num_generations``). Returns ``(starts, reveal, paths)``: one
+    ``(tree, node)`` and one revealed step count per row, one ``(path, steps)`` per tree."""
     starts, reveal, paths = [], [], []
     for i, t in enumerate(trees):
         path = best_path(t.root)
@@ -554,36 +558,83 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
         n = budgets[i] if budgets else cfg.num_generations
         starts += [(t, node)] * n
         reveal += [k] * n
-    leaves = grow(ctx, search, starts)
-    chosen = [(t, leaf) for (t, _), leaf in zip(starts, leaves)]
+    return starts, reveal, paths
+
+
+def _pack_staged(ctx, search: Search, chosen: list, reveal: list[int]):
+    """The staged batch (revealed turns injected, ``columns["mcts_revealed_steps"]``) and its scalar reward."""
     batch = pack_leaves(ctx, search, chosen, injected_steps=reveal)
     batch.columns["mcts_revealed_steps"] = reveal
-    scalar = ctx.score(batch)
-    # advantage saturation / reward collapse: one redraw per affected group from a shorter / longer prefix
-    health = group_health(scalar, batch.group_ids, mcts_success_reward, mcts_collapse_std)
-    tree_of = {t.group: (j, t) for j, t in enumerate(trees)}
-    remedy = [""] * len(chosen)
-    redo = {}
-    for g, state in health.items():
-        j, t = tree_of[g]
-        path, n_steps = paths[j]
-        rows_g = [r for r, (tt, _) in enumerate(chosen) if tt is t]
-        k = reveal[rows_g[0]]
-        k2 = remedied_reveal(k, n_steps, state, mcts_saturation_remedy, mcts_collapse_remedy, mcts_remedy_shift)
-        if k2 != k:
-            redo[g] = (rows_g, k2, path[k2 - 1] if k2 else t.root, "reveal_less" if k2 < k else "reveal_more")
-    if redo:
-        again = [(tree_of[g][1], node) for g, (rows_g, _, node, _) in redo.items() for _ in rows_g]
-        new_leaves = iter(grow(ctx, search, again))
-        for g, (rows_g, k2, _, name) in redo.items():
-            for r in rows_g:
-                chosen[r] = (chosen[r][0], next(new_leaves))
-                reveal[r], remedy[r] = k2, name
-        batch = pack_leaves(ctx, search, chosen, injected_steps=reveal)
-        batch.columns["mcts_revealed_steps"] = reveal
-        scalar = ctx.score(batch)
-    after = group_health(scalar, batch.group_ids, mcts_success_reward, mcts_collapse_std)
-    batch.columns["mcts_remedy"] = remedy
+    return batch, ctx.score(batch)
+
+
+@dataclass(frozen=True)
+class Remedies:
+    """The staged rollout's saturation and collapse remedies (:func:`group_health`, :func:`remedied_reveal`).
+
+    After scoring, a group whose completions all succeed (scalar reward >= ``mcts_success_reward``: advantage
+    saturation, every advantage 0) is drawn again once from a prefix ``mcts_remedy_shift`` steps shorter
+    (``mcts_saturation_remedy: reveal_less``), and a group whose rewards have collapsed (std <=
+    ``mcts_collapse_std`` without all succeeding, e.g. all fail) once from a prefix that many steps longer
+    (``mcts_collapse_remedy: reveal_more``, at most ``n - 1``); the second draw replaces the group. Metrics:
+    ``mcts/saturated_groups`` and ``mcts/collapsed_groups`` (shares of the step's groups before the remedies),
+    ``mcts/remedied_groups`` (share drawn again), ``mcts/saturated_after`` and ``mcts/collapsed_after`` (shares in
+    the returned batch); ``columns["mcts_remedy"]`` names each row's remedy ("" for none).
+    """
+    saturation_remedy: str
+    collapse_remedy: str
+    shift: int
+    success_reward: float
+    collapse_std: float
+
+    def __post_init__(self):
+        for name, value, valid in (("mcts_saturation_remedy", self.saturation_remedy, ("reveal_less", "none")),
+                                   ("mcts_collapse_remedy", self.collapse_remedy, ("reveal_more", "none"))):
+            if value not in valid:
+                raise ConfigError(f"{name}: '{value}' is not valid; valid values: {', '.join(valid)}")
+        if self.shift < 1:
+            raise ConfigError(f"mcts_remedy_shift: expected >= 1, got {self.shift}")
+
+    def apply(self, ctx, search: Search, trees, paths, chosen: list, reveal: list[int], batch, scalar):
+        """The groups' health, one redraw of the remedied groups (``chosen`` and ``reveal`` updated in place) and
+        their health after. Returns ``(batch, scalar, health, after, redo)``."""
+        health = group_health(scalar, batch.group_ids, self.success_reward, self.collapse_std)
+        redo = self.groups(trees, paths, chosen, reveal, health)
+        remedy = [""] * len(chosen)
+        if redo:
+            _redraw(ctx, search, trees, redo, chosen, reveal, remedy)
+            batch, scalar = _pack_staged(ctx, search, chosen, reveal)
+        after = group_health(scalar, batch.group_ids, self.success_reward, self.collapse_std)
+        batch.columns["mcts_remedy"] = remedy
+        return batch, scalar, health, after, redo
+
+    def groups(self, trees, paths, chosen, reveal, health: dict) -> dict:
+        """``{group: (rows, new reveal, new start node, remedy name)}`` of the groups a remedy draws again."""
+        tree_of = {t.group: (j, t) for j, t in enumerate(trees)}
+        redo = {}
+        for g, state in health.items():
+            j, t = tree_of[g]
+            path, n_steps = paths[j]
+            rows_g = [r for r, (tt, _) in enumerate(chosen) if tt is t]
+            k = reveal[rows_g[0]]
+            k2 = remedied_reveal(k, n_steps, state, self.saturation_remedy, self.collapse_remedy, self.shift)
+            if k2 != k:
+                redo[g] = (rows_g, k2, path[k2 - 1] if k2 else t.root, "reveal_less" if k2 < k else "reveal_more")
+        return redo
+
+
+def _redraw(ctx, search: Search, trees, redo: dict, chosen: list, reveal: list[int], remedy: list[str]) -> None:
+    """Draw the remedied groups' rows again from their new prefixes (``chosen``, ``reveal``, ``remedy`` in place)."""
+    tree_of = {t.group: t for t in trees}
+    again = [(tree_of[g], node) for g, (rows_g, _, node, _) in redo.items() for _ in rows_g]
+    new_leaves = iter(grow(ctx, search, again))
+    for g, (rows_g, k2, _, name) in redo.items():
+        for r in rows_g:
+            chosen[r] = (chosen[r][0], next(new_leaves))
+            reveal[r], remedy[r] = k2, name
+
+
+def _log_mcts(ctx, trees, batch, scalar, health: dict, after: dict, redo: dict, frac: float, reveal) -> None:
     n_groups = max(len(health), 1)
     ctx.metric("mcts/saturated_groups", sum(s == SATURATED for s in health.values()) / n_groups)
     ctx.metric("mcts/collapsed_groups", sum(s == COLLAPSED for s in health.values()) / n_groups)
@@ -594,7 +645,6 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     ctx.metric("mcts/reveal_fraction", frac)
     ctx.metric("mcts/revealed_steps", sum(reveal) / max(len(reveal), 1))
     ctx.metric("mcts/root_value", sum(t.root.value_sum / max(t.root.visits, 1) for t in trees) / len(trees))
-    return batch
 
 
 mcts_staged_rollout.extra_rewards = extra_rewards

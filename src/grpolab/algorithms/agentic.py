@@ -206,30 +206,9 @@ def gigpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch
     scored = ~torch.isnan(rewards)
     values = [[0.0] * len(ep["turns"]) for ep in episodes]
     for g, rows in _groups(group_ids, scored).items():
-        # episode level
-        pool = [r[i] for i in rows for _ in range(max(1, len(episodes[i]["turns"])))] \
-            if gigpo_episode_stats == "steps" else [r[i] for i in rows]
-        if len(rows) < 2:
-            ep_adv = {i: 0.0 for i in rows}
-        else:
-            mean, std = _stats(pool)
-            ep_adv = {i: _norm(r[i], mean, std, use_std, advantage_epsilon) for i in rows}
-        # step level: anchor-state groups inside this task instance
-        returns, members = {}, defaultdict(list)
-        for i in rows:
-            ep = episodes[i]
-            rets = discounted_returns(turn_rewards(ep, r[i], gigpo_step_rewards, method), gigpo_gamma)
-            for k, turn in enumerate(ep["turns"]):
-                if gigpo_anchor == "state":
-                    if turn.get("state") is None:
-                        raise ValueError(f"gigpo: turn {k} of row {i} has no anchor state (turns[{k}]['state'] is "
-                                         f"None: the environment's state_key() returned None); use an environment "
-                                         f"with state_key(), or gigpo_anchor: history")
-                    key = str(turn["state"])
-                else:
-                    key = history_key(ep, k)
-                returns[(i, k)] = rets[k]
-                members[key].append((i, k))
+        ep_adv = _gigpo_episode_advantages(r, rows, episodes, gigpo_episode_stats, use_std, advantage_epsilon)
+        returns, members = _gigpo_step_groups(r, rows, episodes, gigpo_step_rewards, gigpo_gamma, gigpo_anchor,
+                                              method)
         for key, mem in members.items():
             if len(mem) == 1:
                 step = {mem[0]: 0.0}
@@ -239,6 +218,40 @@ def gigpo(rewards: torch.Tensor, group_ids: torch.Tensor, completion_mask: torch
             for (i, k), a in step.items():
                 values[i][k] = ep_adv[i] + gigpo_step_weight * a
     return turn_values_to_tokens(batch, completion_mask, values, method, episodes).to(rewards.dtype)
+
+
+def _gigpo_episode_advantages(r: list[float], rows: list[int], episodes: list[dict], episode_stats: str,
+                              use_std: bool, eps: float) -> dict[int, float]:
+    """GiGPO's episode level ``A^E_i`` of the scored rows of one group (see :func:`gigpo`): over the multiset
+    in which episode i appears once per turn (``episode_stats: steps``) or once; 0 for a single episode."""
+    pool = [r[i] for i in rows for _ in range(max(1, len(episodes[i]["turns"])))] \
+        if episode_stats == "steps" else [r[i] for i in rows]
+    if len(rows) < 2:
+        return {i: 0.0 for i in rows}
+    mean, std = _stats(pool)
+    return {i: _norm(r[i], mean, std, use_std, eps) for i in rows}
+
+
+def _gigpo_step_groups(r: list[float], rows: list[int], episodes: list[dict], source: str, gamma: float,
+                       anchor: str, method: str) -> tuple[dict, dict]:
+    """GiGPO's step level inside one task instance (see :func:`gigpo`): ``(returns, members)``, the discounted
+    step return ``G_ik`` of every turn ``(i, k)`` and the turns of each anchor-state group."""
+    returns, members = {}, defaultdict(list)
+    for i in rows:
+        ep = episodes[i]
+        rets = discounted_returns(turn_rewards(ep, r[i], source, method), gamma)
+        for k, turn in enumerate(ep["turns"]):
+            if anchor == "state":
+                if turn.get("state") is None:
+                    raise ValueError(f"gigpo: turn {k} of row {i} has no anchor state (turns[{k}]['state'] is "
+                                     f"None: the environment's state_key() returned None); use an environment "
+                                     f"with state_key(), or gigpo_anchor: history")
+                key = str(turn["state"])
+            else:
+                key = history_key(ep, k)
+            returns[(i, k)] = rets[k]
+            members[key].append((i, k))
+    return returns, members
 
 
 # -------------------------------------------------------------------------------------------------- SALT

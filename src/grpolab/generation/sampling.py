@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.hf import base_model, cache_kwarg, model_device
+from ..model.hf import cache_kwarg, model_device
 from .counting import GENERATED
 from .fast_decode import static_decoder
 
@@ -49,6 +49,19 @@ def completion_counts(num_samples, n: int) -> list[int]:
     if any(c < 1 for c in counts):
         raise ValueError(f"num_samples: every prompt needs at least one completion, got {counts}")
     return counts
+
+
+def per_row(values, counts: list[int]) -> list:
+    """``values`` (one per prompt) with prompt ``i``'s entry repeated ``counts[i]`` times: one entry per
+    completion, prompt-major (the rows of the batch, :func:`completion_counts`)."""
+    return [v for v, c in zip(values, counts) for _ in range(c)]
+
+
+def row_temperatures(temperature, counts: list[int], device=None) -> torch.Tensor:
+    """float32 ``[sum(counts)]``: one sampling temperature per completion, from one temperature for all prompts
+    or one per prompt (each completion gets its prompt's)."""
+    temps = per_prompt(temperature, len(counts), "temperature")
+    return torch.tensor([float(t) for t in per_row(temps, counts)], dtype=torch.float32, device=device)
 
 
 def sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, **kwargs) -> SampleOutput:
@@ -85,30 +98,15 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
     there like an EOS (not truncated). Stop strings use it
     (``generation/turns.py``). Without ``stop`` the loop is unchanged.
     """
-    from transformers import DynamicCache
-
-
     dev = model_device(model)
     prompt_ids, prompt_mask = prompt_ids.to(dev), prompt_mask.to(dev)
-    n = prompt_ids.shape[0]
-    counts = completion_counts(num_samples, n)
-    cache = DynamicCache()
+    counts = completion_counts(num_samples, prompt_ids.shape[0])
     ckw = cache_kwarg(model)
-    pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
-                use_cache=True, logits_to_keep=1, **{ckw: cache})
-    logits = out.logits[:, -1, :].float()
-    rep = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(counts, dtype=torch.long, device=dev))
-    logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
-    fast = static_decoder(model, cache, rep, attn, attn.shape[1] + max_new_tokens) if static_cache else None
-    if fast is None:  # Hugging Face forward: prompt i's cache entry is gathered counts[i] times
-        cache.batch_select_indices(rep)
+    logits, attn, next_pos, cache, fast = _prefill(model, prompt_ids, prompt_mask, counts, max_new_tokens,
+                                                   static_cache)
     rows = sum(counts)
-    if isinstance(temperature, (list, tuple)):  # one temperature per prompt -> one per row
-        temps = torch.tensor([float(t) for t, c in zip(per_prompt(temperature, n, "temperature"), counts)
-                              for _ in range(c)], dtype=torch.float32, device=dev)
-    else:
-        temps = None
+    # one temperature per prompt -> one per row
+    temps = row_temperatures(temperature, counts, dev) if isinstance(temperature, (list, tuple)) else None
     tokens = torch.full((rows, max_new_tokens), pad_id, dtype=torch.long, device=dev)
     lps = torch.zeros((rows, max_new_tokens), dtype=torch.float32, device=dev)
     lengths = torch.zeros(rows, dtype=torch.long, device=dev)
@@ -146,6 +144,28 @@ def _sample_completions(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tens
         next_pos = next_pos + 1
     T = int(lengths.max()) if rows else 0
     return SampleOutput(tokens[:, :max(T, 1)].cpu(), lps[:, :max(T, 1)].cpu(), lengths.cpu(), (~done).cpu())
+
+
+def _prefill(model, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, counts: list[int], max_new_tokens: int,
+             static_cache: bool):
+    """Each prompt's forward once, fanned out to its ``counts[i]`` completions: ``(logits [R, V] of every
+    completion's first token, attention mask [R, P], next positions [R], the KV cache, the static decoder of
+    ``generation/fast_decode.py`` or None)``."""
+    from transformers import DynamicCache
+
+    dev = prompt_ids.device
+    cache = DynamicCache()
+    pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=pos,
+                use_cache=True, logits_to_keep=1, **{cache_kwarg(model): cache})
+    logits = out.logits[:, -1, :].float()
+    rep = torch.repeat_interleave(torch.arange(len(counts), device=dev),
+                                  torch.tensor(counts, dtype=torch.long, device=dev))
+    logits, attn, next_pos = logits[rep], prompt_mask[rep], pos[rep, -1] + 1
+    fast = static_decoder(model, cache, rep, attn, attn.shape[1] + max_new_tokens) if static_cache else None
+    if fast is None:  # Hugging Face forward: prompt i's cache entry is gathered counts[i] times
+        cache.batch_select_indices(rep)
+    return logits, attn, next_pos, cache, fast
 
 
 def draw(logits: torch.Tensor, temperature: float | torch.Tensor, top_k: int = 0, top_p: float = 1.0,
@@ -265,3 +285,58 @@ def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     probability exceeds u · total (float64 sums)."""
     cdf = probs.double().cumsum(-1)
     return torch.searchsorted(cdf, (uniforms[:, None] * cdf[:, -1:]).contiguous())[:, 0].clamp_max(probs.shape[1] - 1)
+
+
+def seeded_draws(seeds: list[int], counts: list[int], steps: int, temperature: float):
+    """A seeded held-out evaluation's draws for :func:`decode_tokens`: ``(temps, greedy, uniforms)``, every
+    completion at ``temperature`` (none greedy) from the :func:`seeded_uniforms` of its prompt's seed."""
+    rows = sum(counts)
+    return (torch.full((rows,), float(temperature)), torch.zeros(rows, dtype=torch.bool),
+            seeded_uniforms(seeds, counts, steps))
+
+
+def draw_rows(logits: torch.Tensor, temps: torch.Tensor, greedy: torch.Tensor, generator=None,
+              uniforms: torch.Tensor | None = None) -> torch.Tensor:
+    """One token per row of ``logits`` [R, V] from the full softmax(logits / τ_r) (no top-k / top-p): the argmax
+    where ``greedy``; elsewhere one ``torch.multinomial`` draw per row from ``generator`` (made only when some
+    row samples), or, with ``uniforms`` [R] (a seeded evaluation), :func:`inverse_cdf` at each row's uniform."""
+    scale = torch.where(greedy, torch.ones_like(temps), temps.clamp_min(1e-6))
+    probs = torch.softmax(logits / scale[:, None], -1)
+    tok = logits.argmax(-1)
+    if uniforms is not None:
+        return torch.where(greedy, tok, inverse_cdf(probs, uniforms))
+    if not bool(greedy.all()):
+        tok = torch.where(greedy, tok, torch.multinomial(probs, 1, generator=generator)[:, 0])
+    return tok
+
+
+def decode_tokens(next_logits, rows: int, max_tokens: int, *, eos: int, pad: int, temps: torch.Tensor,
+                  greedy: torch.Tensor, temperature: float, generator=None, uniforms: torch.Tensor | None = None,
+                  observe=None):
+    """The token loop of the policies that run their own model (speech_to_text, vision_language): ``rows``
+    completions of at most ``max_tokens`` tokens, each token drawn by :func:`draw_rows` (``uniforms``
+    [rows, max_tokens]: a seeded evaluation's, column t at step t), its behaviour log-prob
+    ``log softmax(logits / temperature)[o_t]`` (the training temperature). ``next_logits(fed)`` returns the
+    float32 CPU logits [rows, V] of the next token after feeding ``fed`` [rows] (None at the first step; rows
+    that ended are fed ``pad``); ``observe(t, logits, live)`` (optional) sees each step's logits. A row ends at
+    its first ``eos`` (kept); the loop stops when every row has. Returns ``(tokens [rows, max_tokens] padded with
+    ``pad``, log-probs, completion mask (float, 1 up to the EOS included), done [rows])``; the sampled tokens
+    are counted in the run's generated-token tally."""
+    out = torch.full((rows, max_tokens), pad, dtype=torch.long)
+    lps, cmask = torch.zeros(rows, max_tokens), torch.zeros(rows, max_tokens)
+    done = torch.zeros(rows, dtype=torch.bool)
+    fed = None
+    for t in range(max_tokens):
+        logits = next_logits(fed)
+        tok = draw_rows(logits, temps, greedy, generator, None if uniforms is None else uniforms[:, t])
+        logp = torch.log_softmax(logits / temperature, -1).gather(-1, tok[:, None])[:, 0]
+        live = ~done
+        out[live, t], lps[live, t], cmask[live, t] = tok[live], logp[live], 1.0
+        if observe is not None:
+            observe(t, logits, live)
+        done = done | (tok == eos)
+        if bool(done.all()):
+            break
+        fed = torch.where(live, tok, torch.full_like(tok, pad))
+    GENERATED.add(rows, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
+    return out, lps, cmask, done

@@ -168,8 +168,14 @@ def continue_sequences(model, tokenizer, contexts: list[list[int]], *, max_new_t
     out = sample_completions(model, ids, mask, num_samples=1, max_new_tokens=max(limits), eos_ids=enders,
                              pad_id=pad, temperature=temperature, top_k=top_k, top_p=top_p, generator=generator,
                              method=sampling_method, static_cache=static_cache, stop=stops)
+    return _cut_to_limits(out, limits, eos, stop_token_ids, stops)
+
+
+def _cut_to_limits(out, limits: list[int], eos: list[int], stop_token_ids: list[int],
+                   stops: StopStrings | None) -> Continuation:
+    """The sampler's rows, each cut to its own limit, with why it stopped (the native path)."""
     new, lps, reasons = [], [], []
-    for j in range(n):
+    for j in range(len(limits)):
         length = int(out.lengths[j])
         m = min(length, limits[j])
         toks = out.completion_ids[j, :m].tolist()
@@ -280,7 +286,8 @@ class Episode:
         return self
 
     def add_observation(self, ids: list[int]) -> "Episode":
-        """Environment / tool output (``ENVIRONMENT``: attended to, loss mask 0, behaviour log-prob 0), as a new turn."""
+        """Environment / tool output (``ENVIRONMENT``: attended to, loss mask 0, behaviour log-prob 0), as a new
+        turn."""
         self.turns += 1
         self.segments.append(Segment(list(ids), ENVIRONMENT, False, [0.0] * len(ids), self.turns))
         return self
@@ -312,21 +319,7 @@ def pack_episodes(tokenizer, episodes: list[Episode], rows: list[dict], uids: li
     engine's plain rollouts.
     """
     n = len(episodes)
-    L = max_length
-    cut = (lambda x: x[:L]) if L is not None else (lambda x: x)
-    ids, origin, train, lps, known, spans, eng = [], [], [], [], [], [], []
-    for ep in episodes:
-        a, o, t, lp, k, sp, e = [], [], [], [], [], [], []
-        for s in ep.segments:
-            a += s.ids
-            o += [s.origin] * len(s.ids)
-            t += [s.train] * len(s.ids)
-            lp += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
-            k += [s.logprobs is not None and not s.engine] * len(s.ids)
-            sp += [s.span] * len(s.ids)
-            e += [s.engine] * len(s.ids)
-        for dst, src in zip((ids, origin, train, lps, known, spans, eng), (a, o, t, lp, k, sp, e)):
-            dst.append(cut(src))
+    ids, origin, train, lps, known, spans, eng = _flatten(episodes, max_length)
 
     pad = tokenizer.pad_token_id
     P = max([1] + [len(ep.prompt) for ep in episodes])
@@ -369,14 +362,41 @@ def pack_episodes(tokenizer, episodes: list[Episode], rows: list[dict], uids: li
                          truncated=torch.tensor([ep.truncated for ep in episodes], dtype=torch.bool),
                          columns=columns)
     if not bool(c_known.all()):
-        if logprobs_fn is None:
-            raise ValueError("pack_episodes: some tokens have no known behaviour log-prob (injected, or drawn by "
-                             "the engine); pass logprobs_fn to teacher-force them")
-        forced = logprobs_fn(batch)
-        batch.behavior_logprobs = torch.where(c_known, c_lp, forced) * present
-        if bool(c_eng.any()):
-            from .vllm_engine import importance_weights
-            w = importance_weights(forced, c_lp, (c_eng & (present > 0)).float(),
-                                   float("inf") if is_cap is None else is_cap)
-            batch.token_weights = w
+        _teacher_force(batch, c_known, c_lp, c_eng, present, logprobs_fn, is_cap)
     return batch
+
+
+def _flatten(episodes: list[Episode], max_length: int | None) -> tuple[list[list], ...]:
+    """Per episode, its segments' per-token lists ``(ids, origin, train, logprobs, known, spans, engine)``, each
+    cut to ``max_length`` tokens when given (``known``: a sampled log-prob not from the engine)."""
+    L = max_length
+    cut = (lambda x: x[:L]) if L is not None else (lambda x: x)
+    ids, origin, train, lps, known, spans, eng = [], [], [], [], [], [], []
+    for ep in episodes:
+        a, o, t, lp, k, sp, e = [], [], [], [], [], [], []
+        for s in ep.segments:
+            a += s.ids
+            o += [s.origin] * len(s.ids)
+            t += [s.train] * len(s.ids)
+            lp += s.logprobs if s.logprobs is not None else [0.0] * len(s.ids)
+            k += [s.logprobs is not None and not s.engine] * len(s.ids)
+            sp += [s.span] * len(s.ids)
+            e += [s.engine] * len(s.ids)
+        for dst, src in zip((ids, origin, train, lps, known, spans, eng), (a, o, t, lp, k, sp, e)):
+            dst.append(cut(src))
+    return ids, origin, train, lps, known, spans, eng
+
+
+def _teacher_force(batch: RolloutBatch, c_known, c_lp, c_eng, present, logprobs_fn, is_cap) -> None:
+    """Unknown behaviour log-probs replaced by ``logprobs_fn(batch)``; engine tokens get it too, and the truncated
+    importance weight ``min(exp(trainer - engine), is_cap)`` in ``token_weights`` (see :func:`pack_episodes`)."""
+    if logprobs_fn is None:
+        raise ValueError("pack_episodes: some tokens have no known behaviour log-prob (injected, or drawn by "
+                         "the engine); pass logprobs_fn to teacher-force them")
+    forced = logprobs_fn(batch)
+    batch.behavior_logprobs = torch.where(c_known, c_lp, forced) * present
+    if bool(c_eng.any()):
+        from .vllm_engine import importance_weights
+        w = importance_weights(forced, c_lp, (c_eng & (present > 0)).float(),
+                               float("inf") if is_cap is None else is_cap)
+        batch.token_weights = w

@@ -26,10 +26,38 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..generation.sampling import per_row
 from ..registry import CAPABILITIES, POLICIES
 
-__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler", "held_out_seed", "load_config_module",
-           "save_config_module"]
+__all__ = ["CAPABILITIES", "POLICIES", "PolicyBase", "check_own_sampler", "fanned_columns", "group_identity",
+           "held_out_seed", "load_config_module", "repeat_rows", "reward_column", "save_config_module",
+           "save_pretrained_folder", "saved_folder", "timed_pretraining"]
+
+
+# ---------------------------------------------------------------- the group fan-out
+# A policy's sample() draws counts[i] actions for row i (generation.sampling.completion_counts: one count for all
+# rows or one per row, ragged groups) and packs them prompt-major: row i's actions follow row i-1's. Per-row
+# lists: generation.sampling.per_row; per-action temperatures: generation.sampling.row_temperatures.
+
+def repeat_rows(x: torch.Tensor, counts: list[int], dim: int = 0) -> torch.Tensor:
+    """``x`` (one entry per row along ``dim``) with row ``i``'s entry repeated ``counts[i]`` times: one per
+    action, prompt-major (``repeat_interleave``; the counts on ``x``'s device)."""
+    return x.repeat_interleave(torch.tensor(counts, device=x.device), dim=dim)
+
+
+def fanned_columns(rows: list[dict], counts: list[int]) -> dict[str, list]:
+    """The rows' data columns (the first row's keys; a missing value is None), one entry per action: what
+    ``RolloutBatch.columns`` carries to the reward functions."""
+    return {k: per_row([r.get(k) for r in rows], counts) for k in rows[0]}
+
+
+def group_identity(counts: list[int], uids: list[int], group_offset: int) -> dict[str, torch.Tensor]:
+    """``group_ids`` (``group_offset + i`` for row ``i``'s actions) and ``prompt_uids`` (``uids[i]``), long, one
+    per action: the two :class:`~grpolab.batch.RolloutBatch` fields that say which rows are compared
+    (``RolloutBatch(..., **group_identity(counts, uids, group_offset))``)."""
+    rep = torch.tensor(counts)
+    return {"group_ids": torch.arange(group_offset, group_offset + len(counts)).repeat_interleave(rep),
+            "prompt_uids": torch.tensor(uids, dtype=torch.long).repeat_interleave(rep)}
 
 
 def held_out_seed(row: dict, uid: int, column: str = "noise_seed") -> int:
@@ -65,6 +93,18 @@ def check_own_sampler(cfg, reason: str) -> None:
                           f"temperature (set top_k: 0 and top_p: 1.0)")
 
 
+def reward_column(reward: str, column: str, values, n: int, holds: str, plural: str) -> list:
+    """A reward function's data column ``values`` as a list of one entry per completion (``n``); a missing column
+    is a ValueError ``reward '<reward>' needs the data column '<column>' (<holds>)``, a wrong length one saying
+    ``<n> completions but <len> <plural>``."""
+    if values is None:
+        raise ValueError(f"reward '{reward}' needs the data column '{column}' ({holds})")
+    values = list(values)
+    if len(values) != n:
+        raise ValueError(f"reward '{reward}': {n} completions but {len(values)} {plural}")
+    return values
+
+
 def save_config_module(module: torch.nn.Module, path) -> None:
     """Write a small built-in network to folder ``path``: ``config.json`` (``_class_name`` + ``module.config``,
     what its constructor takes) and ``model.safetensors``; :func:`load_config_module` reads it back."""
@@ -78,6 +118,45 @@ def save_config_module(module: torch.nn.Module, path) -> None:
                                                  indent=2) + "\n")
     save_file({k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()},
               str(path / "model.safetensors"))
+
+
+def save_pretrained_folder(module, path, *companions):
+    """Folder ``path`` (made when missing) with ``module.save_pretrained`` (safetensors) and each companion's
+    ``save_pretrained`` (a tokenizer, a processor); the folder as a ``Path``, for the policy's own files."""
+    from pathlib import Path
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    module.save_pretrained(path, safe_serialization=True)
+    for companion in companions:
+        companion.save_pretrained(path)
+    return path
+
+
+def saved_folder(model: str, policy: str, needed: tuple[str, ...], what: str):
+    """``model`` (a ``--model`` folder) as a ``Path`` holding every file of ``needed``; a missing one is a
+    ConfigError ``model: policy <policy> loads <what>; <folder> has no <file>``."""
+    from pathlib import Path
+
+    from ..errors import ConfigError
+    path = Path(model)
+    for name in needed:
+        if not (path / name).exists():
+            raise ConfigError(f"model: policy {policy} loads {what}; {path} has no {name}")
+    return path
+
+
+def timed_pretraining(seed: int, pretrain, *args):
+    """``(outputs, meta)``: a built-in tiny model's pre-training ``pretrain(*args)`` (outputs: the model first, its
+    loss curve last) and the ``meta.json`` fields of its cache folder: ``seed``, ``parameters``, ``loss_curve``,
+    ``train_seconds`` (the pre-training's wall-clock time, saving excluded)."""
+    import time
+
+    t0 = time.perf_counter()
+    out = pretrain(*args)
+    seconds = time.perf_counter() - t0
+    return out, {"seed": seed, "parameters": sum(p.numel() for p in out[0].parameters()), "loss_curve": out[-1],
+                 "train_seconds": round(seconds, 2)}
 
 
 def load_config_module(cls, path, policy: str):
@@ -171,6 +250,17 @@ class PolicyBase(ABC):
         prompt, completion = batch.columns.get("prompt"), batch.columns.get("completion")
         return {"prompt": "" if prompt is None else str(prompt[i]),
                 "completion": "" if completion is None else str(completion[i])}
+
+    def render(self, batch) -> torch.Tensor | None:
+        """The pictures of ``batch``'s rows, one per row, as float images ``[R, C, H, W]`` in [0, 1] (media.py's
+        convention), or None when the policy's actions are not pictures. The held-out evaluation's grid
+        (``image_grid`` in summary.json and the report, instead of text samples: train/evaluate.py) and the
+        trackers' ``samples`` images beside the completions log (the trainer) show them.
+
+        The default is ``batch.row_data["images"]`` where the batch has it (None otherwise): every image kind
+        keeps its decoded samples there (capability ``images``), so none needs to override this; a kind whose
+        pictures live elsewhere, or that draws them on demand, does."""
+        return batch.row_data.get("images")
 
     @torch.no_grad()
     def logprobs(self, module, batch, *, micro_batch_size: int, max_tokens: int = 0) -> torch.Tensor:

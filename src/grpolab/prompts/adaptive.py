@@ -162,9 +162,6 @@ class VADESampler:
             self.alpha[uid] += s
             self.beta[uid] += n - s
 
-    def posterior_mean(self) -> torch.Tensor:
-        return self.alpha / (self.alpha + self.beta)
-
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state(), "alpha": self.alpha.clone(),
                 "beta": self.beta.clone(), "num_rows": self.num_rows}

@@ -55,6 +55,33 @@ def _fmt(points: list[tuple[int, float]], n: int = 6) -> str:
     return text + (f" ({len(points)} steps)" if len(points) > n else "")
 
 
+def _mean_above(pts: list[tuple[int, float]], limit: float, check: str, title: str, label: str,
+                fix: str) -> Finding | None:
+    """The finding ``check`` when the mean of ``pts`` (metric ``label`` over the recent steps) is above ``limit``."""
+    mean = _mean(v for _, v in pts) if pts else None
+    if mean is None or mean <= limit:
+        return None
+    return Finding(check, title, f"{label} mean {mean:.3g} > {limit:g} over the last {len(pts)} steps ({_fmt(pts)})",
+                   fix, [s for s, _ in pts])
+
+
+def _first_and_recent(rows: list[dict], key: str) -> tuple[int, float, list[tuple[int, float]], float] | None:
+    """``(first step, its value, the recent points, their mean)`` of metric ``key``; None below 2 logged steps."""
+    pts = series(rows, key)
+    if len(pts) < 2:
+        return None
+    recent = series(_recent(rows), key)
+    return pts[0][0], pts[0][1], recent, _mean(v for _, v in recent)
+
+
+def _trend(check: str, title: str, key: str, verb: str, seen: tuple, limits: str, fix: str) -> Finding:
+    """The finding ``check``: metric ``key`` ``verb`` ("fell", "grew") from its first logged value to the recent
+    mean (``seen``, from :func:`_first_and_recent`), past ``limits``."""
+    first_step, first, recent, level = seen
+    return Finding(check, title, f"{key} {verb} from {first:.4g} (step {first_step}) to a recent mean of "
+                   f"{level:.4g} ({limits}) ({_fmt(recent)})", fix, [s for s, _ in recent])
+
+
 def check_reward_constant(rows, summary) -> Finding | None:
     """Every completion of a batch got the same reward (constant, all-zero or saturated)."""
     pts = series(_recent(rows), "reward_std")
@@ -77,61 +104,49 @@ def check_reward_constant(rows, summary) -> Finding | None:
 
 def check_zero_variance_groups(rows, summary) -> Finding | None:
     """Most groups have all completions scored alike (zero advantage: no gradient from them)."""
-    pts = series(_recent(rows), "frac_zero_std_groups")
-    mean = _mean(v for _, v in pts) if pts else None
-    if mean is None or mean <= ZERO_STD_GROUPS_MAX:
-        return None
-    return Finding("zero_variance_groups", "most groups are zero-variance",
-                   f"frac_zero_std_groups mean {mean:.3g} > {ZERO_STD_GROUPS_MAX} over the last "
-                   f"{len(pts)} steps ({_fmt(pts)})",
-                   "groups whose completions all score alike contribute nothing. Use dynamic sampling "
-                   "(`--dynamic_sampling true`, DAPO) to refill the batch with informative groups, a prompt sampler "
-                   "that prefers prompts of intermediate difficulty (`--prompt_sampler`, see `grpolab components "
-                   "prompt_sampler`), harder (or easier) data, or more generations per prompt (`--num_generations`).",
-                   [s for s, _ in pts])
+    return _mean_above(series(_recent(rows), "frac_zero_std_groups"), ZERO_STD_GROUPS_MAX, "zero_variance_groups",
+                       "most groups are zero-variance", "frac_zero_std_groups",
+                       "groups whose completions all score alike contribute nothing. Use dynamic sampling "
+                       "(`--dynamic_sampling true`, DAPO) to refill the batch with informative groups, a prompt "
+                       "sampler that prefers prompts of intermediate difficulty (`--prompt_sampler`, see `grpolab "
+                       "components prompt_sampler`), harder (or easier) data, or more generations per prompt "
+                       "(`--num_generations`).")
 
 
 def check_entropy_collapse(rows, summary) -> Finding | None:
     """The policy's token entropy fell to near zero (it stopped exploring)."""
-    pts = series(rows, "entropy")
-    if len(pts) < 2:
+    seen = _first_and_recent(rows, "entropy")
+    if seen is None:
         return None
-    first = pts[0][1]
-    recent = series(_recent(rows), "entropy")
-    level = _mean(v for _, v in recent)
+    _, first, _, level = seen
     if not (level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first)):
         return None
-    return Finding("entropy_collapse", "entropy collapse",
-                   f"entropy fell from {first:.4g} (step {pts[0][0]}) to a recent mean of {level:.4g} "
-                   f"(floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first) ({_fmt(recent)})",
-                   "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
-                   "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
-                   "learning rate, or raise `--temperature`.", [s for s, _ in recent])
+    return _trend("entropy_collapse", "entropy collapse", "entropy", "fell", seen,
+                  f"floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first",
+                  "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
+                  "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
+                  "learning rate, or raise `--temperature`.")
 
 
 def check_length(rows, summary) -> Finding | None:
     """Mean completion length exploded or collapsed relative to the first steps."""
-    pts = series(rows, "completion_len_mean")
-    if len(pts) < 2:
+    seen = _first_and_recent(rows, "completion_len_mean")
+    if seen is None:
         return None
-    first = pts[0][1]
-    recent = series(_recent(rows), "completion_len_mean")
-    level = _mean(v for _, v in recent)
+    _, first, _, level = seen
     if first > 0 and level > LENGTH_GROWTH_MAX * first:
-        return Finding("length_explosion", "length explosion",
-                       f"completion_len_mean grew from {first:.4g} (step {pts[0][0]}) to a recent mean of "
-                       f"{level:.4g} (> {LENGTH_GROWTH_MAX:g} x) ({_fmt(recent)})",
-                       "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
-                       "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
-                       "`--mask_truncated_completions true`, "
-                       "or lower `--max_completion_length`.", [s for s, _ in recent])
+        return _trend("length_explosion", "length explosion", "completion_len_mean", "grew", seen,
+                      f"> {LENGTH_GROWTH_MAX:g} x",
+                      "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
+                      "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
+                      "`--mask_truncated_completions true`, "
+                      "or lower `--max_completion_length`.")
     if level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first):
-        return Finding("length_collapse", "length collapse",
-                       f"completion_len_mean fell from {first:.4g} (step {pts[0][0]}) to a recent mean of "
-                       f"{level:.4g} (< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens) ({_fmt(recent)})",
-                       "the policy learned that short answers score (or that ending early avoids a penalty). Check "
-                       "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
-                       "look at the completions (`grpolab report`).", [s for s, _ in recent])
+        return _trend("length_collapse", "length collapse", "completion_len_mean", "fell", seen,
+                      f"< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens",
+                      "the policy learned that short answers score (or that ending early avoids a penalty). Check "
+                      "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
+                      "look at the completions (`grpolab report`).")
     return None
 
 
@@ -153,30 +168,20 @@ def check_clip_fraction(rows, summary) -> Finding | None:
     recent = _recent(rows)
     low, high = dict(series(recent, "clip_frac_low")), dict(series(recent, "clip_frac_high"))
     pts = [(s, low.get(s, 0.0) + high.get(s, 0.0)) for s in sorted(set(low) | set(high))]
-    mean = _mean(v for _, v in pts) if pts else None
-    if mean is None or mean <= CLIP_FRAC_MAX:
-        return None
-    return Finding("clip_fraction", "clip fraction running away",
-                   f"clip_frac_low + clip_frac_high mean {mean:.3g} > {CLIP_FRAC_MAX:g} over the "
-                   f"last {len(pts)} steps ({_fmt(pts)})",
-                   "the ratio to the sampling policy leaves the trust region for many tokens: lower the learning "
-                   "rate or `--num_iterations`, refresh the off-policy data more often, or (engine mismatch) use a "
-                   "truncated importance correction.", [s for s, _ in pts])
+    return _mean_above(pts, CLIP_FRAC_MAX, "clip_fraction", "clip fraction running away",
+                       "clip_frac_low + clip_frac_high",
+                       "the ratio to the sampling policy leaves the trust region for many tokens: lower the learning "
+                       "rate or `--num_iterations`, refresh the off-policy data more often, or (engine mismatch) use "
+                       "a truncated importance correction.")
 
 
 def check_truncation(rows, summary) -> Finding | None:
     """Many completions hit max_completion_length."""
-    pts = series(_recent(rows), "frac_truncated")
-    mean = _mean(v for _, v in pts) if pts else None
-    if mean is None or mean <= TRUNCATION_MAX:
-        return None
-    return Finding("truncation", "frequent truncation",
-                   f"frac_truncated mean {mean:.3g} > {TRUNCATION_MAX:g} over the last "
-                   f"{len(pts)} steps ({_fmt(pts)})",
-                   "truncated completions usually cannot be scored correctly. Raise "
-                   "`--max_completion_length`, leave them out of the loss (`--mask_truncated_completions true`), "
-                   "or add an overlong penalty (`--recipe dapo`).",
-                   [s for s, _ in pts])
+    return _mean_above(series(_recent(rows), "frac_truncated"), TRUNCATION_MAX, "truncation", "frequent truncation",
+                       "frac_truncated",
+                       "truncated completions usually cannot be scored correctly. Raise "
+                       "`--max_completion_length`, leave them out of the loss (`--mask_truncated_completions true`), "
+                       "or add an overlong penalty (`--recipe dapo`).")
 
 
 def check_reward_errors(rows, summary) -> Finding | None:

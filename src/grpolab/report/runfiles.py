@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -34,26 +34,24 @@ def read_metrics(run: Path) -> tuple[list[dict], list[str]]:
     return [r for r in rows if isinstance(r.get("step"), (int, float))], notes
 
 
-def read_summary(run: Path) -> dict[str, Any]:
-    path = Path(run) / "summary.json"
+def _read_mapping(path: Path, parse: Callable[[str], Any], error: type[Exception]) -> dict[str, Any]:
+    """The mapping the file at ``path`` holds (read with ``parse``), or ``{}`` when it is missing, does not
+    parse (``error``) or holds something else."""
     if not path.exists():
         return {}
     try:
-        out = json.loads(path.read_text())
-    except json.JSONDecodeError:
+        out = parse(path.read_text())
+    except error:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+def read_summary(run: Path) -> dict[str, Any]:
+    return _read_mapping(Path(run) / "summary.json", json.loads, json.JSONDecodeError)
 
 
 def read_config(run: Path) -> dict[str, Any]:
-    path = Path(run) / "config.yaml"
-    if not path.exists():
-        return {}
-    try:
-        out = yaml.safe_load(path.read_text())
-    except yaml.YAMLError:
-        return {}
-    return out if isinstance(out, dict) else {}
+    return _read_mapping(Path(run) / "config.yaml", yaml.safe_load, yaml.YAMLError)
 
 
 def check_run_folder(run: Path) -> Path:

@@ -20,7 +20,6 @@ error naming the column and the parameter that chooses it.
 from __future__ import annotations
 
 import json
-import math
 import re
 import string
 from string import Template
@@ -30,7 +29,7 @@ from ..data import completion_text
 from ..registry import REWARD_SPECS, declared_params, param
 from .answers import extract_answer, math_equal
 from ..tasks.function_calls import ast_match, ast_valid_call, canon_value as _canon
-from .scoring import RewardFn
+from .scoring import RewardFn, spec_weight
 
 EPISODE = "episode"  # grpolab.agents.base.EPISODE_COLUMN (the agents package sits above rewards in the layers)
 
@@ -111,13 +110,7 @@ def data_column(columns: dict, name: str, who: str, param_name: str) -> list:
 def _spec(name: str, cls):
     """Register reward class ``cls`` as the ``--reward`` spec ``name[=weight]`` (its options are its params)."""
     def parse(spec: str, cfg=None, **opts) -> RewardFn:
-        weight = spec.partition("=")[2]
-        try:
-            w = float(weight) if weight else 1.0
-        except ValueError:
-            raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
-        if not math.isfinite(w):
-            raise ValueError(f"--reward '{spec}': weight '{weight}' is not a finite number")
+        w = spec_weight(spec, spec.partition("=")[2])
         return RewardFn(name, cls(**opts), w)
 
     parse.__name__ = parse.__qualname__ = f"parse_{name}_spec"

@@ -85,12 +85,7 @@ def parse_reward_spec(spec: str, cfg=None) -> RewardFn:
     if not module_name or not func_name:
         raise ValueError(f"--reward '{spec}': expected module:function or module:function=weight "
                          f"(or rm:PATH, judge:PATH, pm4grpo)")
-    try:
-        w = float(weight) if weight else 1.0
-    except ValueError:
-        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
-    if not math.isfinite(w):
-        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a finite number; give a real number")
+    w = spec_weight(spec, weight)
     module = import_reward_module(module_name, spec)
     fn = getattr(module, func_name, None)
     if not callable(fn):
@@ -347,6 +342,18 @@ class BatchScorer:
                         group_ids=batch.group_ids, prompt_uids=batch.prompt_uids, reward_matrix=batch.rewards,
                         reward_names=batch.reward_names, batch=batch, step=step)
         return scalar
+
+
+def spec_weight(spec: str, weight: str) -> float:
+    """The weight of reward spec ``spec`` from its text ``weight`` after the ``=`` (1 when there is none); one that
+    is not a finite number is an error."""
+    try:
+        w = float(weight) if weight else 1.0
+    except ValueError:
+        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a number") from None
+    if not math.isfinite(w):
+        raise ValueError(f"--reward '{spec}': weight '{weight}' is not a finite number; give a real number")
+    return w
 
 
 def spec_target_and_weight(spec: str, prefix: str) -> tuple[str, float]:

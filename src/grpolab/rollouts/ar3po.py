@@ -6,7 +6,6 @@ import torch
 
 from ..batch import INJECTED, RolloutBatch
 from ..data import tokenize_prompts
-from ..errors import ConfigError
 from ..generation.plain import pack_completions
 from ..generation.sampling import per_prompt
 from ..registry import ROLLOUT_STRATEGIES

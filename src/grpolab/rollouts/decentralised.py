@@ -245,35 +245,15 @@ def decentralised(ctx, rows, uids, group_offset, budgets=None, temperatures=None
     temps = list(temperatures) if temperatures is not None else [cfg.temperature] * len(rows)
     plan = exchange_plan(counts, decentral_nodes, decentral_mode)
     malicious = set(range(decentral_nodes - decentral_malicious, decentral_nodes))
-    own_idx = [i for i, _ in plan[0]]
-    rows_out: list[tuple[int, list[int], bool, int, bool]] = []  # (prompt, ids, truncated, node, poisoned)
-    if own_idx:
-        own = ctx.generate([rows[i] for i in own_idx], [uids[i] for i in own_idx], group_offset=group_offset,
-                           num_generations=[c for _, c in plan[0]], temperature=[temps[i] for i in own_idx])
-        prompt_of = [i for i, c in plan[0] for _ in range(c)]
-        for r in range(own.num_rows):
-            n = int(own.completion_attention_mask[r].sum())
-            rows_out.append((prompt_of[r], own.completion_ids[r, :n].tolist(), bool(own.truncated[r]), 0, False))
+    rows_out = _own_rows(ctx, rows, uids, plan[0], temps, group_offset)
     sent = peer_shares(ctx, rows, uids, plan, malicious=malicious, attack=decentral_attack,
                        payload=decentral_payload, trigger=decentral_trigger, temperature=temps,
                        max_len=cfg.max_completion_length)
-    received = []
-    for s in sent:
-        ids, truncated = retokenise(tok, s["text"], s["finished"], cfg.max_completion_length, tok.eos_token_id)
-        if ids:
-            received.append((s["prompt"], ids, truncated, s["node"], s["poisoned"]))
+    received = _received(tok, sent, cfg.max_completion_length)
     keep = [True] * len(received)
     if received and decentral_defence != "none":
-        probe = _pack(tok, rows, uids, received, group_offset, cfg.max_prompt_length)
-        if decentral_defence == "token_check":
-            ok = token_check(ctx.policy, probe, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                             min_logprob=decentral_min_logprob)
-        else:
-            texts = [completion_text(c) for c in probe.columns["completion"]]
-            cols = {k: v for k, v in probe.columns.items() if k not in ("prompt", "completion")}
-            ok = judge_scores(ctx, decentral_judge, probe.columns["prompt"], texts, cols) >= \
-                decentral_judge_threshold
-        keep = ok.tolist()
+        keep = _defend(ctx, rows, uids, received, group_offset, decentral_defence, decentral_min_logprob,
+                       decentral_judge, decentral_judge_threshold)
     accepted = [r for r, k in zip(received, keep) if k]
     ctx.metric("decentral_received", len(received))
     ctx.metric("decentral_rejected", len(received) - len(accepted))
@@ -286,6 +266,44 @@ def decentralised(ctx, rows, uids, group_offset, budgets=None, temperatures=None
     batch = _pack(tok, rows, uids, rows_out + accepted, group_offset, cfg.max_prompt_length)
     batch.behavior_logprobs = ctx.logprobs(batch)  # this node's pi_old of every token (own ones: as sampled)
     return batch
+
+
+def _own_rows(ctx, rows, uids, own_plan, temps, group_offset) -> list[tuple[int, list[int], bool, int, bool]]:
+    """This node's own completions (node 0's share of the plan) as ``(prompt, ids, truncated, node, poisoned)``."""
+    own_idx = [i for i, _ in own_plan]
+    rows_out: list[tuple[int, list[int], bool, int, bool]] = []  # (prompt, ids, truncated, node, poisoned)
+    if own_idx:
+        own = ctx.generate([rows[i] for i in own_idx], [uids[i] for i in own_idx], group_offset=group_offset,
+                           num_generations=[c for _, c in own_plan], temperature=[temps[i] for i in own_idx])
+        prompt_of = [i for i, c in own_plan for _ in range(c)]
+        for r in range(own.num_rows):
+            n = int(own.completion_attention_mask[r].sum())
+            rows_out.append((prompt_of[r], own.completion_ids[r, :n].tolist(), bool(own.truncated[r]), 0, False))
+    return rows_out
+
+
+def _received(tok, sent: list[dict], max_len: int) -> list[tuple[int, list[int], bool, int, bool]]:
+    """The peers' strings re-tokenised (:func:`retokenise`) as items; an empty one is dropped."""
+    received = []
+    for s in sent:
+        ids, truncated = retokenise(tok, s["text"], s["finished"], max_len, tok.eos_token_id)
+        if ids:
+            received.append((s["prompt"], ids, truncated, s["node"], s["poisoned"]))
+    return received
+
+
+def _defend(ctx, rows, uids, received, group_offset, defence: str, min_logprob, judge, threshold) -> list[bool]:
+    """Per received item, whether the defence (``token_check`` or ``judge``) accepts it."""
+    cfg = ctx.cfg
+    probe = _pack(ctx.tokenizer, rows, uids, received, group_offset, cfg.max_prompt_length)
+    if defence == "token_check":
+        ok = token_check(ctx.policy, probe, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                         min_logprob=min_logprob)
+    else:
+        texts = [completion_text(c) for c in probe.columns["completion"]]
+        cols = {k: v for k, v in probe.columns.items() if k not in ("prompt", "completion")}
+        ok = judge_scores(ctx, judge, probe.columns["prompt"], texts, cols) >= threshold
+    return ok.tolist()
 
 
 def _pack(tok, rows, uids, items, group_offset, max_prompt_length):

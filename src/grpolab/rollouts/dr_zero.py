@@ -160,51 +160,71 @@ def dr_zero(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     role = phase(ctx.step or 0, dr_zero_steps_per_phase)
     ctx.metric("dr_zero/phase", float(ROLES.index(role)))
     if role == PROPOSER:
-        with role_adapter(ctx.policy, PROPOSER if lora else None):
-            batch = run_episodes(ctx, rows, uids, group_offset, [dr_zero_proposer_samples] * len(rows), temps,
-                                 factory, settings, renderer)
-        finals = [c[0]["content"] if isinstance(c, list) else c for c in batch.columns["completion"]]
-        props = [proposal_of(ep, h, d, f) for ep, h, d, f in zip(batch.columns[EPISODE_COLUMN], batch.columns["hops"],
-                                                                  batch.columns["document"], finals)]
-        asked = [i for i, (_, _, fmt) in enumerate(props) if fmt > 0]
-        hits = _ask_solver(ctx, [(props[i][0], props[i][1], batch.columns["hops"][i]) for i in asked], factory,
-                           settings, renderer, dr_zero_solver_samples, lora)
-        column = [None] * len(props)
-        for i, h in zip(asked, hits):
-            column[i] = h
-        batch.columns[HITS_COLUMN] = column
-        _mark(batch, PROPOSER)
-        ctx.metric("dr_zero/valid_questions", len(asked) / max(1, len(props)))
-        ctx.metric("dr_zero/proposer/format", sum(f for _, _, f in props) / max(1, len(props)))
-        if hits:
-            ctx.metric("dr_zero/solver_success", sum(sum(h) / len(h) for h in hits) / len(hits))
-            ctx.metric("dr_zero/proposer/difficulty", sum(difficulty_score(h) for h in hits) / len(hits))
+        batch = _proposer_step(ctx, rows, uids, group_offset, temps, factory, settings, renderer,
+                               dr_zero_proposer_samples, dr_zero_solver_samples, lora)
     else:
-        questions = []
-        for _ in range(dr_zero_question_attempts):
-            with _acting(ctx.policy, PROPOSER, lora):
-                eps = _play(ctx, rows, uids, [1] * len(rows), temps, factory, settings, renderer)
-            props = [proposal_of(e.record.as_dict(), r["hops"], r["document"], _final(e)) for e, r in zip(eps, rows)]
-            ctx.metric("dr_zero/valid_questions", sum(1 for p in props if p[2] > 0) / max(1, len(props)))
-            questions = [(i, p) for i, p in enumerate(props) if p[2] > 0]
-            if questions:
-                break
-        if not questions:  # nothing for the solver: the step is skipped (the trainer's "skipped" metric)
-            ctx.log(f"[grpolab] warning: dr_zero: solver step {ctx.step}: the proposer wrote no question that passes "
-                    f"the format check for any of the {len(rows)} documents in {dr_zero_question_attempts} attempts "
-                    f"(dr_zero_question_attempts); the step is skipped. If this repeats, train the proposer longer "
-                    f"first (dr_zero_steps_per_phase), draw more documents per step (prompts_per_step) or start "
-                    f"from a model that follows the <question>/<answer> format")
+        batch = _solver_step(ctx, rows, uids, group_offset, budgets, temps, factory, settings, renderer,
+                             dr_zero_question_attempts, lora)
+        if batch is None:
             return None
-        srows = [solver_row(p[0], p[1], rows[i]["hops"]) for i, p in questions]
-        counts = completion_counts(cfg.num_generations if budgets is None else budgets, len(rows))
-        with role_adapter(ctx.policy, SOLVER if lora else None):
-            batch = run_episodes(ctx, srows, [uids[i] for i, _ in questions], group_offset,
-                                 [counts[i] for i, _ in questions], [temps[i] for i, _ in questions], factory,
-                                 settings, renderer)
-        _mark(batch, SOLVER)
     scalar = ctx.score(batch)
     ctx.metric("dr_zero/reward", float(torch.nanmean(scalar.float())))
+    return batch
+
+
+def _proposer_step(ctx, rows, uids, group_offset, temps, factory, settings, renderer, samples: int,
+                   solver_samples: int, lora: bool):
+    """The proposer's episodes (``samples`` per document), their questions put to the frozen solver
+    (``columns["dr_zero_hits"]``) and the proposer metrics."""
+    with role_adapter(ctx.policy, PROPOSER if lora else None):
+        batch = run_episodes(ctx, rows, uids, group_offset, [samples] * len(rows), temps,
+                             factory, settings, renderer)
+    finals = [c[0]["content"] if isinstance(c, list) else c for c in batch.columns["completion"]]
+    props = [proposal_of(ep, h, d, f) for ep, h, d, f in zip(batch.columns[EPISODE_COLUMN], batch.columns["hops"],
+                                                              batch.columns["document"], finals)]
+    asked = [i for i, (_, _, fmt) in enumerate(props) if fmt > 0]
+    hits = _ask_solver(ctx, [(props[i][0], props[i][1], batch.columns["hops"][i]) for i in asked], factory,
+                       settings, renderer, solver_samples, lora)
+    column = [None] * len(props)
+    for i, h in zip(asked, hits):
+        column[i] = h
+    batch.columns[HITS_COLUMN] = column
+    _mark(batch, PROPOSER)
+    ctx.metric("dr_zero/valid_questions", len(asked) / max(1, len(props)))
+    ctx.metric("dr_zero/proposer/format", sum(f for _, _, f in props) / max(1, len(props)))
+    if hits:
+        ctx.metric("dr_zero/solver_success", sum(sum(h) / len(h) for h in hits) / len(hits))
+        ctx.metric("dr_zero/proposer/difficulty", sum(difficulty_score(h) for h in hits) / len(hits))
+    return batch
+
+
+def _solver_step(ctx, rows, uids, group_offset, budgets, temps, factory, settings, renderer, attempts: int,
+                 lora: bool):
+    """The frozen proposer's questions (up to ``attempts`` tries until one passes the format check), then the
+    solver's episodes on them; None (the step is skipped) when no question passed."""
+    questions = []
+    for _ in range(attempts):
+        with _acting(ctx.policy, PROPOSER, lora):
+            eps = _play(ctx, rows, uids, [1] * len(rows), temps, factory, settings, renderer)
+        props = [proposal_of(e.record.as_dict(), r["hops"], r["document"], _final(e)) for e, r in zip(eps, rows)]
+        ctx.metric("dr_zero/valid_questions", sum(1 for p in props if p[2] > 0) / max(1, len(props)))
+        questions = [(i, p) for i, p in enumerate(props) if p[2] > 0]
+        if questions:
+            break
+    if not questions:  # nothing for the solver: the step is skipped (the trainer's "skipped" metric)
+        ctx.log(f"[grpolab] warning: dr_zero: solver step {ctx.step}: the proposer wrote no question that passes "
+                f"the format check for any of the {len(rows)} documents in {attempts} attempts "
+                f"(dr_zero_question_attempts); the step is skipped. If this repeats, train the proposer longer "
+                f"first (dr_zero_steps_per_phase), draw more documents per step (prompts_per_step) or start "
+                f"from a model that follows the <question>/<answer> format")
+        return None
+    srows = [solver_row(p[0], p[1], rows[i]["hops"]) for i, p in questions]
+    counts = completion_counts(ctx.cfg.num_generations if budgets is None else budgets, len(rows))
+    with role_adapter(ctx.policy, SOLVER if lora else None):
+        batch = run_episodes(ctx, srows, [uids[i] for i, _ in questions], group_offset,
+                             [counts[i] for i, _ in questions], [temps[i] for i, _ in questions], factory,
+                             settings, renderer)
+    _mark(batch, SOLVER)
     return batch
 
 

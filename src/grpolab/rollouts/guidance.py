@@ -15,10 +15,11 @@ The data row is never modified (a shallow copy gets the new ``prompt``).
 Every batch these strategies return carries two columns: ``hint_level`` (0 for a
 plain row; the hint tier, or the GHPO stage, otherwise) and ``hint`` (the text
 added, None for plain rows), and each step logs ``rollout/frac_hinted`` (the
-share of returned rows with ``hint_level > 0``) through ``ctx.metric``. Hinted rows keep the prompt uid and the group id of
-the prompt they stand for, and their ``behavior_logprobs`` are the log-probs
-they were sampled with, under the *hinted* context. Which context the loss
-conditions on (``prompt_ids``) is the difference between the methods:
+share of returned rows with ``hint_level > 0``) through ``ctx.metric``. Hinted
+rows keep the prompt uid and the group id of the prompt they stand for, and
+their ``behavior_logprobs`` are the log-probs they were sampled with, under the
+*hinted* context. Which context the loss conditions on (``prompt_ids``) is the
+difference between the methods:
 
 * Scaf-GRPO and GHPO train on the hinted prompt (``prompt_ids`` = hinted, so
   the importance ratio is the usual on-policy one);
@@ -26,8 +27,6 @@ conditions on (``prompt_ids``) is the difference between the methods:
   is pi_theta(o | q) / pi_old(o | q, h).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -38,7 +37,8 @@ from ..registry import param
 
 HINT_TASKS = "countdown, arithmetic (multi-step)"
 # GHPO authors' hint sentence (hkgc-1/GHPO, src/ghpo/ghpo_trainer.py, _generate_and_score_completions)
-SOLUTION_HEADER = "The following text is the beginning part of the answer, which you can refer to for solving the problem:"
+SOLUTION_HEADER = ("The following text is the beginning part of the answer, which you can refer to for solving the "
+                   "problem:")
 
 
 # ----------------------------------------------------------------- hint text
@@ -360,26 +360,8 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     parts = []
     hinted_for: dict[int, list[int]] = {}
     if failed:
-        texts, levels = [], []
-        for i in failed:
-            hints = require_column(rows[i], "hints", "guide")
-            if not hints:
-                raise ValueError("rollout strategy 'guide': a row has an empty 'hints' list")
-            lv = len(hints) if guide_hint_level <= 0 else min(guide_hint_level, len(hints))
-            texts.append(hint_text(hints, lv))
-            levels.append(lv)
-        hb, _, hm = _hinted(ctx, [rows[i] for i in failed], [uids[i] for i in failed], texts, levels,
-                            [_budget(ctx, budgets, i) for i in failed],
-                            [_pick(temperatures, i) for i in failed] if temperatures is not None else None)
-        # the loss conditions on the hint-free prompt: copy the plain prompt tokens into the hinted rows
-        src = torch.zeros(hb.num_rows, dtype=torch.long)
-        for j, i in enumerate(failed):
-            for r in hm[j]:
-                src[r] = members[i][0]
-                hb.columns["prompt"][r] = rows[i]["prompt"]
-            hinted_for[i] = hm[j]
-        hb.prompt_ids = plain.prompt_ids[src]
-        hb.prompt_mask = plain.prompt_mask[src]
+        hb, hinted_for = _guide_hinted(ctx, rows, uids, failed, plain, members, budgets, temperatures,
+                                       guide_hint_level)
     for i in range(len(rows)):
         gid = group_offset + i
         if i in hinted_for:
@@ -389,6 +371,33 @@ def guide(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
         else:
             parts.append((plain, members[i], gid))
     return _assemble(ctx, parts)
+
+
+def _guide_hinted(ctx, rows, uids, failed: list[int], plain, members, budgets, temperatures, hint_level: int):
+    """Guide's hinted groups of the ``failed`` prompts: sampled with the hint in the context, then given the plain
+    prompt tokens and ``prompt`` column. Returns ``(hinted batch, {prompt: its rows in it})``."""
+    texts, levels = [], []
+    for i in failed:
+        hints = require_column(rows[i], "hints", "guide")
+        if not hints:
+            raise ValueError("rollout strategy 'guide': a row has an empty 'hints' list")
+        lv = len(hints) if hint_level <= 0 else min(hint_level, len(hints))
+        texts.append(hint_text(hints, lv))
+        levels.append(lv)
+    hb, _, hm = _hinted(ctx, [rows[i] for i in failed], [uids[i] for i in failed], texts, levels,
+                        [_budget(ctx, budgets, i) for i in failed],
+                        [_pick(temperatures, i) for i in failed] if temperatures is not None else None)
+    # the loss conditions on the hint-free prompt: copy the plain prompt tokens into the hinted rows
+    src = torch.zeros(hb.num_rows, dtype=torch.long)
+    hinted_for: dict[int, list[int]] = {}
+    for j, i in enumerate(failed):
+        for r in hm[j]:
+            src[r] = members[i][0]
+            hb.columns["prompt"][r] = rows[i]["prompt"]
+        hinted_for[i] = hm[j]
+    hb.prompt_ids = plain.prompt_ids[src]
+    hb.prompt_mask = plain.prompt_mask[src]
+    return hb, hinted_for
 
 
 # ---------------------------------------------------------------------- GHPO

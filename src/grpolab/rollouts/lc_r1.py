@@ -158,39 +158,11 @@ def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
                          f"{', '.join(sorted(batch.columns))}); LC-R1 needs the reference answer")
     correct = lc_correct(batch.rewards, batch.reward_names, texts, shaping_correct_reward,
                          shaping_correct_threshold, lc_think_end)
-    lengths = batch.completion_attention_mask.sum(-1).tolist()
-    cuts, compress, marker_pos = {}, [0.0] * batch.num_rows, [-1] * batch.num_rows
-    not_found = 0
-    for i, text in enumerate(texts):
-        ids = batch.completion_ids[i, :int(lengths[i])].tolist()
-        e = text.find(lc_think_end)
-        if e < 0:
-            continue
-        m = tokens_within(tok, ids, e)  # |R|: the reasoning tokens before the marker's first token
-        marker_pos[i] = m
-        if not correct[i]:
-            continue
-        v = lc_valid_thinking_end(text[:e], batch.columns[lc_answer_column][i])
-        k = 0 if v is None else min(tokens_covering(tok, ids, v), m)
-        if k == 0:  # the answer is not derived in the reasoning: -1, nothing cropped
-            compress[i] = -1.0
-            not_found += 1
-            continue
-        compress[i] = 1.0 - k / (m + LC_EPS)
-        marker_pos[i] = k
-        if k < m:
-            cuts[i] = (k, m)
+    cuts, compress, marker_pos, not_found = _crops(tok, batch, texts, correct, batch.columns[lc_answer_column],
+                                                   lc_think_end)
     out = crop_rows(batch, cuts, tok.pad_token_id)
     if cuts:
-        idx = sorted(cuts)
-        part = out.select(idx)
-        lp = ctx.logprobs(part)
-        tail = part.token_origin == INJECTED
-        out.behavior_logprobs[idx] = torch.where(tail, lp.to(part.behavior_logprobs.dtype), part.behavior_logprobs)
-        new_texts = tok.batch_decode(part.completion_ids, skip_special_tokens=True)
-        for j, i in enumerate(idx):
-            c = out.columns["completion"][i]
-            out.columns["completion"][i] = [{**c[0], "content": new_texts[j]}] if isinstance(c, list) else new_texts[j]
+        _refresh_cropped(ctx, out, cuts)
     out.columns["lc_compress"] = compress
     out.columns["lc_think_end"] = marker_pos
     n_correct = int(correct.sum())
@@ -200,3 +172,48 @@ def lc_r1(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     if n_correct:
         ctx.metric("lc_compress_mean", sum(compress[i] for i in range(len(texts)) if correct[i]) / n_correct)
     return out
+
+
+def _crops(tok, batch: RolloutBatch, texts: list[str], correct, answers: list, think_end: str):
+    """Per row, from its completion ``texts[i]``: ``(cuts, compress, marker_pos, not_found)``, the LC-R1 crop
+    ``{row: (|R'|, |R|)}`` of the correct rows whose valid thinking is shorter than their reasoning, each row's
+    compress reward and marker position (tokens; the lc_r1 docstring) and the correct rows whose reasoning does
+    not state the answer."""
+    lengths = batch.completion_attention_mask.sum(-1).tolist()
+    cuts, compress, marker_pos = {}, [0.0] * batch.num_rows, [-1] * batch.num_rows
+    not_found = 0
+    for i, text in enumerate(texts):
+        ids = batch.completion_ids[i, :int(lengths[i])].tolist()
+        e = text.find(think_end)
+        if e < 0:
+            continue
+        m = tokens_within(tok, ids, e)  # |R|: the reasoning tokens before the marker's first token
+        marker_pos[i] = m
+        if not correct[i]:
+            continue
+        v = lc_valid_thinking_end(text[:e], answers[i])
+        k = 0 if v is None else min(tokens_covering(tok, ids, v), m)
+        if k == 0:  # the answer is not derived in the reasoning: -1, nothing cropped
+            compress[i] = -1.0
+            not_found += 1
+            continue
+        compress[i] = 1.0 - k / (m + LC_EPS)
+        marker_pos[i] = k
+        if k < m:
+            cuts[i] = (k, m)
+    return cuts, compress, marker_pos, not_found
+
+
+def _refresh_cropped(ctx, out: RolloutBatch, cuts: dict) -> None:
+    """The cropped rows' INJECTED tails get teacher-forced behaviour log-probs (``ctx.logprobs``) in their new
+    context, and their ``completion`` column the cropped text."""
+    tok = ctx.tokenizer
+    idx = sorted(cuts)
+    part = out.select(idx)
+    lp = ctx.logprobs(part)
+    tail = part.token_origin == INJECTED
+    out.behavior_logprobs[idx] = torch.where(tail, lp.to(part.behavior_logprobs.dtype), part.behavior_logprobs)
+    new_texts = tok.batch_decode(part.completion_ids, skip_special_tokens=True)
+    for j, i in enumerate(idx):
+        c = out.columns["completion"][i]
+        out.columns["completion"][i] = [{**c[0], "content": new_texts[j]}] if isinstance(c, list) else new_texts[j]

@@ -240,46 +240,77 @@ def render(tok, prompt) -> list[int]:
 
 def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], turn_tokens: int, model=None) -> None:
     """Every run of ``program`` to its end, the waiting ``lm`` calls sampled in batches (the module docstring)."""
-    tok = ctx.tokenizer
-    eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
-    cond = threading.Condition()
-    tok_lock = threading.Lock()  # a fast tokenizer used from several threads at once can fail ("Already borrowed")
-    waiting: dict[int, dict] = {}
-    state = {"busy": len(runs), "abort": False}
+    sched = _Scheduler(ctx, runs, modules, turn_tokens, model)
+    threads = [threading.Thread(target=sched.body, args=(program, j, r), daemon=True) for j, r in enumerate(runs)]
+    for t in threads:
+        t.start()
+    try:
+        sched.serve()
+    except BaseException:
+        with sched.cond:
+            sched.abort = True
+            sched.cond.notify_all()
+        raise
+    finally:
+        for t in threads:
+            t.join()
+    for r in runs:
+        if r.fatal is not None:
+            raise r.fatal
 
-    def make_lm(j: int, run: Run):
+
+class _Scheduler:
+    """What the program threads of one step share with the sampling loop: the waiting calls (``waiting[run]``:
+    the call's prompt ids, budget and, once sampled, its output), the count of runs still computing (``busy``)
+    and the abort flag, under one condition."""
+
+    def __init__(self, ctx, runs: list[Run], modules: dict[str, bool], turn_tokens: int, model):
+        self.ctx, self.runs, self.modules, self.turn_tokens, self.model = ctx, runs, modules, turn_tokens, model
+        self.tok = ctx.tokenizer
+        self.eos = set(eos_token_ids(self.tok, model if model is not None else ctx.policy))
+        self.cond = threading.Condition()
+        # a fast tokenizer used from several threads at once can fail ("Already borrowed")
+        self.tok_lock = threading.Lock()
+        self.waiting: dict[int, dict] = {}
+        self.busy = len(runs)
+        self.abort = False
+
+    def lm(self, j: int, run: Run, module: str, prompt, max_new_tokens: int | None = None) -> str:
+        """Run ``j``'s ``lm`` call: wait until the sampling loop has sampled it, record it, return its text."""
+        if self.modules and module not in self.modules:
+            run.fatal = ConfigError(f"program called module '{module}', which lm_program_modules does not list "
+                                    f"(listed: {', '.join(self.modules)}); add it, with trainable: false to leave "
+                                    f"its calls out of training")
+            raise run.fatal
+        with self.tok_lock:
+            ids = render(self.tok, prompt)
+        limit = self.ctx.cfg.max_prompt_length
+        if len(ids) > limit:
+            run.fatal = ConfigError(f"lm_program: a prompt of module '{module}' has {len(ids)} tokens, more "
+                                    f"than max_prompt_length={limit}; raise "
+                                    f"--max_prompt_length or shorten the program's prompts")
+            raise run.fatal
+        slot = {"ids": ids, "budget": int(max_new_tokens or self.turn_tokens), "out": None}
+        with self.cond:
+            self.waiting[j] = slot
+            self.busy -= 1
+            self.cond.notify_all()
+            while slot["out"] is None and not self.abort:
+                self.cond.wait()
+            if slot["out"] is None:
+                raise _Aborted()
+        new, lps, reason, engine = slot["out"]
+        with self.tok_lock:
+            text = self.tok.decode([t for t in new if t not in self.eos], skip_special_tokens=True)
+        run.calls.append(Call(module, ids, list(new), list(lps), reason, text, engine))
+        return text
+
+    def body(self, program, j: int, run: Run) -> None:
+        """One program thread: run ``j`` to its answer or its failure."""
         def lm(module: str, prompt, max_new_tokens: int | None = None) -> str:
-            if modules and module not in modules:
-                run.fatal = ConfigError(f"program called module '{module}', which lm_program_modules does not list "
-                                        f"(listed: {', '.join(modules)}); add it, with trainable: false to leave "
-                                        f"its calls out of training")
-                raise run.fatal
-            with tok_lock:
-                ids = render(tok, prompt)
-            if len(ids) > ctx.cfg.max_prompt_length:
-                run.fatal = ConfigError(f"lm_program: a prompt of module '{module}' has {len(ids)} tokens, more "
-                                        f"than max_prompt_length={ctx.cfg.max_prompt_length}; raise "
-                                        f"--max_prompt_length or shorten the program's prompts")
-                raise run.fatal
-            slot = {"ids": ids, "budget": int(max_new_tokens or turn_tokens), "out": None}
-            with cond:
-                waiting[j] = slot
-                state["busy"] -= 1
-                cond.notify_all()
-                while slot["out"] is None and not state["abort"]:
-                    cond.wait()
-                if slot["out"] is None:
-                    raise _Aborted()
-            new, lps, reason, engine = slot["out"]
-            with tok_lock:
-                text = tok.decode([t for t in new if t not in eos], skip_special_tokens=True)
-            run.calls.append(Call(module, ids, list(new), list(lps), reason, text, engine))
-            return text
-        return lm
-
-    def body(j: int, run: Run) -> None:
+            return self.lm(j, run, module, prompt, max_new_tokens)
         try:
-            answer = program(make_lm(j, run), copy.deepcopy(run.row))
+            answer = program(lm, copy.deepcopy(run.row))
             if not isinstance(answer, str):
                 run.fatal = ConfigError(f"program: returned {type(answer).__name__}; a program returns the answer "
                                         f"text (str)")
@@ -291,42 +322,31 @@ def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], tur
         except Exception as e:  # an interrupted run (lm_program_on_error decides)
             run.failure, run.error = "error", f"{type(e).__name__}: {e}"
         finally:
-            with cond:
-                state["busy"] -= 1
-                cond.notify_all()
+            with self.cond:
+                self.busy -= 1
+                self.cond.notify_all()
 
-    threads = [threading.Thread(target=body, args=(j, r), daemon=True) for j, r in enumerate(runs)]
-    for t in threads:
-        t.start()
-    try:
+    def serve(self) -> None:
+        """Whenever no run computes, sample every waiting call in one batch (ordered by run) and wake them; stop
+        when none waits or a run hit a configuration error."""
+        runs = self.runs
         while True:
-            with cond:
-                while state["busy"] > 0:
-                    cond.wait()
-                if not waiting or any(r.fatal is not None for r in runs):
-                    state["abort"] = True  # a configuration error stops every run
-                    cond.notify_all()
+            with self.cond:
+                while self.busy > 0:
+                    self.cond.wait()
+                if not self.waiting or any(r.fatal is not None for r in runs):
+                    self.abort = True  # a configuration error stops every run
+                    self.cond.notify_all()
                     break
-                order = sorted(waiting)
-                slots = [waiting.pop(j) for j in order]
-            out = sample_calls(ctx, [s["ids"] for s in slots], [s["budget"] for s in slots],
-                               [runs[j].temperature for j in order], model=model)
-            with cond:
+                order = sorted(self.waiting)
+                slots = [self.waiting.pop(j) for j in order]
+            out = sample_calls(self.ctx, [s["ids"] for s in slots], [s["budget"] for s in slots],
+                               [runs[j].temperature for j in order], model=self.model)
+            with self.cond:
                 for s, ids, lps, reason in zip(slots, out.ids, out.logprobs, out.finish_reasons):
                     s["out"] = (ids, lps, reason, out.from_engine)
-                state["busy"] += len(slots)
-                cond.notify_all()
-    except BaseException:
-        with cond:
-            state["abort"] = True
-            cond.notify_all()
-        raise
-    finally:
-        for t in threads:
-            t.join()
-    for r in runs:
-        if r.fatal is not None:
-            raise r.fatal
+                self.busy += len(slots)
+                self.cond.notify_all()
 
 
 # --------------------------------------------------------------------------------------------------- rollout
@@ -412,7 +432,8 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
     ``lm(module, prompt)`` instead of dspy predictors with signatures and adapters; the program's runs are
     batched through threads; all modules share the run's model (dspy's multitask=True, one LM); ``by_input``
     grouping for AgentFlow (Flow-GRPO, arXiv:2510.05592, seed 000-79; lupantech/AgentFlow groups a query's
-    planner turns by uid). Test: tests/test_lm_program.py::test_calls_are_rows_grouped_by_invocation_with_the_program_reward.
+    planner turns by uid).
+    Test: tests/test_lm_program.py::test_calls_are_rows_grouped_by_invocation_with_the_program_reward.
     """
     cfg = ctx.cfg
     modules = parse_modules(lm_program_modules)
@@ -427,22 +448,39 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
             ctx.log(f"lm_program: a run of prompt {r.uid} failed after {len(r.calls)} call(s): {r.error}")
     dropped = [r for r in runs if r.failure == "error" and lm_program_on_error == "drop"]
     kept = [r for r in runs if not (r.failure == "error" and lm_program_on_error == "drop")]
-
-    transforms = list(cfg.reward_transforms or [])
-    if any(r.failure for r in kept) and transforms[-1:] != [FAILURE_TRANSFORM]:
-        raise ConfigError(_needs_transform("a run whose program raised FormatFailure", transforms))
-    run_batch = _run_batch(ctx, kept)
-    ctx.reward_errors += ctx.scorer.score(run_batch)
     fixed = {"error": lm_program_failure_score, "format": lm_program_format_failure_score}
-    run_reward = combine_rewards(run_batch.rewards, ctx.scorer.weights).double()
-    for j, r in enumerate(kept):
-        if r.failure:
-            run_reward[j] = fixed[r.failure]
+    run_batch, run_reward = _score_runs(ctx, kept, fixed)
 
     groups, left_out = call_groups(kept, counts, grouping=lm_program_grouping,
                                    variable_calls=lm_program_variable_calls, fill=lm_program_fill,
                                    pad=lm_program_pad_groups, generator=ctx.generator)
     frozen = sum(1 for r in kept for c in r.calls if modules and not modules[c.module])
+    members, gids = _trainable_members(ctx, kept, groups, modules, group_offset)
+    _metrics(ctx, runs, kept, dropped, run_reward, left_out, frozen)
+    if not members:
+        raise ValueError("lm_program: no LM call of this step can be trained (every run failed, called no trainable "
+                         "module, or sampled no token); check the program and lm_program_modules")
+    return _call_batch(ctx, kept, members, gids, run_batch, fixed)
+
+
+def _score_runs(ctx, kept: list[Run], fixed: dict):
+    """The runs' batch scored by the task's reward functions, and each run's combined reward (a failed run's:
+    its fixed score, ``fixed[failure]``)."""
+    transforms = list(ctx.cfg.reward_transforms or [])
+    if any(r.failure for r in kept) and transforms[-1:] != [FAILURE_TRANSFORM]:
+        raise ConfigError(_needs_transform("a run whose program raised FormatFailure", transforms))
+    run_batch = _run_batch(ctx, kept)
+    ctx.reward_errors += ctx.scorer.score(run_batch)
+    run_reward = combine_rewards(run_batch.rewards, ctx.scorer.weights).double()
+    for j, r in enumerate(kept):
+        if r.failure:
+            run_reward[j] = fixed[r.failure]
+    return run_batch, run_reward
+
+
+def _trainable_members(ctx, kept: list[Run], groups, modules: dict[str, bool], group_offset: int):
+    """The ``(run, call)`` rows of the batch and their group ids: the groups of trainable modules, less the calls
+    that sampled no token; an input's first group takes its id ``group_offset + input``, its others new ids."""
     members, gids = [], []
     first_group = {}
     for g in groups:
@@ -457,11 +495,12 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
             if kept[j].calls[i].ids:
                 members.append((j, i))
                 gids.append(gid)
+    return members, gids
 
-    _metrics(ctx, runs, kept, dropped, run_reward, left_out, frozen)
-    if not members:
-        raise ValueError("lm_program: no LM call of this step can be trained (every run failed, called no trainable "
-                         "module, or sampled no token); check the program and lm_program_modules")
+
+def _call_batch(ctx, kept: list[Run], members, gids, run_batch, fixed: dict):
+    """One row per member call: its prompt and sampled tokens, its run's rewards and the columns of the module
+    docstring."""
     eps = []
     for j, i in members:
         c = kept[j].calls[i]
@@ -469,7 +508,7 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
                                                         engine=c.engine))
     batch = pack_episodes(ctx.tokenizer, eps, [kept[j].row for j, _ in members],
                           uids=[kept[j].uid for j, _ in members], group_ids=gids, logprobs_fn=ctx.logprobs,
-                          is_cap=cfg.vllm_is_cap)
+                          is_cap=ctx.cfg.vllm_is_cap)
     idx = torch.tensor([j for j, _ in members], dtype=torch.long)
     batch.rewards = run_batch.rewards[idx].clone()
     batch.reward_names = list(run_batch.reward_names)

@@ -413,8 +413,23 @@ def _run_one(req: dict, base: str, view, lib, pidns_fd: int, cgroup) -> dict:
         _child(req, scratch, out_fd, err_fd, w_fd, view, lib, group_fd)
     for fd in (w_fd, out_fd, err_fd) + ((group_fd,) if group_fd >= 0 else ()):
         os.close(fd)
+    chunks, status, usage, timed_out = _collect(pid, r_fd, t0 + (lim.wall_s if lim.wall_s > 0 else 1e9), pidns_fd)
+    _reap()
+    out_of_memory = cgroup.finish(group) if group is not None else False
+    seconds = time.monotonic() - t0
+    res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
+           "timed_out": timed_out, "seconds": seconds}
+    if view is None:
+        shutil.rmtree(scratch, ignore_errors=True)
+    shutil.rmtree(io_dir, ignore_errors=True)
+    return _outcome(res, lim, timed_out, out_of_memory, chunks, status, usage)
+
+
+def _collect(pid: int, r_fd: int, deadline: float, pidns_fd: int) -> tuple[list[bytes], int, object, bool]:
+    """Read the call's result pipe ``r_fd`` until the call ``pid`` exits or ``deadline`` (monotonic) passes, then
+    kill what is left of it and close the pipe: ``(result chunks, wait status, rusage, timed out)``. The chunks
+    stop at the first byte past ``MAX_RESULT_BYTES`` (:func:`parse_result` refuses the oversized result)."""
     chunks, size, status, usage, timed_out = [], 0, None, None, False
-    deadline = t0 + (lim.wall_s if lim.wall_s > 0 else 1e9)
     open_pipe = True
     while True:
         if open_pipe:
@@ -453,14 +468,14 @@ def _run_one(req: dict, base: str, view, lib, pidns_fd: int, cgroup) -> dict:
         size += len(chunk)
         chunks.append(chunk)
     os.close(r_fd)
-    _reap()
-    out_of_memory = cgroup.finish(group) if group is not None else False
-    seconds = time.monotonic() - t0
-    res = {"stdout": _tail(out_path, lim.max_output), "stderr": _tail(err_path, lim.max_output),
-           "timed_out": timed_out, "seconds": seconds}
-    if view is None:
-        shutil.rmtree(scratch, ignore_errors=True)
-    shutil.rmtree(io_dir, ignore_errors=True)
+    return chunks, status, usage, timed_out
+
+
+def _outcome(res: dict, lim: Limits, timed_out: bool, out_of_memory: bool, chunks: list[bytes], status: int,
+             usage) -> dict:
+    """The call's answer: ``res`` (its output tails, ``timed_out``, ``seconds``) with ``ok`` and the result, or
+    the error that names the limit it hit (wall time, memory, CPU time, file size, a forbidden system call) or
+    how it ended without a result."""
     if timed_out:
         return {**res, "ok": False, "error": f"timeout: still running after {lim.wall_s:g} s (wall_s)"}
     if out_of_memory:

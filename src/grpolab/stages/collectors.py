@@ -26,14 +26,12 @@ from ..algorithms import zero_variance_groups, zero_variance_groups_count
 from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import COLLECTORS, param
+from ._checks import require_at_least
 
 
 def _check_dynamic_sampling(cfg) -> None:
     """Settings dynamic sampling cannot work with, refused before the run starts."""
-    if cfg.dynamic_sampling_oversample < 1:
-        raise ConfigError(f"dynamic_sampling_oversample: must be >= 1, got {cfg.dynamic_sampling_oversample}")
-    if cfg.dynamic_sampling_max_rounds < 1:
-        raise ConfigError(f"dynamic_sampling_max_rounds: must be >= 1, got {cfg.dynamic_sampling_max_rounds}")
+    require_at_least(cfg, 1, "dynamic_sampling_oversample", "dynamic_sampling_max_rounds")
 
 
 @COLLECTORS.register("dynamic_sampling", check=_check_dynamic_sampling)

@@ -28,6 +28,7 @@ import torch
 from ..data import completion_text, json_safe, render_prompt
 from ..errors import ConfigError
 from ..registry import UPDATE_STRATEGIES, param
+from ._checks import require_at_least
 
 OPERATIONS = ("ADD", "DELETE", "MODIFY", "KEEP")
 # one operation per line; an optional list marker ("-", "*", "1." or "1)") may precede it
@@ -267,13 +268,9 @@ def _check(cfg) -> None:
     if cfg.beta != 0:
         raise ConfigError(f"beta: training_free changes no weight, so a KL to the reference is 0 and loading it "
                           f"is waste; set beta: 0 (got {cfg.beta})")
-    for key, low in (("training_free_max_experiences", 1), ("training_free_max_words", 1),
-                     ("training_free_max_new_tokens", 1), ("training_free_text_chars", 1),
-                     ("training_free_attempts", 1)):
-        if getattr(cfg, key) < low:
-            raise ConfigError(f"{key}: must be >= {low}, got {getattr(cfg, key)}")
-    if cfg.training_free_lm_temperature < 0:
-        raise ConfigError(f"training_free_lm_temperature: must be >= 0, got {cfg.training_free_lm_temperature}")
+    require_at_least(cfg, 1, "training_free_max_experiences", "training_free_max_words",
+                     "training_free_max_new_tokens", "training_free_text_chars", "training_free_attempts")
+    require_at_least(cfg, 0, "training_free_lm_temperature")
     if cfg.training_free_lm != "policy" and ":" not in cfg.training_free_lm:
         raise ConfigError(f"training_free_lm: 'policy' or MODULE:FUNCTION, got '{cfg.training_free_lm}'")
 

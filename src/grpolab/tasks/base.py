@@ -5,6 +5,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..components import config_kwargs
+from ..data import load_data
+from ..errors import ConfigError
 from ..registry import TASKS
 
 
@@ -17,6 +19,19 @@ class Task:
     accuracy_reward: str | None = None  # reward whose value 1.0 means "correct"
     description: str = ""
     extra: dict = field(default_factory=dict)
+
+
+def check_range(name: str, value, lo, hi) -> None:
+    """``lo <= value <= hi``, else a ConfigError naming the task option ``name``, the range and the value."""
+    if not lo <= value <= hi:
+        raise ConfigError(f"{name}: expected {lo}..{hi}, got {value}")
+
+
+def check_held_out(name: str, n_eval, n_rows: int) -> None:
+    """``0 <= n_eval < n_rows`` (the held-out rows leave at least one training row), else a ConfigError naming
+    the task option ``name``."""
+    if not 0 <= n_eval < n_rows:
+        raise ConfigError(f"{name}: expected 0..{n_rows - 1}, got {n_eval}")
 
 
 def provides_environment(factory: Callable) -> Callable:
@@ -44,3 +59,18 @@ def get_task(name: str, cfg=None, **kwargs) -> Task:
     _, rest = TASKS.split(name)
     args = (rest,) if rest is not None else ()
     return factory(*args, **{**task_config_kwargs(factory, cfg), **kwargs})
+
+
+def add_rows_source(parser, data_help: str, task_help: str) -> None:
+    """The required choice of a data-preparation command's input: ``--data FILE`` or ``--task NAME``
+    (read by :func:`source_rows`)."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--data", help=data_help)
+    src.add_argument("--task", help=task_help)
+
+
+def source_rows(args) -> list[dict]:
+    """The rows :func:`add_rows_source`'s options name: a built-in task's training rows or a data file's."""
+    if args.task:
+        return list(get_task(args.task).train_rows)
+    return list(load_data(args.data))

@@ -22,9 +22,8 @@ import random
 import re
 
 from ..data import completion_text
-from ..errors import ConfigError
 from ..registry import TASKS, param
-from .base import Task
+from .base import Task, check_held_out, check_range
 from .team_tasks import CITIES, PEOPLE
 from .text_similarity import words
 
@@ -77,12 +76,9 @@ def delegate_facts(*,
     seed 000-65, where the sub-agents are the ones with the tools, search and browse): here the sub-agent's
     "tool" is the directory only it sees; implements no published method.
     """
-    if not 2 <= delegate_facts_cities <= len(CITIES):
-        raise ConfigError(f"delegate_facts_cities: expected 2..{len(CITIES)}, got {delegate_facts_cities}")
-    if not 1 <= delegate_facts_people <= len(PEOPLE):
-        raise ConfigError(f"delegate_facts_people: expected 1..{len(PEOPLE)}, got {delegate_facts_people}")
-    if not 0 <= delegate_facts_eval < delegate_facts_rows:
-        raise ConfigError(f"delegate_facts_eval: expected 0..{delegate_facts_rows - 1}, got {delegate_facts_eval}")
+    check_range("delegate_facts_cities", delegate_facts_cities, 2, len(CITIES))
+    check_range("delegate_facts_people", delegate_facts_people, 1, len(PEOPLE))
+    check_held_out("delegate_facts_eval", delegate_facts_eval, delegate_facts_rows)
     rng = random.Random(delegate_facts_seed)
     rows = []
     for _ in range(delegate_facts_rows):

@@ -19,9 +19,8 @@ from __future__ import annotations
 import random
 
 from ..data import completion_text
-from ..errors import ConfigError
 from ..registry import TASKS, param
-from .base import Task
+from .base import Task, check_held_out, check_range
 from .text_similarity import words
 
 SYSTEM = "Answer the question in one short sentence."
@@ -95,10 +94,8 @@ def fact_paraphrase(*,
     Provenance: grpolab's own — a built-in toy task (short factual questions in several wordings, free-form
     answers) for the paraphrase-consistency recipes; implements no published method.
     """
-    if not 2 <= fact_paraphrases <= 4:
-        raise ConfigError(f"fact_paraphrases: expected 2..4, got {fact_paraphrases}")
-    if not 0 <= fact_n_eval < len(FACTS):
-        raise ConfigError(f"fact_n_eval: expected 0..{len(FACTS) - 1}, got {fact_n_eval}")
+    check_range("fact_paraphrases", fact_paraphrases, 2, 4)
+    check_held_out("fact_n_eval", fact_n_eval, len(FACTS))
     facts = list(FACTS)
     random.Random(fact_seed).shuffle(facts)
 

@@ -152,15 +152,15 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     from pathlib import Path
 
-    from ..data import load_data, model_texts, to_json
+    from ..data import model_texts, to_json
+    from .base import add_rows_source, source_rows
 
     p = argparse.ArgumentParser(prog="grpolab fc-prep", description="Two-stage data preparation for "
                                 "function-calling GRPO (seed 000-106): stage 1 answers each row with a model and "
                                 "drops the rows it already solves in every attempt; stage 2 AST-validates the "
                                 "reference calls against the row's tool schemas and drops invalid rows.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="rows with prompt, tools, gold_tool_calls (JSONL, JSON, CSV, Parquet)")
-    src.add_argument("--task", help="a built-in task's training rows (e.g. function_calls)")
+    add_rows_source(p, "rows with prompt, tools, gold_tool_calls (JSONL, JSON, CSV, Parquet)",
+                    "a built-in task's training rows (e.g. function_calls)")
     p.add_argument("--out", required=True, help="JSONL file for the kept rows")
     p.add_argument("--dropped", help="JSONL file for the dropped rows, with fc_drop_stage and fc_drop_reason")
     p.add_argument("--model", help="stage 1 model: 'smollm2', 'tiny' or a model folder")
@@ -172,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tools-column", default="tools")
     p.add_argument("--calls-column", default="gold_tool_calls")
     a = p.parse_args(argv)
-    if a.task:
-        from .base import get_task
-        rows = list(get_task(a.task).train_rows)
-    else:
-        rows = list(load_data(a.data))
+    rows = source_rows(a)
     generate = None
     if a.attempts > 0:
         if not a.model:

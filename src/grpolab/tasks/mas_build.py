@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 from ..data import completion_text
 from ..errors import ConfigError
 from ..registry import TASKS, param
-from .base import Task
+from .base import Task, check_held_out
 
 ROLES = ("extract", "add", "multiply", "max", "verify", "answer")
 OPS = ("add", "multiply", "max")
@@ -291,8 +291,7 @@ def mas_build(*,
     paper's six benchmarks and LLM roles are not used: rule-based roles on arithmetic questions, as the reference
     notes' CPU plan "a small DAG of rule-based roles and the reward task accuracy minus a cost per node/edge").
     """
-    if not 0 <= mas_build_eval < mas_build_rows:
-        raise ConfigError(f"mas_build_eval: expected 0..{mas_build_rows - 1}, got {mas_build_eval}")
+    check_held_out("mas_build_eval", mas_build_eval, mas_build_rows)
     for key, value in (("mas_build_agent_cost", mas_build_agent_cost), ("mas_build_edge_cost", mas_build_edge_cost)):
         if not value >= 0:
             raise ConfigError(f"{key}: expected a cost >= 0, got {value}")

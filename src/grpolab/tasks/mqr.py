@@ -319,16 +319,16 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     from pathlib import Path
 
-    from ..data import load_data, model_texts, to_json
+    from ..data import model_texts, to_json
+    from .base import add_rows_source, source_rows
 
     p = argparse.ArgumentParser(prog="grpolab mqr", description="Multi-aspect question reformulation (MathForge "
                                 "MQR, seed 000-05): a model rewrites each question along each aspect "
                                 f"({', '.join(ASPECTS)}) to make it harder with the same gold answer; the "
                                 "originals and the kept reformulations are written as JSONL for "
                                 "`grpolab train --recipe dgpo_mathforge --data OUT`.")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--data", help="rows with prompt and the gold answer (JSONL, JSON, CSV, Parquet, ...)")
-    src.add_argument("--task", help="a built-in task's training rows")
+    add_rows_source(p, "rows with prompt and the gold answer (JSONL, JSON, CSV, Parquet, ...)",
+                    "a built-in task's training rows")
     p.add_argument("--model", required=True, help="reformulating model: 'smollm2', 'tiny' or a model folder")
     p.add_argument("--out", required=True, help="JSONL file for the originals and the kept reformulations")
     p.add_argument("--aspects", default=",".join(ASPECTS), help=f"comma-separated, of {', '.join(ASPECTS)}")
@@ -339,11 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     a = p.parse_args(argv)
-    if a.task:
-        from .base import get_task
-        rows = list(get_task(a.task).train_rows)
-    else:
-        rows = list(load_data(a.data))
+    rows = source_rows(a)
     aspects = _check_aspects(s.strip() for s in a.aspects.split(",") if s.strip())
     from ..model.loading import load_policy
     # a tiny model's tokenizer must cover the instructions as well as the rows

@@ -24,7 +24,7 @@ import re
 from ..data import completion_text
 from ..errors import ConfigError
 from ..registry import TASKS, param
-from .base import Task
+from .base import Task, check_held_out, check_range
 from .text_similarity import words
 
 PEOPLE = ["Ann", "Ben", "Cleo", "Dan", "Eva", "Finn", "Gus", "Hana", "Ivan", "Jade", "Kai", "Lena", "Max", "Nora",
@@ -58,10 +58,8 @@ def split_facts(*,
     Provenance: grpolab's own — a built-in toy task for the multi-role rollout (issue 26's "two roles that each
     see half the facts of a search_qa-style question and must exchange them"); implements no published method.
     """
-    if not 2 <= split_facts_cities <= len(CITIES):
-        raise ConfigError(f"split_facts_cities: expected 2..{len(CITIES)}, got {split_facts_cities}")
-    if not 0 <= split_facts_eval < split_facts_rows:
-        raise ConfigError(f"split_facts_eval: expected 0..{split_facts_rows - 1}, got {split_facts_eval}")
+    check_range("split_facts_cities", split_facts_cities, 2, len(CITIES))
+    check_held_out("split_facts_eval", split_facts_eval, split_facts_rows)
     rng = random.Random(split_facts_seed)
     rows = []
     for _ in range(split_facts_rows):
@@ -142,8 +140,7 @@ def propose_solve(*,
     """
     if not propose_solve_limits or any(int(x) < 1 for x in propose_solve_limits):
         raise ConfigError(f"propose_solve_limits: whole numbers >= 1, got {propose_solve_limits}")
-    if not 0 <= propose_solve_eval < propose_solve_rows:
-        raise ConfigError(f"propose_solve_eval: expected 0..{propose_solve_rows - 1}, got {propose_solve_eval}")
+    check_held_out("propose_solve_eval", propose_solve_eval, propose_solve_rows)
     rows = []
     for i in range(propose_solve_rows):
         lim = int(propose_solve_limits[i % len(propose_solve_limits)])

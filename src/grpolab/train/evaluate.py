@@ -12,7 +12,7 @@ from ..rewards import RewardFn, RewardScorer
 def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: int = 64,
              accuracy_reward: str | None = None, extra: dict | None = None, progress=None,
              reward_timeout: float | None = None, rollout=None, pass_k: int = 0, temperature: float = 1.0,
-             seed: int = 0) -> dict:
+             seed: int = 0, render=None) -> dict:
     """Greedy completions for ``rows``; mean of each reward, total reward, accuracy.
 
     ``sample(rows, uids, *, num_generations, temperature, generator=None) -> RolloutBatch``: the policy's
@@ -21,7 +21,9 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     how a chunk's greedy completions are made instead (the agent rollout plays one greedy episode per row); it
     may return ``(batch, parts)`` with ``parts`` a dict ``name -> RolloutBatch`` of other rows to report on their
     own (a team's rows per role, ``roles/<role>``): each part's ``<name>/reward_mean``, ``<name>/accuracy`` and
-    ``<name>/completion_len`` are reported, and only ``batch`` makes the main figures.
+    ``<name>/completion_len`` are reported, and only ``batch`` makes the main figures. ``render(batch) ->
+    [R, C, H, W] | None``: the policy's pictures of a batch's rows (``PolicyBase.render``); where it gives
+    some, ``image_grid`` (:func:`image_grid`) shows the held-out pictures instead of text ``samples``.
 
     ``accuracy`` is the mean of the reward named ``accuracy_reward`` (for a 0/1
     reward: the share of rows answered correctly); ``len_correct`` /
@@ -38,8 +40,40 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
     # scored under a name of their own: a training reward may have the same name (e.g. --reward ...:lenient_accuracy)
     all_fns = rewards + [RewardFn(f"eval:{k}", f, 0.0) for k, f in (extra or {}).items()]
     scorer = RewardScorer(all_fns, timeout=reward_timeout)
+    matrix, lengths, samples, images, parts = _greedy_pass(sample, rows, scorer, batch_size, rollout, render,
+                                                           progress)
+    K = len(rewards)
+    result = {"n": len(rows)}
+    total = combine_rewards(matrix[:, :K], scorer.weights[:K])
+    result["reward_mean"] = as_meant(torch.nanmean(total.double()))
+    for k, name in enumerate(scorer.names):
+        result[f"rewards/{name}/mean"] = as_meant(torch.nanmean(matrix[:, k].double()))
+    if accuracy_reward is not None:
+        result["accuracy"] = result[f"rewards/{accuracy_reward}/mean"]
+        result.update(_lengths_by_correctness(matrix[:, scorer.names.index(accuracy_reward)], lengths))
+        if pass_k > 0 and rollout is not None:
+            raise ValueError("eval_pass_k: pass@K is measured with plain single-turn sampling; it is not "
+                             "available with the agent rollout (set eval_pass_k: 0)")
+        if pass_k > 0:
+            result.update(pass_at_k(sample, rows, scorer, scorer.names.index(accuracy_reward), k=pass_k,
+                                    batch_size=batch_size, temperature=temperature, seed=seed))
+    for name, got in parts.items():
+        result.update(_part_figures(name, got, scorer, K, accuracy_reward))
+    for name in (extra or {}):
+        result[name] = result.pop(f"rewards/eval:{name}/mean")
+    result["samples"] = [sample_text(s) for s in samples]
+    if images:
+        result["image_grid"] = image_grid(images)
+    return result
+
+
+def _greedy_pass(sample, rows: list[dict], scorer: RewardScorer, batch_size: int, rollout, render, progress):
+    """The greedy completions of ``rows`` in chunks of ``batch_size``, scored: ``(score matrix [N, K], completion
+    lengths per chunk, the first chunk's first two completions, (prompt, picture) pairs where ``render`` gives
+    pictures, parts)``; ``parts`` maps the name of a rollout's other rows to ``[(score matrix, completion
+    lengths)]`` (:func:`evaluate`)."""
     mats, samples, lengths, images = [], [], [], []
-    parts: dict[str, list] = {}  # name -> [(score matrix, completion lengths)] of a rollout's other rows
+    parts: dict[str, list] = {}
     for i in range(0, len(rows), batch_size):
         chunk = rows[i:i + batch_size]
         if rollout is not None:
@@ -53,43 +87,36 @@ def evaluate(sample, rows: list[dict], rewards: list[RewardFn], *, batch_size: i
         m, _ = scorer.score_batch(batch)
         mats.append(m)
         lengths.append(batch.completion_mask.sum(-1))
-        if "images" in batch.row_data:  # an image policy: a grid of the held-out images instead of text samples
-            images.extend(zip(batch.columns["prompt"], batch.row_data["images"]))
+        pictures = render(batch) if render is not None else None
+        if pictures is not None:  # a policy of pictures: a grid of the held-out pictures instead of text samples
+            images.extend(zip(batch.columns["prompt"], pictures))
         else:
             samples.extend(batch.columns["completion"][:2] if i == 0 else [])
         if progress is not None:
             progress(len(chunk))
-    matrix = torch.cat(mats)
-    K = len(rewards)
-    result = {"n": len(rows)}
-    total = combine_rewards(matrix[:, :K], scorer.weights[:K])
-    result["reward_mean"] = as_meant(torch.nanmean(total.double()))
-    for k, name in enumerate(scorer.names):
-        result[f"rewards/{name}/mean"] = as_meant(torch.nanmean(matrix[:, k].double()))
+    return torch.cat(mats), lengths, samples, images, parts
+
+
+def _lengths_by_correctness(acc: torch.Tensor, lengths: list[torch.Tensor]) -> dict:
+    """``len_correct`` / ``len_incorrect``: the mean completion length of the rows whose accuracy reward ``acc``
+    is 1 / below 1, each only where there is such a row."""
+    n_tok = torch.cat(lengths).float()
+    out = {}
+    for key, sel in (("len_correct", acc >= 1), ("len_incorrect", acc < 1)):
+        if bool(sel.any()):
+            out[key] = as_meant(n_tok[sel].double().mean())
+    return out
+
+
+def _part_figures(name: str, got: list, scorer: RewardScorer, K: int, accuracy_reward: str | None) -> dict:
+    """``<name>/reward_mean``, ``<name>/accuracy`` (with an accuracy reward) and ``<name>/completion_len`` of a
+    rollout's other rows ``got`` (``[(score matrix, completion lengths)]``)."""
+    m = torch.cat([g[0] for g in got])
+    out = {f"{name}/reward_mean": as_meant(torch.nanmean(combine_rewards(m[:, :K], scorer.weights[:K]).double()))}
     if accuracy_reward is not None:
-        result["accuracy"] = result[f"rewards/{accuracy_reward}/mean"]
-        acc, n_tok = matrix[:, scorer.names.index(accuracy_reward)], torch.cat(lengths).float()
-        for key, sel in (("len_correct", acc >= 1), ("len_incorrect", acc < 1)):
-            if bool(sel.any()):
-                result[key] = as_meant(n_tok[sel].double().mean())
-        if pass_k > 0 and rollout is not None:
-            raise ValueError("eval_pass_k: pass@K is measured with plain single-turn sampling; it is not "
-                             "available with the agent rollout (set eval_pass_k: 0)")
-        if pass_k > 0:
-            result.update(pass_at_k(sample, rows, scorer, scorer.names.index(accuracy_reward), k=pass_k,
-                                    batch_size=batch_size, temperature=temperature, seed=seed))
-    for name, got in parts.items():
-        m = torch.cat([g[0] for g in got])
-        result[f"{name}/reward_mean"] = as_meant(torch.nanmean(combine_rewards(m[:, :K], scorer.weights[:K]).double()))
-        if accuracy_reward is not None:
-            result[f"{name}/accuracy"] = as_meant(torch.nanmean(m[:, scorer.names.index(accuracy_reward)].double()))
-        result[f"{name}/completion_len"] = as_meant(torch.cat([g[1] for g in got]).double().mean())
-    for name in (extra or {}):
-        result[name] = result.pop(f"rewards/eval:{name}/mean")
-    result["samples"] = [sample_text(s) for s in samples]
-    if images:
-        result["image_grid"] = image_grid(images)
-    return result
+        out[f"{name}/accuracy"] = as_meant(torch.nanmean(m[:, scorer.names.index(accuracy_reward)].double()))
+    out[f"{name}/completion_len"] = as_meant(torch.cat([g[1] for g in got]).double().mean())
+    return out
 
 
 def image_grid(images: list, per_row: int = 10, max_rows: int = 10) -> str:

@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, aggregate_loss, mask_truncated,
-                          step_totals, zero_variance_groups_count)
+from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS, WEIGHTINGS, aggregate_loss,
+                          mask_truncated, step_totals, zero_variance_groups_count)
 from ..algorithms.kl import kl_penalty
-from ..batch import ENVIRONMENT, INJECTED, RolloutBatch
+from ..batch import ENVIRONMENT, INJECTED
 from ..components import Component
 from ..config import Config, ConfigError
 from ..errors import ConfigError, WriteError, stand_in_policy, warn_line
@@ -496,7 +496,8 @@ class Trainer:
                             self.rewards, batch_size=self.cfg.eval_batch_size,
                             accuracy_reward=self.accuracy_reward, extra=self.eval_extra, progress=progress,
                             reward_timeout=self.cfg.reward_timeout, rollout=self._eval_rollout(),
-                            pass_k=self.cfg.eval_pass_k, temperature=self.cfg.temperature, seed=self.cfg.seed)
+                            pass_k=self.cfg.eval_pass_k, temperature=self.cfg.temperature, seed=self.cfg.seed,
+                            render=self.policy.render)
 
     def _eval_rollout(self):
         """The rollout strategy's own greedy evaluation rollout (``eval_rollout``, e.g. the agent's episodes),
@@ -817,11 +818,12 @@ class Trainer:
         records = self.completions.records(self.scored_batch, self.policy.describe, self.step)
         self.completions.write(records)
         self.metrics.log_table("completions", *completions_table(records), step=self.step)
-        if "images" in self.scored_batch.row_data:  # an image policy: the logged groups' images to the trackers
+        pictures = self.policy.render(self.scored_batch)
+        if pictures is not None:  # a policy of pictures: the logged groups' pictures to the trackers
             from ..media import to_uint8
             rows = sorted({i for i, g in enumerate(self.scored_batch.group_ids.tolist())
                            if g in {r["group"] for r in records}})
-            self.metrics.log_images("samples", to_uint8(self.scored_batch.row_data["images"][rows]), step=self.step)
+            self.metrics.log_images("samples", to_uint8(pictures[rows]), step=self.step)
         self.scored_batch = None
 
     # --------------------------------------------------------------------- run

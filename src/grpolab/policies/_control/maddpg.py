@@ -327,11 +327,6 @@ def train_maddpg(env: str = "pettingzoo:mpe2.simple_spread_v3", env_kwargs: dict
     return {"returns": returns, "updates": learner.updates, "learner": learner}
 
 
-def window_means(x: list[float], n: int) -> tuple[float, float]:
-    """The means of the first and the last ``n`` values."""
-    return float(np.mean(x[:n])), float(np.mean(x[-n:]))
-
-
 if __name__ == "__main__":  # python -m grpolab.policies._control.maddpg EPISODES SEED [K] [local]
     import sys
     args = sys.argv[1:]

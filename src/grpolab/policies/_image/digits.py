@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ...model.cache import cached_build, pretraining, read_meta
+from ...model.cache import cached_build, pretraining
 
 KINDS = ("flow", "ddpm")
 NUM_CLASSES = 10
@@ -235,10 +235,6 @@ def load_digits_model(kind: str, log=print):
     path = digits_model_path(kind, log=log)
     model = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
     return model.eval()
-
-
-def digits_model_meta(kind: str, log=print) -> dict:
-    return read_meta(digits_model_path(kind, log=log))
 
 
 # ---------------------------------------------------------------------------------------------------- quick samplers

@@ -11,10 +11,10 @@ import torch
 from ...batch import RolloutBatch
 from ...config import ConfigError
 from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, per_row
 from . import sde
 from ...registry import declared_params, param
-from ..base import PolicyBase, held_out_seed
+from ..base import PolicyBase, fanned_columns, group_identity, held_out_seed, repeat_rows
 
 BUILT_IN = ("digits", "tiny")  #: model names of the built-in class-conditional 8x8 digits model
 #: T5 tokens of a pipeline's prompt embedding (Flow-GRPO's compute_text_embeddings: max_sequence_length=128)
@@ -127,30 +127,36 @@ def gaussian_step_outputs(R: int, T: int, rows: torch.Tensor, cols: torch.Tensor
     return result
 
 
+def pack_steps(rows: list[dict], uids: list[int], counts: list[int], *, prompt_ids: torch.Tensor, completion: list,
+               logprobs: torch.Tensor, group_offset: int, step_data: dict | None, row_data: dict) -> RolloutBatch:
+    """A RolloutBatch of actions of T steps each (prompt-major): one step per column of ``logprobs`` [R, T], every
+    step on the mask, ``prompt_ids`` [R, 1] the one prompt token, data columns repeated per action,
+    ``completion`` what the reward functions receive, ``step_data`` moved to the CPU (an image policy's
+    denoising steps: :func:`pack_images`; ddpm_planner's trajectories)."""
+    R, T = logprobs.shape
+    GENERATED.add(R, R * T)  # the run's budgets count samples and steps (max_tokens counts denoising steps)
+    columns = fanned_columns(rows, counts)
+    columns["prompt"] = per_row([str(r.get("prompt", "")) for r in rows], counts)
+    columns["completion"] = completion
+    ones = torch.ones(R, T)
+    return RolloutBatch(
+        prompt_ids=prompt_ids, prompt_mask=torch.ones(R, 1, dtype=torch.long),
+        completion_ids=torch.arange(T).expand(R, T).clone(), completion_mask=ones,
+        behavior_logprobs=logprobs.float().cpu(), completion_attention_mask=ones.long(),
+        truncated=torch.zeros(R, dtype=torch.bool), columns=columns, **group_identity(counts, uids, group_offset),
+        step_data={k: v.cpu() for k, v in (step_data or {}).items()}, row_data=row_data)
+
+
 def pack_images(rows: list[dict], uids: list[int], counts: list[int], labels: torch.Tensor, images: torch.Tensor, *,
                 logprobs: torch.Tensor, group_offset: int, step_data: dict | None = None,
                 row_extra: dict | None = None) -> RolloutBatch:
-    """A RolloutBatch of image actions (prompt-major): one step per column of ``logprobs`` [R, T], every step on
-    the mask, the class label as the one prompt token, ``row_data`` ``cond`` and ``images`` ([R, C, H, W] in
-    [0, 1]) plus ``row_extra`` (a pipeline's text embeds); data columns repeated per image, ``completion`` = the
-    images as :func:`image_rows`."""
-    R, T = logprobs.shape
-    GENERATED.add(R, R * T)  # the run's budgets count samples and steps (max_tokens counts denoising steps)
-    rep = torch.tensor(counts)
-    columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
-    columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
-    columns["completion"] = image_rows(images)
-    ones = torch.ones(R, T)
-    return RolloutBatch(
-        prompt_ids=labels[:, None].cpu(), prompt_mask=torch.ones(R, 1, dtype=torch.long),
-        completion_ids=torch.arange(T).expand(R, T).clone(), completion_mask=ones,
-        behavior_logprobs=logprobs.float().cpu(), completion_attention_mask=ones.long(),
-        group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-        prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep),
-        truncated=torch.zeros(R, dtype=torch.bool), columns=columns,
-        step_data={k: v.cpu() for k, v in (step_data or {}).items()},
-        row_data={"cond": labels.cpu(), "images": images.float().cpu(),
-                  **{k: v.cpu() for k, v in (row_extra or {}).items()}})
+    """A RolloutBatch of image actions (:func:`pack_steps`): the class label as the one prompt token, ``row_data``
+    ``cond`` and ``images`` ([R, C, H, W] in [0, 1]) plus ``row_extra`` (a pipeline's text embeds),
+    ``completion`` = the images as :func:`image_rows`."""
+    return pack_steps(rows, uids, counts, prompt_ids=labels[:, None].cpu(), completion=image_rows(images),
+                      logprobs=logprobs, group_offset=group_offset, step_data=step_data,
+                      row_data={"cond": labels.cpu(), "images": images.float().cpu(),
+                                **{k: v.cpu() for k, v in (row_extra or {}).items()}})
 
 
 def check_image_policy(cfg) -> None:
@@ -358,8 +364,8 @@ class FlowMatchingPolicy(PolicyBase):
     def conditions(self, rows, counts, device):
         """One condition per image: class labels [R] (a UNet) or the text embeds dict (a pipeline)."""
         if self.pipe is None:
-            return torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
-        return self.encode([text_prompt(r) for r, n in zip(rows, counts) for _ in range(n)], device)
+            return torch.tensor(per_row([condition_of(r) for r in rows], counts), device=device)
+        return self.encode(per_row([text_prompt(r) for r in rows], counts), device)
 
     @staticmethod
     def row_condition(row_data: dict, rows: torch.Tensor, device):
@@ -426,7 +432,7 @@ class FlowMatchingPolicy(PolicyBase):
         labels = cond = self.conditions(rows, counts, device)
         extra = None
         if self.pipe is not None:  # text embeds in row_data (forward does not re-encode); the prompt uid as label
-            labels = torch.tensor(uids, device=device).repeat_interleave(torch.tensor(counts, device=device))
+            labels = repeat_rows(torch.tensor(uids, device=device), counts)
             extra = cond
         x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
                       same_in_group=self.same_noise).to(device)

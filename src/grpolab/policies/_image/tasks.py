@@ -55,6 +55,7 @@ import numpy as np
 
 from ...registry import TASKS, param
 from ...tasks.base import Task
+from ..base import reward_column
 
 
 # ---------------------------------------------------------------------------------------------------- rewards
@@ -102,11 +103,7 @@ def completion_images(reward: str, completions, expected: str) -> list[np.ndarra
 
 def label_digits(reward: str, label, n: int) -> list[int]:
     """The ``label`` column as ints in 0..9, one per completion."""
-    if label is None:
-        raise ValueError(f"reward '{reward}' needs the data column 'label' (the asked digit 0-9, one per row)")
-    label = list(label)
-    if len(label) != n:
-        raise ValueError(f"reward '{reward}': {n} completions but {len(label)} labels")
+    label = reward_column(reward, "label", label, n, "the asked digit 0-9, one per row", "labels")
     out = []
     for v in label:
         k = None
@@ -292,16 +289,25 @@ def digit_eval_rows(classes: list[int], noises: int) -> list[dict]:
     return [{"prompt": str(c), "label": c, "noise_seed": j} for j in range(noises) for c in classes]
 
 
-def _task(name: str, rewards: list, description: str, n_per_class: int, seed: int, digits_classes,
-          digits_eval_classes, digits_eval_noises) -> Task:
+def digit_task_rows(name: str, n_per_class: int, seed: int, digits_classes, digits_eval_classes,
+                    digits_eval_noises) -> tuple[list[int], list[int], list[dict], list[dict]]:
+    """``(classes, held-out classes, training rows, held-out rows)`` of a digits task (module docstring: rows,
+    options), the options checked (a ValueError naming task ``name`` or the option)."""
     classes = digit_classes("digits_classes", digits_classes)
     eval_classes = classes if digits_eval_classes is None else digit_classes("digits_eval_classes", digits_eval_classes)
     if n_per_class < 1:
         raise ValueError(f"{name}: n_per_class must be >= 1, got {n_per_class}")
     if int(digits_eval_noises) < 0:
         raise ValueError(f"digits_eval_noises: must be >= 0, got {digits_eval_noises}")
-    return Task(name, digit_rows(classes, n_per_class, seed), digit_eval_rows(eval_classes, int(digits_eval_noises)),
-                rewards=rewards, accuracy_reward="digit_correct",
+    return classes, eval_classes, digit_rows(classes, n_per_class, seed), digit_eval_rows(eval_classes,
+                                                                                          int(digits_eval_noises))
+
+
+def _task(name: str, rewards: list, description: str, n_per_class: int, seed: int, digits_classes,
+          digits_eval_classes, digits_eval_noises) -> Task:
+    classes, eval_classes, rows, eval_rows = digit_task_rows(name, n_per_class, seed, digits_classes,
+                                                             digits_eval_classes, digits_eval_noises)
+    return Task(name, rows, eval_rows, rewards=rewards, accuracy_reward="digit_correct",
                 description=f"{description}; classes {','.join(map(str, classes))}"
                             + (f" (held out: {','.join(map(str, eval_classes))})" if eval_classes != classes else ""),
                 extra={})

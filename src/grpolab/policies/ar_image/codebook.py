@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ...model.cache import cached_build, read_meta
+from ...model.cache import cached_build
 
 K = 64  #: codebook size
 PATCH = 2  #: patch side
@@ -134,7 +134,3 @@ def codebook_path(log=print) -> Path:
 def load_codebook(log=print) -> Codebook:
     """The digits codebook (cached)."""
     return Codebook.load(codebook_path(log=log))
-
-
-def codebook_meta(log=print) -> dict:
-    return read_meta(codebook_path(log=log))

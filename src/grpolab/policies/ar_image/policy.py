@@ -3,17 +3,17 @@ setting); one step of the ``[rows, steps]`` layout is one image token."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ...config import ConfigError
-from ...generation.sampling import completion_counts, sample_completions
+from ...generation.sampling import completion_counts, per_row, sample_completions
 from ...model.logprobs import completion_logprobs
 from ...registry import POLICIES, param
-from ..base import PolicyBase, held_out_seed
+from ..base import (PolicyBase, fanned_columns, group_identity, held_out_seed, repeat_rows, save_pretrained_folder,
+                    saved_folder, timed_pretraining)
 from .._image.flow import BUILT_IN, condition_of, image_rows
 
 NUM_CLASSES = 10
@@ -92,14 +92,11 @@ def ar_model_path(log=print) -> Path:
     recipe = pretrain_recipe()
 
     def build(tmp: Path) -> dict:
-        t0 = time.perf_counter()
-        model, book, losses = pretrain(recipe)
-        seconds = time.perf_counter() - t0
+        (model, book, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
         model.save_pretrained(tmp, safe_serialization=True)
         book.save(tmp)
         (tmp / "vocab.json").write_text(json.dumps(recipe["vocab"], indent=2) + "\n")
-        return {"seed": recipe["seed"], "parameters": sum(p.numel() for p in model.parameters()),
-                "loss_curve": losses, "train_seconds": round(seconds, 2)}
+        return meta
 
     message = (f"[grpolab] pre-training the tiny autoregressive digits model (Llama, 2 layers, width 64, over a "
                f"64-code k-means codebook of 2x2 patches; {recipe['iterations']} steps, one time, about 10-30 s) "
@@ -187,12 +184,9 @@ class ARImagePolicy(PolicyBase):
         if self.model_name in BUILT_IN:
             path = ar_model_path(log=log)
         else:
-            path = Path(self.model_name)
-            for name in ("config.json", "codebook.safetensors", "vocab.json"):
-                if not (path / name).exists():
-                    raise ConfigError(f"model: policy ar_image loads 'digits' (the built-in tiny model) or a folder "
-                                      f"it saved (config.json + safetensors, codebook.safetensors, vocab.json); "
-                                      f"{path} has no {name}")
+            path = saved_folder(self.model_name, "ar_image", ("config.json", "codebook.safetensors", "vocab.json"),
+                                "'digits' (the built-in tiny model) or a folder it saved (config.json + "
+                                "safetensors, codebook.safetensors, vocab.json)")
         self.codebook = Codebook.load(path)
         self.vocab = json.loads((Path(path) / "vocab.json").read_text())
         for where, part in (("train", rows), ("held-out", eval_rows)):
@@ -205,9 +199,7 @@ class ARImagePolicy(PolicyBase):
     def save(self, module, path) -> None:
         """``save_pretrained`` (config.json + model.safetensors), the codebook and the vocabulary layout:
         ``--model PATH`` loads it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
+        path = save_pretrained_folder(module, path)
         self.codebook.save(path)
         (path / "vocab.json").write_text(json.dumps(self.vocab, indent=2) + "\n")
 
@@ -263,21 +255,17 @@ class ARImagePolicy(PolicyBase):
                                      **kw)
             ids, lps = out.completion_ids, out.logprobs
         R = len(ids)
-        rep = torch.tensor(counts)
-        row_labels = labels.repeat_interleave(rep)
         images = self.decode(ids)
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
-        columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
+        columns = fanned_columns(rows, counts)
+        columns["prompt"] = per_row([str(r.get("prompt", "")) for r in rows], counts)
         columns["completion"] = image_rows(images)
         ones = torch.ones(R, TOKENS)
         return RolloutBatch(
-            prompt_ids=prompt.repeat_interleave(rep, dim=0), prompt_mask=torch.ones(R, 2, dtype=torch.long),
+            prompt_ids=repeat_rows(prompt, counts), prompt_mask=torch.ones(R, 2, dtype=torch.long),
             completion_ids=ids.long(), completion_mask=ones, behavior_logprobs=lps.float(),
-            completion_attention_mask=ones.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep),
-            truncated=torch.zeros(R, dtype=torch.bool), columns=columns,
-            row_data={"cond": row_labels, "images": images})
+            completion_attention_mask=ones.long(), truncated=torch.zeros(R, dtype=torch.bool), columns=columns,
+            row_data={"cond": repeat_rows(labels, counts), "images": images},
+            **group_identity(counts, uids, group_offset))
 
     def offers(self) -> frozenset[str]:
         """``entropy`` / ``entropy_grad`` as for text; ``token_logprobs`` = the log-probs again, so that a loss

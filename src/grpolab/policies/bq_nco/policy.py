@@ -22,9 +22,9 @@ from ...config import ConfigError
 from .model import (BQTransformer, choice_logprobs, cvrp_choice_logprobs, cvrp_lengths, cvrp_rollout,
                               rollout, tour_lengths)
 from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, per_row, row_temperatures
 from ...registry import POLICIES, param
-from ..base import PolicyBase, load_config_module, save_config_module
+from ..base import PolicyBase, fanned_columns, group_identity, load_config_module, repeat_rows, save_config_module
 
 BUILT_IN = ("tiny", "bq")
 
@@ -175,18 +175,14 @@ class BQNCOPolicy(PolicyBase):
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
         counts = completion_counts(num_generations, len(rows))
-        rep = torch.tensor(counts)
         device = next(module.parameters()).device
-        coords = instance_coords(rows).repeat_interleave(rep, 0).to(device)
+        coords = repeat_rows(instance_coords(rows), counts).to(device)
         R, N = coords.shape[:2]
-        temps = temperature if temperature is not None else self.temperature
-        tau = torch.as_tensor(temps, dtype=torch.float32)
-        tau = (tau.expand(len(rows)) if tau.dim() == 0 else tau).repeat_interleave(rep).to(device)
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
-        columns["prompt"] = [str(r.get("prompt", f"instance {u}")) for r, c, u in zip(rows, counts, uids)
-                             for _ in range(c)]
+        tau = row_temperatures(temperature if temperature is not None else self.temperature, counts).to(device)
+        columns = fanned_columns(rows, counts)
+        columns["prompt"] = per_row([str(r.get("prompt", f"instance {u}")) for r, u in zip(rows, uids)], counts)
         if module.problem == "cvrp":
-            demands, capacity = (t.repeat_interleave(rep, 0).to(device) for t in instance_demands(rows, N))
+            demands, capacity = (repeat_rows(t, counts).to(device) for t in instance_demands(rows, N))
             customers, via, choices, logprobs, remaining = cvrp_rollout(
                 module, coords, demands, capacity, greedy=evaluation, temperature=tau, generator=generator)
             lengths = cvrp_lengths(coords, customers, via)
@@ -208,9 +204,8 @@ class BQNCOPolicy(PolicyBase):
             prompt_ids=torch.zeros(R, 1, dtype=torch.long), prompt_mask=torch.ones(R, 1, dtype=torch.long),
             completion_ids=choices.cpu(), completion_mask=ones,
             behavior_logprobs=logprobs.float().cpu(), completion_attention_mask=ones.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep),
-            truncated=torch.zeros(R, dtype=torch.bool), columns=columns, row_data=row_data)
+            truncated=torch.zeros(R, dtype=torch.bool), columns=columns, row_data=row_data,
+            **group_identity(counts, uids, group_offset))
 
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """Per-step log-probs [R, T] of the stored choices (``completion_ids``: actions in each step's

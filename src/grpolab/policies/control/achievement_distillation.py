@@ -3,7 +3,6 @@ cross-episode achievement matching (update strategy ``achievement_distillation``
 from __future__ import annotations
 
 import copy
-import math
 from collections import deque
 
 import numpy as np

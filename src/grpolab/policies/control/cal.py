@@ -12,7 +12,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .nets import mlp
 from ...errors import ConfigError
 from ...registry import UPDATE_STRATEGIES, param
 

@@ -3,16 +3,15 @@ a Gaussian log-prob: DDPO's construction; one step of the ``[rows, steps]`` layo
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ...config import ConfigError
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, per_row
 from .._image import sde
 from ...registry import POLICIES, declared_params, param
-from ..base import PolicyBase, held_out_seed
+from ..base import PolicyBase, held_out_seed, save_pretrained_folder, saved_folder
 from .._image.flow import (BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of,
                             gaussian_step_outputs, pack_images, row_noise)
 
@@ -121,12 +120,9 @@ class DDPMPolicy(PolicyBase):
             from .._image.digits import digits_model_path
             path = digits_model_path("ddpm", log=log)
         else:
-            path = Path(self.model_name)
-            for name in ("config.json", "scheduler_config.json"):
-                if not (path / name).exists():
-                    raise ConfigError(f"model: policy ddpm loads 'digits' (the built-in tiny model) or a folder with "
-                                      f"a diffusers UNet2DModel (config.json + safetensors) and its DDPM/DDIM "
-                                      f"scheduler (scheduler_config.json); {path} has no {name}")
+            path = saved_folder(self.model_name, "ddpm", ("config.json", "scheduler_config.json"),
+                                "'digits' (the built-in tiny model) or a folder with a diffusers UNet2DModel "
+                                "(config.json + safetensors) and its DDPM/DDIM scheduler (scheduler_config.json)")
         module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32).eval()
         self._set_scheduler(dict(DDIMScheduler.load_config(path)))
         c = module.config
@@ -162,9 +158,7 @@ class DDPMPolicy(PolicyBase):
     def save(self, module, path) -> None:
         """``save_pretrained`` (config.json + diffusion_pytorch_model.safetensors) and the scheduler config the
         model was loaded with (scheduler_config.json): ``--model PATH`` loads it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
+        path = save_pretrained_folder(module, path)
         (path / "scheduler_config.json").write_text(json.dumps(self.scheduler_config, indent=2, sort_keys=True) + "\n")
 
     # ---------------------------------------------------------------- acting
@@ -193,7 +187,7 @@ class DDPMPolicy(PolicyBase):
             raise RuntimeError("policy ddpm: load() the model before sampling (it reads the scheduler config)")
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
-        labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
+        labels = torch.tensor(per_row([condition_of(r) for r in rows], counts), device=device)
         x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
                       same_in_group=False).to(device)
         R = len(x)

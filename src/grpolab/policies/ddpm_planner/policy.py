@@ -17,15 +17,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from ...batch import RolloutBatch
 from ...config import ConfigError
-from ...generation.counting import GENERATED
 from ...generation.sampling import completion_counts
 from .._image import sde
 from ...model.cache import cached_build, pretraining
 from ...registry import POLICIES, param
-from ..base import PolicyBase, load_config_module, save_config_module
-from .._image.flow import check_image_policy, gaussian_step_outputs, row_noise
+from ..base import PolicyBase, load_config_module, repeat_rows, save_config_module
+from .._image.flow import check_image_policy, gaussian_step_outputs, pack_steps, row_noise
 
 WAYPOINTS = 8
 SCENE = 7  #: start (2), goal (2), obstacle centre (2) and radius (1)
@@ -257,9 +255,8 @@ class DDPMPlannerPolicy(PolicyBase):
                evaluation=False):
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
-        rep = torch.tensor(counts)
-        scenes = scene_tensor(rows).repeat_interleave(rep, 0).to(device)
-        heads = torch.tensor([int(r.get("head", 0)) for r in rows]).repeat_interleave(rep).to(device)
+        scenes = repeat_rows(scene_tensor(rows), counts).to(device)
+        heads = repeat_rows(torch.tensor([int(r.get("head", 0)) for r in rows]), counts).to(device)
         x = row_noise(rows, uids, counts, (WAYPOINTS * 2,), generator, evaluation=evaluation,
                       same_in_group=False).to(device)
         R = len(x)
@@ -283,21 +280,10 @@ class DDPMPlannerPolicy(PolicyBase):
             logprobs = torch.stack(lps, 1)
             step_data = {"x": torch.stack(xs, 1), "x_next": torch.stack(nexts, 1),
                          "t": ts[:, 0].expand(R, self.T).clone(), "t_prev": ts[:, 1].expand(R, self.T).clone()}
-        T = logprobs.shape[1]
-        GENERATED.add(R, R * T)
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
-        columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
-        columns["completion"] = [p.float().cpu().numpy() for p in traj]
-        ones = torch.ones(R, T)
-        return RolloutBatch(
-            prompt_ids=heads[:, None].cpu(), prompt_mask=torch.ones(R, 1, dtype=torch.long),
-            completion_ids=torch.arange(T).expand(R, T).clone(), completion_mask=ones,
-            behavior_logprobs=logprobs.float().cpu(), completion_attention_mask=ones.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep),
-            truncated=torch.zeros(R, dtype=torch.bool), columns=columns,
-            step_data={k: v.cpu() for k, v in step_data.items()},
-            row_data={"cond": scenes.cpu(), "head": heads.cpu(), "trajectory": traj.float().cpu()})
+        return pack_steps(rows, uids, counts, prompt_ids=heads[:, None].cpu(),
+                          completion=[p.float().cpu().numpy() for p in traj], logprobs=logprobs,
+                          group_offset=group_offset, step_data=step_data,
+                          row_data={"cond": scenes.cpu(), "head": heads.cpu(), "trajectory": traj.float().cpu()})
 
     def offers(self) -> frozenset[str]:
         return frozenset({"step_mean", "step_std_dev"})

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 
 from ...config import ConfigError
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, per_row
 from .._image import sde
 from ...registry import POLICIES, declared_params, param
-from ..base import PolicyBase
+from ..base import PolicyBase, save_pretrained_folder
 from .._image.flow import (FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of, load_class_unet,
                             pack_images, row_noise, unet_velocity)
 
@@ -105,9 +105,7 @@ class FlowDSMPolicy(PolicyBase):
         return module.float()
 
     def save(self, module, path) -> None:
-        from pathlib import Path
-        Path(path).mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
+        save_pretrained_folder(module, path)
 
     def velocity(self, module, x, sigma, labels):
         """v_θ(x, σ, c), float32 (timestep 1000·σ), with classifier-free guidance (label 10) when w != 1."""
@@ -136,7 +134,7 @@ class FlowDSMPolicy(PolicyBase):
         """Images by the Euler ODE; training batches carry the M re-noisings and their −ℓ as behaviour values."""
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
-        labels = torch.tensor([condition_of(r) for r, n in zip(rows, counts) for _ in range(n)], device=device)
+        labels = torch.tensor(per_row([condition_of(r) for r in rows], counts), device=device)
         x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
                       same_in_group=self.same_noise).to(device)
         if evaluation:  # from each row's fixed noise (row_noise), flow_eval_steps Euler steps (as flow_matching)

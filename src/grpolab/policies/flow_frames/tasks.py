@@ -27,8 +27,8 @@ import numpy as np
 
 from ...registry import TASKS
 from ...tasks.base import Task
-from .._image.tasks import CLASSES, EVAL_CLASSES, EVAL_NOISES, digit_classes, completion_images, label_digits, digit_classifier, \
-    digit_eval_rows, digit_rows
+from .._image.tasks import (CLASSES, EVAL_CLASSES, EVAL_NOISES, completion_images, digit_classifier, digit_task_rows,
+                            label_digits)
 
 FRAMES = 3
 _FRAMES = "a float32 NumPy array [8, 8, 3] in [0, 1] (three 8x8 grey frames as channels)"
@@ -129,14 +129,9 @@ def digit_frames(n_per_class: int = 20, seed: int = 0, *, digits_classes: list =
     Provenance: grpolab's own — a toy stand-in for Self-Paced GRPO's video setting (Li et al., arXiv:2511.19356,
     seed 000-36): three reward columns, one per stage of its curriculum, on 3-frame 8x8 digit "videos".
     """
-    classes = digit_classes("digits_classes", digits_classes)
-    eval_classes = classes if digits_eval_classes is None else digit_classes("digits_eval_classes", digits_eval_classes)
-    if n_per_class < 1:
-        raise ValueError(f"digit_frames: n_per_class must be >= 1, got {n_per_class}")
-    if int(digits_eval_noises) < 0:
-        raise ValueError(f"digits_eval_noises: must be >= 0, got {digits_eval_noises}")
-    return Task("digit_frames", digit_rows(classes, n_per_class, seed),
-                digit_eval_rows(eval_classes, int(digits_eval_noises)),
+    classes, _, rows, eval_rows = digit_task_rows("digit_frames", n_per_class, seed, digits_classes,
+                                                  digits_eval_classes, digits_eval_noises)
+    return Task("digit_frames", rows, eval_rows,
                 rewards=[("frame_fidelity", frame_fidelity, 1.0), ("frame_coherence", frame_coherence, 1.0),
                          ("frame_alignment", frame_alignment, 1.0), ("frames_correct", frames_correct, 0.0)],
                 accuracy_reward="frames_correct",

@@ -8,6 +8,7 @@ from ...batch import RolloutBatch
 from ...errors import ConfigError
 from .._image import sde
 from ...registry import ROLLOUT_STRATEGIES, param
+from ..base import repeat_rows
 
 
 def _check_egrpo(cfg) -> None:
@@ -113,12 +114,11 @@ def _branch(ctx, rows, uids, group_offset, budgets, egrpo_steps, egrpo_merge) ->
         sig = sigmas[j].expand(len(x)).to(device)
         x = x + (sigmas[j + 1] - sigmas[j]).to(device) * policy.velocity(module, x, sig, labels)
         anchor.append(x)
-    rep = torch.tensor(counts, device=device)
-    row_labels = labels.repeat_interleave(rep)
+    row_labels = repeat_rows(labels, counts)
     parts, stds = [], []
     for q, (k, m) in enumerate(zip(egrpo_steps, egrpo_merge)):
         k, m = int(k), int(m)
-        xk = anchor[k].repeat_interleave(rep, dim=0)
+        xk = repeat_rows(anchor[k], counts)
         R = len(xk)
         sig = sigmas[k].expand(R).to(device)
         out = sde.merged_flow_step(xk, policy.velocity(module, xk, sig, row_labels), sigmas.to(device), k, m,

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -266,21 +265,6 @@ def train_mardpg(env_kwargs: dict | None = None, *, episodes: int = 240, episode
                 learner.update()
     return {"returns": returns, "before": before, "after": evaluate(), "updates": learner.updates,
             "learner": learner}
-
-
-def fixed_policy_return(env_kwargs: dict | None, weights: np.ndarray, seeds: list[int]) -> float:
-    """The mean shared return of a constant ranking-weight vector per agent (``weights [N, A]``) on ``seeds``."""
-    from .._control.envs import Env
-    env = Env("pettingzoo:grpolab.policies.mardpg.rec_env", env_kwargs or {})
-    out = []
-    for s in seeds:
-        env.reset(s)
-        done, tot = False, 0.0
-        while not done:
-            _, r, done, _ = env.step(weights)
-            tot += float(r.sum())
-        out.append(tot)
-    return float(np.mean(out))
 
 
 if __name__ == "__main__":  # python -m grpolab.policies.mardpg.model EPISODES SEED

@@ -22,15 +22,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from ...batch import RolloutBatch
 from ...config import ConfigError
-from .._control.envs import EnvPool, env_key, row_seed
+from .._control.envs import EnvPool, row_seed
+from .._control.episodes import pack_episodes, start_episodes
 from .model import RecurrentActors
-from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, row_temperatures
 from ...registry import POLICIES, param
 from ..base import PolicyBase, load_config_module, save_config_module
 
@@ -105,16 +103,11 @@ class MARDPGPolicy(PolicyBase):
                evaluation=False):
         counts = completion_counts(num_generations, len(rows))
         R = sum(counts)
-        ep_rows = [r for r, c in zip(rows, counts) for _ in range(c)]
-        envs = self.pool.take([env_key(r) for r in ep_rows])
-        seeds = [row_seed(r, i) for i, r in enumerate(ep_rows)]
+        envs, seeds, cur = start_episodes(self.pool, rows, counts)  # cur: [R, N, D]
         c = module.config
         N, A, D, Tmax = c["agents"], c["act_dim"], c["obs_dim"], self.max_steps
-        temps = temperature if temperature is not None else self.temperature
-        tau = torch.as_tensor(temps, dtype=torch.float32)
-        tau = (tau.expand(len(rows)) if tau.dim() == 0 else tau).repeat_interleave(torch.tensor(counts))
+        tau = row_temperatures(temperature if temperature is not None else self.temperature, counts)
         std = (self.sigma * tau).clamp_min(1e-6)[:, None, None]  # [R, 1, 1]
-        cur = torch.from_numpy(np.stack([e.reset(s) for e, s in zip(envs, seeds)]))  # [R, N, D]
         obs, act = torch.zeros(R, Tmax, N, D), torch.zeros(R, Tmax, N, A)
         lps, rew = torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N)
         lengths = torch.full((R,), Tmax, dtype=torch.long)
@@ -134,26 +127,8 @@ class MARDPGPolicy(PolicyBase):
                 if done:
                     lengths[r], terminal[r], truncated[r] = t + 1, term, False
                     alive.discard(r)
-        T = int(lengths.max())
-        steps = torch.arange(T)[None, :, None].expand(R, T, N)
-        mask = (steps < lengths[:, None, None]).reshape(R, T * N).float()
-        GENERATED.add(R, int(lengths.sum()) * N)
-        agent_returns = rew[:, :T].sum(1)
-        columns = {k: [r.get(k) for r in ep_rows] for k in rows[0]}
-        columns["prompt"] = [str(r.get("prompt", f"{r['env']} seed {r['seed']}")) for r in ep_rows]
-        columns["completion"] = [float(v) for v in agent_returns.mean(1)]
-        columns["episode_length"] = [int(v) for v in lengths]
-        return RolloutBatch(
-            prompt_ids=torch.tensor(seeds, dtype=torch.long)[:, None], prompt_mask=torch.ones(R, 1, dtype=torch.long),
-            completion_ids=torch.arange(T * N).expand(R, T * N).clone(), completion_mask=mask,
-            behavior_logprobs=lps[:, :T].reshape(R, T * N) * mask, completion_attention_mask=mask.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(torch.tensor(counts)),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(torch.tensor(counts)),
-            truncated=truncated, columns=columns,
-            step_data={"obs": obs[:, :T].reshape(R, T * N, D), "action": act[:, :T].reshape(R, T * N, A)},
-            row_data={"step_rewards": rew[:, :T].reshape(R, T * N) * mask, "terminal": terminal,
-                      "last_obs": cur.clone(), "agents": torch.full((R,), N, dtype=torch.long),
-                      "agent_returns": agent_returns})
+        return pack_episodes(rows, counts, uids, seeds, group_offset=group_offset, lengths=lengths, obs=obs, act=act,
+                             lps=lps, rew=rew, terminal=terminal, truncated=truncated, last_obs=cur.clone())
 
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """Per-step log-probs ``[R, T*N]`` of the stored noisy actions under the exploration Gaussian around the

@@ -13,9 +13,9 @@ from .estimators import ESTIMATORS, masked_entropy
 from .sampler import denoise, schedule
 from .tiny import dlm_model_path, encode_prompts, position_ids, prompt_text
 from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, per_row
 from ...registry import POLICIES, param
-from ..base import PolicyBase
+from ..base import PolicyBase, fanned_columns, group_identity, repeat_rows, save_pretrained_folder, saved_folder
 
 BUILT_IN = ("repeat", "tiny")
 
@@ -52,7 +52,7 @@ class MaskedDiffusionLM(PolicyBase):
     batch all use the row's ``mask_seed``, so the ratio is exactly 1 before the first optimiser step and compares
     like with like afterwards. With the standard update every inner pass (``num_iterations``) reuses the rows'
     seeds; d1 redraws them at each pass, with old and reference log-probs recomputed under them: update strategy
-    ``mask_reseed`` (``stages/mask_reseed.py``, recipe ``diffu_grpo``). ``forward`` always scores the full L tokens (``completion_full``).
+    ``mask_reseed`` (``policies/masked_diffusion_lm/stages_mask_reseed.py``, recipe ``diffu_grpo``). ``forward`` always scores the full L tokens (``completion_full``).
 
     Model ``repeat`` / ``tiny`` (the default): a character-level ``BertForMaskedLM`` (hidden 64, 2 layers, 4
     heads, no dropout) pre-trained in-process on first use (``policies/masked_diffusion_lm/tiny.py``: LLaDA's SFT loss on the ``repeat``
@@ -135,12 +135,9 @@ class MaskedDiffusionLM(PolicyBase):
         if self.model_name in BUILT_IN:
             path = dlm_model_path(log=log)
         else:
-            path = Path(self.model_name)
-            for name in ("config.json", "dllm.json"):
-                if not (path / name).exists():
-                    raise ConfigError(f"model: policy masked_diffusion_lm loads 'repeat' (the built-in tiny model) "
-                                      f"or a folder it saved (config.json + safetensors, a tokenizer, dllm.json); "
-                                      f"{path} has no {name}")
+            path = saved_folder(self.model_name, "masked_diffusion_lm", ("config.json", "dllm.json"),
+                                "'repeat' (the built-in tiny model) or a folder it saved (config.json + "
+                                "safetensors, a tokenizer, dllm.json)")
         self.shape = json.loads((Path(path) / "dllm.json").read_text())
         remote = bool(self.shape.get("trust_remote_code", False))
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
@@ -159,10 +156,7 @@ class MaskedDiffusionLM(PolicyBase):
 
     def save(self, module, path) -> None:
         """``save_pretrained`` of the model and the tokenizer, and ``dllm.json`` (L, block, steps)."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
-        self.tokenizer.save_pretrained(path)
+        path = save_pretrained_folder(module, path, self.tokenizer)
         (path / "dllm.json").write_text(json.dumps(self.shape, indent=2) + "\n")
 
     # ---------------------------------------------------------------- acting
@@ -201,10 +195,9 @@ class MaskedDiffusionLM(PolicyBase):
         if not self.shape:
             raise RuntimeError("policy masked_diffusion_lm: load() the model before sampling")
         counts = completion_counts(num_generations, len(rows))
-        rep = torch.tensor(counts)
-        R = int(rep.sum())
+        R = sum(counts)
         prompt, pmask = encode_prompts(self.tokenizer, [r["prompt"] for r in rows])
-        prompt, pmask = prompt.repeat_interleave(rep, 0), pmask.repeat_interleave(rep, 0)
+        prompt, pmask = repeat_rows(prompt, counts), repeat_rows(pmask, counts)
         gen = generator if generator is not None else torch.Generator().manual_seed(0)
         temp = 0.0 if evaluation else (self.temperature if temperature is None else float(temperature))
         ids, step_map, slp = denoise(self.logits_fn(module), prompt, pmask, gen_length=self.shape["gen_length"],
@@ -219,15 +212,14 @@ class MaskedDiffusionLM(PolicyBase):
         texts = [self.tokenizer.decode(ids[i, :int(first[i])].tolist()) for i in range(R)]
         row_data = {"mask_seed": seeds, "completion_full": ids.clone(), "step_map": step_map}
         lps = slp if evaluation else self.estimate(module, prompt, pmask, row_data)
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
-        columns["prompt"] = [r["prompt"] for r, c in zip(rows, counts) for _ in range(c)]
+        columns = fanned_columns(rows, counts)
+        columns["prompt"] = per_row([r["prompt"] for r in rows], counts)
         columns["completion"] = texts
         return RolloutBatch(
             prompt_ids=prompt, prompt_mask=pmask, completion_ids=ids.long(), completion_mask=cmask,
             behavior_logprobs=lps.float() * cmask, completion_attention_mask=torch.ones_like(ids).long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~has,
-            columns=columns, step_data={"sampler_logprobs": slp.float()}, row_data=row_data)
+            truncated=~has, columns=columns, **group_identity(counts, uids, group_offset),
+            step_data={"sampler_logprobs": slp.float()}, row_data=row_data)
 
     def offers(self) -> frozenset[str]:
         """``entropy`` / ``entropy_grad``: the vocabulary entropy per completion token with the whole completion

@@ -10,10 +10,11 @@ RL has to move the model towards the long answers that the data held but did not
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
+
+from ..base import timed_pretraining
 
 SPECIALS = ["<pad>", "<mask>", "<eos>", "<unk>"]
 CHARS = ["\n"] + [chr(c) for c in range(32, 127)]
@@ -139,15 +140,12 @@ def dlm_model_path(log=print) -> Path:
     recipe = pretrain_recipe()
 
     def build(tmp: Path) -> dict:
-        t0 = time.perf_counter()
-        model, tok, losses = pretrain(recipe)
-        seconds = time.perf_counter() - t0
+        (model, tok, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
         (tmp / "dllm.json").write_text(json.dumps({"gen_length": GEN_LENGTH, "block_length": BLOCK_LENGTH,
                                                    "steps": STEPS}, indent=2) + "\n")
-        return {"seed": recipe["seed"], "parameters": sum(p.numel() for p in model.parameters()),
-                "loss_curve": losses, "train_seconds": round(seconds, 2)}
+        return meta
 
     message = (f"[grpolab] pre-training the tiny masked diffusion LM (BertForMaskedLM, 2 layers, width 64, "
                f"characters) on the repeat task's answers ({recipe['iterations']} steps, one time, about "

@@ -9,10 +9,10 @@ from typing import Any
 import torch
 
 from ...config import ConfigError
-from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
+from ...generation.sampling import completion_counts, decode_tokens, per_row, row_temperatures, seeded_draws
 from ...registry import POLICIES, param
-from ..base import PolicyBase, check_own_sampler, held_out_seed
+from ..base import (PolicyBase, check_own_sampler, fanned_columns, group_identity, held_out_seed, repeat_rows,
+                    save_pretrained_folder, saved_folder)
 
 BUILT_IN = ("spoken_digits", "tiny")
 
@@ -97,12 +97,9 @@ class SpeechToTextPolicy(PolicyBase):
         if self.model_name in BUILT_IN:
             path = speech_model_path(log=log)
         else:
-            path = Path(self.model_name)
-            for name in ("config.json", "vocab.json"):
-                if not (path / name).exists():
-                    raise ConfigError(f"model: policy speech_to_text loads 'spoken_digits' (the built-in tiny "
-                                      f"model) or a folder it saved (config.json + safetensors, vocab.json); "
-                                      f"{path} has no {name}")
+            path = saved_folder(self.model_name, "speech_to_text", ("config.json", "vocab.json"),
+                                "'spoken_digits' (the built-in tiny model) or a folder it saved (config.json + "
+                                "safetensors, vocab.json)")
         self.vocab = json.loads((Path(path) / "vocab.json").read_text())
         for where, part in (("train", rows), ("held-out", eval_rows)):
             for i, row in enumerate(part[:1000]):
@@ -111,9 +108,7 @@ class SpeechToTextPolicy(PolicyBase):
 
     def save(self, module, path) -> None:
         """``save_pretrained`` (config.json + model.safetensors) and the vocabulary: ``--model PATH`` loads it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
+        path = save_pretrained_folder(module, path)
         (path / "vocab.json").write_text(json.dumps(self.vocab, indent=2) + "\n")
 
     # ---------------------------------------------------------------- conditions
@@ -162,58 +157,38 @@ class SpeechToTextPolicy(PolicyBase):
         if not self.vocab:
             raise RuntimeError("policy speech_to_text: load() the model before sampling (it reads the vocabulary)")
         counts = completion_counts(num_generations, len(rows))
-        rep = torch.tensor(counts)
-        R = int(rep.sum())
+        R = sum(counts)
         device = next(module.parameters()).device
         feats, mask = self.conditions(rows)
         enc = module.get_encoder()(input_features=feats.to(device), attention_mask=mask.to(device)).last_hidden_state
-        enc = BaseModelOutput(last_hidden_state=enc.repeat_interleave(rep.to(device), dim=0))
-        mask_r = mask.repeat_interleave(rep, dim=0).to(device)
-        temp = temperature if temperature is not None else self.temperature
-        temps = (torch.tensor(temp, dtype=torch.float32).repeat_interleave(rep) if isinstance(temp, list)
-                 else torch.full((R,), float(temp)))
-        seeded = evaluation and self.eval_sampling == "seeded"
-        if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
-            temps = torch.full((R,), self.temperature)
-            seeds = [held_out_seed(r, u, "audio_seed") for r, u in zip(rows, uids)]
-            uniforms = seeded_uniforms(seeds, counts, MAX_TOKENS)
-        greedy = torch.full((R,), not seeded) if evaluation else temps <= 0
-        eos, pad = self.vocab["eos"], self.vocab["pad"]
+        enc = BaseModelOutput(last_hidden_state=repeat_rows(enc, counts))
+        mask_r = repeat_rows(mask, counts).to(device)
+        temps = row_temperatures(temperature if temperature is not None else self.temperature, counts)
+        greedy, uniforms = torch.full((R,), True) if evaluation else temps <= 0, None
+        if evaluation and self.eval_sampling == "seeded":  # each row's uniforms from its own seed: its draws do not
+            seeds = [held_out_seed(r, u, "audio_seed") for r, u in zip(rows, uids)]  # depend on the batch around it
+            temps, greedy, uniforms = seeded_draws(seeds, counts, MAX_TOKENS, self.temperature)
         ids = torch.full((R, 1), self.vocab["bos"], dtype=torch.long, device=device)
-        lps = torch.zeros(R, MAX_TOKENS)
-        done = torch.zeros(R, dtype=torch.bool)
-        out = torch.full((R, MAX_TOKENS), pad, dtype=torch.long)
-        cmask = torch.zeros(R, MAX_TOKENS)
-        for t in range(MAX_TOKENS):
-            logits = module(encoder_outputs=enc, attention_mask=mask_r, decoder_input_ids=ids).logits[:, -1].float()
-            logits = logits.cpu()
-            draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
-            probs = torch.softmax(logits / draw_t[:, None], -1)
-            if seeded:  # inverse CDF at the row's own uniform
-                drawn = inverse_cdf(probs, uniforms[:, t])
-            else:
-                drawn = torch.multinomial(probs, 1, generator=generator)[:, 0] if not bool(greedy.all()) else None
-            tok = logits.argmax(-1) if drawn is None else torch.where(greedy, logits.argmax(-1), drawn)
-            logp = torch.log_softmax(logits / self.temperature, -1).gather(-1, tok[:, None])[:, 0]
-            live = ~done
-            out[live, t], lps[live, t], cmask[live, t] = tok[live], logp[live], 1.0
-            done = done | (tok == eos)
-            ids = torch.cat([ids, torch.where(live, tok, torch.full_like(tok, pad))[:, None].to(device)], dim=1)
-            if bool(done.all()):
-                break
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
+
+        def next_logits(fed):
+            nonlocal ids
+            if fed is not None:
+                ids = torch.cat([ids, fed[:, None].to(device)], dim=1)
+            return module(encoder_outputs=enc, attention_mask=mask_r, decoder_input_ids=ids).logits[:, -1].float().cpu()
+
+        out, lps, cmask, done = decode_tokens(next_logits, R, MAX_TOKENS, eos=self.vocab["eos"], pad=self.vocab["pad"],
+                                              temps=temps, greedy=greedy, temperature=self.temperature,
+                                              generator=generator, uniforms=uniforms)
+        columns = fanned_columns(rows, counts)
         columns.pop("features", None)
-        columns["prompt"] = [str(r.get("prompt", "")) for r, c in zip(rows, counts) for _ in range(c)]
+        columns["prompt"] = per_row([str(r.get("prompt", "")) for r in rows], counts)
         columns["completion"] = [self.text(o) for o in out.tolist()]
-        GENERATED.add(R, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
         return RolloutBatch(
             prompt_ids=torch.full((R, 1), self.vocab["bos"], dtype=torch.long),
             prompt_mask=torch.ones(R, 1, dtype=torch.long), completion_ids=out, completion_mask=cmask,
-            behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~done,
-            columns=columns,
-            row_data={"features": feats.repeat_interleave(rep, dim=0), "feature_mask": mask.repeat_interleave(rep, 0)})
+            behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(), truncated=~done,
+            columns=columns, **group_identity(counts, uids, group_offset),
+            row_data={"features": repeat_rows(feats, counts), "feature_mask": repeat_rows(mask, counts)})
 
     def offers(self) -> frozenset[str]:
         """``entropy`` / ``entropy_grad`` (of softmax(logits / τ) per token) and ``token_logprobs`` (the

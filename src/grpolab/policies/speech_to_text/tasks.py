@@ -26,6 +26,7 @@ import re
 from ...data import completion_text
 from ...registry import TASKS, param
 from ...tasks.base import Task
+from ..base import reward_column
 
 _PUNCT = re.compile(r"[^\w\s']")
 
@@ -36,11 +37,7 @@ def normalize(text) -> str:
 
 
 def _references(reward: str, transcript, n: int) -> list[str]:
-    if transcript is None:
-        raise ValueError(f"reward '{reward}' needs the data column 'transcript' (the reference text, one per row)")
-    refs = list(transcript)
-    if len(refs) != n:
-        raise ValueError(f"reward '{reward}': {n} completions but {len(refs)} transcripts")
+    refs = reward_column(reward, "transcript", transcript, n, "the reference text, one per row", "transcripts")
     return [normalize(r) for r in refs]
 
 

@@ -7,11 +7,11 @@ then the words of :data:`~grpolab.policies.speech_to_text.corpus.WORDS` (3 … 1
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import torch
 
+from ..base import timed_pretraining
 from .corpus import FEATURE_DIM, MAX_FRAMES, MAX_WORDS, WORDS, batch_features, corpus_recipe
 
 PAD, BOS, EOS = 0, 1, 2
@@ -105,13 +105,10 @@ def speech_model_path(log=print) -> Path:
     recipe = pretrain_recipe()
 
     def build(tmp: Path) -> dict:
-        t0 = time.perf_counter()
-        model, losses = pretrain(recipe)
-        seconds = time.perf_counter() - t0
+        (model, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
         model.save_pretrained(tmp, safe_serialization=True)
         (tmp / "vocab.json").write_text(json.dumps(recipe["vocab"], indent=2) + "\n")
-        return {"seed": recipe["seed"], "parameters": sum(p.numel() for p in model.parameters()),
-                "loss_curve": losses, "train_seconds": round(seconds, 2)}
+        return meta
 
     message = (f"[grpolab] pre-training the tiny speech recogniser (Speech2Text, 2+2 layers, width 64, word "
                f"vocabulary of {len(WORDS)}; teacher forcing on {recipe['utterances']} synthetic utterances, "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from ...errors import ConfigError
+from ...generation.sampling import per_row, row_temperatures
 from ...registry import ROLLOUT_STRATEGIES, param
 
 from ...algorithms.adv_var import PREFIX_COLUMN, SCALE_COLUMN
@@ -62,14 +63,13 @@ def var_middle_return(ctx, rows, uids, group_offset, budgets=None, temperatures=
                           f"{k}; got {counts}")
     prefixes = [c // k for c in counts]
     temps = temperatures if temperatures is not None else cfg.temperature
-    row_t = [float(temps[i]) if isinstance(temps, (list, tuple)) else float(temps)
-             for i, p in enumerate(prefixes) for _ in range(p)]
-    labels = torch.tensor([condition_of(r) for r, p in zip(rows, prefixes) for _ in range(p)])
+    row_t = row_temperatures(temps, prefixes)
+    labels = torch.tensor(per_row([condition_of(r) for r in rows], prefixes))
     generator = ctx.sampling_generator
-    codes, logps = policy.draw(module, labels, torch.tensor(row_t), generator, to_scale=m)
+    codes, logps = policy.draw(module, labels, row_t, generator, to_scale=m)
     if k > 1:
         codes, logps = codes.repeat_interleave(k, 0), logps.repeat_interleave(k, 0)
-        cont, cont_lp = policy.draw(module, labels.repeat_interleave(k), torch.tensor(row_t).repeat_interleave(k),
+        cont, cont_lp = policy.draw(module, labels.repeat_interleave(k), row_t.repeat_interleave(k),
                                     generator, codes=codes, from_scale=m + 1)
         codes = cont
         logps[:, OFFSETS[m]:] = cont_lp[:, OFFSETS[m]:]

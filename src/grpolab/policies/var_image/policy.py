@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ...config import ConfigError
-from ...generation.sampling import completion_counts
+from ...generation.sampling import completion_counts, row_temperatures
 from ...registry import POLICIES, param
-from ..base import PolicyBase, held_out_seed
+from ..base import PolicyBase, held_out_seed, repeat_rows, saved_folder
 from .._image.flow import BUILT_IN, condition_of, pack_images
 
 
@@ -81,12 +80,10 @@ class VARImagePolicy(PolicyBase):
         if self.model_name in BUILT_IN:
             path = var_model_path(log=log)
         else:
-            path = Path(self.model_name)
-            for name in ("config.json", "model.safetensors", "var_codebook.safetensors"):
-                if not (path / name).exists():
-                    raise ConfigError(f"model: policy var_image loads 'digits' (the built-in tiny model) or a folder "
-                                      f"it saved (config.json, model.safetensors, var_codebook.safetensors); {path} "
-                                      f"has no {name}")
+            path = saved_folder(self.model_name, "var_image",
+                                ("config.json", "model.safetensors", "var_codebook.safetensors"),
+                                "'digits' (the built-in tiny model) or a folder it saved (config.json, "
+                                "model.safetensors, var_codebook.safetensors)")
         module, self.codebook = load_var(path)
         for where, part in (("train", rows), ("held-out", eval_rows)):
             for i, row in enumerate(part[:1000]):
@@ -137,7 +134,7 @@ class VARImagePolicy(PolicyBase):
         ``span_ids``."""
         from .model import scale_ids
 
-        labels = torch.tensor([condition_of(r) for r in rows]).repeat_interleave(torch.tensor(counts))
+        labels = repeat_rows(torch.tensor([condition_of(r) for r in rows]), counts)
         batch = pack_images(rows, uids, counts, labels, self.decode(codes), logprobs=logps,
                             group_offset=group_offset)
         return replace(batch, completion_ids=codes.long(), span_ids=scale_ids().expand(len(codes), -1).clone())
@@ -150,11 +147,11 @@ class VARImagePolicy(PolicyBase):
         if self.codebook is None:
             raise RuntimeError("policy var_image: load() the model before sampling (it decodes with the codebook)")
         counts = completion_counts(num_generations, len(rows))
-        labels = torch.tensor([condition_of(r) for r in rows]).repeat_interleave(torch.tensor(counts))
+        labels = repeat_rows(torch.tensor([condition_of(r) for r in rows]), counts)
         R = len(labels)
         if evaluation and self.eval_sampling == "seeded":
             seeds = [held_out_seed(r, u) for r, u in zip(rows, uids)]  # noise_seed, else derived from the row
-            row_seed = torch.tensor(seeds).repeat_interleave(torch.tensor(counts))
+            row_seed = repeat_rows(torch.tensor(seeds), counts)
             codes = torch.zeros(R, 85, dtype=torch.long)
             logps = torch.zeros(R, 85)
             for seed in sorted(set(seeds)):
@@ -164,9 +161,7 @@ class VARImagePolicy(PolicyBase):
         elif evaluation:
             codes, logps = self.draw(module, labels, torch.ones(R), generator, greedy=True)
         else:
-            t = self.temperature if temperature is None else temperature
-            temps = (torch.tensor([float(x) for x, c in zip(t, counts) for _ in range(c)])
-                     if isinstance(t, (list, tuple)) else torch.full((R,), float(t)))
+            temps = row_temperatures(self.temperature if temperature is None else temperature, counts)
             codes, logps = self.draw(module, labels, temps, generator)
         return self.pack(rows, uids, counts, codes, logps, group_offset=group_offset)
 

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 
 from ...config import ConfigError
-from ...generation.counting import GENERATED
-from ...generation.sampling import completion_counts, inverse_cdf, seeded_uniforms
+from ...generation.sampling import completion_counts, decode_tokens, row_temperatures, seeded_draws
 from ...registry import POLICIES, param
-from ..base import PolicyBase, check_own_sampler
+from ..base import PolicyBase, check_own_sampler, fanned_columns, group_identity, repeat_rows, save_pretrained_folder
 
 BUILT_IN = ("tiny",)
 
@@ -142,10 +141,7 @@ class VisionLanguagePolicy(PolicyBase):
 
     def save(self, module, path) -> None:
         """``save_pretrained`` of the model and the processor: ``--model PATH`` loads it."""
-        path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(path, safe_serialization=True)
-        self.processor.save_pretrained(path)
+        save_pretrained_folder(module, path, self.processor)
 
     # ---------------------------------------------------------------- acting
     def _encode(self, rows):
@@ -171,69 +167,58 @@ class VisionLanguagePolicy(PolicyBase):
         if self.processor is None:
             raise RuntimeError("policy vision_language: load() the model before sampling")
         counts = completion_counts(num_generations, len(rows))
-        rep = torch.tensor(counts)
-        R = int(rep.sum())
+        R = sum(counts)
         device = next(module.parameters()).device
         ids_u, am_u, pv_u = self._encode(rows)
-        index = torch.arange(len(rows)).repeat_interleave(rep)  # action i continues row index[i]
+        index = repeat_rows(torch.arange(len(rows)), counts)  # action i continues row index[i]
         ids, am, pv = ids_u[index], am_u[index], pv_u[index]
-        temp = temperature if temperature is not None else self.temperature
-        temps = (torch.tensor(temp, dtype=torch.float32).repeat_interleave(rep) if isinstance(temp, list)
-                 else torch.full((R,), float(temp)))
-        greedy = temps <= 0
-        seeded = evaluation and self.eval_sampling == "seeded"
-        if seeded:  # each row's uniforms from its own seed: its draws do not depend on the batch around it
-            temps, greedy = torch.full((R,), self.temperature), torch.zeros(R, dtype=torch.bool)
-            uniforms = seeded_uniforms([int(r["scene_seed"]) if r.get("scene_seed") is not None else int(u)
-                                        for r, u in zip(rows, uids)], counts, self.max_completion_length)
-        eos, pad, T = self.tokenizer.eos_token_id, self.tokenizer.pad_token_id, self.max_completion_length
-        out = torch.full((R, T), pad, dtype=torch.long)
-        lps, cmask, unc = torch.zeros(R, T), torch.zeros(R, T), torch.zeros(R, T)
-        done = torch.zeros(R, dtype=torch.bool)
+        temps = row_temperatures(temperature if temperature is not None else self.temperature, counts)
+        greedy, uniforms, T = temps <= 0, None, self.max_completion_length
+        if evaluation and self.eval_sampling == "seeded":  # each row's uniforms from its own seed: its draws do not
+            seeds = [int(r["scene_seed"]) if r.get("scene_seed") is not None else int(u)  # depend on the batch
+                     for r, u in zip(rows, uids)]
+            temps, greedy, uniforms = seeded_draws(seeds, counts, T, self.temperature)
         am_u = am_u.to(device)  # the prompts run once per row; each of its actions continues its cache entry
         o = module(input_ids=ids_u.to(device), attention_mask=am_u, position_ids=positions(am_u),
                    pixel_values=pv_u.flatten(0, 1).to(device), use_cache=True)
         past = o.past_key_values
         past.reorder_cache(index.to(device))
-        logits, pos, am_d = self._logits(o.logits[:, -1]).cpu()[index], positions(am)[:, -1], am.to(device)
+        first, pos, am_d = self._logits(o.logits[:, -1]).cpu()[index], positions(am)[:, -1], am.to(device)
         ckw = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
-        for t in range(T):
-            draw_t = torch.where(greedy, torch.ones(R), temps.clamp_min(1e-6))
-            probs = torch.softmax(logits / draw_t[:, None], -1)
-            tok = logits.argmax(-1)
-            if seeded:  # inverse CDF at the row's own uniform
-                tok = inverse_cdf(probs, uniforms[:, t])
-            elif not bool(greedy.all()):
-                tok = torch.where(greedy, tok, torch.multinomial(probs, 1, generator=generator)[:, 0])
-            logp = torch.log_softmax(logits / max(self.temperature, 1e-6), -1).gather(-1, tok[:, None])[:, 0]
-            top2 = torch.softmax(logits, -1).topk(2, dim=-1).values
-            live = ~done
-            out[live, t], lps[live, t], cmask[live, t] = tok[live], logp[live], 1.0
-            unc[live, t] = (1.0 - (top2[live, 0] - top2[live, 1])).clamp(0, 1)
-            done = done | (tok == eos)
-            if bool(done.all()) or t == T - 1:
-                break
-            fed = torch.where(live, tok, torch.full_like(tok, pad))
+
+        def next_logits(fed):
+            nonlocal past, am_d, pos
+            if fed is None:
+                return first
             am_d = torch.cat([am_d, torch.ones(R, 1, dtype=am_d.dtype, device=device)], 1)
             pos = pos + 1
             o = module(input_ids=fed[:, None].to(device), attention_mask=am_d, position_ids=pos[:, None].to(device),
                        use_cache=True, **{ckw: past})
-            past, logits = o.past_key_values, self._logits(o.logits[:, -1]).cpu()
-        columns = {k: [r.get(k) for r, c in zip(rows, counts) for _ in range(c)] for k in rows[0]}
+            past = o.past_key_values
+            return self._logits(o.logits[:, -1]).cpu()
+
+        unc = torch.zeros(R, T)
+
+        def uncertainty(t, logits, live):  # PixelThink's 1 - (p1 - p2) of the untempered softmax
+            top2 = torch.softmax(logits, -1).topk(2, dim=-1).values
+            unc[live, t] = (1.0 - (top2[live, 0] - top2[live, 1])).clamp(0, 1)
+
+        out, lps, cmask, done = decode_tokens(next_logits, R, T, eos=self.tokenizer.eos_token_id,
+                                              pad=self.tokenizer.pad_token_id, temps=temps, greedy=greedy,
+                                              temperature=max(self.temperature, 1e-6), generator=generator,
+                                              uniforms=uniforms, observe=uncertainty)
+        columns = fanned_columns(rows, counts)
         for k in ("image", "images"):
             columns.pop(k, None)
         columns["completion"] = self.tokenizer.batch_decode(
             [o_[m > 0].tolist() for o_, m in zip(out, cmask)], skip_special_tokens=False)
         columns["completion"] = [self.text(c) for c in columns["completion"]]
-        GENERATED.add(R, int(cmask.sum()))  # the run's budgets and generated_tokens count sampled tokens
         n = cmask.sum(-1).clamp_min(1)
         columns["uncertainty"] = ((unc * cmask).sum(-1) / n).tolist()
         return RolloutBatch(
             prompt_ids=ids, prompt_mask=am, completion_ids=out, completion_mask=cmask,
-            behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(),
-            group_ids=torch.arange(group_offset, group_offset + len(rows)).repeat_interleave(rep),
-            prompt_uids=torch.tensor(uids, dtype=torch.long).repeat_interleave(rep), truncated=~done,
-            columns=columns, row_data={"pixel_values": pv})
+            behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(), truncated=~done,
+            columns=columns, row_data={"pixel_values": pv}, **group_identity(counts, uids, group_offset))
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 logits with the image placeholder token excluded (-inf): a completion never writes one, in

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from ...media import to_array, to_data_uri  # noqa: F401  (picture conversion lives in media.py)
+from ...media import to_array  # picture conversion lives in media.py
 
 SCENES_VERSION = 1
 SIZE = 32

@@ -21,6 +21,7 @@ import re
 from ...data import completion_text
 from ...registry import TASKS, param
 from ...tasks.base import Task
+from ..base import reward_column
 
 BOX = re.compile(r"\[\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*,\s*(-?\d+(?:\.\d+)?)\s*\]")
 ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -36,12 +37,7 @@ def parse_box(text) -> list[float] | None:
 
 
 def _targets(name: str, target_box, n: int) -> list:
-    if target_box is None:
-        raise ValueError(f"reward '{name}' needs the data column 'target_box' ([x1, y1, x2, y2] per row)")
-    boxes = list(target_box)
-    if len(boxes) != n:
-        raise ValueError(f"reward '{name}': {n} completions but {len(boxes)} target boxes")
-    return boxes
+    return reward_column(name, "target_box", target_box, n, "[x1, y1, x2, y2] per row", "target boxes")
 
 
 def box_iou(prompts=None, completions=None, *, target_box=None, **kwargs) -> list[float]:

@@ -58,6 +58,7 @@ from ...data import completion_text
 from ...registry import TASKS, param
 from .gui import (action_correct, critic_case, describe_screen, format_action, gui_screen, parse_action)
 from ...tasks.base import Task
+from ..base import reward_column
 
 _ANSWER = re.compile(r"\s*(?:<think>.*?</think>\s*)?<answer>(.*?)</answer>\s*", re.S)
 _ANSWER_ANY = re.compile(r"<answer>(.*?)</answer>", re.S)
@@ -94,12 +95,7 @@ def critic_suggestion_action(completion):
 
 
 def _column(name: str, reward: str, values, n: int) -> list:
-    if values is None:
-        raise ValueError(f"reward '{reward}' needs the data column '{name}' (one per row)")
-    values = list(values)
-    if len(values) != n:
-        raise ValueError(f"reward '{reward}': {n} completions but {len(values)} values of '{name}'")
-    return values
+    return reward_column(reward, name, values, n, "one per row", f"values of '{name}'")
 
 
 # ----------------------------------------------------------------------------- gui_actions rewards

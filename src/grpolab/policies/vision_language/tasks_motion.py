@@ -30,6 +30,7 @@ from ...registry import TASKS, param
 from . import tiny
 from .clips import MAX_DISTRACTORS, MAX_STEP, MIN_STEP, motion_clip
 from ...tasks.base import Task
+from ..base import reward_column
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 _FORMAT = re.compile(r"\s*<answer>\s*(left|right|up|down)\s*</answer>\s*")
@@ -48,13 +49,7 @@ def _answer_word(completion) -> str | None:
 
 
 def _directions(reward: str, direction, n: int) -> list[str]:
-    if direction is None:
-        raise ValueError(f"reward '{reward}' needs the data column 'direction' (left / right / up / down, one per "
-                         f"row)")
-    refs = list(direction)
-    if len(refs) != n:
-        raise ValueError(f"reward '{reward}': {n} completions but {len(refs)} directions")
-    return refs
+    return reward_column(reward, "direction", direction, n, "left / right / up / down, one per row", "directions")
 
 
 def motion_accuracy(prompts=None, completions=None, *, direction=None, **kwargs) -> list[float]:

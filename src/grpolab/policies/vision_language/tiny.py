@@ -27,11 +27,12 @@ Provenance: grpolab's own — a tiny stand-in for the VLMs the papers train (Qwe
 from __future__ import annotations
 
 import string
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..base import timed_pretraining
 
 IMAGE_TOKEN = "<image>"
 SPECIALS = ["<pad>", "<eos>", "<unk>", "<bos>"]
@@ -195,13 +196,10 @@ def vlm_model_path(task: str, iterations: int = 0, log=print) -> Path:
     recipe = pretrain_recipe(task, iterations)
 
     def build(tmp: Path) -> dict:
-        t0 = time.perf_counter()
-        model, processor, losses = pretrain(task, recipe)
-        seconds = time.perf_counter() - t0
+        (model, processor, _), meta = timed_pretraining(recipe["seed"], pretrain, task, recipe)
         model.save_pretrained(tmp, safe_serialization=True)
         processor.save_pretrained(tmp)
-        return {"seed": recipe["seed"], "parameters": sum(p.numel() for p in model.parameters()),
-                "loss_curve": losses, "train_seconds": round(seconds, 2)}
+        return meta
 
     message = (f"[grpolab] pre-training the tiny vision-language model (LLaVA: CLIP 2 layers + Llama 2 layers, "
                f"width 64) on task {task!r} ({recipe['examples']} synthetic examples, {recipe['iterations']} "

@@ -1,14 +1,12 @@
 """DCPO batch stage: the authors' entropy-controlled advantage mix (seed 000-35)."""
 from __future__ import annotations
 
-import math
-
 import torch
 
 from ..errors import ConfigError
 from ..model.logprobs import completion_logprobs
-from ..registry import BATCH_STAGES
-from ..registry import param
+from ..registry import BATCH_STAGES, param
+from ._checks import require_at_least
 
 
 def dcpo_alpha(entropy_delta: float, correct_frac: float, max_delta: float) -> float:
@@ -36,8 +34,7 @@ def _check_dcpo(cfg) -> None:
     for key in ("dcpo_temperature_high", "dcpo_temperature_low"):
         if getattr(cfg, key) <= 0:
             raise ConfigError(f"{key}: must be > 0, got {getattr(cfg, key)}")
-    if cfg.dcpo_max_delta < 0:
-        raise ConfigError(f"dcpo_max_delta: must be >= 0, got {cfg.dcpo_max_delta}")
+    require_at_least(cfg, 0, "dcpo_max_delta")
 
 
 @BATCH_STAGES.register("dcpo", check=_check_dcpo, needs=("tokens",))

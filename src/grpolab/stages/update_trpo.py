@@ -8,8 +8,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ..errors import ConfigError
-from ..registry import UPDATE_STRATEGIES
-from ..registry import param
+from ..registry import UPDATE_STRATEGIES, param
+from ._checks import require_at_least
 
 EPS = 1e-8  # the reference codes' guard in the CG step and the step size (Spinning Up's EPS)
 
@@ -117,14 +117,11 @@ def kl_sum(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tenso
 def _check_trpo(cfg) -> None:
     if not cfg.trpo_max_kl > 0:
         raise ConfigError(f"trpo_max_kl: must be > 0, got {cfg.trpo_max_kl}")
-    if cfg.trpo_cg_iters < 1:
-        raise ConfigError(f"trpo_cg_iters: must be >= 1, got {cfg.trpo_cg_iters}")
-    if cfg.trpo_cg_damping < 0:
-        raise ConfigError(f"trpo_cg_damping: must be >= 0, got {cfg.trpo_cg_damping}")
+    require_at_least(cfg, 1, "trpo_cg_iters")
+    require_at_least(cfg, 0, "trpo_cg_damping")
     if not 0 < cfg.trpo_backtrack_coeff < 1:
         raise ConfigError(f"trpo_backtrack_coeff: must be in (0, 1), got {cfg.trpo_backtrack_coeff}")
-    if cfg.trpo_backtrack_iters < 1:
-        raise ConfigError(f"trpo_backtrack_iters: must be >= 1, got {cfg.trpo_backtrack_iters}")
+    require_at_least(cfg, 1, "trpo_backtrack_iters")
     if cfg.beta > 0:
         raise ConfigError(f"update_strategy: trpo maximises the surrogate under its KL constraint and adds no "
                           f"reference penalty; set beta: 0 (got {cfg.beta})")

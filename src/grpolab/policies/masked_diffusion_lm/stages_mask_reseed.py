@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import ConfigError
-from ..registry import POLICIES, UPDATE_STRATEGIES, param
+from ...errors import ConfigError
+from ...registry import POLICIES, UPDATE_STRATEGIES, param
+from ...stages._checks import require_at_least
 
 
 def derived_seeds(seeds: torch.Tensor, k: int) -> torch.Tensor:
@@ -19,8 +20,7 @@ def _check(cfg) -> None:
     if not getattr(POLICIES.get(cfg.policy), "uses_mask_seeds", False):
         raise ConfigError(f"update_strategy: mask_reseed redraws the mask seeds of a masked diffusion LM's log-prob "
                           f"estimator; policy {cfg.policy} has none (use policy masked_diffusion_lm)")
-    if cfg.mask_reseed_iterations < 1:
-        raise ConfigError(f"mask_reseed_iterations: must be >= 1, got {cfg.mask_reseed_iterations}")
+    require_at_least(cfg, 1, "mask_reseed_iterations")
     if cfg.num_iterations != 1:
         raise ConfigError(f"num_iterations: mask_reseed makes the inner passes itself (mask_reseed_iterations); set "
                           f"num_iterations: 1, got {cfg.num_iterations}")

@@ -19,8 +19,7 @@ import torch
 from ..algorithms import group_zscore, mask_truncated
 from ..batch import RolloutBatch
 from ..errors import ConfigError
-from ..registry import BATCH_STAGES
-from ..registry import param
+from ..registry import BATCH_STAGES, param
 
 
 def row_advantage(batch: RolloutBatch) -> torch.Tensor:

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import ConfigError
-from ..registry import BATCH_STAGES, param
+from ...errors import ConfigError
+from ...registry import BATCH_STAGES, param
 
 
 def _check_chunks(cfg) -> None:
@@ -45,8 +45,8 @@ def chunk_grpo(batch, ctx, *,
     Generation", arXiv:2510.21583; seed 000-88).
 
     Writes ``span_ids[i, j]`` = the chunk of step j (1, 2, ... from ``chunk_boundaries``), so that the policy
-    loss ``rank_ratio`` (select it: a per-step loss such as ``clipped_ratio`` ignores ``span_ids``) takes one ratio per (row, chunk) unit k, the geometric mean of its steps'
-    ratios, clipped once:
+    loss ``rank_ratio`` (select it: a per-step loss such as ``clipped_ratio`` ignores ``span_ids``) takes one
+    ratio per (row, chunk) unit k, the geometric mean of its steps' ratios, clipped once:
 
     ``r_ik = exp((1/|k|)·Σ_{j∈k} (log π_θ(x_{j+1}|x_j) − log π_old(x_{j+1}|x_j)))``,
     ``L_ik = −min(r_ik·A_i, clip(r_ik, 1−ε, 1+ε)·A_i)``, chunks of a row averaged.

@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
 from ..registry import UPDATE_STRATEGIES, param
+from ._checks import require_at_least
 
 
 def pair_margins(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, mask: torch.Tensor, group_ids: torch.Tensor,
@@ -70,10 +70,8 @@ def _needs(cfg) -> None:
 
 
 def _check(cfg) -> None:
-    if cfg.group_robust_dpo_num_groups < 1:
-        raise ConfigError(f"group_robust_dpo_num_groups: must be >= 1, got {cfg.group_robust_dpo_num_groups}")
-    if cfg.group_robust_dpo_eta < 0:
-        raise ConfigError(f"group_robust_dpo_eta: must be >= 0, got {cfg.group_robust_dpo_eta}")
+    require_at_least(cfg, 1, "group_robust_dpo_num_groups")
+    require_at_least(cfg, 0, "group_robust_dpo_eta")
 
 
 @UPDATE_STRATEGIES.register("group_robust_dpo", check=_check, needs=("tokens",))

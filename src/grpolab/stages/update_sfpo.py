@@ -6,17 +6,15 @@ import math
 import torch
 
 from ..errors import ConfigError
-from ..registry import UPDATE_STRATEGIES
-from ..registry import param
+from ..registry import UPDATE_STRATEGIES, param
+from ._checks import require_at_least
 
 
 def _check_sfpo(cfg) -> None:
-    if cfg.sfpo_fast_steps < 1:
-        raise ConfigError(f"sfpo_fast_steps: must be >= 1, got {cfg.sfpo_fast_steps}")
+    require_at_least(cfg, 1, "sfpo_fast_steps")
     if not 0.0 <= cfg.sfpo_alpha <= 1.0:
         raise ConfigError(f"sfpo_alpha: must be in [0, 1], got {cfg.sfpo_alpha}")
-    if cfg.sfpo_entropy_window < 2:
-        raise ConfigError(f"sfpo_entropy_window: must be >= 2, got {cfg.sfpo_entropy_window}")
+    require_at_least(cfg, 2, "sfpo_entropy_window")
 
 
 @UPDATE_STRATEGIES.register("sfpo", check=_check_sfpo, needs=("tokens",))

@@ -16,9 +16,9 @@ import torch
 
 from ..batch import RolloutBatch
 from ..errors import ConfigError
-from ..registry import BATCH_STAGES
-from .pruning import row_advantage, score_new_rows, set_group_advantages
-from ..registry import param
+from ..registry import BATCH_STAGES, param
+from ._checks import require_at_least
+from .batch_pruning import row_advantage, score_new_rows, set_group_advantages
 
 
 def _rows(batch: RolloutBatch, index) -> list[RolloutBatch]:
@@ -41,10 +41,8 @@ def _with_group(row: RolloutBatch, gid: int) -> RolloutBatch:
 def _check_eframe(cfg) -> None:
     if cfg.eframe_explore_n < 2:
         raise ConfigError(f"eframe_explore_n: exploration groups need >= 2 completions, got {cfg.eframe_explore_n}")
-    if cfg.eframe_replay_freq < 1:
-        raise ConfigError(f"eframe_replay_freq: must be >= 1, got {cfg.eframe_replay_freq}")
-    if cfg.eframe_replay_size < 0:
-        raise ConfigError(f"eframe_replay_size: must be >= 0, got {cfg.eframe_replay_size}")
+    require_at_least(cfg, 1, "eframe_replay_freq")
+    require_at_least(cfg, 0, "eframe_replay_size")
 
 
 @BATCH_STAGES.register("eframe", check=_check_eframe)
@@ -134,7 +132,8 @@ class EFRame:
         for g in torch.unique(batch.group_ids).tolist():
             sel = batch.group_ids == g
             rg = r[sel]
-            if bool((absadv[sel] < 1e-6).all()) and bool((torch.nan_to_num(rg, nan=float("-inf")) <= self.fail_reward).all()):
+            if bool((absadv[sel] < 1e-6).all()) \
+                    and bool((torch.nan_to_num(rg, nan=float("-inf")) <= self.fail_reward).all()):
                 out.append(g)
         return out
 
@@ -218,9 +217,7 @@ def _check_repo_replay(cfg) -> None:
                           f"{', '.join(REPO_STRATEGIES)}")
     if cfg.repo_adv_norm not in ("mixed", "split"):
         raise ConfigError(f"repo_adv_norm: '{cfg.repo_adv_norm}' is not valid; valid values: mixed, split")
-    for name in ("repo_buffer_size", "repo_num_replay", "repo_min_buffer"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+    require_at_least(cfg, 1, "repo_buffer_size", "repo_num_replay", "repo_min_buffer")
 
 
 @BATCH_STAGES.register("repo_replay", check=_check_repo_replay)

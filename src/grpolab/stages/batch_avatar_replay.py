@@ -9,6 +9,7 @@ from ..algorithms.weightings import tas_weights
 from ..batch import RolloutBatch
 from ..errors import ConfigError
 from ..registry import BATCH_STAGES, param
+from ._checks import require_at_least
 
 TIERS = ("easy", "medium", "hard")
 STRATEGIES = ("priority", "fifo", "uniform")
@@ -67,9 +68,7 @@ def _check(cfg) -> None:
     if cfg.avatar_replay_strategy not in STRATEGIES:
         raise ConfigError(f"avatar_replay_strategy: '{cfg.avatar_replay_strategy}' is not valid; valid values: "
                           f"{', '.join(STRATEGIES)}")
-    for name in ("avatar_replay_buffer_size", "avatar_vcrs_window", "avatar_unit_rows"):
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"{name}: must be >= 1, got {getattr(cfg, name)}")
+    require_at_least(cfg, 1, "avatar_replay_buffer_size", "avatar_vcrs_window", "avatar_unit_rows")
     if cfg.avatar_off_policy_batches < 0 or cfg.avatar_replay_min_size < 0:
         raise ConfigError("avatar_off_policy_batches and avatar_replay_min_size must be >= 0")
     ratios = [cfg.avatar_replay_easy_ratio, cfg.avatar_replay_medium_ratio, cfg.avatar_replay_hard_ratio]
@@ -189,9 +188,6 @@ class AvatarReplay:
         return sum(len(v) for v in self.tiers.values())
 
     # ------------------------------------------------------------------ sampling
-    def _randint(self, n: int) -> int:
-        return int(torch.randint(n, (1,), generator=self.generator))
-
     def _from_tier(self, tier: str, n: int) -> list[dict]:
         entries = self.tiers[tier]
         n = min(n, len(entries))

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import torch
 
-from ..errors import ConfigError
-from ..registry import BATCH_STAGES, POLICIES, param
+from ...errors import ConfigError
+from ...registry import BATCH_STAGES, POLICIES, param
 
 
 def _check_denoising_steps(cfg) -> None:
