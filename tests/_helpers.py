@@ -1,4 +1,5 @@
-"""Small helpers shared by the reward test files."""
+"""Small helpers shared by several test files: reward transforms, learning seeds, tiny decoders, image policies,
+resumed runs, scripted rollouts."""
 import pytest
 import torch
 
@@ -85,3 +86,205 @@ def decoder_matches_hf(m, rep, steps: int, atol: float, drops: dict | None = Non
                 dec.keep(keep)
                 ctx, cmask = ctx[keep], cmask[keep]
     return dec
+
+
+# ------------------------------------------------------------------ image policies (ddpm, flow_matching)
+def image_policy(name: str, **over):
+    """``(config, policy)`` of the image policy ``name`` on a stand-in data file and reward, ``over`` on top."""
+    from grpolab.components import Component
+    from grpolab.config import Config
+    from grpolab.policies import POLICIES
+
+    cfg = Config.build({"policy": name, "data": "rows.jsonl", "reward": ["m:f"], **over})
+    return cfg, Component(POLICIES.get(name), cfg, name).fn
+
+
+def loaded_image_policy(name: str):
+    """``(policy, module, rows)``: the image policy ``name`` with its model loaded on three rows (classes 0, 1, 2)."""
+    cfg, pol = image_policy(name)
+    rows = [{"prompt": str(i), "label": i} for i in range(3)]
+    return pol, pol.load(cfg, rows, [], log=lambda *a: None), rows
+
+
+def sample_packed_steps(pol, module, rows):
+    """Samples the three ``rows`` (uids 5, 6, 7, groups from 2, 2 + 3 + 1 generations, seed 0) and asserts how the
+    batch packs them: one row a generation, T steps of 1x8x8 images, and an 8x8x1 image in [0, 1]. Returns it."""
+    b = pol.sample(module, rows, [5, 6, 7], group_offset=2, num_generations=[2, 3, 1], temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    T = pol.T
+    assert b.completion_mask.shape == (6, T) and b.step_data["x"].shape == (6, T, 1, 8, 8)
+    assert b.group_ids.tolist() == [2, 2, 3, 3, 3, 4] and b.prompt_uids.tolist() == [5, 5, 6, 6, 6, 7]
+    assert b.row_data["cond"].tolist() == [0, 0, 1, 1, 1, 2] and b.columns["label"] == [0, 0, 1, 1, 1, 2]
+    img = b.columns["completion"][0]
+    assert img.shape == (8, 8, 1) and img.dtype.name == "float32" and 0 <= img.min() and img.max() <= 1
+    return b
+
+
+def assert_bad_rows_and_models_are_named(make_policy, tmp_path):
+    """A row without a class, a held-out class outside the model's, a model folder without config.json: each
+    refused with its reason (``make_policy(**over)`` gives ``(config, policy)``). Returns that folder's pair."""
+    from grpolab.config import ConfigError
+
+    cfg, pol = make_policy()
+    with pytest.raises(ConfigError, match="train row 1: .*'label' column.*'cat'"):
+        pol.load(cfg, [{"prompt": "1"}, {"prompt": "cat"}], [], log=lambda *a: None)
+    with pytest.raises(ConfigError, match="held-out row 0: class 12 is outside the model's classes 0..9"):
+        pol.load(cfg, [{"prompt": "1"}], [{"prompt": "12"}], log=lambda *a: None)
+    cfg2, pol2 = make_policy(model=str(tmp_path))
+    with pytest.raises(ConfigError, match="has no config.json"):
+        pol2.load(cfg2, [{"prompt": "1"}], [], log=lambda *a: None)
+    return cfg2, pol2
+
+
+def assert_saved_model_loads_the_same(make_policy, pol, module, rows, path):
+    """``pol.save`` to ``path`` then a load from it by a new policy: the same weights, tensor by tensor.
+    Returns ``(new policy, loaded module)``."""
+    pol.save(module, path)
+    cfg2, pol2 = make_policy(model=str(path))
+    again = pol2.load(cfg2, rows, [], log=lambda *a: None)
+    for (k, p), (_, q) in zip(module.state_dict().items(), again.state_dict().items()):
+        assert torch.equal(p, q), k
+    return pol2, again
+
+
+def assert_token_kl_and_text_engines_are_refused(make_policy):
+    """An image policy refuses the token KL (beta) and a text engine (vllm), each with the fix, and takes
+    gaussian_mean_kl."""
+    from grpolab.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"beta: .*set beta: 0 and add regularizers: \[gaussian_mean_kl\]"):
+        make_policy(beta=0.04)
+    with pytest.raises(ConfigError, match="generation_engine: vllm samples text.*generation_engine: native"):
+        make_policy(generation_engine="vllm")
+    cfg, _ = make_policy(regularizers=["gaussian_mean_kl"], gaussian_kl_beta=0.01)
+    assert cfg.regularizers == ["gaussian_mean_kl"]
+
+
+def recipe_before_after(recipe: str, reward: str, tmp_path, seed: int, **over):
+    """The learning run of a recipe: 12 steps on seed ``seed`` (``over`` on top), one thread, no stall stop.
+    Returns ``(summary, before, after)``, the held-out means of ``rewards/<reward>/mean``."""
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    cfg = Config.build({**recipe_overrides(recipe), **over, "steps": 12, "seed": seed, "save_steps": 100,
+                        "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
+    before, after = (summary[k][f"rewards/{reward}/mean"] for k in ("before", "after"))
+    return summary, before, after
+
+
+# ------------------------------------------------------------------ runs, resumed and saved
+def straight_and_resumed(base: dict, tmp_path, **trainer_kw):
+    """``base`` trained 4 steps straight (out a/), and 2 steps then a resume to 4 from the step-2 checkpoint by a
+    new Trainer, as after a kill (out b/); ``base`` has save_steps 2. Returns ``(a, its summary, c, its summary)``,
+    c the resumed trainer."""
+    from grpolab.config import Config
+    from grpolab.train.trainer import Trainer
+
+    kw = {"log": lambda *a: None, **trainer_kw}
+    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **kw)
+    sa = a.train(progress=False)
+    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **kw).train(progress=False)
+    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, **kw)
+    sc = c.train(progress=False)
+    return a, sa, c, sc
+
+
+def assert_resume_is_exact(base: dict, tmp_path, reward: str, **trainer_kw):
+    """:func:`straight_and_resumed`: the same weights to the bit and the same held-out mean of ``reward``."""
+    a, sa, c, sc = straight_and_resumed(base, tmp_path, **trainer_kw)
+    pc = dict(c.model.named_parameters())
+    for k, v in a.model.named_parameters():
+        assert torch.equal(v, pc[k]), k
+    assert sa["after"][f"rewards/{reward}/mean"] == sc["after"][f"rewards/{reward}/mean"]
+
+
+def final_weights(out) -> dict:
+    """Every tensor of the run ``out``'s final/ safetensors files (one or several shards)."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(out, "final").glob("*.safetensors"))
+    assert files, f"no final weights in {out}"
+    w = {}
+    for f in files:
+        w.update(load_file(str(f)))
+    return w
+
+
+# ------------------------------------------------------------------ rollouts of tiny trainers
+def countdown_trainer(out, rollout_strategy: str, max_completion_length: int):
+    """A tiny-model trainer on countdown (3 prompts x 4 generations), its step begun: its RolloutContext is what
+    the rollout strategies receive; ``rollout_strategy`` selects their shared settings (the reference template)."""
+    from grpolab.config import Config
+    from grpolab.train.trainer import Trainer
+
+    args = {"model": "tiny", "task": "countdown", "steps": 1, "prompts_per_step": 3, "num_generations": 4,
+            "max_completion_length": max_completion_length, "eval_before": False, "eval_after": False,
+            "tensorboard": False, "micro_batch_size": 16, "out": str(out), "rollout_strategy": rollout_strategy}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    t.ctx.new_step()
+    return t
+
+
+def own_data_args(tiny_args: dict, data: str) -> dict:
+    """``tiny_args`` on the user's data file ``data`` (no task, every row a training row)."""
+    return {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": data, "eval_split": 0}
+
+
+def scripted_strategy_step(args: dict, monkeypatch, module, sampler: str, fake):
+    """The trainer of ``args`` with ``module.<sampler>`` replaced by the scripted ``fake``, and its rollout
+    strategy's batch of the first two rows (uids 0, 1) with their scalar rewards: ``(trainer, batch)``."""
+    from grpolab.config import Config
+    from grpolab.train.trainer import Trainer
+
+    tr = Trainer(Config.build(args), log=lambda *a: None)
+    monkeypatch.setattr(module, sampler, fake)
+    tr.ctx.new_step()
+    b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
+                    budgets=None, temperatures=None)
+    b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+    return tr, b
+
+
+def teacher_forced_turns(ctx, contexts, turns, temperatures):
+    """The Continuation a sampler drawing the token lists ``turns`` (one a context) would return: each turn's
+    tokens with the policy's teacher-forced log-probs at its temperature, each stopped by a stop string."""
+    from grpolab.generation.turns import Continuation, Episode, pack_episodes
+    from grpolab.model.logprobs import completion_logprobs
+
+    ids, lps = [], []
+    for c, a, t in zip(contexts, turns, temperatures):
+        e = Episode(list(c)).add_model_turn(a, [0.0] * len(a))
+        b = pack_episodes(ctx.tokenizer, [e], [{"prompt": ""}], [0], [0])
+        lp, _ = completion_logprobs(ctx.policy, b, t, shared_prefix=False)
+        ids.append(a)
+        lps.append(lp[0, :len(a)].tolist())
+    return Continuation(ids, lps, ["stop_string"] * len(ids))
+
+
+def tiny_model_on_repeat(n_rows: int):
+    """The repeat task's first ``n_rows`` training rows and the tiny model (seed 0, eval mode) built on them:
+    ``(task, rows, model, tokenizer)``."""
+    from grpolab.data import model_texts
+    from grpolab.model.loading import load_policy
+    from grpolab.tasks import get_task
+
+    task = get_task("repeat")
+    rows = task.train_rows[:n_rows]
+    model, tok = load_policy("tiny", task_texts=model_texts(rows), seed=0, log=lambda *a: None)
+    model.eval()
+    return task, rows, model, tok
+
+
+def micro_batched_loss(agg, per_token, mask, chunks, constant, wrt):
+    """The step loss over the micro-batches ``chunks`` (row slices), each aggregated by ``agg`` with the whole
+    step's totals (as with gradient accumulation), and its gradient with respect to ``wrt``: ``(loss, grad)``."""
+    from grpolab.algorithms import StepTotals
+
+    totals = StepTotals.from_masks([mask[c] for c in chunks], constant=constant)
+    loss = sum(agg(per_token(c), mask[c], totals) for c in chunks)
+    grad, = torch.autograd.grad(loss, wrt)
+    return loss, grad

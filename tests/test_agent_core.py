@@ -12,9 +12,10 @@ from grpolab.agents.base import EPISODE_COLUMN
 from grpolab.agents.parsing import parse_tool_calls, tool_schema
 from grpolab.batch import ENVIRONMENT, INJECTED, SAMPLED
 from grpolab.config import Config
-from grpolab.generation.turns import Continuation, Episode, pack_episodes
 from grpolab.model.logprobs import completion_logprobs
 from grpolab.train.trainer import Trainer
+
+from _helpers import teacher_forced_turns
 
 
 # ------------------------------------------------------------------ a user's own tools and environments
@@ -244,15 +245,8 @@ def scripted(texts_by_turn):
     def sample(ctx, contexts, max_new_tokens, temperatures, stop_strings, model=None):
         text = texts_by_turn[min(turn["k"], len(texts_by_turn) - 1)]
         turn["k"] += 1
-        ids, lps = [], []
-        for c, m, t in zip(contexts, max_new_tokens, temperatures):
-            a = ctx.tokenizer(text, add_special_tokens=False)["input_ids"][:m]
-            e = Episode(list(c)).add_model_turn(a, [0.0] * len(a))
-            b = pack_episodes(ctx.tokenizer, [e], [{"prompt": ""}], [0], [0])
-            lp, _ = completion_logprobs(ctx.policy, b, t, shared_prefix=False)
-            ids.append(a)
-            lps.append(lp[0, :len(a)].tolist())
-        return Continuation(ids, lps, ["stop_string"] * len(ids))
+        turns = [ctx.tokenizer(text, add_special_tokens=False)["input_ids"][:m] for m in max_new_tokens]
+        return teacher_forced_turns(ctx, contexts, turns, temperatures)
     return sample
 
 

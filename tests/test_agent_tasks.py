@@ -1,7 +1,6 @@
 """The real agent tools (python, search, calculator), the generated knowledge base and the built-in agent tasks
 (calculator, search_qa, gridworld)."""
 import json
-import os
 import re
 
 import pytest
@@ -384,8 +383,7 @@ def test_worked_examples_in_the_prompts(tasks):
 
 # ---------------------------------------------------------------- end to end: the agent rollout on these tasks
 from grpolab.agents import rollout as agent_rollout  # noqa: E402
-from grpolab.generation.turns import Continuation, Episode, pack_episodes  # noqa: E402
-from grpolab.model.logprobs import completion_logprobs  # noqa: E402
+from _helpers import teacher_forced_turns  # noqa: E402
 
 
 def _train_cli(task, out, *extra):
@@ -444,15 +442,9 @@ def oracle(task):
         return f'<tool_call>{{"name": "search", "arguments": {{"query": "{chain[done]}", "k": 1}}}}</tool_call>'
 
     def sample(ctx, contexts, max_new_tokens, temperatures, stop_strings, model=None):
-        ids, lps = [], []
-        for c, t in zip(contexts, temperatures):
-            a = ctx.tokenizer(answer_text(ctx.tokenizer.decode(c)), add_special_tokens=False)["input_ids"]
-            e = Episode(list(c)).add_model_turn(a, [0.0] * len(a))
-            b = pack_episodes(ctx.tokenizer, [e], [{"prompt": ""}], [0], [0])
-            lp, _ = completion_logprobs(ctx.policy, b, t, shared_prefix=False)
-            ids.append(a)
-            lps.append(lp[0, :len(a)].tolist())
-        return Continuation(ids, lps, ["stop_string"] * len(ids))
+        turns = [ctx.tokenizer(answer_text(ctx.tokenizer.decode(c)), add_special_tokens=False)["input_ids"]
+                 for c in contexts]
+        return teacher_forced_turns(ctx, contexts, turns, temperatures)
     return sample
 
 

@@ -7,6 +7,8 @@ import torch
 from grpolab.algorithms import (ADVANTAGES, AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES, StepTotals,
                                 combine_rewards, group_stats, kl_penalty)
 
+from _helpers import micro_batched_loss
+
 nan = float("nan")
 
 
@@ -145,13 +147,9 @@ def test_aggregation_same_gradient_whole_micro_batched_and_ranks(mode):
     def per_token(rows):
         return (w[rows] ** 2) * 0.5  # any differentiable per-token loss
 
-    whole = agg(per_token(slice(None)), mask, StepTotals.from_masks([mask], constant=T))
-    g_whole, = torch.autograd.grad(whole, w)
+    whole, g_whole = micro_batched_loss(agg, per_token, mask, [slice(None)], T, w)
     # micro-batches of 3 with accumulation: totals are for the whole step
-    chunks = [slice(0, 3), slice(3, 6), slice(6, 8)]
-    totals = StepTotals.from_masks([mask[c] for c in chunks], constant=T)
-    acc = sum(agg(per_token(c), mask[c], totals) for c in chunks)
-    g_acc, = torch.autograd.grad(acc, w)
+    acc, g_acc = micro_batched_loss(agg, per_token, mask, [slice(0, 3), slice(3, 6), slice(6, 8)], T, w)
     # two simulated ranks, each with two micro-batches, summed (all-reduce sum)
     ranks = [[slice(0, 2), slice(2, 4)], [slice(4, 7), slice(7, 8)]]
     totals_r = StepTotals.from_masks([mask[c] for r in ranks for c in r], constant=T)

@@ -20,6 +20,21 @@ def _batch(arch="llama", dtype=torch.float32, seed=0):
     return model, tok, batch
 
 
+def _assert_shared_prefix_matches_plain(model, b):
+    """The shared-prefix forward of ``b`` (temperature 0.9) gives the plain forward's log-probs within 1e-10 on
+    the completion mask and its parameter gradients within 1e-6 of the largest (float64 model)."""
+    params = list(model.parameters())
+    lp1, _ = completion_logprobs(model, b, 0.9, shared_prefix=False)
+    lp2, _ = completion_logprobs(model, b, 0.9, shared_prefix=True)
+    m = b.completion_mask
+    assert torch.allclose(lp1 * m, lp2 * m, atol=1e-10)
+    g1 = torch.autograd.grad((lp1 * m).sum(), params)
+    g2 = torch.autograd.grad((lp2 * m).sum(), params)
+    scale = max(float(g.abs().max()) for g in g1)
+    for a, c in zip(g1, g2):
+        assert float((a - c).abs().max()) <= 1e-6 * scale
+
+
 def test_rollout_batch_fields_and_ids():
     _, _, b = _batch()
     assert b.num_rows == 9
@@ -78,16 +93,7 @@ def test_shared_prefix_forward_equals_plain_forward(arch):
     assert int((b.prompt_mask == 0).sum()) > 0  # some prompts are left-padded
     from grpolab.model.grouped_forward import supports
     assert supports(model)  # the one-pass grouped forward (model/grouped_forward.py) is what is tested
-    params = [p for p in model.parameters()]
-    lp1, _ = completion_logprobs(model, b, 0.9, shared_prefix=False)
-    lp2, _ = completion_logprobs(model, b, 0.9, shared_prefix=True)
-    m = b.completion_mask
-    assert torch.allclose(lp1 * m, lp2 * m, atol=1e-10)
-    g1 = torch.autograd.grad((lp1 * m).sum(), params)
-    g2 = torch.autograd.grad((lp2 * m).sum(), params)
-    scale = max(float(g.abs().max()) for g in g1)
-    for a, c in zip(g1, g2):
-        assert float((a - c).abs().max()) <= 1e-6 * scale
+    _assert_shared_prefix_matches_plain(model, b)
 
 
 def test_shared_prefix_backward_accumulates_dense_tied_gradient():
@@ -115,16 +121,7 @@ def test_kv_cache_shared_prefix_path_equals_plain_forward(monkeypatch):
     import grpolab.model.grouped_forward as gf
     monkeypatch.setattr(gf, "supports", lambda model: False)
     model, tok, b = _batch("llama", dtype=torch.float64)
-    params = list(model.parameters())
-    lp1, _ = completion_logprobs(model, b, 0.9, shared_prefix=False)
-    lp2, _ = completion_logprobs(model, b, 0.9, shared_prefix=True)
-    m = b.completion_mask
-    assert torch.allclose(lp1 * m, lp2 * m, atol=1e-10)
-    g1 = torch.autograd.grad((lp1 * m).sum(), params)
-    g2 = torch.autograd.grad((lp2 * m).sum(), params)
-    scale = max(float(g.abs().max()) for g in g1)
-    for a, c in zip(g1, g2):
-        assert float((a - c).abs().max()) <= 1e-6 * scale
+    _assert_shared_prefix_matches_plain(model, b)
 
 
 def test_grouped_forward_with_lora_equals_plain_forward():

@@ -2,18 +2,20 @@
 recomputation of the behaviour log-probs, the step against DDPO's formula computed by hand (here, not with
 policies/_image/sde.py), the last step's clamp quirk, evaluation with fixed noises, the KL's std, the config rules, saving,
 and a short run through the trainer."""
+import functools
 import json
 import math
 
 import pytest
 import torch
 
-from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.policies import POLICIES
 from grpolab.registry import declared_params
 
-from _helpers import LEARNING_SEEDS  # noqa: E402
+from _helpers import (LEARNING_SEEDS, assert_bad_rows_and_models_are_named,  # noqa: E402
+                      assert_saved_model_loads_the_same, assert_token_kl_and_text_engines_are_refused, image_policy,
+                      loaded_image_policy, recipe_before_after, sample_packed_steps)
 
 pytest.importorskip("diffusers")
 
@@ -21,16 +23,12 @@ pytest.importorskip("diffusers")
 TIMESTEPS = [901, 801, 701, 601, 501, 401, 301, 201, 101, 1]
 
 
-def _policy(**over):
-    cfg = Config.build({"policy": "ddpm", "data": "rows.jsonl", "reward": ["m:f"], **over})
-    return cfg, Component(POLICIES.get("ddpm"), cfg, "ddpm").fn
+_policy = functools.partial(image_policy, "ddpm")  # (config, policy) with the given settings
 
 
 @pytest.fixture(scope="module")
 def ddpm():
-    cfg, pol = _policy()
-    rows = [{"prompt": str(i), "label": i} for i in range(3)]
-    return pol, pol.load(cfg, rows, [], log=lambda *a: None), rows
+    return loaded_image_policy("ddpm")
 
 
 def _alphas_cumprod():
@@ -77,14 +75,9 @@ def test_the_policy_names_its_model_shares_guidance_scale_and_refuses_eta_0():
 
 def test_sampling_packs_steps_and_recomputes_the_same_logprobs(ddpm):
     pol, module, rows = ddpm
-    b = pol.sample(module, rows, [5, 6, 7], group_offset=2, num_generations=[2, 3, 1], temperature=1.0,
-                   generator=torch.Generator().manual_seed(0))
+    b = sample_packed_steps(pol, module, rows)
     T = pol.T
-    assert T == 10 and b.completion_mask.shape == (6, T) and b.step_data["x"].shape == (6, T, 1, 8, 8)
-    assert b.group_ids.tolist() == [2, 2, 3, 3, 3, 4] and b.prompt_uids.tolist() == [5, 5, 6, 6, 6, 7]
-    assert b.row_data["cond"].tolist() == [0, 0, 1, 1, 1, 2] and b.columns["label"] == [0, 0, 1, 1, 1, 2]
-    img = b.columns["completion"][0]
-    assert img.shape == (8, 8, 1) and img.dtype.name == "float32" and 0 <= img.min() and img.max() <= 1
+    assert T == 10
     # t' = t - N/T; every step has noise (t > 0), the last one ends below 0 (the clamp quirk, next tests)
     assert b.step_data["t"][0].tolist() == TIMESTEPS
     assert b.step_data["t_prev"][3].tolist() == [t - 100 for t in TIMESTEPS]
@@ -220,25 +213,12 @@ def test_ddpo_raises_jpeg_compressibility_on_every_seed(tmp_path, seed):
     (-kB of each image's JPEG; the training sampler, eta 1, from each row's fixed draws) rises. Measured (this
     machine, avx512_bf16): -0.810 -> -0.752 / -0.754 / -0.787 (seeds 0, 1, 2; seed 3: -0.771); asserted: a rise
     of 0.01 kB. On the digits task the classifier's confidence does not rise in 12-40 steps (docs/images.md)."""
-    from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
-
-    cfg = Config.build({**recipe_overrides("ddpo"), "task": "digits_compress", "steps": 12, "seed": seed,
-                        "save_steps": 100, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
-    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
-    before, after = (summary[k]["rewards/jpeg_compressibility/mean"] for k in ("before", "after"))
+    _, before, after = recipe_before_after("ddpo", "jpeg_compressibility", tmp_path, seed, task="digits_compress")
     assert after > before + 0.01, (before, after)
 
 
 def test_bad_rows_and_models_are_named(ddpm, tmp_path):
-    cfg, pol = _policy()
-    with pytest.raises(ConfigError, match="train row 1: .*'label' column.*'cat'"):
-        pol.load(cfg, [{"prompt": "1"}, {"prompt": "cat"}], [], log=lambda *a: None)
-    with pytest.raises(ConfigError, match="held-out row 0: class 12 is outside the model's classes 0..9"):
-        pol.load(cfg, [{"prompt": "1"}], [{"prompt": "12"}], log=lambda *a: None)
-    cfg2, pol2 = _policy(model=str(tmp_path))
-    with pytest.raises(ConfigError, match="has no config.json"):
-        pol2.load(cfg2, [{"prompt": "1"}], [], log=lambda *a: None)
+    cfg2, pol2 = assert_bad_rows_and_models_are_named(_policy, tmp_path)
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(ConfigError, match="has no scheduler_config.json"):
         pol2.load(cfg2, [{"prompt": "1"}], [], log=lambda *a: None)
@@ -249,13 +229,9 @@ def test_bad_rows_and_models_are_named(ddpm, tmp_path):
 
 def test_save_then_load_gives_the_same_model_and_schedule(ddpm, tmp_path):
     pol, module, rows = ddpm
-    pol.save(module, tmp_path / "m")
+    pol2, again = assert_saved_model_loads_the_same(_policy, pol, module, rows, tmp_path / "m")
     saved = json.loads((tmp_path / "m" / "scheduler_config.json").read_text())
     assert saved["_class_name"] == "DDPMScheduler" and saved["steps_offset"] == 0  # as loaded, not the DDIM one
-    cfg2, pol2 = _policy(model=str(tmp_path / "m"))
-    again = pol2.load(cfg2, rows, [], log=lambda *a: None)
-    for (k, p), (_, q) in zip(module.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(p, q), k
     assert pol2.timesteps == pol.timesteps and torch.equal(pol2.alphas_cumprod, pol.alphas_cumprod)
     e1 = pol.sample(module, [{"prompt": "7", "noise_seed": 3}], [0], num_generations=1, evaluation=True)
     e2 = pol2.sample(again, [{"prompt": "7", "noise_seed": 3}], [0], num_generations=1, evaluation=True)
@@ -263,12 +239,7 @@ def test_save_then_load_gives_the_same_model_and_schedule(ddpm, tmp_path):
 
 
 def test_token_kl_and_text_engines_are_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"beta: .*set beta: 0 and add regularizers: \[gaussian_mean_kl\]"):
-        _policy(beta=0.04)
-    with pytest.raises(ConfigError, match="generation_engine: vllm samples text.*generation_engine: native"):
-        _policy(generation_engine="vllm")
-    cfg, _ = _policy(regularizers=["gaussian_mean_kl"], gaussian_kl_beta=0.01)
-    assert cfg.regularizers == ["gaussian_mean_kl"]
+    assert_token_kl_and_text_engines_are_refused(_policy)
 
 
 def test_three_trainer_steps_on_the_digits_task(tmp_path):

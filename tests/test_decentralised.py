@@ -6,14 +6,13 @@ import torch
 
 from grpolab.components import Component
 from grpolab.config import Config, ConfigError
-from grpolab.data import model_texts
-from grpolab.model.loading import load_policy
 from grpolab.registry import ROLLOUT_STRATEGIES
 from grpolab.rewards import BatchScorer, RewardFn, RewardScorer
 from grpolab.rollouts.context import RolloutContext
 from grpolab.rollouts.decentralised import (exchange_plan, in_context, out_of_context, retokenise, split_counts,
                                             token_check)
-from grpolab.tasks import get_task
+
+from _helpers import tiny_model_on_repeat
 
 PAYLOAD = "aaaa"  # four "a" tokens of the tiny character-level tokenizer, never a correct `repeat` answer
 
@@ -38,10 +37,7 @@ def test_exchange_plans():
 
 @pytest.fixture(scope="module")
 def parts():
-    task = get_task("repeat")
-    rows = task.train_rows[:16]
-    model, tok = load_policy("tiny", task_texts=model_texts(rows), seed=0, log=lambda *a: None)
-    model.eval()
+    task, rows, model, tok = tiny_model_on_repeat(16)
     return model, tok, rows, [RewardFn(n, f, w) for n, f, w in task.rewards]
 
 

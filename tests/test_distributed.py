@@ -22,7 +22,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import grpolab
 from grpolab.config import Config
@@ -35,6 +34,8 @@ from grpolab.rollouts.context import group_seed
 from grpolab.train.checkpoint import checkpoint_dirs
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
+
+from _helpers import final_weights
 
 SRC = str(Path(grpolab.__file__).parent.parent)
 TOL = 1e-10
@@ -108,15 +109,6 @@ def torchrun(tmp: Path, plan: list[dict], log: Path | None = None) -> subprocess
                             stderr=subprocess.STDOUT, text=True)
 
 
-def weights(out) -> dict:
-    files = sorted(Path(out, "final").glob("*.safetensors"))
-    assert files, f"no final weights in {out}"
-    w = {}
-    for f in files:
-        w.update(load_file(str(f)))
-    return w
-
-
 def max_diff(a: dict, b: dict) -> float:
     assert a.keys() == b.keys()
     assert all(v.dtype == torch.float64 for v in a.values())
@@ -182,7 +174,7 @@ def test_two_ranks_equal_one_process(two_ranks, recipe):
     them."""
     tmp, ref, _ = two_ranks
     got = tmp / f"ddp_{recipe}"
-    assert max_diff(weights(got), weights(ref[recipe])) < TOL
+    assert max_diff(final_weights(got), final_weights(ref[recipe])) < TOL
     assert run_uses_dcp(got) and not run_uses_dcp(ref[recipe])
     m2, m1 = read_metrics(got), read_metrics(ref[recipe])
     assert [r["step"] for r in m2] == [1, 2, 3]
@@ -213,21 +205,21 @@ def test_budgets_count_every_rank(two_ranks):
 def test_fsdp2_equals_one_process(two_ranks):
     """FSDP2 (fully_shard, gloo): the same 3 steps, the same weights."""
     tmp, ref, _ = two_ranks
-    assert max_diff(weights(tmp / "fsdp2_grpo"), weights(ref["grpo"])) < TOL
+    assert max_diff(final_weights(tmp / "fsdp2_grpo"), final_weights(ref["grpo"])) < TOL
 
 
 def test_checkpoint_moves_between_world_sizes(two_ranks, tmp_path):
     """A checkpoint saved by 2 ranks (DCP, step 2 of 3) resumes on 2 ranks and in 1 process, and both end
     with the weights of the uninterrupted single-process run."""
     tmp, ref, _ = two_ranks
-    assert max_diff(weights(tmp / "ddp_grpo_resumed2"), weights(ref["grpo"])) < TOL
+    assert max_diff(final_weights(tmp / "ddp_grpo_resumed2"), final_weights(ref["grpo"])) < TOL
     assert [r["step"] for r in read_metrics(tmp / "ddp_grpo_resumed2")] == [1, 2, 3]
     one = drop_last_checkpoint(tmp / "ddp_grpo", tmp_path / "resumed1")
     assert is_dcp(checkpoint_dirs(one)[-1])
     t = F64Dist(Config.build(layers("grpo", one, rollout_seeding="group")), resume=True, log=lambda *a: None)
     assert t.step == 2 and t.world_size == 1
     t.train(progress=False)
-    assert max_diff(weights(one), weights(ref["grpo"])) < TOL
+    assert max_diff(final_weights(one), final_weights(ref["grpo"])) < TOL
     assert [r["step"] for r in read_metrics(one)] == [1, 2, 3]
 
 
@@ -240,7 +232,7 @@ def test_single_process_checkpoint_resumes_distributed(two_ranks, tmp_path):
     t = F64Dist(Config.build(layers("grpo", one, rollout_seeding="group")), resume=True, log=lambda *a: None)
     assert t.step == 2
     t.train(progress=False)
-    assert max_diff(weights(one), weights(ref["grpo"])) < TOL
+    assert max_diff(final_weights(one), final_weights(ref["grpo"])) < TOL
 
 
 def test_kill_9_leaves_last_checkpoint_resumable(two_ranks, tmp_path):
@@ -259,7 +251,7 @@ def test_kill_9_leaves_last_checkpoint_resumable(two_ranks, tmp_path):
                 log=lambda *a: None)
     assert 1 <= t.step <= 2
     t.train(progress=False)
-    assert max_diff(weights(out), weights(ref["grpo"])) < TOL
+    assert max_diff(final_weights(out), final_weights(ref["grpo"])) < TOL
 
 
 def test_torn_checkpoint_is_skipped(two_ranks, tmp_path):

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from grpolab.cli import main
 from grpolab.config import Config, ConfigError

@@ -285,16 +285,22 @@ def test_reward_editing_its_inputs_in_place_changes_nothing(tiny_args, tmp_path,
     assert [m["rewards/length/mean"] for m in read_metrics(args["out"])] == [1.0, 1.0, 1.0]
 
 
-def test_reward_timeout_abandons_a_sleeping_reward(tiny_args, tmp_path, monkeypatch):
-    mod = _reward_module(tmp_path, monkeypatch, """
+def _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, fn, module, **extra):
+    """A 1-step trainer whose one reward ``fn`` (in the module ``module``) sleeps 30 s, with reward_timeout 0.5:
+    ``(trainer, its log lines)``."""
+    mod = _reward_module(tmp_path, monkeypatch, f"""
         import time
-        def slow(prompts, completions, **kw):
+        def {fn}(prompts, completions, **kw):
             time.sleep(30)
             return [1.0] * len(prompts)
-        """, name="sleepy_rewards")
+        """, name=module)
     logs = []
-    args = {**tiny_args, "steps": 1, "reward": [f"{mod}:slow"], "reward_timeout": 0.5}
-    t = Trainer(Config.build(args), log=logs.append)
+    args = {**tiny_args, "steps": 1, "reward": [f"{mod}:{fn}"], "reward_timeout": 0.5, **extra}
+    return Trainer(Config.build(args), log=logs.append), logs
+
+
+def test_reward_timeout_abandons_a_sleeping_reward(tiny_args, tmp_path, monkeypatch):
+    t, logs = _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, "slow", "sleepy_rewards")
     t0 = time.perf_counter()
     m = t.train_step()
     assert time.perf_counter() - t0 < 20
@@ -304,15 +310,8 @@ def test_reward_timeout_abandons_a_sleeping_reward(tiny_args, tmp_path, monkeypa
 
 def test_reward_timeout_applies_to_evaluation(tiny_args, tmp_path, monkeypatch):
     """The before/after evaluations (and grpolab eval, same function) abandon a sleeping reward too."""
-    mod = _reward_module(tmp_path, monkeypatch, """
-        import time
-        def slow_eval(prompts, completions, **kw):
-            time.sleep(30)
-            return [1.0] * len(prompts)
-        """, name="sleepy_eval_rewards")
-    logs = []
-    args = {**tiny_args, "steps": 1, "reward": [f"{mod}:slow_eval"], "reward_timeout": 0.5, "eval_problems": 4}
-    t = Trainer(Config.build(args), log=logs.append)
+    t, _ = _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, "slow_eval", "sleepy_eval_rewards",
+                                  eval_problems=4)
     t0 = time.perf_counter()
     res = t.evaluate()
     assert time.perf_counter() - t0 < 20

@@ -1,29 +1,27 @@
 """The image policies (grpolab/policies/_image/flow.py): sampling, exact recomputation of the behaviour
 log-probs, evaluation with fixed noises, the config rules, and the SDE step against its hand formula."""
+import functools
 import math
 
 import pytest
 import torch
 
-from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.policies import POLICIES
 
-from _helpers import LEARNING_SEEDS  # noqa: E402
+from _helpers import (LEARNING_SEEDS, assert_bad_rows_and_models_are_named,  # noqa: E402
+                      assert_saved_model_loads_the_same, assert_token_kl_and_text_engines_are_refused, image_policy,
+                      loaded_image_policy, recipe_before_after, sample_packed_steps)
 
 pytest.importorskip("diffusers")
 
 
-def _policy(**over):
-    cfg = Config.build({"policy": "flow_matching", "data": "rows.jsonl", "reward": ["m:f"], **over})
-    return cfg, Component(POLICIES.get("flow_matching"), cfg, "flow_matching").fn
+_policy = functools.partial(image_policy, "flow_matching")  # (config, policy) with the given settings
 
 
 @pytest.fixture(scope="module")
 def flow():
-    cfg, pol = _policy()
-    rows = [{"prompt": str(i), "label": i} for i in range(3)]
-    return pol, pol.load(cfg, rows, [], log=lambda *a: None), rows
+    return loaded_image_policy("flow_matching")
 
 
 def test_the_policy_names_its_own_model_and_refuses_text_components():
@@ -38,14 +36,7 @@ def test_the_policy_names_its_own_model_and_refuses_text_components():
 
 def test_sampling_packs_steps_and_recomputes_the_same_logprobs(flow):
     pol, module, rows = flow
-    b = pol.sample(module, rows, [5, 6, 7], group_offset=2, num_generations=[2, 3, 1], temperature=1.0,
-                   generator=torch.Generator().manual_seed(0))
-    T = pol.T
-    assert b.completion_mask.shape == (6, T) and b.step_data["x"].shape == (6, T, 1, 8, 8)
-    assert b.group_ids.tolist() == [2, 2, 3, 3, 3, 4] and b.prompt_uids.tolist() == [5, 5, 6, 6, 6, 7]
-    assert b.row_data["cond"].tolist() == [0, 0, 1, 1, 1, 2] and b.columns["label"] == [0, 0, 1, 1, 1, 2]
-    img = b.columns["completion"][0]
-    assert img.shape == (8, 8, 1) and img.dtype.name == "float32" and 0 <= img.min() and img.max() <= 1
+    b = sample_packed_steps(pol, module, rows)
     # each step starts where the previous one ended
     assert torch.equal(b.step_data["x"][:, 1:], b.step_data["x_next"][:, :-1])
     # the first recomputation under the same weights is the behaviour log-prob (ratio 1), to float32 rounding:
@@ -96,32 +87,16 @@ def test_same_noise_in_a_group(flow):
 
 
 def test_bad_rows_and_models_are_named(flow, tmp_path):
-    cfg, pol = _policy()
-    with pytest.raises(ConfigError, match="train row 1: .*'label' column.*'cat'"):
-        pol.load(cfg, [{"prompt": "1"}, {"prompt": "cat"}], [], log=lambda *a: None)
-    with pytest.raises(ConfigError, match="held-out row 0: class 12 is outside the model's classes 0..9"):
-        pol.load(cfg, [{"prompt": "1"}], [{"prompt": "12"}], log=lambda *a: None)
-    cfg2, pol2 = _policy(model=str(tmp_path))
-    with pytest.raises(ConfigError, match="has no config.json"):
-        pol2.load(cfg2, [{"prompt": "1"}], [], log=lambda *a: None)
+    assert_bad_rows_and_models_are_named(_policy, tmp_path)
 
 
 def test_save_then_load_gives_the_same_model(flow, tmp_path):
     pol, module, rows = flow
-    pol.save(module, tmp_path / "m")
-    cfg2, pol2 = _policy(model=str(tmp_path / "m"))
-    again = pol2.load(cfg2, rows, [], log=lambda *a: None)
-    for (k, p), (_, q) in zip(module.state_dict().items(), again.state_dict().items()):
-        assert torch.equal(p, q), k
+    assert_saved_model_loads_the_same(_policy, pol, module, rows, tmp_path / "m")
 
 
 def test_token_kl_and_text_engines_are_refused_with_the_fix():
-    with pytest.raises(ConfigError, match=r"beta: .*set beta: 0 and add regularizers: \[gaussian_mean_kl\]"):
-        _policy(beta=0.04)
-    with pytest.raises(ConfigError, match="generation_engine: vllm samples text.*generation_engine: native"):
-        _policy(generation_engine="vllm")
-    cfg, _ = _policy(regularizers=["gaussian_mean_kl"], gaussian_kl_beta=0.01)
-    assert cfg.regularizers == ["gaussian_mean_kl"]
+    assert_token_kl_and_text_engines_are_refused(_policy)
     with pytest.raises(ConfigError, match="regularizer 'gaussian_mean_kl' needs a policy with gaussian_steps"):
         Config.build({"model": "tiny", "regularizers": ["gaussian_mean_kl"]})
 
@@ -146,13 +121,7 @@ def test_flow_grpo_images_raises_the_held_out_reward_on_every_seed(tmp_path, see
     """The recipe on the digits task, 12 steps: the held-out confidence of the asked class (fixed noises, ODE)
     rises. Measured (this machine, avx512_bf16): 0.772 -> 0.905 / 0.842 / 0.864 (seeds 0, 1, 2), accuracy
     0.84 -> 0.98 / 0.88 / 0.90; asserted: a rise of 0.03 in confidence."""
-    from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
-
-    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 12, "seed": seed, "save_steps": 100,
-                        "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
-    summary = Trainer(cfg, log=lambda *a: None).train(progress=False)
-    before, after = (summary[k]["rewards/digit_confidence/mean"] for k in ("before", "after"))
+    summary, before, after = recipe_before_after("flow_grpo_images", "digit_confidence", tmp_path, seed)
     assert after > before + 0.03, (before, after)
     assert summary["after"]["image_grid"].startswith("data:image/png;base64,")
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import grpolab
 from grpolab.config import Config
@@ -27,6 +26,8 @@ from grpolab.recipes import recipe_names, recipe_overrides
 from grpolab.train.checkpoint import checkpoint_dirs, read_state
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
+
+from _helpers import final_weights
 
 pytest.importorskip("diffusers")
 
@@ -55,15 +56,6 @@ def env() -> dict:
     e = {k: v for k, v in os.environ.items() if k not in collective.ENV_KEYS}
     return {**e, "PYTHONPATH": SRC + os.pathsep + e.get("PYTHONPATH", ""), "HF_HUB_OFFLINE": "1",
             "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
-def weights(out) -> dict:
-    files = sorted(Path(out, "final").glob("*.safetensors"))
-    assert files, f"no final weights in {out}"
-    w = {}
-    for f in files:
-        w.update(load_file(str(f)))
-    return w
 
 
 # ------------------------------------------------------------------------------------------ kill -9 and resume
@@ -107,7 +99,7 @@ def test_kill_9_and_resume_matches_uninterrupted_run(tmp_path, recipe):
     assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, steps + 1))
     for ra, rb in zip(a, b):
         assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
-    wa, wb = weights(ref), weights(out)
+    wa, wb = final_weights(ref), final_weights(out)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
@@ -170,7 +162,7 @@ def test_two_ranks_equal_one_process(two_ranks, run):
     is left as one process leaves it (DistributedTrainer.run_strategy takes the state of the rank that drew
     the last group; before that, rank 0's masks were drawn from another state: weights 1.8e-3 apart)."""
     got, ref = two_ranks / f"ddp_{run}", two_ranks / f"single_{run}"
-    wa, wb = weights(got), weights(ref)
+    wa, wb = final_weights(got), final_weights(ref)
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa), max(float((wa[k] - wb[k]).abs().max()) for k in wa)
     m2, m1 = read_metrics(got), read_metrics(ref)

@@ -18,6 +18,8 @@ from grpolab.rollouts import lm_program as lp
 from grpolab.rollouts.lm_program import invocation_groups
 from grpolab.train.trainer import Trainer
 
+from _helpers import own_data_args, scripted_strategy_step
+
 EPS = 1e-4
 
 
@@ -91,17 +93,12 @@ def user_rows(tmp_path):
 
 
 def program_step(tmp_path, tiny_args, monkeypatch, batches, **extra):
-    args = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+    args = {**own_data_args(tiny_args, user_rows(tmp_path)),
             "reward": ["test_lm_program:hit"], "rollout_strategy": "lm_program", "program": "test_lm_program:looping",
             "reward_transforms": ["lm_program_failures"], "prompts_per_step": 2, "num_generations": 2,
             "max_completion_length": 10, "advantage": "group_mean", "out": str(tmp_path / "run"), **extra}
-    tr = Trainer(Config.build(args), log=lambda *a: None)
     fake = scripted(batches)
-    monkeypatch.setattr(lp, "sample_calls", fake)
-    tr.ctx.new_step()
-    b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
-                    budgets=None, temperatures=None)
-    b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+    tr, b = scripted_strategy_step(args, monkeypatch, lp, "sample_calls", fake)
     return tr, b, fake
 
 
@@ -245,16 +242,11 @@ def test_agentflow_trains_only_the_planner_with_the_outcome_broadcast_by_query(t
     path = tmp_path / "af.jsonl"
     path.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"Compute {q}."}], "question": q,
                                         "answer": a}) + "\n" for q, a in (("2+3", "5"), ("3+4", "7"))))
-    args = {**recipe_overrides("agentflow"), **{k: v for k, v in tiny_args.items() if k != "task"},
-            "data": str(path), "eval_split": 0, "reward": ["test_lm_program:exact"], "prompts_per_step": 2,
+    args = {**recipe_overrides("agentflow"), **own_data_args(tiny_args, str(path)),
+            "reward": ["test_lm_program:exact"], "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 8, "out": str(tmp_path / "af")}
-    tr = Trainer(Config.build(args), log=lambda *a: None)
     fake = agentflow_fake()
-    monkeypatch.setattr(lp, "sample_calls", fake)
-    tr.ctx.new_step()
-    b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
-                    budgets=None, temperatures=None)
-    b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+    tr, b = scripted_strategy_step(args, monkeypatch, lp, "sample_calls", fake)
     # planner rows only: run 0 made 3 planner calls, runs 1-3 one each; frozen calls (executor, verifier per turn,
     # one generator): run 0 3 * 2 + 1 = 7, runs 1-3 1 * 2 + 1 = 3 each: 16
     assert b.columns["module"] == ["planner"] * 6 and tr.ctx.metrics["lm_program/frozen_calls"] == 16

@@ -2,7 +2,6 @@
 data set, warnings that start on their own line while a progress bar is drawn, help text as written, and
 summary numbers as the user means them. Each test failed on the code before the fix."""
 import json
-import re
 import sys
 
 import pytest

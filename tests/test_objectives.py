@@ -11,6 +11,8 @@ from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.recipes import recipe_overrides
 
+from _helpers import micro_batched_loss
+
 T = torch.tensor
 L = POLICY_LOSSES.get
 RG = REGULARIZERS.get
@@ -616,12 +618,8 @@ def test_luspo_vespo_micro_batch_invariance(name, agg):
     def part(rows):
         return L(name)(logp[rows], old[rows], adv[rows], mask[rows])[0]
 
-    whole = A(part(slice(None)), mask, StepTotals.from_masks([mask], constant=Tn))
-    g_whole, = torch.autograd.grad(whole, logp)
-    chunks = [slice(0, 2), slice(2, 5), slice(5, 6)]
-    totals = StepTotals.from_masks([mask[c] for c in chunks], constant=Tn)
-    acc = sum(A(part(c), mask[c], totals) for c in chunks)
-    g_acc, = torch.autograd.grad(acc, logp)
+    whole, g_whole = micro_batched_loss(A, part, mask, [slice(None)], Tn, logp)
+    acc, g_acc = micro_batched_loss(A, part, mask, [slice(0, 2), slice(2, 5), slice(5, 6)], Tn, logp)
     assert torch.allclose(whole, acc, atol=1e-6) and torch.allclose(g_whole, g_acc, atol=1e-6)
 
 

@@ -27,6 +27,8 @@ from grpolab.rewards import BatchScorer, RewardFn, RewardScorer  # noqa: E402
 from grpolab.rollouts.context import RolloutContext  # noqa: E402
 from grpolab.tasks import get_task  # noqa: E402
 
+from _helpers import tiny_model_on_repeat  # noqa: E402
+
 G, MAX_LEN = 3, 5
 
 
@@ -41,10 +43,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def parts(cluster):
-    task = get_task("repeat")
-    rows = task.train_rows[:12]
-    model, tok = load_policy("tiny", task_texts=model_texts(rows), seed=0, log=lambda *a: None)
-    model.eval()
+    task, rows, model, tok = tiny_model_on_repeat(12)
     return model, tok, rows, [RewardFn(n, f, w) for n, f, w in task.rewards]
 
 

@@ -10,19 +10,16 @@ from grpolab.rollouts import injection as inj
 from grpolab.rollouts.strategies import ROLLOUT_STRATEGIES
 from grpolab.train.trainer import Trainer
 
+from _helpers import countdown_trainer
+
 L = 24  # max_completion_length of the shared trainer
 
 
 @pytest.fixture(scope="module")
 def tr(tmp_path_factory):
     """A tiny-model trainer on countdown; its RolloutContext is what strategies receive."""
-    args = {"model": "tiny", "task": "countdown", "steps": 1, "prompts_per_step": 3, "num_generations": 4,
-            "max_completion_length": L, "eval_before": False, "eval_after": False, "tensorboard": False,
-            "micro_batch_size": 16, "out": str(tmp_path_factory.mktemp("inj") / "run"),
-            "rollout_strategy": "gcpo_reference"}  # selects the injection strategies' shared reference template
-    t = Trainer(Config.build(args), log=lambda *a: None)
-    t.ctx.new_step()
-    return t
+    # gcpo_reference selects the injection strategies' shared reference template
+    return countdown_trainer(tmp_path_factory.mktemp("inj") / "run", "gcpo_reference", L)
 
 
 def short_rows(tr, n=3):

@@ -5,25 +5,21 @@ import pytest
 import torch
 
 from grpolab.config import Config
-from grpolab.data import model_texts
-from grpolab.model.loading import load_policy
 from grpolab.recipes import recipe_overrides
 from grpolab.registry import ROLLOUT_STRATEGIES
 from grpolab.rewards import BatchScorer, RewardFn, RewardScorer
 from grpolab.rollouts.context import RolloutContext
-from grpolab.tasks import get_task
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
+
+from _helpers import tiny_model_on_repeat
 
 G, MAX_LEN, SEED = 3, 5, 1
 
 
 @pytest.fixture(scope="module")
 def parts():
-    task = get_task("repeat")
-    rows = task.train_rows[:8]
-    model, tok = load_policy("tiny", task_texts=model_texts(rows), seed=0, log=lambda *a: None)
-    model.eval()
+    _, rows, model, tok = tiny_model_on_repeat(8)
     cfg = Config.build({"model": "tiny", "task": "repeat", "num_generations": G, "max_completion_length": MAX_LEN,
                         "micro_batch_size": 16, "rollout_strategy": "aapo_reference"})
     return cfg, model, tok, rows

@@ -8,7 +8,7 @@ import torch
 
 from grpolab.config import Config, ConfigError
 
-from _helpers import LEARNING_SEEDS  # noqa: E402
+from _helpers import LEARNING_SEEDS, assert_resume_is_exact  # noqa: E402
 
 QUIET = dict(log=lambda *a: None)
 
@@ -188,17 +188,8 @@ def test_resume_after_a_checkpoint_gives_the_same_weights(tmp_path):
     kill -9): the same weights to the bit and the same held-out numbers (every draw comes from the run's generator,
     restored with the checkpoint)."""
     from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
 
     base = {**recipe_overrides("asr_grpo"), "seed": 1, "save_steps": 2, "stall_steps": 0, "threads": 1,
             "prompts_per_step": 2, "num_generations": 4, "micro_batch_size": 8, "speech_train_size": 8,
             "speech_eval_size": 8}
-    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), **QUIET)
-    sa = a.train(progress=False)
-    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), **QUIET).train(progress=False)
-    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, **QUIET)
-    sc = c.train(progress=False)
-    pc = dict(c.model.named_parameters())
-    for k, v in a.model.named_parameters():
-        assert torch.equal(v, pc[k]), k
-    assert sa["after"]["rewards/one_minus_wer/mean"] == sc["after"]["rewards/one_minus_wer/mean"]
+    assert_resume_is_exact(base, tmp_path, "one_minus_wer", **QUIET)

@@ -1,6 +1,5 @@
 """SRPO's two-stage cross-domain schedule (``srpo_two_stage``, seed 000-50): which rows are drawable at which step."""
 import pytest
-import torch
 
 from grpolab.prompts import SAMPLERS
 
@@ -18,6 +17,14 @@ def mixed(s, uids, step):
     """Feedback in which every drawn prompt got one right and one wrong completion (never skipped)."""
     pu = [u for u in uids for _ in range(2)]
     s.feedback(prompt_uids=pu, rewards=[1.0, 0.0] * len(uids), step=step)
+
+
+def play(s, steps, drawn):
+    """At each of ``steps``, ``s`` draws 2 rows (appended to ``drawn``) and gets :func:`mixed` feedback on them."""
+    for step in steps:
+        g = s.next(2)
+        drawn.append(g)
+        mixed(s, g, step)
 
 
 def test_stage1_draws_only_stage1_rows_then_all():
@@ -64,23 +71,14 @@ def test_stage2_step_zero_is_srpo_history():
 def test_checkpoint_resume_makes_the_same_choices():
     ref = make(stage2_step=2, seed=7)
     seq_ref = []
-    for step in range(5):
-        g = ref.next(2)
-        seq_ref.append(g)
-        mixed(ref, g, step)
+    play(ref, range(5), seq_ref)
     a = make(stage2_step=2, seed=7)
     seq = []
-    for step in range(2):
-        g = a.next(2)
-        seq.append(g)
-        mixed(a, g, step)
+    play(a, range(2), seq)
     state = a.state_dict()
     b = make(stage2_step=2, seed=99)  # another seed: everything must come from the state
     b.load_state_dict(state)
-    for step in range(2, 5):
-        g = b.next(2)
-        seq.append(g)
-        mixed(b, g, step)
+    play(b, range(2, 5), seq)
     assert seq == seq_ref
     assert all(set(g) <= MATH for g in seq_ref[:2]) and set().union(*seq_ref[2:]) - MATH  # stage 2 reached copy rows
 

@@ -22,8 +22,8 @@ from grpolab.components import Component
 from grpolab.config import CORE_KEYS, Config, ConfigError
 from grpolab.registry import (ADVANTAGES, ALL_REGISTRIES, BATCH_STAGES, REPLACED_KEYS, REWARD_TRANSFORMS,
                               ROLLOUT_STRATEGIES, SAMPLERS, WEIGHTINGS, declared_params)
-from grpolab.train.trainer import Trainer
 
+from _helpers import countdown_trainer
 from test_rollout_hints import FakeCtx, row as hint_row
 
 # The "correct" thresholds that stay a component's own key, and why (the paper's value or comparison).
@@ -213,13 +213,7 @@ L = 24
 @pytest.fixture(scope="module")
 def tr(tmp_path_factory):
     """A tiny-model trainer on countdown; its RolloutContext is what the strategies receive."""
-    args = {"model": "tiny", "task": "countdown", "steps": 1, "prompts_per_step": 3, "num_generations": 4,
-            "max_completion_length": L, "eval_before": False, "eval_after": False, "tensorboard": False,
-            "micro_batch_size": 16, "out": str(tmp_path_factory.mktemp("thr") / "run"),
-            "rollout_strategy": "gcpo_reference"}
-    t = Trainer(Config.build(args), log=lambda *a: None)
-    t.ctx.new_step()
-    return t
+    return countdown_trainer(tmp_path_factory.mktemp("thr") / "run", "gcpo_reference", L)
 
 
 def expected_injected(name, threshold, G=4, groups=3):

@@ -13,6 +13,8 @@ from grpolab.rollouts.team import parse_roles
 from grpolab.tasks import get_task
 from grpolab.train.trainer import Trainer
 
+from _helpers import own_data_args, scripted_strategy_step, straight_and_resumed
+
 EPS = 1e-4
 
 
@@ -73,18 +75,13 @@ def hit(completions, answer, **kw):
 
 
 def team_step(tmp_path, tiny_args, monkeypatch, texts, **extra):
-    args = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+    args = {**own_data_args(tiny_args, user_rows(tmp_path)),
             "reward": ["test_team:hit"], "rollout_strategy": "team", "prompts_per_step": 2, "num_generations": 2,
             "max_completion_length": 6, "advantage": "group_mean",
             "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "out": str(tmp_path / "run"),
             **extra}
-    tr = Trainer(Config.build(args), log=lambda *a: None)
     fake = scripted(texts)
-    monkeypatch.setattr(team_mod, "sample_role_turns", fake)
-    tr.ctx.new_step()
-    b = tr.strategy(ctx=tr.ctx, rows=tr.rows[:2], uids=[0, 1], group_offset=tr.ctx.allocate_groups(2),
-                    budgets=None, temperatures=None)
-    b.scalar_rewards = tr.scorer.scalar(b, step=tr.step)
+    tr, b = scripted_strategy_step(args, monkeypatch, team_mod, "sample_role_turns", fake)
     return tr, b, fake
 
 
@@ -295,21 +292,22 @@ def longer(completions, **kw):
     return [min(len(c), 5) / 5 for c in completions]
 
 
-def test_role_adapters_resume_exactly(tmp_path, tiny_args):
-    """4 steps straight, and 2 steps then a resume from the step-2 checkpoint: the same adapters to the bit; the
-    adapters moved, and final/<role> holds the base with that role's adapter merged in."""
-    base = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
+def role_run_args(tmp_path, tiny_args):
+    """A two-role team run on the user's rows rewarded by ``longer``, checkpointed every 2 steps, no evaluation."""
+    return {**own_data_args(tiny_args, user_rows(tmp_path)),
             "reward": ["test_team:longer"], "rollout_strategy": "team", "advantage": "group_mean",
             "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 5, "save_steps": 2, "eval_before": False,
-            "eval_after": False, "use_lora": True, "lora_r": 4, "lora_alpha": 8,
+            "eval_after": False}
+
+
+def test_role_adapters_resume_exactly(tmp_path, tiny_args):
+    """4 steps straight, and 2 steps then a resume from the step-2 checkpoint: the same adapters to the bit; the
+    adapters moved, and final/<role> holds the base with that role's adapter merged in."""
+    base = {**role_run_args(tmp_path, tiny_args), "use_lora": True, "lora_r": 4, "lora_alpha": 8,
             "lora_target_modules": "q_proj,v_proj", "role_adapters": "lora", "learning_rate": 3e-2,
             "dtype": "float32"}
-    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), log=lambda *x: None)
-    a.train(progress=False)
-    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), log=lambda *x: None).train(progress=False)
-    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, log=lambda *x: None)
-    c.train(progress=False)
+    a, _, c, _ = straight_and_resumed(base, tmp_path)
     pa, pc = dict(a.model.named_parameters()), dict(c.model.named_parameters())
     for k, v in pa.items():
         assert torch.equal(v, pc[k]), k
@@ -371,16 +369,9 @@ def test_separate_role_models_sample_with_their_own_copy(tmp_path, tiny_args, mo
 def test_separate_role_models_resume_exactly_and_save_each_role(tmp_path, tiny_args):
     """4 steps straight vs 2 + resume: every role's model equal to the bit; the two roles' models moved apart;
     final/<role> is each role's own model folder."""
-    base = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": user_rows(tmp_path), "eval_split": 0,
-            "reward": ["test_team:longer"], "rollout_strategy": "team", "advantage": "group_mean",
-            "roles": [{"name": "scout", "view": "hint"}, {"name": "solver"}], "prompts_per_step": 2,
-            "num_generations": 2, "max_completion_length": 5, "save_steps": 2, "eval_before": False,
-            "eval_after": False, "role_adapters": "separate", "learning_rate": 3e-2, "dtype": "float32"}
-    a = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "a")}), log=lambda *x: None)
-    a.train(progress=False)
-    Trainer(Config.build({**base, "steps": 2, "out": str(tmp_path / "b")}), log=lambda *x: None).train(progress=False)
-    c = Trainer(Config.build({**base, "steps": 4, "out": str(tmp_path / "b")}), resume=True, log=lambda *x: None)
-    c.train(progress=False)
+    base = {**role_run_args(tmp_path, tiny_args), "role_adapters": "separate", "learning_rate": 3e-2,
+            "dtype": "float32"}
+    a, _, c, _ = straight_and_resumed(base, tmp_path)
     pa, pc = dict(a.model.named_parameters()), dict(c.model.named_parameters())
     assert pa.keys() == pc.keys() and all(torch.equal(v, pc[k]) for k, v in pa.items())
     scout, solver = a.model.roles["scout"].state_dict(), a.model.roles["solver"].state_dict()

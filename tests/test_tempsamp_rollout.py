@@ -9,7 +9,8 @@ from grpolab.config import Config, ConfigError
 from grpolab.rollouts import tempsamp as ts
 from grpolab.data import tokenize_prompts
 from grpolab.rollouts.injection import text_ids
-from grpolab.train.trainer import Trainer
+
+from _helpers import countdown_trainer
 
 L = 24  # max_completion_length of the shared trainer
 COT, DIRECT = " Think.", " Direct."
@@ -18,13 +19,7 @@ COT, DIRECT = " Think.", " Direct."
 @pytest.fixture(scope="module")
 def tr(tmp_path_factory):
     """A tiny-model trainer on countdown (reference 'Answer: {solution}', reward 1.5 when right)."""
-    args = {"model": "tiny", "task": "countdown", "steps": 1, "prompts_per_step": 3, "num_generations": 4,
-            "max_completion_length": L, "eval_before": False, "eval_after": False, "tensorboard": False,
-            "micro_batch_size": 16, "out": str(tmp_path_factory.mktemp("ts") / "run"),
-            "rollout_strategy": "tempsamp_r1"}
-    t = Trainer(Config.build(args), log=lambda *a: None)
-    t.ctx.new_step()
-    return t
+    return countdown_trainer(tmp_path_factory.mktemp("ts") / "run", "tempsamp_r1", L)
 
 
 from test_rollout_injection import injected_rows as injected, short_rows  # noqa: E402  (same L, same rows)

@@ -2,8 +2,6 @@
 server), the local Showdown server as a service (start, battles, stop with no process left, also when the body
 raises), heuristic baselines and the learned policy playing real battles. The learning run (win rate against the
 random player rises) is opt-in: `make test-vgc` (docs/control.md, VGC-Bench section)."""
-import os
-
 import numpy as np
 import pytest
 import torch

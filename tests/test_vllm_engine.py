@@ -18,10 +18,6 @@ import pytest
 import torch
 
 from grpolab.config import Config
-from grpolab.model.loading import load_policy, save_policy
-from grpolab.generation.plain import eos_token_ids
-from grpolab.generation.sampling import sample_completions
-from grpolab.generation.turns import StopStrings
 from grpolab.generation.vllm_engine import importance_weights
 from grpolab.train.trainer import Trainer
 

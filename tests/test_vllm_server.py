@@ -21,7 +21,7 @@ import torch
 from grpolab.config import Config
 from grpolab.generation.counting import GENERATED
 from grpolab.generation.vllm_server import VLLMServerEngine, assign_servers
-from grpolab.model.loading import load_policy, save_policy
+from grpolab.model.loading import load_policy
 from grpolab.train.trainer import Trainer
 
 from _fake_vllm import SHIFT, fake_vllm_module, real_vllm, save_tiny_model  # noqa: E402  (tests/_fake_vllm.py)
