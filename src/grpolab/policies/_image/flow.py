@@ -2,7 +2,6 @@
 log-prob: Flow-GRPO's construction; one step of the ``[rows, steps]`` layout is one denoising step."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -268,24 +267,14 @@ class FlowMatchingPolicy(PolicyBase):
         row needs a text ``prompt``."""
         from diffusers import StableDiffusion3Pipeline
 
-        index = json.loads((path / "model_index.json").read_text())
-        if index.get("_class_name") != "StableDiffusion3Pipeline":
-            raise ConfigError(f"model: policy flow_matching loads Stable Diffusion 3 / 3.5 pipeline folders "
-                              f"(StableDiffusion3Pipeline); {path}/model_index.json names "
-                              f"{index.get('_class_name')!r}")
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                text_prompt(row, f"{where} row {i}")
-        low = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16,
-               "fp16": torch.float16}.get(str(getattr(cfg, "dtype", "float32")), torch.float32)
+        from .pipeline_folder import check_text_rows, freeze_parts, pipeline_class, refuse_class
+
+        found = pipeline_class(path)
+        if found != "StableDiffusion3Pipeline":
+            refuse_class("flow_matching", path, found, {"StableDiffusion3Pipeline": "Stable Diffusion 3 / 3.5"})
+        check_text_rows(rows, eval_rows, text_prompt)
         pipe = StableDiffusion3Pipeline.from_pretrained(path)  # float32 unless cast below
-        pipe.set_progress_bar_config(disable=True)
-        for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
-            part = getattr(pipe, name, None)
-            if part is not None:
-                part.requires_grad_(False).eval()
-                if part.dtype != (want := torch.float32 if name == "vae" else low):
-                    part.to(dtype=want)
+        freeze_parts(pipe, cfg)
         module = pipe.transformer.float()
         c = module.config
         self.shape = (c.in_channels, c.sample_size, c.sample_size)
@@ -301,28 +290,12 @@ class FlowMatchingPolicy(PolicyBase):
         pipeline folder is the trained transformer (``transformer/``, float32) beside the source folder's
         ``model_index.json`` and frozen parts as they were (hard links where the file system allows, else
         copies: the VAE and text encoders keep their own files and precision)."""
-        Path(path).mkdir(parents=True, exist_ok=True)
         if self.pipe is None:
+            Path(path).mkdir(parents=True, exist_ok=True)
             module.save_pretrained(path, safe_serialization=True)
             return
-        import os
-        import shutil
-
-        def link_or_copy(src, dst):
-            try:
-                os.link(os.path.realpath(src), dst)
-            except OSError:
-                shutil.copy2(src, dst)
-        src, path = Path(self.model_name), Path(path)
-        if src.resolve() != path.resolve():
-            for entry in src.iterdir():
-                if entry.name == "transformer" or entry.name.startswith("."):
-                    continue
-                if entry.is_dir():
-                    shutil.copytree(entry, path / entry.name, copy_function=link_or_copy, dirs_exist_ok=True)
-                elif entry.name == "model_index.json":
-                    shutil.copy2(entry, path / entry.name)
-        module.save_pretrained(path / "transformer", safe_serialization=True)
+        from .pipeline_folder import save_pipeline
+        save_pipeline(self.model_name, path, "transformer", module)
 
     def prepare(self, module):
         """LoRA adapters (PEFT, ``use_lora``) on the UNet or transformer; ``lora_target_modules`` left at the
@@ -339,10 +312,8 @@ class FlowMatchingPolicy(PolicyBase):
 
     # ---------------------------------------------------------------- text conditions (pipelines)
     def _frozen_to(self, device) -> None:
-        for name in ("vae", "text_encoder", "text_encoder_2", "text_encoder_3"):
-            part = getattr(self.pipe, name, None)
-            if part is not None and part.device != torch.device(device):
-                part.to(device)
+        from .pipeline_folder import frozen_to
+        frozen_to(self.pipe, device)
 
     def encode(self, prompts: list[str], device) -> dict:
         """``prompt_embeds`` [n, L, D] and ``pooled_prompt_embeds`` [n, P] (float32) of ``prompts`` by the
