@@ -240,6 +240,12 @@ class PolicyBase(ABC):
         """The module to train: LoRA adapters, activation checkpointing (returns the module, maybe wrapped)."""
         return module
 
+    def save_adapters(self, module, path) -> None:
+        """With ``use_lora``: write the trained adapters of ``module`` (the PEFT-wrapped module, before merging)
+        into ``path`` in the format the model's own library loads (an image pipeline: diffusers'
+        ``pytorch_lora_weights.safetensors``). The merged model is saved by :meth:`save` beside it. Default:
+        nothing (the merged model is the result)."""
+
     def offers(self) -> frozenset[str]:
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""
         return frozenset()

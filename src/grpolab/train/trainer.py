@@ -902,6 +902,8 @@ class Trainer:
         else:
             to_save = copy.deepcopy(self.model).merge_and_unload() if cfg.use_lora else self.model
             self._write_end(final, lambda: self.policy.save(to_save, final), "the final model")
+            if cfg.use_lora:  # the adapters too, where the model's own library loads them (PolicyBase.save_adapters)
+                self._write_end(final, lambda: self.policy.save_adapters(self.model, final), "the final adapters")
         where = f"{final}/{{{','.join(roles)}}} (one model per role)" if roles else str(final)
         self.log(f"[grpolab] final model saved to {where}" + (f"; reward curve: {plot}" if plot else ""))
         if cfg.eval_after and self.eval_rows:
