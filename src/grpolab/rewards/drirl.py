@@ -11,7 +11,7 @@ from __future__ import annotations
 from ..registry import REWARD_SPECS, declared_params, param
 from ..tasks.drirl_safety import CategoryRewardModels
 from .agentic import data_column
-from .scoring import RewardFn, spec_target_and_weight
+from .scoring import scorer_spec
 
 
 class CategoryReward:
@@ -40,10 +40,7 @@ def parse_drirl_spec(spec: str, cfg=None, **opts):
     category-specific reward models learnt by IRL score the policy's responses; the linear hashed-feature model
     and its JSON file are grpolab's choices.
     """
-    path, weight = spec_target_and_weight(spec, "drirl:")
-    if not path:
-        raise ValueError(f"--reward '{spec}': expected drirl:PATH or drirl:PATH=weight (a finite number)")
-    return RewardFn("drirl", CategoryReward(path, cfg=cfg, **opts), weight)
+    return scorer_spec(spec, "drirl", CategoryReward, "drirl:PATH or drirl:PATH=weight (a finite number)", cfg, opts)
 
 
 parse_drirl_spec.__grpolab_params__ = declared_params(CategoryReward)

@@ -27,7 +27,7 @@ from ..errors import ConfigError  # noqa: E402
 from ..registry import REWARD_SPECS, declared_params, param  # noqa: E402
 from ..tasks.irpo_prefs import judge_prompt, parse_judge_score  # noqa: E402
 from .models import _prompt_text  # noqa: E402
-from .scoring import RewardFn, spec_target_and_weight  # noqa: E402
+from .scoring import scorer_spec  # noqa: E402
 
 
 class GenerativeRewardModel:
@@ -93,10 +93,8 @@ def parse_grm_spec(spec: str, cfg=None, **opts):
     trained pointwise GRM scores each candidate once during the policy's RL; greedy judgements and an
     unparseable judgement = unscorable are grpolab's choices.
     """
-    path, weight = spec_target_and_weight(spec, "grm:")
-    if not path:
-        raise ValueError(f"--reward '{spec}': expected grm:PATH or grm:PATH=weight (a finite number)")
-    return RewardFn("grm", GenerativeRewardModel(path, cfg=cfg, **opts), weight)
+    return scorer_spec(spec, "grm", GenerativeRewardModel, "grm:PATH or grm:PATH=weight (a finite number)", cfg,
+                       opts)
 
 
 parse_grm_spec.__grpolab_params__ = declared_params(GenerativeRewardModel)

@@ -40,7 +40,7 @@ import torch  # noqa: E402
 from ..data import completion_text  # noqa: E402
 from ..registry import REWARD_SPECS, declared_params  # noqa: E402
 from .models import _prompt_text  # noqa: E402
-from .scoring import RewardFn, spec_target_and_weight  # noqa: E402
+from .scoring import scorer_spec  # noqa: E402
 from ..registry import param
 
 
@@ -171,11 +171,8 @@ def parse_judge_spec(spec: str, cfg=None, **opts):
     Provenance: grpolab's own — an LLM-as-judge reward interface (the yes-token probability renormalised over
     yes/no); implements no published method.
     """
-
-    path, weight = spec_target_and_weight(spec, "judge:")
-    if not path:
-        raise ValueError(f"--reward '{spec}': expected judge:PATH, judge:self or judge:tiny (optionally =weight)")
-    return RewardFn("judge", JudgeReward(path, cfg=cfg, **opts), weight)
+    return scorer_spec(spec, "judge", JudgeReward, "judge:PATH, judge:self or judge:tiny (optionally =weight)", cfg,
+                       opts)
 
 
 parse_judge_spec.__grpolab_params__ = declared_params(JudgeReward)  # its options are the judge's

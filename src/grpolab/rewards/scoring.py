@@ -372,3 +372,13 @@ def spec_target_and_weight(spec: str, prefix: str) -> tuple[str, float]:
     if not math.isfinite(weight):
         raise ValueError(f"--reward '{spec}': the weight '{tail}' is not a finite number")
     return head, weight
+
+
+def scorer_spec(spec: str, name: str, scorer, expected: str, cfg, opts: dict) -> RewardFn:
+    """The RewardFn ``name`` of the spec ``NAME:TARGET[=weight]`` (:func:`spec_target_and_weight`), scoring with
+    ``scorer(TARGET, cfg=cfg, **opts)``; an empty TARGET is a ValueError ``--reward '<spec>': expected
+    <expected>``."""
+    target, weight = spec_target_and_weight(spec, f"{name}:")
+    if not target:
+        raise ValueError(f"--reward '{spec}': expected {expected}")
+    return RewardFn(name, scorer(target, cfg=cfg, **opts), weight)

@@ -60,7 +60,7 @@ from ..registry import REWARD_SPECS, declared_params, param
 from .answers import extract_answer, math_equal
 from .models import _prompt_text
 from .process import reasoning_steps
-from .scoring import RewardFn, import_reward_module, spec_target_and_weight
+from .scoring import import_reward_module, scorer_spec
 
 JUDGE_INSTRUCTION = ('Find the first incorrect step. Reply with one line: "First error: step N" (N from 1 to {K}) '
                      'or "First error: none".')
@@ -200,11 +200,9 @@ def parse_sgpo_judge_spec(spec: str, cfg=None, **opts):
     only), the paper's judge prompt and scoring rule were not available.
     Test: tests/test_sgpo.py::test_step_credit_column_with_stub_judge.
     """
-    judge, weight = spec_target_and_weight(spec, "sgpo_judge:")
-    if not judge:
-        raise ValueError(f"--reward '{spec}': expected sgpo_judge:JUDGE (self, tiny, a model folder or "
-                         f"module:function), optionally =weight")
-    return RewardFn("sgpo_judge", SGPOStepJudge(judge, cfg=cfg, **opts), weight)
+    return scorer_spec(spec, "sgpo_judge", SGPOStepJudge,
+                       "sgpo_judge:JUDGE (self, tiny, a model folder or module:function), optionally =weight", cfg,
+                       opts)
 
 
 parse_sgpo_judge_spec.__grpolab_params__ = declared_params(SGPOStepJudge)
