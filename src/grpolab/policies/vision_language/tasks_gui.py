@@ -98,6 +98,12 @@ def _column(name: str, reward: str, values, n: int) -> list:
     return reward_column(reward, name, values, n, "one per row", f"values of '{name}'")
 
 
+def _format_reward(completions, pattern: re.Pattern, group: int) -> list[float]:
+    """1.0 for each completion that ``pattern`` matches in full with a parsable action in ``group``, else 0.0."""
+    return [float(m is not None and parse_action(m.group(group)) is not None)
+            for m in (pattern.fullmatch(completion_text(c)) for c in completions or [])]
+
+
 # ----------------------------------------------------------------------------- gui_actions rewards
 
 def gui_format(prompts=None, completions=None, **kwargs) -> list[float]:
@@ -106,11 +112,7 @@ def gui_format(prompts=None, completions=None, **kwargs) -> list[float]:
 
     Source: CRAFT-GUI (seed 000-19) [abstract: rule-based signals]; the format and its weight are [ours].
     """
-    out = []
-    for c in completions or []:
-        m = _ANSWER.fullmatch(completion_text(c))
-        out.append(float(m is not None and parse_action(m.group(1)) is not None))
-    return out
+    return _format_reward(completions, _ANSWER, 1)
 
 
 def gui_action_type(prompts=None, completions=None, *, action_type=None, **kwargs) -> list[float]:
@@ -220,11 +222,7 @@ def critic_format(prompts=None, completions=None, **kwargs) -> list[float]:
     Source: GUI-Critic-R1 (arXiv:2506.04614, seed 000-121): S-GRPO's format reward [paper, not checked in code];
     the tags are the authors' evaluation prompt's (``<thinking>`` written ``<think>`` and optional here) [ours].
     """
-    out = []
-    for c in completions or []:
-        m = _CRITIC.fullmatch(completion_text(c))
-        out.append(float(m is not None and parse_action(m.group(2)) is not None))
-    return out
+    return _format_reward(completions, _CRITIC, 2)
 
 
 def critic_label(prompts=None, completions=None, *, label=None, **kwargs) -> list[float]:
