@@ -196,8 +196,8 @@ def test_every_recipe_trains_on_user_data_or_names_the_column(recipe, tiny_args,
     monkeypatch.syspath_prepend(str(tmp_path))
     data = write(tmp_path / "d.jsonl", [{"prompt": f"say {i}:", "answer": str(i)} for i in range(8)], "jsonl")
     user = {**{k: v for k, v in tiny_args.items() if k != "task"}, "data": str(data), "reward": ["user_rw:hit"],
-            "steps": 1, "save_steps": 1, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 4,
-            "eval_split": 0}
+            "steps": 1, "save_steps": 100, "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 4,
+            "eval_split": 0}  # (each recipe's checkpoint is tests/test_training.py::test_every_recipe_trains')
     try:
         cfg = Config.build(recipe_layer(recipe, user), user)
         t = Trainer(cfg, log=lambda *a: None)

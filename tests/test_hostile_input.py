@@ -299,23 +299,19 @@ def _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, fn, module, **extra
     return Trainer(Config.build(args), log=logs.append), logs
 
 
-def test_reward_timeout_abandons_a_sleeping_reward(tiny_args, tmp_path, monkeypatch):
-    t, logs = _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, "slow", "sleepy_rewards")
+def test_reward_timeout_abandons_a_sleeping_reward_in_training_and_evaluation(tiny_args, tmp_path, monkeypatch):
+    """A training step abandons the sleeping reward (an error, the rows unscorable, the log names the timeout),
+    and so do the before/after evaluations (and grpolab eval, same function)."""
+    t, logs = _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, "slow", "sleepy_rewards", eval_problems=4)
     t0 = time.perf_counter()
     m = t.train_step()
     assert time.perf_counter() - t0 < 20
     assert m["reward_errors"] == 1 and m["rewards/slow/unscorable"] == 16 and m["rewards/slow/mean"] is None
     assert any("'slow' timed out" in line and "reward_timeout=0.5" in line for line in logs)
-
-
-def test_reward_timeout_applies_to_evaluation(tiny_args, tmp_path, monkeypatch):
-    """The before/after evaluations (and grpolab eval, same function) abandon a sleeping reward too."""
-    t, _ = _sleepy_reward_trainer(tiny_args, tmp_path, monkeypatch, "slow_eval", "sleepy_eval_rewards",
-                                  eval_problems=4)
     t0 = time.perf_counter()
     res = t.evaluate()
     assert time.perf_counter() - t0 < 20
-    assert res["rewards/slow_eval/mean"] is None or res["rewards/slow_eval/mean"] != res["rewards/slow_eval/mean"]
+    assert res["rewards/slow/mean"] is None or res["rewards/slow/mean"] != res["rewards/slow/mean"]
 
 
 @pytest.mark.parametrize("body", ["sys.exit(3)", "raise SystemExit('bye')", "raise GeneratorExit()"])

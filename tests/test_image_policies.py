@@ -127,48 +127,39 @@ def test_flow_grpo_images_raises_the_held_out_reward_on_every_seed(tmp_path, see
 
 
 def test_the_report_shows_the_image_grids_and_thumbnails(tmp_path):
+    """One short flow_grpo_images run: the completions log and the report show its images; `grpolab eval` of the
+    saved model reproduces the trainer's after-evaluation; an image policy offers no vocabulary entropy, so the
+    run logs entropy null and the doctor's entropy check stays silent (it used to read 0 and report a
+    collapse)."""
+    import contextlib
+    import io
     import json
 
+    from grpolab.cli import main
     from grpolab.recipes import recipe_overrides
+    from grpolab.report.doctor import diagnose
     from grpolab.report.html import load_run, render
+    from grpolab.train.metrics import read_metrics
     from grpolab.train.trainer import Trainer
 
     out = tmp_path / "run"
-    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 1, "prompts_per_step": 2,
+    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 3, "prompts_per_step": 2,
                         "num_generations": 2, "eval_problems": 10, "out": str(out)})
     Trainer(cfg, log=lambda *a: None).train(progress=False)
     rec = json.loads((out / "completions.jsonl").read_text().splitlines()[0])
     assert rec["image"].startswith("data:image/png;base64,") and rec["completion"] == ""
     html = render([load_run(out)])
     assert html.count('<img class="grid"') == 2 and '<img class="thumb"' in html
+    assert all(r["entropy"] is None for r in read_metrics(out))
+    assert "entropy_collapse" not in {f["check"] for f in diagnose(out)["findings"]}
     # `grpolab eval` on the saved image model reproduces the trainer's after-evaluation (the run's policy and task
     # come from its config.yaml)
-    import contextlib
-    import io
-
-    from grpolab.cli import main
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["eval", "--model", str(out / "final"), "--compact"]) == 0
     res = json.loads(buf.getvalue())
     after = json.loads((out / "summary.json").read_text())["after"]
     assert res["accuracy"] == after["accuracy"] and res["image_grid"] == after["image_grid"]
-
-
-def test_doctor_sees_no_entropy_collapse_in_an_image_run(tmp_path):
-    """An image policy offers no vocabulary entropy: its runs log entropy null, and the doctor's entropy check
-    stays silent (it used to read 0 and report a collapse)."""
-    from grpolab.recipes import recipe_overrides
-    from grpolab.report.doctor import diagnose
-    from grpolab.train.metrics import read_metrics
-    from grpolab.train.trainer import Trainer
-
-    out = tmp_path / "run"
-    cfg = Config.build({**recipe_overrides("flow_grpo_images"), "steps": 3, "prompts_per_step": 2,
-                        "num_generations": 2, "eval_before": False, "eval_after": False, "out": str(out)})
-    Trainer(cfg, log=lambda *a: None).train(progress=False)
-    assert all(r["entropy"] is None for r in read_metrics(out))
-    assert "entropy_collapse" not in {f["check"] for f in diagnose(out)["findings"]}
 
 
 def test_the_python_api_trains_an_image_policy(tmp_path):

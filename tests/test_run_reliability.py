@@ -78,19 +78,22 @@ def _start_training(out: Path) -> tuple[subprocess.Popen, int]:
 # --------------------------------------------------------------------------------------- 1. one process per folder
 @needs_proc
 @posix_only
-def test_a_second_grpolab_train_on_a_run_folder_is_refused_and_a_killed_ones_lock_recovered(tmp_path):
+def test_a_second_grpolab_train_on_a_run_folder_is_refused_and_a_killed_ones_lock_recovered(tmp_path, capsys):
     out = tmp_path / "run"
     proc, trainer_pid = _start_training(out)
     try:
         fixed = {n: (out / n).read_bytes() for n in ("config.yaml", rundir.MARKER)}
+        # the second `grpolab train` runs in this process (the refusal happens before any trainer starts; the
+        # first run is a real `grpolab train` process with its supervisor)
         for second in (["--resume", str(out)], ["--out", str(out)], ["--out", str(out), "--overwrite"]):
-            got = subprocess.run([sys.executable, "-m", "grpolab", "train", *second, "--quiet"], env=ENV,
-                                 capture_output=True, text=True, timeout=300)
-            assert got.returncode == 2, got.stderr[-2000:]
-            assert f"run folder {out} is in use" in got.stderr and f"pid {trainer_pid}" in got.stderr
-            assert f"started by pid {proc.pid}" in got.stderr  # the supervisor the user started
-            assert f"kill {trainer_pid}" in got.stderr and f"grpolab train --resume {out}" in got.stderr
-            assert "Nothing in" in got.stderr and "Traceback" not in got.stderr
+            capsys.readouterr()
+            rc = main(["train", *second, "--quiet"])
+            err = capsys.readouterr().err
+            assert rc == 2, err[-2000:]
+            assert f"run folder {out} is in use" in err and f"pid {trainer_pid}" in err
+            assert f"started by pid {proc.pid}" in err  # the supervisor the user started
+            assert f"kill {trainer_pid}" in err and f"grpolab train --resume {out}" in err
+            assert "Nothing in" in err and "Traceback" not in err
             assert {n: (out / n).read_bytes() for n in fixed} == fixed  # refused before it wrote anything
         os.kill(trainer_pid, signal.SIGKILL)  # the out-of-memory killer: its lock file stays behind
         proc.communicate(timeout=120)
@@ -356,7 +359,7 @@ def _resume_call() -> str:
     return calls.pop()
 
 
-def test_the_documented_resume_of_a_python_api_run_works(tmp_path):
+def test_the_documented_resume_of_a_python_api_run_works(tmp_path, capsys):
     call = _resume_call()
     script = tmp_path / "train.py"
     script.write_text(API_SCRIPT.replace("RESUME_CALL", call))
@@ -369,10 +372,11 @@ def test_the_documented_resume_of_a_python_api_run_works(tmp_path):
     assert first.returncode == 0 and "global_step 2" in first.stdout, first.stderr[-3000:]
     again = run("4", "train")  # the script run again as it was: refused, naming the call that continues it
     assert again.returncode != 0 and call in again.stderr and "already holds a run" in again.stderr
-    cli = subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(out)], env=ENV,
-                         capture_output=True, text=True, timeout=300)
-    assert cli.returncode == 2 and "started from the Python API" in cli.stderr and call in cli.stderr
-    assert "--data needs at least one --reward" not in cli.stderr
+    capsys.readouterr()
+    rc = main(["train", "--resume", str(out)])  # refused before any trainer starts: in this process
+    err = capsys.readouterr().err
+    assert rc == 2 and "started from the Python API" in err and call in err
+    assert "--data needs at least one --reward" not in err
     resumed = run("4", "resume")
     assert resumed.returncode == 0 and "global_step 4" in resumed.stdout, resumed.stderr[-3000:]
     assert f"resumed from {out / 'checkpoints' / 'step_000002'} at step 2" in resumed.stderr
