@@ -236,6 +236,25 @@ def test_checkpoint_state_round_trips_without_pickled_objects(tmp_path):
         ckpt.encode_state({"x": object()})
 
 
+def test_a_checkpoint_naming_a_dataclass_in_its_old_module_still_decodes(tmp_path):
+    """Issue 40 moved modules (e.g. grpolab.vision.scenes -> grpolab.policies.vision_language.scenes); a checkpoint
+    written before names the old module, and decoding it rebuilds the class from its new home."""
+    import numpy as np
+
+    from grpolab.policies.vision_language.scenes import shapes_scene
+
+    scene = shapes_scene(3)
+    enc = ckpt.encode_state({"scene": scene})
+    assert enc["scene"]["class"] == "grpolab.policies.vision_language.scenes:Scene"
+    enc["scene"]["class"] = "grpolab.vision.scenes:Scene"  # as the checkpoint of 2026-12-06 wrote it
+    torch.save({"format": ckpt.FORMAT, "state": enc}, tmp_path / "state.pt")
+    back = ckpt.read_state(tmp_path)["scene"]
+    assert type(back) is type(scene) and back.target == scene.target and np.array_equal(back.image, scene.image)
+    assert [(o.name, o.box) for o in back.objects] == [(o.name, o.box) for o in scene.objects]
+    for old, new in ckpt.MOVED_MODULES.items():  # every alias names a module that exists
+        __import__(new)
+
+
 def test_checkpoint_of_the_previous_format_still_resumes(tiny_args):
     out = _two_step_run(tiny_args)
     last = ckpt.latest_checkpoint(out)

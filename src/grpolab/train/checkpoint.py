@@ -117,6 +117,19 @@ def encode_state(obj, path: str = "state"):
                     f"sets, NumPy arrays or grpolab dataclasses")
 
 
+#: modules whose dataclasses moved (issue 40's one package per policy kind, 2026-12-07): a checkpoint written
+#: before the move names the old module, and resuming it rebuilds the class from its new home
+MOVED_MODULES = {
+    "grpolab.control.theory": "grpolab.experiments.theory",
+    "grpolab.control.vgc": "grpolab.experiments.vgc",
+    "grpolab.control.envs": "grpolab.policies._control.envs",
+    "grpolab.vision.tools": "grpolab.policies.vision_language.tools",
+    "grpolab.vision.clips": "grpolab.policies.vision_language.clips",
+    "grpolab.vision.gui": "grpolab.policies.vision_language.gui",
+    "grpolab.vision.scenes": "grpolab.policies.vision_language.scenes",
+}
+
+
 def decode_state(obj):
     """Inverse of :func:`encode_state`; only dataclasses defined in grpolab modules are rebuilt."""
     if isinstance(obj, tuple):
@@ -136,6 +149,7 @@ def decode_state(obj):
         module, _, qualname = str(obj["class"]).partition(":")
         if not module.startswith("grpolab.") or "." in qualname:
             raise CheckpointError(f"checkpoint names class {obj['class']!r}; only grpolab dataclasses are rebuilt")
+        module = MOVED_MODULES.get(module, module)
         cls = getattr(importlib.import_module(module), qualname, None)
         if cls is None or not dataclasses.is_dataclass(cls):
             raise CheckpointError(f"checkpoint names class {obj['class']!r}, which is not a grpolab dataclass")
