@@ -2,6 +2,10 @@
 policies" and "Other policy families"); any recipe works, the default is the image policies'.
 
     .venv/bin/python scripts/bench_images.py [--recipes flow_grpo_images,ddpo,ar_grpo] [--steps 6] [--threads 2]
+        [--set model=PATH --set data=prompts.jsonl --set reward=./r.py:score ...]
+
+``--set KEY=VALUE`` overrides a config key for every recipe (a YAML value: ``--set flow_steps=4``; ``reward`` takes
+one spec), e.g. a user's diffusers pipeline folder instead of the built-in model.
 
 For each recipe: a Trainer on its built-in tiny model and task (evaluation off), 2 untimed warm-up steps, then
 ``--steps`` timed steps; the median step time. The floor is the step's FLOPs (counted by
@@ -22,7 +26,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def measure(recipe: str, steps: int, threads: int) -> dict:
+def measure(recipe: str, steps: int, threads: int, overrides: dict | None = None) -> dict:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -33,7 +37,8 @@ def measure(recipe: str, steps: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     out = tempfile.mkdtemp(prefix=f"bench_{recipe}_")
     cfg = Config.build({**recipe_overrides(recipe), "steps": steps + 3, "eval_before": False, "eval_after": False,
-                        "save_steps": 10_000, "log_completions_steps": 0, "stall_steps": 0, "out": out})
+                        "save_steps": 10_000, "log_completions_steps": 0, "stall_steps": 0, "out": out,
+                        **(overrides or {})})
     t = Trainer(cfg, log=lambda *a: None)
     for _ in range(2):  # warm-up (first calls allocate, pick kernels)
         t.step += 1
@@ -57,15 +62,25 @@ def main(argv=None) -> int:
     ap.add_argument("--recipes", default="flow_grpo_images,ddpo,ar_grpo")
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a config override for every recipe (repeatable)")
     a = ap.parse_args(argv)
     import torch
+    import yaml
+
+    overrides = {}
+    for item in a.set:
+        key, eq, value = item.partition("=")
+        if not eq:
+            ap.error(f"--set {item!r}: write KEY=VALUE")
+        overrides[key] = [value] if key == "reward" else yaml.safe_load(value)
 
     from grpolab.bench import matmul_flops_per_s
     torch.set_num_threads(a.threads)
     rate = matmul_flops_per_s()
     rows = []
     for r in a.recipes.split(","):
-        m = measure(r, a.steps, a.threads)
+        m = measure(r, a.steps, a.threads, overrides)
         m["floor_s"] = m["flops"] / rate
         m["over_floor"] = m["median_step_s"] / m["floor_s"]
         rows.append(m)
