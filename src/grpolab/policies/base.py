@@ -133,16 +133,18 @@ def save_pretrained_folder(module, path, *companions):
     return path
 
 
-def saved_folder(model: str, policy: str, needed: tuple[str, ...], what: str):
+def saved_folder(model: str, policy: str, needed: tuple[str, ...], what: str, *, builds: str | None = None):
     """``model`` (a ``--model`` folder) as a ``Path`` holding every file of ``needed``; a missing one is a
-    ConfigError ``model: policy <policy> loads <what>; <folder> has no <file>``."""
+    ConfigError ``model: policy <policy> loads <what>; <folder> has no <file>`` (with ``builds``: ``model: policy
+    <policy> builds <builds> or loads <what>; ...``)."""
     from pathlib import Path
 
     from ..errors import ConfigError
     path = Path(model)
+    verb = "loads" if builds is None else f"builds {builds} or loads"
     for name in needed:
         if not (path / name).exists():
-            raise ConfigError(f"model: policy {policy} loads {what}; {path} has no {name}")
+            raise ConfigError(f"model: policy {policy} {verb} {what}; {path} has no {name}")
     return path
 
 

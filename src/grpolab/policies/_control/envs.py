@@ -41,6 +41,15 @@ class SpaceInfo:
     high: tuple = ()
 
 
+def check_saved_spaces(path, config: dict, info: SpaceInfo, keys: tuple[str, ...], env: str | None = None) -> None:
+    """A ConfigError unless the ``keys`` (fields of :class:`SpaceInfo`) of a saved actor's ``config`` (its folder
+    ``path``) are those of the rows' environment ``info`` (named ``env`` in the message when given)."""
+    saved, want = tuple(config[k] for k in keys), tuple(getattr(info, k) for k in keys)
+    if saved != want:
+        where = "environment" if env is None else f"environment {env}"
+        raise ConfigError(f"model: {path} was saved for ({', '.join(keys)}) = {saved}; the rows' {where} has {want}")
+
+
 def _space_info(obs_space, act_space, agents: int, name: str) -> SpaceInfo:
     import gymnasium as gym
     from gymnasium.spaces.utils import flatdim

@@ -9,19 +9,22 @@ import torch
 
 from ...batch import RolloutBatch
 from ...generation.counting import GENERATED
-from ...generation.sampling import per_row
+from ...generation.sampling import completion_counts, per_row, row_temperatures
 from ..base import fanned_columns, group_identity
 from .envs import env_key, row_seed
 
 
-def start_episodes(pool, rows: list[dict], counts: list[int]):
-    """``(environments, seeds, start observations [R, N, D])`` of the episodes: row ``i``'s ``counts[i]``
-    episodes each get an environment of the row's kind from ``pool``, reset with the episode's seed
-    (``envs.row_seed``)."""
+def start_episodes(pool, rows: list[dict], num_generations, temperature):
+    """``(counts, temperatures [R], environments, seeds, start observations [R, N, D])`` of the episodes: row
+    ``i``'s ``counts[i]`` episodes (``num_generations``: one count for all rows or one per row) each get the row's
+    ``temperature`` (one for all rows or one per row), an environment of the row's kind from ``pool``, reset with
+    the episode's seed (``envs.row_seed``)."""
+    counts = completion_counts(num_generations, len(rows))
     ep_rows = per_row(rows, counts)
     envs = pool.take([env_key(r) for r in ep_rows])
     seeds = [row_seed(r, i) for i, r in enumerate(ep_rows)]
-    return envs, seeds, torch.from_numpy(np.stack([e.reset(s) for e, s in zip(envs, seeds)]))
+    cur = torch.from_numpy(np.stack([e.reset(s) for e, s in zip(envs, seeds)]))
+    return counts, row_temperatures(temperature, counts), envs, seeds, cur
 
 
 def pack_episodes(rows: list[dict], counts: list[int], uids: list[int], seeds: list[int], *, group_offset: int,

@@ -11,7 +11,6 @@ The network, the states and the expert live in policies/bq_nco/model.py; the imi
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,7 +23,8 @@ from .model import (BQTransformer, choice_logprobs, cvrp_choice_logprobs, cvrp_l
 from ...generation.counting import GENERATED
 from ...generation.sampling import completion_counts, per_row, row_temperatures
 from ...registry import POLICIES, param
-from ..base import PolicyBase, fanned_columns, group_identity, load_config_module, repeat_rows, save_config_module
+from ..base import (PolicyBase, fanned_columns, group_identity, load_config_module, repeat_rows, save_config_module,
+                    saved_folder)
 
 BUILT_IN = ("tiny", "bq")
 
@@ -158,10 +158,9 @@ class BQNCOPolicy(PolicyBase):
             log(f"[grpolab] policy bq_nco: a new BQ Transformer for {problem.upper()} ({self.arch['layers']} "
                 f"layers, dim {self.arch['dim']}, {sum(p.numel() for p in module.parameters())} parameters)")
         else:
-            path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy bq_nco builds 'tiny' (a new BQ Transformer) or loads a folder it "
-                                  f"saved (config.json + model.safetensors); {path} has no config.json")
+            path = saved_folder(self.model_name, "bq_nco", ("config.json",),
+                                "a folder it saved (config.json + model.safetensors)",
+                                builds="'tiny' (a new BQ Transformer)")
             module = load_bq(path)
             if module.problem != problem:
                 raise ConfigError(f"model: {path} was trained for {module.problem.upper()}; the rows are "

@@ -23,19 +23,17 @@ seed. The network (policies/control/nets.py ``ControlActor``) is built from the 
 """
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from ...config import ConfigError
-from .._control.envs import EnvPool, env_key, row_seed
+from .._control.envs import EnvPool, check_saved_spaces, env_key, row_seed
 from .._control.episodes import pack_episodes, start_episodes
 from .nets import ControlActor, agent_inputs
-from ...generation.sampling import completion_counts, row_temperatures
 from ...registry import POLICIES, param
-from ..base import PolicyBase, load_config_module, save_config_module
+from ..base import PolicyBase, load_config_module, save_config_module, saved_folder
 
 BUILT_IN = ("mlp", "tiny")
 
@@ -99,17 +97,10 @@ class ControlPolicy(PolicyBase):
                 f"actions, {info.agents} agent(s), {sum(p.numel() for p in module.parameters())} parameters) for "
                 f"{rows[0]['env']}")
         else:
-            path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy control builds 'mlp' (a new MLP actor) or loads a folder it saved "
-                                  f"(config.json + model.safetensors); {path} has no config.json")
+            path = saved_folder(self.model_name, "control", ("config.json",),
+                                "a folder it saved (config.json + model.safetensors)", builds="'mlp' (a new MLP actor)")
             module = load_actor(path)
-            c = module.config
-            want = (info.obs_dim, info.agents, info.discrete, info.act_dim)
-            if (c["obs_dim"], c["agents"], c["discrete"], c["act_dim"]) != want:
-                raise ConfigError(f"model: {path} was saved for (obs_dim, agents, discrete, act_dim) = "
-                                  f"{(c['obs_dim'], c['agents'], c['discrete'], c['act_dim'])}; the rows' "
-                                  f"environment {rows[0]['env']} has {want}")
+            check_saved_spaces(path, module.config, info, ("obs_dim", "agents", "discrete", "act_dim"), rows[0]["env"])
         return module.float()
 
     def save(self, module, path) -> None:
@@ -118,12 +109,11 @@ class ControlPolicy(PolicyBase):
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
-        counts = completion_counts(num_generations, len(rows))
+        counts, tau, envs, seeds, cur = start_episodes(  # cur: [R, N, D]
+            self.pool, rows, num_generations, temperature if temperature is not None else self.temperature)
         R = sum(counts)
-        envs, seeds, cur = start_episodes(self.pool, rows, counts)  # cur: [R, N, D]
         c = module.config
         N, Tmax = c["agents"], self.max_steps
-        tau = row_temperatures(temperature if temperature is not None else self.temperature, counts)
         device = next(module.parameters()).device
         din = module.input_dim
         obs = torch.zeros(R, Tmax, N, din)

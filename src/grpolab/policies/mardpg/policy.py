@@ -19,18 +19,16 @@ Ornstein-Uhlenbeck noise); see policies/mardpg/model.py for every choice.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ...config import ConfigError
-from .._control.envs import EnvPool, row_seed
+from .._control.envs import EnvPool, check_saved_spaces, row_seed
 from .._control.episodes import pack_episodes, start_episodes
 from .model import RecurrentActors
-from ...generation.sampling import completion_counts, row_temperatures
 from ...registry import POLICIES, param
-from ..base import PolicyBase, load_config_module, save_config_module
+from ..base import PolicyBase, load_config_module, save_config_module, saved_folder
 
 BUILT_IN = ("mlp", "tiny", "gru")
 
@@ -84,15 +82,10 @@ class MARDPGPolicy(PolicyBase):
             log(f"[grpolab] policy mardpg: {info.agents} new GRU actors ({self.hidden} units, messages of "
                 f"{self.msg}, {sum(p.numel() for p in module.parameters())} parameters) for {rows[0]['env']}")
         else:
-            path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy mardpg builds 'gru' (new actors) or loads a folder it saved; "
-                                  f"{path} has no config.json")
+            path = saved_folder(self.model_name, "mardpg", ("config.json",), "a folder it saved",
+                                builds="'gru' (new actors)")
             module, c = load_config_module(RecurrentActors, path, "mardpg")
-            if (c["agents"], c["obs_dim"], c["act_dim"]) != (info.agents, info.obs_dim, info.act_dim):
-                raise ConfigError(f"model: {path} was saved for (agents, obs_dim, act_dim) = "
-                                  f"{(c['agents'], c['obs_dim'], c['act_dim'])}; the rows' environment has "
-                                  f"{(info.agents, info.obs_dim, info.act_dim)}")
+            check_saved_spaces(path, c, info, ("agents", "obs_dim", "act_dim"))
         return module.float()
 
     def save(self, module, path) -> None:
@@ -101,12 +94,11 @@ class MARDPGPolicy(PolicyBase):
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
-        counts = completion_counts(num_generations, len(rows))
+        counts, tau, envs, seeds, cur = start_episodes(  # cur: [R, N, D]
+            self.pool, rows, num_generations, temperature if temperature is not None else self.temperature)
         R = sum(counts)
-        envs, seeds, cur = start_episodes(self.pool, rows, counts)  # cur: [R, N, D]
         c = module.config
         N, A, D, Tmax = c["agents"], c["act_dim"], c["obs_dim"], self.max_steps
-        tau = row_temperatures(temperature if temperature is not None else self.temperature, counts)
         std = (self.sigma * tau).clamp_min(1e-6)[:, None, None]  # [R, 1, 1]
         obs, act = torch.zeros(R, Tmax, N, D), torch.zeros(R, Tmax, N, A)
         lps, rew = torch.zeros(R, Tmax, N), torch.zeros(R, Tmax, N)
