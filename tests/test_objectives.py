@@ -692,5 +692,22 @@ def test_vespo_and_luspo_config_and_recipes():
     assert v["policy_loss"] == "vespo" and v["loss_aggregation"] == "token_mean"
     assert (v["vespo_k_pos"], v["vespo_lambda_pos"], v["vespo_k_neg"], v["vespo_lambda_neg"]) == (2.0, 3.0, 3.0, 2.0)
     lu = recipe_overrides("luspo")
-    assert lu["policy_loss"] == "luspo" and lu["loss_aggregation"] == "seq_mean_token_mean"
+    assert lu["policy_loss"] == "luspo" and lu["loss_aggregation"] == "seq_mean_token_mean_all_rows"
     assert (lu["epsilon"], lu["epsilon_high"]) == (2e-3, 2.5e-3)
+
+
+def test_luspo_recipe_counts_a_fully_masked_row_as_trl_does():
+    """Recipe ``luspo`` normalises as its reference implementation, TRL's ``(l * mask.sum(1)).mean()`` (issue 43:
+    TRL -3.3636, grpolab -3.8441 = 8/7 of it with one of 8 rows masked). Hand-computed, ratio 1 everywhere
+    (s_i = 1, no clip), so row i gives |o_i| * -A_i; 4 rows, the last fully masked:
+      |o| = [2, 3, 1, 0], A = [1, -0.5, 2, 5]:  2(-1) + 3(0.5) + 1(-2) + 0 = -2.5;  TRL: -2.5 / 4 = -0.625
+      (the rows-with-tokens normaliser gives -2.5 / 3)."""
+    from grpolab.algorithms.aggregation import StepTotals
+    from grpolab.recipes import load_recipe
+    agg = load_recipe("luspo")["components"]["loss_aggregation"]
+    mask = T([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    logp = -torch.rand(4, 3, generator=torch.Generator().manual_seed(0))
+    loss, _ = L("luspo")(logp, logp.clone(), T([1.0, -0.5, 2.0, 5.0]), mask, epsilon=2e-3, epsilon_high=2.5e-3)
+    totals = StepTotals.from_masks([mask], constant=3)
+    assert float(AGGREGATIONS.get(agg)(loss, mask, totals)) == pytest.approx(-2.5 / 4, abs=1e-6)
+    assert float(AGGREGATIONS.get("seq_mean_token_mean")(loss, mask, totals)) == pytest.approx(-2.5 / 3, abs=1e-6)

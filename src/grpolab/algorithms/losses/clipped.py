@@ -136,7 +136,8 @@ def luspo(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.
     all lengths equal to ``L`` it is ``L`` times GSPO (both tested). The clip is
     ``sequence_ratio``'s (the published ranges are ``epsilon = 2e-3``,
     ``epsilon_high = 2.5e-3``, paper Sec. 5.1 as cited by TRL; recipe ``luspo``).
-    Use it with ``seq_mean_token_mean`` (or its all-rows form): the length factor is already in the loss.
+    Use it with ``seq_mean_token_mean_all_rows`` (TRL's normaliser, recipe ``luspo``) or ``seq_mean_token_mean``:
+    the length factor is already in the loss.
 
     Provenance: reconstructed from the abstract — LUSPO (Liu, Yin, Shi, Yang, Zeng and Qiu, 2026, arXiv:2602.05261,
     "Length-Unbiased Sequence Policy Optimization: Revealing and Controlling Response Length Variation in RLVR"),
