@@ -94,10 +94,10 @@ def denoising_steps(batch, ctx, *,
     steps; 1.0 in config/base.py) and the same in DanceGRPO (https://github.com/XueZeyue/DanceGRPO,
     fastvideo/train_grpo_flux.py, fraction 0.6 in scripts/finetune/finetune_flux_grpo.sh). Known differences:
     DDPO and DanceGRPO redraw the permutation every inner epoch, here it is drawn once per step (the same at
-    fraction 1.0, DDPO's default); ``steps_drop_last`` is grpolab's reading of DanceGRPO's
-    fastvideo/train_grpo_sd.py, which takes ``k = int((num_steps - 1) * timestep_fraction)`` but draws the k
-    from a permutation of all the steps, the last included (here the last step is never drawn); the
-    stored train_grpo_flux.py drops no step.
+    fraction 1.0, DDPO's default); ``steps_drop_last`` is DanceGRPO's: both fastvideo/train_grpo_sd.py and
+    fastvideo/train_grpo_flux.py cut the last step off every trajectory before permuting (``timesteps[:, :-1]``,
+    ``latents[:, :-1][:, :-1]``, ``log_probs[:, :-1]``), so the permutation and ``k = int((T - 1) *
+    timestep_fraction)`` cover the first T - 1 steps and the last step is never trained.
     Test: tests/test_image_algorithms.py::test_denoising_steps_in_order_keeps_the_first_k,
     tests/test_image_algorithms.py::test_denoising_steps_random_keeps_k_per_row,
     tests/test_image_algorithms.py::test_denoising_steps_drop_last.
