@@ -441,23 +441,14 @@ def _rows_of(dataset, what: str) -> list[dict]:
 
 
 def _pictures_as_uris(row: dict, where: str) -> dict:
-    """A row whose ``image`` / ``images`` hold pictures (PIL images, arrays: TRL's VLM datasets) with each picture as
-    a PNG data URI, so the row travels through the JSONL data checks (file paths and URIs stay as they are)."""
-    if row.get("image") is None and row.get("images") is None:
-        return row
-    from .media import to_data_uri
-
-    def uri(x, at):
-        try:
-            return x if isinstance(x, str) else to_data_uri(x)
-        except ValueError as e:
-            raise ConfigError(f"{at}: {e}") from None
-    out = dict(row)
-    if out.get("image") is not None:
-        out["image"] = uri(out["image"], f"{where} 'image'")
-    if out.get("images") is not None:
-        out["images"] = [uri(x, f"{where} 'images'[{k}]") for k, x in enumerate(out["images"])]
-    return out
+    """A row whose ``image`` / ``images`` hold pictures (PIL images, arrays, ``datasets.Image()`` values: TRL's VLM
+    datasets) in the form ``--data`` rows take (:func:`grpolab.data.with_pictures`: a path, or a data URI), so
+    the row travels through the same JSONL data checks as the CLI's."""
+    from .data import DataError, with_pictures
+    try:
+        return with_pictures(row, where)
+    except DataError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _lora_settings(peft_config) -> dict[str, Any]:

@@ -48,7 +48,9 @@ def to_json(obj, **kwargs) -> str:
 
 def check_prompt(prompt, at: str, column: str = "prompt") -> None:
     """A prompt is a string (TRL's "standard" format) or a non-empty list of ``{"role", "content"}`` messages
-    with string contents (TRL's "conversational" format); ``at`` names the row in the error."""
+    (TRL's "conversational" format) whose contents are strings or lists of typed blocks (TRL's VLM format:
+    ``{"type": "text", "text": ...}`` and ``{"type": "image"}``, :func:`check_blocks`); ``at`` names the row in
+    the error."""
     ok = isinstance(prompt, str) or (
         isinstance(prompt, list) and prompt
         and all(isinstance(m, dict) and "role" in m and "content" in m for m in prompt))
@@ -60,13 +62,91 @@ def check_prompt(prompt, at: str, column: str = "prompt") -> None:
         raise DataError(f"{at}: '{column}' is empty; every row needs a prompt")
     if isinstance(prompt, list):
         for j, m in enumerate(prompt):
-            if not isinstance(m["content"], str):
+            if isinstance(m["content"], list):
+                check_blocks(m["content"], f"{at}: message {j + 1} of '{column}'")
+            elif not isinstance(m["content"], str):
                 raise DataError(f"{at}: message {j + 1} of '{column}' has a 'content' of type "
                                 f"{type(m['content']).__name__} ({str(m['content'])[:40]!r}); a message's "
-                                f"content must be a string (write it in quotes)")
+                                f"content must be a string (write it in quotes) or a list of "
+                                f"{{\"type\": \"text\", \"text\": ...}} / {{\"type\": \"image\"}} blocks")
             if not isinstance(m["role"], str):
                 raise DataError(f"{at}: message {j + 1} of '{column}' has a 'role' that is not a "
                                 f"string; use \"system\", \"user\" or \"assistant\"")
+
+
+BLOCK_TYPES = ("text", "image")
+
+
+def check_blocks(blocks: list, at: str) -> None:
+    """A message content given as typed blocks (TRL's VLM prompts): each a dict with ``type`` ``text`` (and a
+    string ``text``) or ``image`` (a placeholder for one of the row's pictures; other keys, such as the ``text:
+    null`` a Parquet or ``datasets`` struct column adds, are ignored)."""
+    if not blocks:
+        raise DataError(f"{at} has an empty list as 'content'; give a string or typed blocks")
+    for k, b in enumerate(blocks):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind not in BLOCK_TYPES:
+            raise DataError(f"{at}, block {k + 1}: {str(b)[:60]!r} is not a content block; valid: "
+                            f"{{\"type\": \"text\", \"text\": \"...\"}} or {{\"type\": \"image\"}} (the "
+                            f"picture itself goes in the row's 'image' / 'images' column)")
+        if kind == "text" and not isinstance(b.get("text"), str):
+            raise DataError(f"{at}, block {k + 1}: a text block needs a string 'text', got "
+                            f"{type(b.get('text')).__name__}")
+
+
+def message_text(content) -> str:
+    """A message's text: the string, or its text blocks joined (image blocks contribute nothing)."""
+    if isinstance(content, str):
+        return content
+    return "".join(b["text"] for b in content or [] if isinstance(b, dict) and isinstance(b.get("text"), str)
+                   and b.get("type", "text") == "text")
+
+
+# ------------------------------------------------------------------ pictures (TRL's VLM data, docs/vision.md)
+PICTURE_COLUMNS = ("image", "images")
+_MAGIC = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"), (b"RIFF", "webp"), (b"BM", "bmp"))
+
+
+def picture_value(x, at: str, base: Path | None = None):
+    """One picture of a row in the form every loader hands on (the CLI's files and the Python API's datasets
+    alike): a file path (relative paths that do not exist from the working folder are taken relative to the
+    data file's folder ``base``), a ``data:image/...`` URI, or a picture object (a PIL image, an array) as a
+    PNG data URI. A ``datasets.Image()`` value read undecoded (``{"bytes": ..., "path": ...}``: Parquet files,
+    ``save_to_disk`` folders) becomes a data URI of its encoded bytes (no decoding) or its path."""
+    import base64
+    if isinstance(x, dict) and ("bytes" in x or "path" in x):
+        if x.get("bytes"):
+            raw = bytes(x["bytes"])
+            kind = next((k for magic, k in _MAGIC if raw.startswith(magic)), "unknown")
+            return f"data:image/{kind};base64," + base64.b64encode(raw).decode("ascii")
+        x = x.get("path")
+        if not x:
+            raise DataError(f"{at}: a datasets Image value with neither bytes nor a path")
+    if isinstance(x, str):
+        if base is not None and not x.startswith("data:") and not Path(x).is_absolute() and not Path(x).exists() \
+                and (base / x).exists():
+            return str(base / x)
+        return x
+    from .media import to_data_uri
+    try:
+        return to_data_uri(x)
+    except ValueError as e:
+        raise DataError(f"{at}: {e}") from None
+
+
+def with_pictures(row: dict, at: str, base: Path | None = None) -> dict:
+    """``row`` with its ``image`` / ``images`` in the form :func:`picture_value` gives (other rows unchanged)."""
+    if all(row.get(c) is None for c in PICTURE_COLUMNS):
+        return row
+    out = dict(row)
+    if out.get("image") is not None:
+        out["image"] = picture_value(out["image"], f"{at} 'image'", base)
+    if out.get("images") is not None:
+        if isinstance(out["images"], (str, dict)) or not hasattr(out["images"], "__iter__"):
+            raise DataError(f"{at}: 'images' must be a list of pictures, got {type(out['images']).__name__}; a "
+                            f"single picture goes in 'image'")
+        out["images"] = [picture_value(x, f"{at} 'images'[{k}]", base) for k, x in enumerate(out["images"])]
+    return out
 
 
 def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> list[dict]:
@@ -88,7 +168,7 @@ def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> li
                 raise DataError(f"{p}:{lineno}: not valid JSON ({e.msg} at column {e.colno})") from None
             if not isinstance(row, dict):
                 raise DataError(f"{p}:{lineno}: each line must be a JSON object, got {type(row).__name__}")
-            rows.append(_checked(rename_columns(row, column_map), f"{p}:{lineno}", column_map))
+            rows.append(_checked(rename_columns(row, column_map), f"{p}:{lineno}", column_map, p.parent))
             lines.append(lineno)
     if not rows:
         raise DataError(f"--data: {p} has no rows")
@@ -161,7 +241,7 @@ def rename_columns(row: dict, column_map: dict[str, str] | None) -> dict:
     return renamed
 
 
-def _checked(row: dict, at: str, column_map: dict[str, str] | None) -> dict:
+def _checked(row: dict, at: str, column_map: dict[str, str] | None, base: Path | None = None) -> dict:
     if "prompt" not in row:
         hint = ""
         if column_map:
@@ -170,7 +250,7 @@ def _checked(row: dict, at: str, column_map: dict[str, str] | None) -> dict:
         raise DataError(f"{at}: missing key 'prompt'{hint} (keys: {', '.join(row) or 'none'}); name the prompt "
                         f"column with --prompt_column NAME or --column_map OLD:prompt")
     check_prompt(row["prompt"], at)
-    return row
+    return with_pictures(row, at, base)
 
 
 def data_format(path: str | Path) -> str:
@@ -217,7 +297,7 @@ def _rows_of(raw: list, p: Path, at, column_map) -> JsonlRows:
     for i, row in enumerate(raw):
         if not isinstance(row, dict):
             raise DataError(f"{at(i)}: each row must be an object with a 'prompt', got {type(row).__name__}")
-        rows.append(_checked(rename_columns(row, column_map), at(i), column_map))
+        rows.append(_checked(rename_columns(row, column_map), at(i), column_map, p if p.is_dir() else p.parent))
         labels.append(at(i).rpartition(f"{p}:")[2])
     if not rows:
         raise DataError(f"--data: {p} has no rows")
@@ -260,7 +340,7 @@ def _load_csv(p: Path, column_map) -> JsonlRows:
             if any(v is None for v in row.values()):
                 missing = [k for k, v in row.items() if v is None]
                 raise DataError(f"{at}: missing column {missing[0]!r} (the row has fewer fields than the header)")
-            rows.append(_checked(rename_columns(dict(row), column_map), at, column_map))
+            rows.append(_checked(rename_columns(dict(row), column_map), at, column_map, p.parent))
             lines.append(start)
             start = reader.line_num + 1
     if not rows:
@@ -394,5 +474,5 @@ def model_texts(rows: list[dict]) -> list[str]:
             if isinstance(v, str):
                 out.append(v)
             elif isinstance(v, list):
-                out.extend(m["content"] for m in v if isinstance(m, dict) and "content" in m)
+                out.extend(message_text(m["content"]) for m in v if isinstance(m, dict) and "content" in m)
     return out

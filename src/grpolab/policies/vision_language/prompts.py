@@ -24,7 +24,8 @@ def prompt_messages(row: dict, n_images: int, where: str = "row") -> list[dict]:
     blocks = []
     for m in msgs:
         c = m.get("content")
-        m["content"] = [{"type": "text", "text": c}] if isinstance(c, str) else [dict(b) for b in (c or [])]
+        m["content"] = [{"type": "text", "text": c}] if isinstance(c, str) else [  # a Parquet / datasets struct
+            {k: v for k, v in b.items() if v is not None} for b in (c or [])]      # column's "text": None dropped
         blocks += m["content"]
     present = sum(1 for b in blocks if b.get("type") == "image")
     if present:
