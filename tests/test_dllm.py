@@ -374,3 +374,164 @@ def test_mask_reseed_passes_use_their_own_seeds(policy_and_model):
     with pytest.raises(ConfigError, match="mask seeds"):
         Config.build({"update_strategy": "mask_reseed", "model": "tiny", "task": "repeat", "num_generations": 4,
                       "micro_batch_size": 8})
+
+
+# ----------------------------------------------------------------------------- issue 42/43: as the authors sample
+def _scripted(tables):
+    """A 'model' that returns ``tables[i]`` ([N, V] logits) at its i-th call, whatever the input: the state the
+    sampler is in at each step is then known by hand."""
+    calls = iter(tables)
+
+    def fn(ids, attn):
+        return next(calls)[None].expand(ids.shape[0], -1, -1).clone()
+    return fn
+
+
+def _llada_generate(fn, prompt, *, steps, gen_length, block_length, mask_id):
+    """LLaDA's generate.py (ML-GSAI/LLaDA ``generate``, greedy, low_confidence, one prompt) written out here: the
+    confidence is -inf only after the current block and the masked set is recomputed at every step."""
+    P = prompt.shape[1]
+    x = torch.cat([prompt, torch.full((1, gen_length), mask_id)], 1)
+    per = steps // (gen_length // block_length)
+    for b in range(gen_length // block_length):
+        n = int((x[:, P + b * block_length:P + (b + 1) * block_length] == mask_id).sum())
+        counts = [n // per + (1 if i < n % per else 0) for i in range(per)]
+        for i in range(per):
+            mask_index = x == mask_id
+            logits = fn(x, torch.ones_like(x))
+            x0 = logits.argmax(-1)
+            x0_p = torch.softmax(logits.double(), -1).gather(-1, x0[..., None]).squeeze(-1)
+            x0_p[:, P + (b + 1) * block_length:] = -math.inf
+            x0 = torch.where(mask_index, x0, x)
+            conf = torch.where(mask_index, x0_p, torch.tensor(-math.inf, dtype=x0_p.dtype))
+            sel = torch.topk(conf[0], k=counts[i]).indices
+            x[0, sel] = x0[0, sel]
+    return x[:, P:]
+
+
+def test_a_masked_proposal_stays_eligible_in_later_blocks_as_in_llada():
+    """A position whose candidate is [MASK] stays masked and eligible in the later blocks (LLaDA's generate.py).
+    By hand: prompt of 1 token, L = 4, blocks of 2, 4 steps (1 token a step), greedy, vocab {0, MASK=1, 2, 3}.
+      step 0 (block 0): pos 0 proposes MASK with confidence ~1 > pos 1 -> pos 0 'unmasked' to MASK;
+      step 1 (block 0): pos 1 (token 2, conf ~0.98) beats pos 0 (token 3, conf ~0.58) -> x = [M, 2, M, M];
+      step 2 (block 1): pos 0, still masked, proposes 3 with ~1 > pos 2 (~0.73) -> LLaDA fills pos 0 (grpolab
+        before this fix left it out of block 1: the completion kept its MASK);
+      step 3 (block 1): pos 2 (token 2, ~0.73) > pos 3 (~0.58) -> x = [3, 2, 2, M]; pos 3 keeps MASK and has no
+        recorded step (-1), as LLaDA leaves it.
+    Then LLaDA's algorithm written out in the test (:func:`_llada_generate`) agrees with ``denoise`` on random
+    logits that propose [MASK] often."""
+    from grpolab.policies.masked_diffusion_lm.sampler import denoise
+
+    def table(*rows):
+        t = torch.zeros(5, 4)
+        for k, (tok, logit) in enumerate(rows):
+            t[1 + k, tok] = logit
+        return t
+    tables = [table((MASK, 9.0), (2, 1.0), (2, 9.0), (2, 9.0)), table((3, 1.0), (2, 5.0), (2, 9.0), (2, 9.0)),
+              table((3, 9.0), (2, 9.0), (2, 2.0), (3, 1.0)), table((3, 9.0), (2, 9.0), (2, 2.0), (3, 1.0))]
+    prompt, pattn = torch.tensor([[2]]), torch.ones(1, 1, dtype=torch.long)
+    ids, step_map, logp = denoise(_scripted(tables), prompt, pattn, gen_length=4, block_length=2, steps=4,
+                                  temperature=0.0, mask_id=MASK)
+    assert ids.tolist() == [[3, 2, 2, MASK]] and step_map.tolist() == [[2, 1, 3, -1]]
+    # pos 0's log-prob is the one of its last candidate (step 2): log softmax([0, 0, 0, 9])[3]
+    assert float(logp[0, 0]) == pytest.approx(9.0 - math.log(3 + math.exp(9.0)), abs=1e-5)
+    assert _llada_generate(_scripted(tables), prompt, steps=4, gen_length=4, block_length=2,
+                           mask_id=MASK).tolist() == ids.tolist()
+    for seed in range(6):
+        g = torch.Generator().manual_seed(seed)
+        tabs = [torch.randn(1 + 8, 6, generator=g) * 2 for _ in range(8)]
+        for t in tabs:
+            t[:, MASK] += 1.5  # [MASK] is often the candidate
+        got, _, _ = denoise(_scripted(tabs), prompt, pattn, gen_length=8, block_length=4, steps=8,
+                            temperature=0.0, mask_id=MASK)
+        assert got.tolist() == _llada_generate(_scripted(tabs), prompt, steps=8, gen_length=8, block_length=4,
+                                               mask_id=MASK).tolist(), seed
+
+
+_TINY_DREAM = '''from transformers import BertConfig, BertForMaskedLM
+
+
+class TinyDreamConfig(BertConfig):
+    model_type = "Dream"
+
+
+class TinyDreamModel(BertForMaskedLM):
+    config_class = TinyDreamConfig
+'''
+
+
+def _dream_folder(path):
+    """A tiny random-weight Dream-style remote-code folder: its own classes (config.json ``auto_map``,
+    ``model_type`` Dream, ``mask_token_id``), a tokenizer that declares no mask token, no dllm.json."""
+    import importlib.util
+    import json
+
+    from grpolab.policies.masked_diffusion_lm.tiny import bert_config, build_tokenizer
+    path.mkdir()
+    (path / "modeling_tinydream.py").write_text(_TINY_DREAM)
+    spec = importlib.util.spec_from_file_location("modeling_tinydream", path / "modeling_tinydream.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.manual_seed(0)
+    mod.TinyDreamModel(mod.TinyDreamConfig(**bert_config(hidden=16, layers=1), mask_token_id=MASK)).save_pretrained(path)
+    conf = json.loads((path / "config.json").read_text())
+    conf["auto_map"] = {"AutoConfig": "modeling_tinydream.TinyDreamConfig",
+                        "AutoModel": "modeling_tinydream.TinyDreamModel"}
+    (path / "config.json").write_text(json.dumps(conf))
+    tok = build_tokenizer()
+    tok.save_pretrained(path)
+    tc = json.loads((path / "tokenizer_config.json").read_text())
+    tc.pop("mask_token", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(tc))
+    return path
+
+
+def test_a_dream_style_folder_reads_shifted_logits_without_dllm_json(tmp_path):
+    """Dream's model predicts token i+1 at position i; its sampler reads ``cat([logits[:, :1], logits[:, :-1]])``
+    (Dream-org/Dream generation_utils.py). A Dream-style folder (model_type Dream, its own code, mask_token_id in
+    config.json, no dllm.json) loads with the sampler's shape from the dllm_* keys, its mask token from
+    config.json, and every log-prob and the sampler read the shifted logits: the native forward's logits at k-1
+    for completion position k. Without the keys, or without trusting the folder's code, loading stops with the
+    field to set. A one-step run saves a folder that reloads natively (AutoModel) with changed weights."""
+    import json
+
+    from transformers import AutoModel
+
+    from grpolab.policies.masked_diffusion_lm.policy import MaskedDiffusionLM
+    from grpolab.policies.masked_diffusion_lm.tiny import position_ids
+    from grpolab.train.trainer import Trainer
+    path = _dream_folder(tmp_path / "dream")
+    with pytest.raises(ConfigError, match="dllm_gen_length, dllm_block_length, dllm_steps"):
+        MaskedDiffusionLM(model=str(path), temperature=1.0).load(None, [], [], log=lambda *a: None)
+    keys = {"dllm_gen_length": 4, "dllm_block_length": 4, "dllm_steps": 4}
+    with pytest.raises(ConfigError, match="dllm_trust_remote_code: true"):
+        MaskedDiffusionLM(model=str(path), temperature=1.0, **keys).load(None, [], [], log=lambda *a: None)
+    policy = MaskedDiffusionLM(model=str(path), temperature=1.0, dllm_trust_remote_code=True, **keys)
+    module = policy.load(None, [], [], log=lambda *a: None)
+    assert policy.shift_logits and policy.mask_id == MASK and policy.tokenizer.mask_token_id is None
+    ids = torch.tensor([[5, 6, 7, MASK, MASK, MASK, MASK]])
+    attn = torch.ones_like(ids)
+    with torch.no_grad():
+        raw = module(input_ids=ids, attention_mask=attn, position_ids=position_ids(attn)).logits
+        got = policy.logits_fn(module)(ids, attn)
+    assert torch.equal(got[:, 0], raw[:, 0]) and torch.equal(got[:, 1:], raw[:, :-1])
+    # the sampler's first step, by hand: completion position k reads the native logits at prompt_len + k - 1
+    rows = [{"prompt": "abc", "digit": "1"}]
+    b = policy.sample(module, rows, [0], num_generations=1, temperature=0.0, evaluation=True)
+    prompt, P = b.prompt_ids, b.prompt_ids.shape[1]
+    with torch.no_grad():
+        x = torch.cat([prompt, torch.full((1, 4), MASK)], 1)
+        a = torch.ones_like(x)
+        first = module(input_ids=x, attention_mask=a, position_ids=position_ids(a)).logits[0, P - 1:P + 3]
+    k = int(torch.softmax(first, -1).max(-1).values.argmax())
+    assert int(b.row_data["step_map"][0, k]) == 0 and int(b.completion_ids[0, k]) == int(first[k].argmax())
+    cfg = Config.build({"policy": "masked_diffusion_lm", "model": str(path), "task": "repeat", **keys,
+                        "dllm_trust_remote_code": True, "steps": 1, "prompts_per_step": 2, "num_generations": 2,
+                        "learning_rate": 1e-2, "eval_before": False, "eval_after": False, "save_steps": 100,
+                        "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1})
+    Trainer(cfg, log=lambda *a: None).train(progress=False)
+    final = tmp_path / "run" / "final"
+    assert json.loads((final / "dllm.json").read_text())["shift_logits"] is True
+    again = AutoModel.from_pretrained(final, trust_remote_code=True)
+    assert type(again).__name__ == "TinyDreamModel"
+    assert any(not torch.equal(p, q) for p, q in zip(again.state_dict().values(), module.state_dict().values()))

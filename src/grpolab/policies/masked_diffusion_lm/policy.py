@@ -30,6 +30,59 @@ def check_masked_dlm(cfg) -> None:
                           f"rollout_strategy: plain")
 
 
+SHIFTED_MODEL_TYPES = ("dream",)  # config.json model_type of the dLLMs whose logits at i predict token i+1
+
+
+def shifted(logits: torch.Tensor) -> torch.Tensor:
+    """Dream's logits as its sampler reads them: the model (adapted from an autoregressive LM) predicts token i+1 at
+    position i, so the logits for position i are the model's at i-1, the first position keeping its own:
+    ``cat([logits[:, :1], logits[:, :-1]], 1)``.
+
+    Provenance: authors' code — https://github.com/DreamLM/Dream (Dream-org), the model folder's
+    generation_utils.py (``DreamGenerationMixin._sample``: ``logits = torch.cat([logits[:,:1], logits[:, :-1]],
+    dim=1)`` before reading the masked positions). Test:
+    tests/test_dllm.py::test_a_dream_style_folder_reads_shifted_logits_without_dllm_json.
+    """
+    return torch.cat([logits[:, :1], logits[:, :-1]], 1)
+
+
+def folder_settings(path: Path, wanted: dict, trust: bool, shift: str) -> tuple[bool, dict, bool]:
+    """``(trust_remote_code, shape, shift_logits)`` of a model folder. ``shape`` (``gen_length``, ``block_length``,
+    ``steps``, and ``mask_id`` when the tokenizer may declare none) comes from ``dllm.json`` where there is one,
+    overridden by the ``dllm_*`` keys given (``wanted``, 0 = not given); ``mask_id`` else from ``config.json``'s
+    ``mask_token_id`` (Dream's and LLaDA's configs declare it). The logits are shifted (:func:`shifted`) for
+    ``dllm_shift_logits: true``, or with ``auto`` where dllm.json says ``shift_logits`` or ``config.json``'s
+    ``model_type`` is Dream's. Without dllm.json the three sampler keys must be given."""
+    own = json.loads((path / "dllm.json").read_text()) if (path / "dllm.json").is_file() else {}
+    conf = json.loads((path / "config.json").read_text())
+    shape = {**own, **{k: int(v) for k, v in wanted.items() if v}}
+    missing = [k for k in ("gen_length", "block_length", "steps") if k not in shape]
+    if missing:
+        raise ConfigError(f"model: {path} has no dllm.json and the sampler's {', '.join(missing)} are not given: set "
+                          f"{', '.join('dllm_' + k for k in missing)} (d1 samples LLaDA with 256, 32, 128), or write "
+                          f"dllm.json {{\"gen_length\": .., \"block_length\": .., \"steps\": ..}} in the folder")
+    if "mask_id" not in shape and conf.get("mask_token_id") is not None:
+        shape["mask_id"] = int(conf["mask_token_id"])
+    remote = trust or bool(own.get("trust_remote_code", False))
+    if "auto_map" in conf and not remote and str(conf.get("model_type", "")).lower() not in _native_types():
+        raise ConfigError(f"model: {path} ships its own model class (config.json auto_map, model_type "
+                          f"{conf.get('model_type')!r}); to run its code set dllm_trust_remote_code: true")
+    if shift == "auto":
+        on = bool(own.get("shift_logits", str(conf.get("model_type", "")).lower() in SHIFTED_MODEL_TYPES))
+    else:
+        on = shift == "true"
+    if on:
+        shape["shift_logits"] = True
+    else:
+        shape.pop("shift_logits", None)
+    return remote, shape, on
+
+
+def _native_types() -> set[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return set(CONFIG_MAPPING_NAMES)
+
+
 @POLICIES.register("masked_diffusion_lm", check=check_masked_dlm)
 class MaskedDiffusionLM(PolicyBase):
     """A masked diffusion LM over text (LLaDA's formulation on a ``transformers`` ``*ForMaskedLM``).
@@ -96,7 +149,16 @@ class MaskedDiffusionLM(PolicyBase):
                  dllm_block_length: int = param(0, "masked_diffusion_lm: block length of the sampler (0 = the "
                                                 "model's)"),
                  dllm_steps: int = param(0, "masked_diffusion_lm: denoising steps over the whole completion (0 = "
-                                         "the model's)")):
+                                         "the model's)"),
+                 dllm_trust_remote_code: bool = param(False, "masked_diffusion_lm: load a --model folder's own "
+                                                      "model class (its config.json auto_map, as LLaDA and Dream "
+                                                      "ship) through AutoModel; dllm.json 'trust_remote_code' "
+                                                      "says the same"),
+                 dllm_shift_logits: str = param("auto", "masked_diffusion_lm: 'auto' (shift where the folder is a "
+                                                "Dream model, config.json model_type Dream), 'true' or 'false': "
+                                                "the logits at position i predict token i+1 and are moved right "
+                                                "by one, as Dream's generation_utils does",
+                                                ["auto", "true", "false"])):
         if dllm_logprob not in ESTIMATORS:
             raise ConfigError(f"dllm_logprob: one of {sorted(ESTIMATORS)}, got {dllm_logprob!r}")
         if not 0.0 <= p_mask_prompt <= 1.0:
@@ -107,7 +169,11 @@ class MaskedDiffusionLM(PolicyBase):
         self.estimator = dllm_logprob
         self.estimator_params = {"p_mask_prompt": float(p_mask_prompt), "elbo_samples": int(dllm_elbo_samples)}
         self.wanted = {"gen_length": dllm_gen_length, "block_length": dllm_block_length, "steps": dllm_steps}
+        self.trust_remote_code, self.shift_setting = bool(dllm_trust_remote_code), str(dllm_shift_logits).lower()
+        if self.shift_setting not in ("auto", "true", "false"):
+            raise ConfigError(f"dllm_shift_logits: one of auto, true, false, got {dllm_shift_logits!r}")
         self.shape: dict = {}
+        self.shift_logits = False  # set by load(): Dream's logits at i predict token i+1 (shift_logits)
         self.takes_positions = True  # set by load(): whether the model's forward takes position_ids
 
     @property
@@ -116,18 +182,18 @@ class MaskedDiffusionLM(PolicyBase):
 
     @property
     def mask_id(self) -> int:
-        """The tokenizer's mask token, else ``mask_id`` of ``dllm.json`` (LLaDA: 126336, not declared by its
-        tokenizer)."""
+        """The tokenizer's mask token, else the folder's ``config.json`` ``mask_token_id`` (Dream, LLaDA), else
+        ``mask_id`` of ``dllm.json`` (set at load)."""
         tid = self.tokenizer.mask_token_id
         return int(self.shape["mask_id"]) if tid is None else tid
 
     # ---------------------------------------------------------------- loading
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
-        """``model``: ``repeat`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a folder
-        written by :meth:`save` (a ``transformers`` masked LM with a tokenizer that has an eos token, and
-        ``dllm.json``: ``gen_length``, ``block_length``, ``steps``; optional ``mask_id`` when the tokenizer declares
-        no mask token, and ``trust_remote_code: true`` to load the folder's own model class through ``AutoModel``,
-        as LLaDA ships; untested with a real dLLM, docs/dllm.md)."""
+        """``model``: ``repeat`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a folder: a
+        ``transformers`` masked LM (``AutoModelForMaskedLM``) or, with ``dllm_trust_remote_code`` (or dllm.json
+        ``trust_remote_code``), the folder's own class through ``AutoModel`` (LLaDA's ``LLaDAModelLM``, Dream's
+        ``DreamModel``); a tokenizer with an eos token. What the folder says itself is read from it
+        (:func:`folder_settings`); ``dllm.json`` is needed only for what it cannot say (docs/dllm.md)."""
         import inspect
 
         from transformers import AutoModel, AutoModelForMaskedLM, AutoTokenizer
@@ -135,18 +201,15 @@ class MaskedDiffusionLM(PolicyBase):
         if self.model_name in BUILT_IN:
             path = dlm_model_path(log=log)
         else:
-            path = saved_folder(self.model_name, "masked_diffusion_lm", ("config.json", "dllm.json"),
-                                "'repeat' (the built-in tiny model) or a folder it saved (config.json + "
-                                "safetensors, a tokenizer, dllm.json)")
-        self.shape = json.loads((Path(path) / "dllm.json").read_text())
-        remote = bool(self.shape.get("trust_remote_code", False))
+            path = saved_folder(self.model_name, "masked_diffusion_lm", ("config.json",),
+                                "'repeat' (the built-in tiny model) or a folder (config.json + safetensors, a "
+                                "tokenizer; dllm.json where the folder cannot say the sampler's shape)")
+        remote, self.shape, self.shift_logits = folder_settings(Path(path), self.wanted, self.trust_remote_code,
+                                                                self.shift_setting)
         self.tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=remote)
-        if (self.tokenizer.mask_token_id is None and "mask_id" not in self.shape) or self.tokenizer.eos_token_id is None:
-            raise ConfigError(f"model: the tokenizer in {path} needs an eos token and a mask token (or dllm.json "
-                              f"'mask_id')")
-        for k, v in self.wanted.items():
-            if v:
-                self.shape[k] = int(v)
+        if self.tokenizer.mask_token_id is None and "mask_id" not in self.shape or self.tokenizer.eos_token_id is None:
+            raise ConfigError(f"model: the tokenizer in {path} needs an eos token and a mask token (or config.json "
+                              f"'mask_token_id', or dllm.json 'mask_id')")
         schedule(self.shape["gen_length"], self.shape["block_length"], self.shape["steps"])  # validates
         cls = AutoModel if remote else AutoModelForMaskedLM
         module = cls.from_pretrained(path, torch_dtype=torch.float32, trust_remote_code=remote).eval()
@@ -162,14 +225,17 @@ class MaskedDiffusionLM(PolicyBase):
     # ---------------------------------------------------------------- acting
     def logits_fn(self, module):
         """``(ids, attn) -> logits`` with positions counted over real tokens (left padding moves none) when the
-        model's forward takes ``position_ids``."""
+        model's forward takes ``position_ids``; moved right by one (:func:`shifted`) for a Dream-style model."""
         dev = next(module.parameters()).device
         takes = self.takes_positions
+
+        shift = self.shift_logits
 
         def fn(ids, attn):
             ids, attn = ids.to(dev), attn.to(dev)
             kw = {"position_ids": position_ids(attn)} if takes else {}
-            return module(input_ids=ids, attention_mask=attn, **kw).logits.cpu()
+            logits = module(input_ids=ids, attention_mask=attn, **kw).logits.cpu()
+            return shifted(logits) if shift else logits
         return fn
 
     def estimate(self, module, prompt_ids, prompt_mask, row_data, width: int | None = None) -> torch.Tensor:

@@ -37,11 +37,21 @@ def denoise(logits_fn, prompt: torch.Tensor, prompt_attn: torch.Tensor, *, gen_l
     ``steps / blocks`` steps each, :func:`transfer_counts` tokens per step): logits = the model on the current
     sequence; a candidate x̂_k = argmax(logits_k + τ·G_k) per masked position (G Gumbel(0, 1) from ``generator``;
     τ = 0: argmax, LLaDA's ``add_gumbel_noise`` is the same argmax); confidence c_k = softmax(logits_k)[x̂_k]
-    (temperature-free, LLaDA's ``low_confidence``), −∞ outside block b and at unmasked positions; the ``count``
-    positions of highest confidence take their candidates (ties: the lower position). ``step_map[i, k]`` = the
-    global step at which token k of row i was unmasked; ``logp[i, k]`` = log softmax(logits_k / τ)[x̂_k] at that
-    step (τ = 0: of the logits; the log-probability of the drawn token given the state, not of the choice of
-    position).
+    (temperature-free, LLaDA's ``low_confidence``), −∞ at unmasked positions and after block b; the ``count``
+    positions of highest confidence take their candidates (ties: the lower position). A candidate may be the
+    mask token itself: the position then stays masked and, as in LLaDA's ``generate`` (which sets −∞ only after
+    the current block, ``x0_p[:, prompt_len + (num_block + 1) * block_length:] = -inf``, and recomputes
+    ``mask_index = (x == mask_id)`` at every step), stays eligible at the later steps of its block and in every
+    later block, so a later step can fill it. Only a mask proposed in the last block can remain in the
+    completion (LLaDA returns it too), and then one position of that block may have no recorded step (−1): the
+    block's transfers were spent on the re-masked position. ``step_map[i, k]`` = the global step at which token
+    k of row i last took a candidate; ``logp[i, k]`` = log softmax(logits_k / τ)[x̂_k] at that step (τ = 0: of
+    the logits; the log-probability of the drawn token given the state, not of the choice of position).
+
+    Provenance: authors' code — https://github.com/ML-GSAI/LLaDA, generate.py (``generate``,
+    ``get_num_transfer_tokens``, ``add_gumbel_noise``); rows are left-padded and batched with an attention mask
+    (LLaDA's ``generate`` takes one unpadded prompt). Test:
+    tests/test_dllm.py::test_a_masked_proposal_stays_eligible_in_later_blocks_as_in_llada.
     """
     R, P = prompt.shape
     L = gen_length
@@ -61,9 +71,8 @@ def denoise(logits_fn, prompt: torch.Tensor, prompt_attn: torch.Tensor, *, gen_l
             lp = torch.log_softmax(logits, -1)
         conf = torch.softmax(logits, -1).gather(-1, cand[..., None]).squeeze(-1)
         masked = x[:, P:] == mask_id
-        inside = torch.zeros(L, dtype=torch.bool)
-        inside[b * block_length:(b + 1) * block_length] = True
-        conf = torch.where(masked & inside, conf, torch.tensor(-float("inf")))
+        upto = torch.arange(L) < (b + 1) * block_length  # block b and the blocks before it (LLaDA's -inf after)
+        conf = torch.where(masked & upto, conf, torch.tensor(-float("inf")))
         # top-k by confidence, ties broken towards the lower position (a stable sort)
         order = torch.sort(conf, dim=-1, descending=True, stable=True).indices[:, :count]
         x[rows[:, None], P + order] = cand.gather(-1, order)
