@@ -38,9 +38,9 @@ def shifted(logits: torch.Tensor) -> torch.Tensor:
     position i, so the logits for position i are the model's at i-1, the first position keeping its own:
     ``cat([logits[:, :1], logits[:, :-1]], 1)``.
 
-    Provenance: authors' code — https://github.com/DreamLM/Dream (Dream-org), the model folder's
-    generation_utils.py (``DreamGenerationMixin._sample``: ``logits = torch.cat([logits[:,:1], logits[:, :-1]],
-    dim=1)`` before reading the masked positions). Test:
+    Provenance: authors' code — Dream's model folder (Dream-org/Dream-v0-Instruct-7B, the remote code its
+    authors ship), generation_utils.py (``DreamGenerationMixin._sample``: ``logits = torch.cat([logits[:,:1],
+    logits[:, :-1]], dim=1)`` before reading the masked positions; read in a copy of that file). Test:
     tests/test_dllm.py::test_a_dream_style_folder_reads_shifted_logits_without_dllm_json.
     """
     return torch.cat([logits[:, :1], logits[:, :-1]], 1)
