@@ -21,6 +21,7 @@ import torch
 
 from ..errors import ConfigError, warn_fallback
 from ..registry import SAMPLERS
+from .uniform import require_rows
 from ..registry import param
 
 
@@ -115,8 +116,7 @@ class VADESampler:
                  vade_visit_decay: float = param(0.5, "VADE: fast decay of a revisited prompt's old evidence before "
                                                  'the new'),
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if vade_prior_alpha <= 0 or vade_prior_beta <= 0:
             raise ValueError("vade_prior_alpha and vade_prior_beta must be > 0")
         for name, v in (("vade_step_decay", vade_step_decay), ("vade_visit_decay", vade_visit_decay)):
@@ -237,8 +237,7 @@ class VASSampler:
                  vas_init_score: float = param(0.25, 'VAS: VPS of prompts never rolled out'),
                  vas_min_score: float = param(0.001, 'VAS: floor added to every VPS weight'),
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if not 0.0 <= vas_mix <= 1.0:
             raise ValueError(f"vas_mix must be in [0, 1], got {vas_mix}")
         if vas_update_interval < 1:
@@ -340,8 +339,7 @@ class SRPOHistorySampler:
     def __init__(self, num_rows: int, seed: int = 0, *,
                  srpo_drop_permanently: bool = SRPO_DROP_PERMANENTLY,
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         self.num_rows = num_rows
         self.threshold, self.permanent = float(success_threshold), bool(srpo_drop_permanently)
         self.generator = torch.Generator().manual_seed(seed)
@@ -535,8 +533,7 @@ class PromptGDROSampler:
                  gdro_eta: float = param(1.0, 'Prompt-GDRO: multiplicative-weights step size'),
                  gdro_gamma: float = param(0.1, 'Prompt-GDRO: uniform exploration mixed into the bin distribution'),
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         edges = [0.25, 0.5, 0.75] if gdro_bin_edges is None else [float(e) for e in gdro_bin_edges]
         if any(b <= a for a, b in zip(edges, edges[1:])) or any(not 0 < e < 1 for e in edges):
             raise ValueError(f"gdro_bin_edges must be ascending values in (0, 1), got {edges}")

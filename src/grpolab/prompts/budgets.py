@@ -33,7 +33,7 @@ from ..data import tokenize_prompts
 from ..errors import ConfigError, warn_fallback
 from ..model.hf import model_device
 from ..registry import SAMPLERS
-from .uniform import UniformSampler
+from .uniform import UniformSampler, require_rows
 from .adaptive import PromptGDROSampler, _check_rows, _take_without_replacement, prompt_outcomes
 from ..registry import param
 
@@ -331,8 +331,7 @@ class GainRLSampler:
                                                     'policy every N steps (0 = once, at the start)'),
                  gain_rl_batch_size: int = param(32, 'GAIN-RL: prompts per forward when computing angle concentration'),
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if gain_rl_sigma <= 0 or gain_rl_max_shift < 0 or gain_rl_update_steps < 1 or gain_rl_refresh_steps < 0:
             raise ValueError("need gain_rl_sigma > 0, gain_rl_max_shift >= 0, gain_rl_update_steps >= 1, "
                              "gain_rl_refresh_steps >= 0")
@@ -466,8 +465,7 @@ class AutoGroupSampler:
                                                          'rolled out'),
                  auto_group_regroup_steps: int = param(1, 'auto_group: steps between re-partitions of the prompts'),
                  success_threshold: float = 1.0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if not 1 <= auto_group_num_groups <= num_rows:
             raise ValueError(f"auto_group_num_groups must be in [1, {num_rows}] (number of prompts)")
         if not 0 <= auto_group_gamma <= 1 or not 0 <= auto_group_ema < 1 or auto_group_regroup_steps < 1:

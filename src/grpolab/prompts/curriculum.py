@@ -6,6 +6,7 @@ import math
 import torch
 
 from ..registry import SAMPLERS, param
+from .uniform import require_rows
 
 
 def _check_curriculum(cfg) -> None:
@@ -64,8 +65,7 @@ class DifficultyCurriculumSampler:
                                                  "unlocked at step 0"),
                  curriculum_steps: int = param(40, "difficulty_curriculum: steps after which every row is "
                                                "unlocked (linear pacing; 0 = all from the start)")):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if rows is None or len(rows) != num_rows:
             raise ValueError("difficulty_curriculum: needs the data rows (their difficulty column)")
         missing = next((i for i, r in enumerate(rows) if r.get(curriculum_column) is None), None)

@@ -5,6 +5,7 @@ import torch
 
 from ..algorithms.adv_shaping import SPOValueTracker
 from ..registry import SAMPLERS, param
+from .uniform import require_rows
 
 
 @SAMPLERS.register("spo_prioritized")
@@ -60,8 +61,7 @@ class SPOPrioritizedSampler:
                                                    'sqrt(v (1 - v)) + epsilon'),
                  spo_candidate_pool: int = param(0, 'SPO sampler: candidates per step, taken in shuffled epoch '
                                                  'order before the weighted draw (0 = every prompt)')):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         if spo_sample_epsilon < 0:
             raise ValueError(f"spo_sample_epsilon: must be >= 0, got {spo_sample_epsilon}")
         if spo_candidate_pool < 0:

@@ -6,6 +6,11 @@ import torch
 from ..registry import SAMPLERS
 
 
+def require_rows(num_rows: int) -> None:
+    """The check every prompt sampler makes first: a ValueError unless the data has at least one row."""
+    if num_rows < 1:
+        raise ValueError("the prompt sampler needs at least one data row")
+
 
 @SAMPLERS.register("uniform")
 class UniformSampler:
@@ -21,8 +26,7 @@ class UniformSampler:
     """
 
     def __init__(self, num_rows: int, seed: int = 0):
-        if num_rows < 1:
-            raise ValueError("the prompt sampler needs at least one data row")
+        require_rows(num_rows)
         self.num_rows = num_rows
         self.generator = torch.Generator().manual_seed(seed)
         self.order: list[int] = []
