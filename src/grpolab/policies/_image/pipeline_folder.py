@@ -77,6 +77,12 @@ def refuse_class(policy: str, path, found: str | None, supported: dict[str, str]
 
 
 def _link_or_copy(src, dst) -> None:
+    """``dst`` as a hard link to ``src`` (else a copy); a ``dst`` already there (a final folder written again: a
+    resumed or extended run) is kept when it is that file, else replaced."""
+    if os.path.exists(dst) and os.path.samefile(src, dst):
+        return
+    if os.path.lexists(dst):
+        os.remove(dst)
     try:
         os.link(os.path.realpath(src), dst)
     except OSError:

@@ -2,18 +2,18 @@
 a Gaussian log-prob: DDPO's construction; one step of the ``[rows, steps]`` layout is one DDIM step t → t'."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import torch
 
 from ...config import ConfigError
-from ...generation.sampling import completion_counts, per_row
+from ...generation.sampling import completion_counts
 from .._image import sde
 from ...registry import POLICIES, declared_params, param
-from ..base import PolicyBase, held_out_seed, save_pretrained_folder, saved_folder
-from .._image.flow import (BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy, condition_of,
-                            gaussian_step_outputs, pack_images, row_noise)
+from ..base import PolicyBase, held_out_seed
+from .._image.flow import (LM_LORA_TARGETS, FlowMatchingPolicy, check_image_policy, gaussian_step_outputs,
+                           pack_images, row_noise)
+from .pipelines import load_denoiser
 
 #: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
 GUIDANCE_SCALE = declared_params(FlowMatchingPolicy)["guidance_scale"]
@@ -24,8 +24,16 @@ STEP_NOISE_OFFSET = 1_000_003
 
 @POLICIES.register("ddpm", check=check_image_policy)
 class DDPMPolicy(PolicyBase):
-    """A class-conditional DDPM image model (a ``diffusers`` ``UNet2DModel`` predicting ε) sampled by DDIM with
-    η > 0, so every denoising step is a Gaussian and GRPO's per-step ratios exist (DDPO's construction).
+    """A DDPM image model (a ``diffusers`` UNet predicting ε, or v / x₀ as its scheduler says) sampled by DDIM
+    with η > 0, so every denoising step is a Gaussian and GRPO's per-step ratios exist (DDPO's construction).
+
+    Models (``pipelines.py``): the built-in class-conditional digits ``UNet2DModel``; a user's ``UNet2DModel``
+    folder or ``DDPMPipeline`` folder, unconditional (the rows' prompt / label ignored) or class-conditional;
+    a ``StableDiffusionPipeline`` (SD 1.x / 2.x) or ``StableDiffusionXLPipeline`` folder, whose
+    ``UNet2DConditionModel`` in latent space is the trained module, text prompts encoded by the pipeline's frozen
+    text encoder(s) once per sampling call into ``row_data``, images the frozen VAE's decoding. The UNet is the
+    only module the optimiser, DDP and checkpoints see (tested on tiny random pipelines:
+    tests/test_ddpm_pipelines.py).
 
     Schedule: ``DDIMScheduler.from_config`` of the model's saved scheduler config (a ``DDPMScheduler``'s, as
     DDPO builds its DDIM scheduler from the pipeline's), ``set_timesteps(ddpm_steps)``: timesteps t_0 > t_1 > ...
@@ -34,7 +42,9 @@ class DDPMPolicy(PolicyBase):
     has 1, and with 0 the last step starts at t = 0, where ᾱ_t = ᾱ_{t'} (t' is clamped to 0) makes σ_t = 0: a
     step without a density, no log-prob, a division by 0 in the KL. So T = 10 on N = 1000 gives t = 901, 801,
     ..., 1. With ᾱ = ``alphas_cumprod``, ε̂ = ε_θ(x_j, t_j, c) (with ``guidance_scale`` w != 1:
-    ε̂ = ε_u + w·(ε_c − ε_u), ε_u under the unconditional label, the last class embedding), step j is
+    ε̂ = ε_u + w·(ε_c − ε_u), ε_u under the empty prompt's embeds for a pipeline, as DDPO; SDXL: zeros, its
+    ``force_zeros_for_empty_prompt``; under the unconditional class for a class-conditional UNet: the digits
+    model's 10, a saved folder's record, else ``ddpm_unconditional_class``, never guessed), step j is
     ``policies/_image/sde.py::ddim_step``:
 
     - x̂₀ = (x_j − √(1−ᾱ_t)·ε̂)/√ᾱ_t (``sample`` and ``v_prediction`` configs converted as in the code), clipped
@@ -58,8 +68,11 @@ class DDPMPolicy(PolicyBase):
     ᾱ[0] ≈ 0.9999 where diffusers' ``DDIMScheduler.step`` uses 1). Why the training η by default [measured,
     digits model, held-out confidence of the asked class]: η = 1 samples score 0.770 (200 rows), η = 0 samples
     0.594 (50 rows), and RL trains the former.
-    Images are the last x clipped to [−1, 1] and
-    mapped to [0, 1]; reward functions receive them as float32 NumPy ``[H, W, C]``.
+    The initial noise is scaled by the scheduler's ``init_noise_sigma`` as the pipelines' ``prepare_latents``
+    (DDIM: 1). Images are the last x clipped to [−1, 1] and mapped to [0, 1] (a pipeline: the VAE's decoding of
+    x / ``scaling_factor``, (x/2 + 0.5).clamp(0, 1)); reward functions receive them as float32 NumPy
+    ``[H, W, C]``. ``use_lora``: PEFT adapters on the UNet (:meth:`prepare`); the final folder then also holds
+    them in the model's library's format (:meth:`save_adapters`).
 
     The forward runs in float32 whatever the run's ``dtype``. ``temperature`` does not apply (the noise level
     is η).
@@ -93,7 +106,13 @@ class DDPMPolicy(PolicyBase):
                                                      "ddpm_eta (the sampler RL trains; every step's noise drawn "
                                                      "from the row's noise_seed, the same before and after); 0 = "
                                                      "deterministic DDIM"),
-                 guidance_scale: float = GUIDANCE_SCALE):
+                 guidance_scale: float = GUIDANCE_SCALE,
+                 ddpm_unconditional_class: int | None = param(None, "the class of a class-conditional UNet2DModel "
+                                                              "that guidance (guidance_scale != 1) uses as "
+                                                              "unconditional: null = the model's own record (the "
+                                                              "built-in digits model: 10; a folder this policy "
+                                                              "saved), else guidance is refused"),
+                 use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
         if ddpm_steps < 1 or ddpm_eval_steps < 1:
             raise ConfigError(f"ddpm_steps / ddpm_eval_steps: at least 1 denoising step, got {ddpm_steps} / "
                               f"{ddpm_eval_steps}")
@@ -106,29 +125,36 @@ class DDPMPolicy(PolicyBase):
         self.eta, self.w = float(ddpm_eta), float(guidance_scale)
         self.eval_eta = self.eta if ddpm_eval_eta is None else float(ddpm_eval_eta)
         self.shape: tuple = (1, 8, 8)
-        self.uncond = 10
+        self.unconditional_class = None if ddpm_unconditional_class is None else int(ddpm_unconditional_class)
         self.scheduler_config: dict = {}
+        self.init_noise_sigma = 1.0
+        self.net = None  #: the loaded denoiser (pipelines.py): conditions, the UNet call, decoding, saving
+        self.lora = (int(lora_r), int(lora_alpha), list(lora_target_modules or LM_LORA_TARGETS)) if use_lora else None
 
     # ---------------------------------------------------------------- loading
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
-        """``model``: ``digits`` (the built-in tiny DDPM, pre-trained on first use and cached) or a folder holding
+        """``model``: ``digits`` (the built-in tiny DDPM, pre-trained on first use and cached), a folder holding
         a ``diffusers`` ``UNet2DModel`` predicting noise and its ``scheduler_config.json`` (what :meth:`save`
-        writes)."""
-        from diffusers import DDIMScheduler, UNet2DModel
+        writes), or a diffusers pipeline folder (``model_index.json``: ``StableDiffusionPipeline``,
+        ``StableDiffusionXLPipeline``, ``DDPMPipeline``; ``pipelines.py``)."""
+        self.net = load_denoiser(self.model_name, cfg, rows, eval_rows, guidance_scale=self.w,
+                                 unconditional_class=self.unconditional_class, log=log)
+        self._set_scheduler(self.net.scheduler_config)
+        self.shape = self.net.shape
+        return self.net.module
 
-        if self.model_name in BUILT_IN:
-            from .._image.digits import digits_model_path
-            path = digits_model_path("ddpm", log=log)
-        else:
-            path = saved_folder(self.model_name, "ddpm", ("config.json", "scheduler_config.json"),
-                                "'digits' (the built-in tiny model) or a folder with a diffusers UNet2DModel "
-                                "(config.json + safetensors) and its DDPM/DDIM scheduler (scheduler_config.json)")
-        module = UNet2DModel.from_pretrained(path, torch_dtype=torch.float32).eval()
-        self._set_scheduler(dict(DDIMScheduler.load_config(path)))
-        c = module.config
-        self.shape = (c.in_channels, c.sample_size, c.sample_size)
-        self.uncond = check_class_rows(module, rows, eval_rows)  # the last embedding is the unconditional label
-        return module.float()
+    def prepare(self, module):
+        """LoRA adapters (PEFT, ``use_lora``) on the UNet; ``lora_target_modules`` left at the causal LM's
+        default means a Stable Diffusion UNet's attention projections ``to_q/to_k/to_v/to_out.0`` (ddpo-pytorch's
+        LoRA layers) or a pixel UNet2DModel's ``to_q/to_k/to_v/to_out.0/conv1/conv2``."""
+        if self.lora is None:
+            return module
+        from peft import LoraConfig, get_peft_model
+        r, alpha, targets = self.lora
+        if targets == LM_LORA_TARGETS:
+            targets = self.net.lora_targets
+        return get_peft_model(module, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
+                                                 init_lora_weights="gaussian"))
 
     def _set_scheduler(self, config: dict) -> None:
         from diffusers import DDIMScheduler
@@ -141,6 +167,7 @@ class DDPMPolicy(PolicyBase):
         sched = DDIMScheduler.from_config(config, steps_offset=offset)
         n = int(sched.config.num_train_timesteps)
         self.alphas_cumprod = sched.alphas_cumprod.float()
+        self.init_noise_sigma = float(sched.init_noise_sigma)  # the pipelines' prepare_latents scale (DDIM: 1)
         self.clip, self.clip_range = bool(sched.config.clip_sample), float(sched.config.clip_sample_range)
         self.prediction_type = sched.config.prediction_type
         self.timesteps, self.eval_timesteps = [], []
@@ -156,23 +183,23 @@ class DDPMPolicy(PolicyBase):
                                   f"and timestep_spacing give {[t for t, _ in into]}")
 
     def save(self, module, path) -> None:
-        """``save_pretrained`` (config.json + diffusion_pytorch_model.safetensors) and the scheduler config the
-        model was loaded with (scheduler_config.json): ``--model PATH`` loads it."""
-        path = save_pretrained_folder(module, path)
-        (path / "scheduler_config.json").write_text(json.dumps(self.scheduler_config, indent=2, sort_keys=True) + "\n")
+        """What ``--model PATH`` loads again: a bare ``UNet2DModel`` (the digits model, a model folder) as
+        ``save_pretrained`` (config.json + diffusion_pytorch_model.safetensors) and the scheduler config it was
+        loaded with (scheduler_config.json), plus the unconditional class it guided with (``grpolab_ddpm.json``,
+        a class-conditional model); a pipeline as the user's pipeline folder with ``unet/`` replaced
+        (``policies/_image/pipeline_folder.py::save_pipeline``), which its diffusers class loads."""
+        self.net.save(module, path)
+
+    def save_adapters(self, module, path) -> None:
+        """A LoRA run's adapters beside the merged model: a pipeline's ``pytorch_lora_weights.safetensors``
+        (``pipe.load_lora_weights(path)``), a bare UNet2DModel's PEFT folder ``path/adapter``."""
+        self.net.save_adapters(module, path)
 
     # ---------------------------------------------------------------- acting
-    def epsilon(self, module, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def epsilon(self, module, x: torch.Tensor, t: torch.Tensor, cond) -> torch.Tensor:
         """ε_θ(x, t, c) for rows of x (integer timestep per row), float32, with classifier-free guidance when
-        w != 1."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            t = t.long().to(x.device)
-            if self.w == 1.0:
-                return module(x.float(), t, class_labels=labels).sample.float()
-            both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
-                          class_labels=torch.cat([labels, torch.full_like(labels, self.uncond)])).sample.float()
-            cond, unc = both.chunk(2)
-            return unc + self.w * (cond - unc)
+        w != 1; ``cond``: class labels [R], a pipeline's text embeds (dict) or None (an unconditional UNet)."""
+        return self.net.eps(module, x, t, cond, self.w)
 
     def _step(self, x, eps, t, t_prev, eta, **kw) -> sde.SDEStep:
         return sde.ddim_step(x, eps, t, t_prev, self.alphas_cumprod, eta, clip_sample=self.clip,
@@ -187,22 +214,22 @@ class DDPMPolicy(PolicyBase):
             raise RuntimeError("policy ddpm: load() the model before sampling (it reads the scheduler config)")
         counts = completion_counts(num_generations, len(rows))
         device = next(module.parameters()).device
-        labels = torch.tensor(per_row([condition_of(r) for r in rows], counts), device=device)
+        labels, cond, extra = self.net.conditions(rows, uids, counts, device)  # text: each prompt encoded once
         x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
-                      same_in_group=False).to(device)
+                      same_in_group=False).to(device) * self.init_noise_sigma
         R = len(x)
         if evaluation:
             z = self.eval_noise(rows, uids, counts).to(device)  # [R, T_eval, *shape]
             for j, (t, t_prev) in enumerate(self.eval_timesteps):
                 tt = torch.full((R,), t, device=device)
-                x = self._step(x, self.epsilon(module, x, tt, labels), t, t_prev, self.eval_eta,
+                x = self._step(x, self.epsilon(module, x, tt, cond), t, t_prev, self.eval_eta,
                                noise=z[:, j]).x_next
-            return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2,
-                               logprobs=torch.zeros(R, 1), group_offset=group_offset)
+            return pack_images(rows, uids, counts, labels, self.net.decode(x), logprobs=torch.zeros(R, 1),
+                               group_offset=group_offset, row_extra=extra)
         xs, nexts, lps = [], [], []
         for t, t_prev in self.timesteps:
             tt = torch.full((R,), t, device=device)
-            out = self._step(x, self.epsilon(module, x, tt, labels), t, t_prev, self.eta, generator=generator)
+            out = self._step(x, self.epsilon(module, x, tt, cond), t, t_prev, self.eta, generator=generator)
             xs.append(x)
             nexts.append(out.x_next)
             lps.append(out.logprob)
@@ -210,8 +237,8 @@ class DDPMPolicy(PolicyBase):
         ts = torch.tensor(self.timesteps, dtype=torch.long)  # [T, 2]
         step_data = {"x": torch.stack(xs, 1), "x_next": torch.stack(nexts, 1),
                      "t": ts[:, 0].expand(R, self.T).clone(), "t_prev": ts[:, 1].expand(R, self.T).clone()}
-        return pack_images(rows, uids, counts, labels, (x.clamp(-1, 1) + 1) / 2, logprobs=torch.stack(lps, 1),
-                           group_offset=group_offset, step_data=step_data)
+        return pack_images(rows, uids, counts, labels, self.net.decode(x), logprobs=torch.stack(lps, 1),
+                           group_offset=group_offset, step_data=step_data, row_extra=extra)
 
     def eval_noise(self, rows, uids, counts) -> torch.Tensor:
         """The step noises ``[R, ddpm_eval_steps, *shape]`` of a held-out sample: zeros when ``ddpm_eval_eta`` is
@@ -240,7 +267,7 @@ class DDPMPolicy(PolicyBase):
         x = mb.step_data["x"][rows, cols].to(device)
         t = mb.step_data["t"][rows, cols].to(device)
         with torch.set_grad_enabled(grad):
-            eps = self.epsilon(module, x, t, mb.row_data["cond"][rows].to(device))
+            eps = self.epsilon(module, x, t, self.net.row_condition(mb.row_data, rows, device))
             out = self._step(x, eps, t, mb.step_data["t_prev"][rows, cols].to(device), self.eta,
                              x_next=mb.step_data["x_next"][rows, cols].to(device))
             return gaussian_step_outputs(R, T, rows, cols, out, want)
