@@ -162,7 +162,8 @@ class RolloutBatch:
     def concat(batches: list["RolloutBatch"], pad_id: int = 0) -> "RolloutBatch":
         """Stack batches row-wise; prompts are left-padded and completions
         right-padded to the widest batch (``step_data`` too, with 0; ``row_data``
-        is stacked). Every batch must have the same ``step_data`` and ``row_data``
+        is stacked, zero-padded to the widest in each trailing dimension where the batches differ: a VLM's
+        per-row picture tensors, whose layouts read zeros as no picture). Every batch must have the same ``step_data`` and ``row_data``
         keys."""
         if len(batches) == 1:
             return batches[0]
@@ -195,7 +196,7 @@ class RolloutBatch:
             elif f.name == "step_data":
                 out[f.name] = {k: torch.cat([pad(v[k], T, False, 0) for v in vals]) for k in vals[0]}
             elif f.name == "row_data":
-                out[f.name] = {k: torch.cat([v[k] for v in vals]) for k in vals[0]}
+                out[f.name] = {k: _cat_padded([v[k] for v in vals]) for k in vals[0]}
             elif f.name == "token_weights" and any(v is not None for v in vals):
                 out[f.name] = torch.cat([pad(v if v is not None else torch.ones(b.completion_ids.shape), T, False, 0)
                                          for v, b in zip(vals, batches)])
@@ -253,3 +254,16 @@ class RolloutBatch:
                 bounds.append((start, n))
         chunks = [self.select(list(range(a, b))) for a, b in bounds]
         return [c.trim() for c in chunks] if trim else chunks
+
+
+def _cat_padded(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat`` along dim 0, each part zero-padded at the end of every trailing dimension to the widest."""
+    shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].dim())]
+    if all(list(p.shape[1:]) == shape for p in parts):
+        return torch.cat(parts)
+    out = []
+    for p in parts:
+        q = p.new_zeros((p.shape[0], *shape))
+        q[(slice(None), *(slice(0, n) for n in p.shape[1:]))] = p
+        out.append(q)
+    return torch.cat(out)

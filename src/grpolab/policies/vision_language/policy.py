@@ -89,6 +89,8 @@ class VisionLanguagePolicy(PolicyBase):
         self.float32_only = model in BUILT_IN  # a loaded folder runs in the run's dtype (bf16 on a GPU)
         self.pretrain_steps = int(vlm_pretrain_steps)
         self.image_token_id: int | None = None
+        from .layouts import LAYOUTS
+        self.layout = LAYOUTS["stacked"]  # the built-in tiny LLaVA's; load() sets the folder's
 
     @property
     def pad_id(self) -> int:
@@ -98,11 +100,17 @@ class VisionLanguagePolicy(PolicyBase):
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``tiny`` (pre-trained on the run's task on first use, cached) or a model folder with its
         processor."""
-        from transformers import AutoModelForImageTextToText, AutoProcessor
+        from transformers import AutoModelForImageTextToText
 
+        from .layouts import LAYOUTS, layout_for, load_processor
         from .scenes import row_images
         from .tiny import vlm_model_path
 
+        if self.model_name not in BUILT_IN and not (Path(self.model_name) / "config.json").exists():
+            raise ConfigError(f"model: policy vision_language loads 'tiny' (the built-in tiny VLM) or a model "
+                              f"folder with its processor; {self.model_name} has no config.json")
+        self.layout = LAYOUTS["stacked"] if self.model_name in BUILT_IN else layout_for(
+            _folder_config(Path(self.model_name)))
         counts = set()
         for where, part in (("train", rows), ("held-out", eval_rows)):
             for i, row in enumerate(part[:200]):
@@ -110,7 +118,7 @@ class VisionLanguagePolicy(PolicyBase):
                     counts.add(len(row_images(row, f"{where} row {i}")))
                 except ValueError as e:
                     raise ConfigError(str(e)) from None
-        if len(counts) > 1:
+        if len(counts) > 1 and self.layout.same_count:
             raise ConfigError(f"data: every row must show the same number of pictures (LLaVA stacks them); the rows "
                               f"show {sorted(counts)}")
         if self.model_name in BUILT_IN:
@@ -123,10 +131,7 @@ class VisionLanguagePolicy(PolicyBase):
             path = vlm_model_path(task, self.pretrain_steps, log=log)
         else:
             path = Path(self.model_name)
-            if not (path / "config.json").exists():
-                raise ConfigError(f"model: policy vision_language loads 'tiny' (the built-in tiny VLM) or a model "
-                                  f"folder with its processor; {path} has no config.json")
-        self.processor = AutoProcessor.from_pretrained(path)
+        self.processor = load_processor(path)
         self.tokenizer = getattr(self.processor, "tokenizer", None)
         if self.tokenizer is None:
             raise ConfigError(f"model: {path} has no processor with a tokenizer (policy vision_language needs an "
@@ -135,6 +140,7 @@ class VisionLanguagePolicy(PolicyBase):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         module.config.use_cache = True
+        self.layout = layout_for(module.config)
         image_token = getattr(module.config, "image_token_id", None)
         self.image_token_id = getattr(module.config, "image_token_index", None) if image_token is None else image_token
         return module
@@ -145,45 +151,46 @@ class VisionLanguagePolicy(PolicyBase):
 
     # ---------------------------------------------------------------- acting
     def _encode(self, rows):
-        from .prompts import encode_prompts, pictures_tensor
+        """``(input_ids, attention_mask, row data)``: the prompts with their image tokens and each row's picture
+        tensors in the model family's layout (``policies/vision_language/layouts.py``)."""
+        from .prompts import encode_prompts
+        layout = self.layout
         try:
-            enc = encode_prompts(self.processor, rows, self.max_prompt_length)
+            enc = encode_prompts(self.processor, rows, self.max_prompt_length, same_count=layout.same_count,
+                                 nested=layout.name == "split")
+            data = layout.row_data(enc["outputs"], len(rows), self.image_token_id)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-        pv = enc["pixel_values"]
-        if pv.dim() != 4:
-            raise ConfigError(f"model: the processor returns pixel_values of shape {tuple(pv.shape)}; policy "
-                              f"vision_language handles processors that return one [3, H, W] tensor per picture "
-                              f"(LLaVA family), not flattened patches (Qwen2-VL)")
-        return enc["input_ids"], enc["attention_mask"], pictures_tensor(pv, len(rows))
+        return enc["input_ids"], enc["attention_mask"], data
 
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
         """Up to ``max_completion_length`` tokens per action with a KV cache (class docstring)."""
         from ...batch import RolloutBatch
-        from .tiny import positions
 
         if self.processor is None:
             raise RuntimeError("policy vision_language: load() the model before sampling")
         counts = completion_counts(num_generations, len(rows))
         R = sum(counts)
         device = next(module.parameters()).device
-        ids_u, am_u, pv_u = self._encode(rows)
+        ids_u, am_u, data_u = self._encode(rows)
         index = repeat_rows(torch.arange(len(rows)), counts)  # action i continues row index[i]
-        ids, am, pv = ids_u[index], am_u[index], pv_u[index]
+        ids, am, data = ids_u[index], am_u[index], {k: v[index] for k, v in data_u.items()}
         temps = row_temperatures(temperature if temperature is not None else self.temperature, counts)
         greedy, uniforms, T = temps <= 0, None, self.max_completion_length
         if evaluation and self.eval_sampling == "seeded":  # each row's uniforms from its own seed: its draws do not
             seeds = [int(r["scene_seed"]) if r.get("scene_seed") is not None else int(u)  # depend on the batch
                      for r, u in zip(rows, uids)]
             temps, greedy, uniforms = seeded_draws(seeds, counts, T, self.temperature)
-        am_u = am_u.to(device)  # the prompts run once per row; each of its actions continues its cache entry
-        o = module(input_ids=ids_u.to(device), attention_mask=am_u, position_ids=positions(am_u),
-                   pixel_values=pv_u.flatten(0, 1).to(device), use_cache=True)
+        ids_u, am_u = ids_u.to(device), am_u.to(device)  # the prompts run once per row; each of its actions
+        inputs = self.layout.inputs(module, ids_u, am_u, {k: v.to(device) for k, v in data_u.items()},  # continues
+                                    self.image_token_id)                                        # its cache entry
+        o = module(input_ids=ids_u, attention_mask=am_u, use_cache=True, **inputs)
         past = o.past_key_values
         past.reorder_cache(index.to(device))
-        first, pos, am_d = self._logits(o.logits[:, -1]).cpu()[index], positions(am)[:, -1], am.to(device)
+        pos = self.layout.last_positions(inputs["position_ids"])[..., index.to(device), :]
+        first, am_d = self._logits(o.logits[:, -1]).cpu()[index], am.to(device)
         ckw = "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
         def next_logits(fed):
@@ -191,9 +198,9 @@ class VisionLanguagePolicy(PolicyBase):
             if fed is None:
                 return first
             am_d = torch.cat([am_d, torch.ones(R, 1, dtype=am_d.dtype, device=device)], 1)
-            pos = pos + 1
-            o = module(input_ids=fed[:, None].to(device), attention_mask=am_d, position_ids=pos[:, None].to(device),
-                       use_cache=True, **{ckw: past})
+            pos = self.layout.next_positions(pos)
+            o = module(input_ids=fed[:, None].to(device), attention_mask=am_d, position_ids=pos, use_cache=True,
+                       **{ckw: past})
             past = o.past_key_values
             return self._logits(o.logits[:, -1]).cpu()
 
@@ -218,7 +225,7 @@ class VisionLanguagePolicy(PolicyBase):
         return RolloutBatch(
             prompt_ids=ids, prompt_mask=am, completion_ids=out, completion_mask=cmask,
             behavior_logprobs=lps * cmask, completion_attention_mask=cmask.long(), truncated=~done,
-            columns=columns, row_data={"pixel_values": pv}, **group_identity(counts, uids, group_offset))
+            columns=columns, row_data=data, **group_identity(counts, uids, group_offset))
 
     def _logits(self, logits: torch.Tensor) -> torch.Tensor:
         """float32 logits with the image placeholder token excluded (-inf): a completion never writes one, in
@@ -242,16 +249,14 @@ class VisionLanguagePolicy(PolicyBase):
 
     def forward(self, module, mb, *, want: frozenset[str] = frozenset(), grad: bool = True) -> dict[str, Any]:
         """``logprobs`` [R, T] of ``mb``'s completion tokens: the model on prompt + completion with the pictures."""
-        from .tiny import positions
-
         device = next(module.parameters()).device
         P = mb.prompt_ids.shape[1]
         ids = torch.cat([mb.prompt_ids, mb.completion_ids], 1).to(device)
         am = torch.cat([mb.prompt_mask, torch.ones_like(mb.completion_ids)], 1).to(device)
-        pv = mb.row_data["pixel_values"]
+        data = {k: v.to(device) for k, v in mb.row_data.items() if k in _PICTURE_KEYS}
         with torch.set_grad_enabled(grad):
-            logits = module(input_ids=ids, attention_mask=am, position_ids=positions(am),
-                            pixel_values=pv.flatten(0, 1).to(device), use_cache=False).logits[:, P - 1:-1]
+            inputs = self.layout.inputs(module, ids, am, data, self.image_token_id)
+            logits = module(input_ids=ids, attention_mask=am, use_cache=False, **inputs).logits[:, P - 1:-1]
             logits = self._logits(logits)
             logp_all = torch.log_softmax(logits / max(self.temperature, 1e-6), -1)
             out = {"logprobs": logp_all.gather(-1, mb.completion_ids.to(device)[..., None])[..., 0]}
@@ -267,7 +272,7 @@ class VisionLanguagePolicy(PolicyBase):
         from ...media import grid_png, png_data_uri
 
         prompt = batch.columns.get("prompt")
-        pics = batch.row_data["pixel_values"][i].float()  # [k, 3, H, W], normalised by the processor
+        pics = self.layout.pictures(batch.row_data, i, self.processor).float()  # [k, 3, H, W], normalised
         ip = getattr(self.processor, "image_processor", None)
         mean, std = getattr(ip, "image_mean", None), getattr(ip, "image_std", None)
         if mean is not None and std is not None:  # undo (x - mean) / std
@@ -278,6 +283,18 @@ class VisionLanguagePolicy(PolicyBase):
         return {"prompt": prompt_text(prompt[i]) if prompt is not None else "",
                 "completion": str(batch.columns["completion"][i]),
                 "picture": png_data_uri(grid_png(x01, 1, len(x01), scale=4, pad=1))}
+
+
+_PICTURE_KEYS = ("pixel_values", "pixel_attention_mask", "image_grid_thw")
+
+
+def _folder_config(path: Path):
+    """A model folder's config (``AutoConfig``), for its layout before the weights load."""
+    from transformers import AutoConfig
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"model: {path}/config.json could not be read ({e})") from None
 
 
 def prompt_text(prompt) -> str:

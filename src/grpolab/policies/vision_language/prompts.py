@@ -40,28 +40,32 @@ def prompt_messages(row: dict, n_images: int, where: str = "row") -> list[dict]:
     raise ValueError(f"{where}: the prompt has no user message to put the picture in")
 
 
-def encode_prompts(processor, rows: list[dict], max_prompt_length: int = 0) -> dict:
-    """``input_ids`` / ``attention_mask`` (left-padded), ``pixel_values`` [N · k, 3, H, W] and ``images_per_row``
-    k (the same for every row: LLaVA stacks the pictures) of ``rows``, via the processor's chat template."""
+def encode_prompts(processor, rows: list[dict], max_prompt_length: int = 0, *, same_count: bool = True,
+                   nested: bool = False) -> dict:
+    """``input_ids`` / ``attention_mask`` (left-padded), ``pixel_values`` (the processor's: [N · k, 3, H, W] for
+    LLaVA), ``images_per_row`` k and ``outputs`` (every tensor the processor returned) of ``rows``, via the
+    processor's chat template. ``same_count``: every row shows the same number of pictures (LLaVA stacks them);
+    ``nested``: the pictures go to the processor as one list per row (Idefics3's processor wants that)."""
     from PIL import Image
 
     pictures = [row_images(r, f"row {i}") for i, r in enumerate(rows)]
     counts = {len(p) for p in pictures}
-    if len(counts) != 1:
+    if same_count and len(counts) != 1:
         raise ValueError(f"every row of a vision-language batch must show the same number of pictures; got "
                          f"{sorted(counts)}")
-    k = counts.pop()
-    texts = [processor.apply_chat_template(prompt_messages(r, k, f"row {i}"), add_generation_prompt=True,
-                                           tokenize=False) for i, r in enumerate(rows)]
+    k = max(counts)
+    texts = [processor.apply_chat_template(prompt_messages(r, len(pictures[i]), f"row {i}"),
+                                           add_generation_prompt=True, tokenize=False) for i, r in enumerate(rows)]
     processor.tokenizer.padding_side = "left"
-    enc = processor(text=texts, images=[Image.fromarray(a) for p in pictures for a in p], return_tensors="pt",
+    images = [[Image.fromarray(a) for a in p] for p in pictures]
+    enc = processor(text=texts, images=images if nested else [im for p in images for im in p], return_tensors="pt",
                     padding=True)
     if max_prompt_length and enc["input_ids"].shape[1] > max_prompt_length:
         raise ValueError(f"max_prompt_length: a prompt with its image tokens is {enc['input_ids'].shape[1]} tokens, "
                          f"more than max_prompt_length {max_prompt_length} (raise it; a picture's tokens cannot be "
                          f"cut)")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
-            "pixel_values": enc["pixel_values"].float(), "images_per_row": k, "texts": texts}
+            "pixel_values": enc["pixel_values"].float(), "images_per_row": k, "texts": texts, "outputs": dict(enc)}
 
 
 def pictures_tensor(pixel_values: torch.Tensor, rows: int) -> torch.Tensor:
