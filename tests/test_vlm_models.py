@@ -221,3 +221,32 @@ def test_a_folder_trains_two_steps_from_the_command_line_and_reloads_natively(ki
         assert (final / "preprocessor_config.json").exists() and (final / "chat_template.jinja").exists()
     else:
         assert (final / "processor_config.json").exists()
+
+
+def test_a_loaded_qwen2_vl_with_its_processor_trains_through_the_python_api(tmp_path, monkeypatch):
+    """GRPOTrainer(model=<a loaded Qwen2VLForConditionalGeneration>, processing_class=<its processor>) takes the
+    model's picture layout (patches, mRoPE) as a folder does: a step trains and the weights move."""
+    from grpolab import GRPOConfig, GRPOTrainer
+    from grpolab.policies.vision_language.layouts import load_processor
+    model, _ = build("qwen2_vl", tmp_path / "m", monkeypatch)
+    monkeypatch.undo()
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer = GRPOTrainer(model=model, processing_class=load_processor(tmp_path / "m"),
+                          reward_funcs=lambda completions, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
+                          train_dataset=_rows(), args=GRPOConfig(
+                              output_dir=str(tmp_path / "api"), max_steps=1, per_device_train_batch_size=4,
+                              num_generations=2, max_completion_length=4, learning_rate=1e-3, report_to="none",
+                              threads=1))
+    assert trainer.trainer.policy.layout.name == "patches"
+    trainer.train()
+    assert any(not torch.equal(start[k], v) for k, v in trainer.model.state_dict().items())
+
+
+def test_gemma3_is_refused_saying_why(tmp_path):
+    from grpolab.config import ConfigError
+    from grpolab.policies.vision_language.policy import VisionLanguagePolicy
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma3"}))
+    policy = VisionLanguagePolicy(model=str(tmp_path), task="user", temperature=1.0, max_completion_length=4,
+                                  max_prompt_length=0)
+    with pytest.raises(ConfigError, match="token_type_ids.*supported: LLaVA"):
+        policy.load(None, _rows(), [], log=lambda *a: None)

@@ -614,10 +614,7 @@ class _APITrainer(Trainer):
             if tok is None or getattr(tok, "tokenizer", None) is None:
                 raise ConfigError("processing_class: a loaded vision-language model needs its processor "
                                   "(AutoProcessor.from_pretrained(...)), or pass the model's folder as model=")
-            self.policy.processor, self.policy.tokenizer = tok, tok.tokenizer
-            image_token = getattr(model.config, "image_token_id", None)
-            self.policy.image_token_id = (getattr(model.config, "image_token_index", None) if image_token is None
-                                          else image_token)
+            self.policy.use_loaded(model, tok)  # its processor, tokenizer, image token and picture layout
             model.config.use_cache = True
             model.eval()
             tok = tok.tokenizer

@@ -174,9 +174,20 @@ def _image_runs(ids: torch.Tensor, image_token_id) -> int:
 LAYOUTS = {"stacked": Stacked(), "split": Split(), "patches": Patches()}
 
 
+#: classes whose forward needs more than pictures and positions; refused rather than run wrongly
+UNSUPPORTED = {"gemma3": "Gemma 3 attends bidirectionally within each picture's tokens through token_type_ids, "
+                         "which this policy does not pass"}
+
+
 def layout_for(config) -> Stacked:
-    """The layout of a model config (by ``model_type``; every other class is ``stacked``)."""
+    """The layout of a model config (by ``model_type``; every other class is ``stacked``); a class of
+    :data:`UNSUPPORTED` is a ConfigError saying why."""
     kind = getattr(config, "model_type", "")
+    if kind in UNSUPPORTED:
+        from ...config import ConfigError
+        raise ConfigError(f"model: model_type {kind!r} is not supported by policy vision_language: "
+                          f"{UNSUPPORTED[kind]}; supported: LLaVA-style, Idefics3 / SmolVLM, Qwen2-VL / Qwen2.5-VL "
+                          f"(docs/vision.md)")
     if kind in PATCH_TYPES:
         return LAYOUTS["patches"]
     if kind in SPLIT_TYPES:

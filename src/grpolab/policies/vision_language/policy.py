@@ -32,8 +32,11 @@ class VisionLanguagePolicy(PolicyBase):
     pictures: ``images`` (a list), ``image`` (one), or a built-in synthetic scene (``scene_kind`` + ``scene_seed``,
     ``policies/vision_language/scenes.py``). One image placeholder per picture goes before the first user message's text; the
     processor's chat template writes the prompt and expands each placeholder into the model's image tokens.
-    ``prompt_ids`` hold the prompt with its image tokens (left-padded); the pictures' ``pixel_values`` travel in
-    ``row_data["pixel_values"]`` [R, k, 3, H, W] (k pictures per row, the same for every row of a run).
+    ``prompt_ids`` hold the prompt with its image tokens (left-padded); the pictures' tensors travel in
+    ``row_data`` in the model family's layout (``policies/vision_language/layouts.py``): LLaVA's
+    ``pixel_values`` [R, k, 3, H, W] (k pictures per row, the same for every row of a run), Idefics3 / SmolVLM's
+    tiles with their ``pixel_attention_mask``, Qwen2-VL / Qwen2.5-VL's flattened patches with ``image_grid_thw``
+    (these two: any number of pictures per row).
 
     Acting: the prompt (with its pictures) runs once per row, then each action continues its own copy of the row's
     KV cache one token at a time, each token drawn from softmax(logits / τ) at the run's ``temperature`` from the
@@ -45,7 +48,8 @@ class VisionLanguagePolicy(PolicyBase):
     ``max_completion_length`` tokens (``truncated``). ``columns["completion"]`` is the decoded text (special tokens
     other than tags dropped); ``columns["uncertainty"]`` is PixelThink's per-response uncertainty (seed 000-116): the
     mean over the response's tokens of 1 − (p₁ − p₂), the two largest probabilities of the untempered softmax.
-    Position ids count each row's real tokens (0 at its first), in sampling and in :meth:`forward` alike.
+    Position ids count each row's real tokens (0 at its first), in sampling and in :meth:`forward` alike (Qwen2-VL:
+    the model's mRoPE ids from ``get_rope_index``, each sampled token one further on every axis).
 
     ``forward``: the model on prompt + completion with the pictures, log softmax(logits / τ) at each completion
     token: equal to the behaviour log-probs (tests/test_vision.py::test_recomputed_logprobs_equal_behaviour);
@@ -53,8 +57,8 @@ class VisionLanguagePolicy(PolicyBase):
 
     Model ``tiny`` (the default): LLaVA (CLIP ViT 2 layers + Llama 2 layers, width 64) with a character tokenizer,
     pre-trained in-process on the run's task and cached (``policies/vision_language/tiny.py``); or a folder with a model and its
-    processor (``save_pretrained``; LLaVA-family models whose processor returns ``pixel_values`` [pictures, 3, H, W]
-    — Qwen2-VL's flattened patches are refused). A real VLM on a GPU: docs/vision.md.
+    processor (``save_pretrained``: LLaVA, Idefics3 / SmolVLM, Qwen2-VL / Qwen2.5-VL; tests/test_vlm_models.py).
+    A real VLM on a GPU: docs/vision.md.
 
     Capabilities: ``tokens``, ``text`` (text reward functions on the decoded completion) and ``vision``.
 
@@ -140,10 +144,17 @@ class VisionLanguagePolicy(PolicyBase):
             self.tokenizer.pad_token = self.tokenizer.eos_token
         module = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
         module.config.use_cache = True
+        self.use_loaded(module, self.processor)
+        return module
+
+    def use_loaded(self, module, processor) -> None:
+        """Act with ``module`` and ``processor`` (a folder's, or the Python API's loaded pair): the tokenizer,
+        the image token and the picture layout of the model's family (``layouts.py``)."""
+        from .layouts import layout_for
+        self.processor, self.tokenizer = processor, processor.tokenizer
         self.layout = layout_for(module.config)
         image_token = getattr(module.config, "image_token_id", None)
         self.image_token_id = getattr(module.config, "image_token_index", None) if image_token is None else image_token
-        return module
 
     def save(self, module, path) -> None:
         """``save_pretrained`` of the model and the processor: ``--model PATH`` loads it."""
