@@ -7,6 +7,7 @@
 #                without bf16 matrix instructions (GRPOLAB_CPU_KIND=avx2); `make test` on an AVX512-BF16 CPU
 #                covers the other kind this project's machines have had
 #   make test-vgc  VGC-Bench's learning run on a local Pokemon Showdown server (opt-in, minutes per seed)
+#   make test-pipelines  a user's Stable Diffusion pipeline folder killed (kill -9) and resumed, and on 2 ranks
 #   make test-browser  grpolab report's browser test (installs chromium via apt-get, playwright)
 #   make test-trackers  installs the trackers extra (wandb, mlflow, trackio) and runs tests/test_trackers.py
 #   make test-data  the [data] extra (datasets, pyarrow) and the data-format tests that need it
@@ -22,7 +23,7 @@ DEVSTAMP:= $(VENV)/.installed-dev
 SHOWDOWN:= .cache/showdown/node_modules/pokemon-showdown/package.json
 ARGS    ?=
 
-.PHONY: install install-dev train test test-learning test-vgc test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
+.PHONY: install install-dev train test test-learning test-vgc test-pipelines test-avx2 test-browser test-trackers test-data test-vllm docs bench clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -53,7 +54,12 @@ train: $(STAMP)
 PYTEST  := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder
 
 test: $(DEVSTAMP)
-	HF_HUB_OFFLINE=1 $(PYTEST) -m "not more_seeds" tests
+	HF_HUB_OFFLINE=1 $(PYTEST) -m "not more_seeds and not pipelines" tests
+
+# a user's Stable Diffusion pipeline folder (tiny, random weights) killed with kill -9 and resumed, and trained on
+# 2 gloo ranks (tests/test_pipeline_reliability.py, minutes on 2 cores): opt-in, not in make test
+test-pipelines: $(DEVSTAMP)
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -p no:xdist -m pipelines tests/test_pipeline_reliability.py
 
 # the learning tests' other seeds (seed 0 of each is in make test): every non-text policy family on seeds 1 and 2
 test-learning: $(DEVSTAMP)
