@@ -1,5 +1,6 @@
-"""Environments of the control policies: one interface over Gymnasium (one agent) and PettingZoo parallel
-environments (several agents), with seeded resets so that G episodes of a group start from the same state.
+"""Environments of the control policies: one interface over Gymnasium (one agent), PettingZoo parallel
+environments (several agents) and PettingZoo AEC (turn-taking) environments (the learner's seat; ``aec.py``), with
+seeded resets so that G episodes of a group start from the same state.
 
 An environment is named by a row's ``env`` column:
 
@@ -62,22 +63,46 @@ def _space_info(obs_space, act_space, agents: int, name: str) -> SpaceInfo:
                       f"Discrete space (categorical) or a 1-D Box (Gaussian)")
 
 
+def pettingzoo_module(name: str):
+    """The module of ``pettingzoo:<module>``, imported (a ConfigError naming the forms that work when it cannot
+    be or has neither ``parallel_env`` nor ``env``)."""
+    mod = name[len(PETTINGZOO):]
+    try:
+        module = importlib.import_module(mod)
+    except ImportError as e:
+        raise ConfigError(f"env {name}: cannot import {mod} ({e}); PettingZoo environments are named "
+                          f"pettingzoo:<module>, a module with parallel_env() (e.g. pettingzoo:mpe2.simple_spread_v3) "
+                          f"or with env() for a turn-taking AEC game (e.g. pettingzoo:pettingzoo.classic.tictactoe_v3) "
+                          f"(pip install 'grpolab[control]')") from e
+    if not hasattr(module, "parallel_env") and not hasattr(module, "env"):
+        raise ConfigError(f"env {name}: module {mod} has neither parallel_env() (a parallel environment) nor env() "
+                          f"(an AEC environment); name a PettingZoo environment module, e.g. "
+                          f"pettingzoo:mpe2.simple_spread_v3 or pettingzoo:pettingzoo.classic.connect_four_v3")
+    return module
+
+
+def make_env(name: str, kwargs: dict | None = None):
+    """The environment a row names: :class:`Env` (Gymnasium, PettingZoo parallel) or, for a PettingZoo module
+    with ``env()`` but no ``parallel_env()`` (the classic turn-taking games), :class:`~.aec.TurnEnv`."""
+    if isinstance(name, str) and name.startswith(PETTINGZOO):
+        module = pettingzoo_module(name)
+        if not hasattr(module, "parallel_env"):
+            from .aec import TurnEnv
+            return TurnEnv(name, kwargs, module.env, _space_info)
+    return Env(name, kwargs)
+
+
 class Env:
     """One environment instance behind the common interface (module docstring)."""
 
     def __init__(self, name: str, kwargs: dict | None = None):
         self.name, self.kwargs = name, dict(kwargs or {})
         if name.startswith(PETTINGZOO):
-            mod = name[len(PETTINGZOO):]
             try:
-                self.env = importlib.import_module(mod).parallel_env(**self.kwargs)
+                self.env = pettingzoo_module(name).parallel_env(**self.kwargs)
             except TypeError as e:
                 raise ConfigError(f"env {name}: env_kwargs {self.kwargs} were refused ({e}); give only the "
                                   f"environment's own keyword arguments (control_env_kwargs)") from e
-            except ImportError as e:
-                raise ConfigError(f"env {name}: cannot import {mod} ({e}); PettingZoo environments are named "
-                                  f"pettingzoo:<module with parallel_env>, e.g. pettingzoo:mpe2.simple_spread_v3 "
-                                  f"(pip install 'grpolab[control]')") from e
             self.agent_names = list(self.env.possible_agents)
             spaces = {(str(self.env.observation_space(a)), str(self.env.action_space(a))) for a in self.agent_names}
             if len(spaces) != 1:
@@ -102,13 +127,15 @@ class Env:
             self.multi = False
         self.info = _space_info(self.obs_space, self.act_space, len(self.agent_names), name)
         self.last_costs = np.zeros(len(self.agent_names), np.float32)
+        self.action_mask = None  # legal actions of the next step, [N, n] bool (AEC games only: aec.py)
 
     def _flat(self, obs) -> np.ndarray:
         from gymnasium.spaces.utils import flatten
         return np.asarray(flatten(self.obs_space, obs), dtype=np.float32)
 
-    def reset(self, seed: int) -> np.ndarray:
-        """``[N, D]`` observations of the start state drawn from ``seed`` (the same seed, the same state)."""
+    def reset(self, seed: int, seat: str | None = None) -> np.ndarray:
+        """``[N, D]`` observations of the start state drawn from ``seed`` (the same seed, the same state); ``seat``
+        (a row's ``agent``) is for turn-taking games only (aec.py)."""
         obs, _ = self.env.reset(seed=int(seed))
         if self.multi:
             return np.stack([self._flat(obs[a]) for a in self.agent_names])
@@ -178,7 +205,7 @@ class EnvPool:
             n = used.get(k, 0)
             pool = self.free.setdefault(k, [])
             while len(pool) <= n:
-                pool.append(Env(name, kw))
+                pool.append(make_env(name, kw))
             out.append(pool[n])
             used[k] = n + 1
         return out

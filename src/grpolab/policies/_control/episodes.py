@@ -18,23 +18,25 @@ def start_episodes(pool, rows: list[dict], num_generations, temperature):
     """``(counts, temperatures [R], environments, seeds, start observations [R, N, D])`` of the episodes: row
     ``i``'s ``counts[i]`` episodes (``num_generations``: one count for all rows or one per row) each get the row's
     ``temperature`` (one for all rows or one per row), an environment of the row's kind from ``pool``, reset with
-    the episode's seed (``envs.row_seed``)."""
+    the episode's seed (``envs.row_seed``) and, in a turn-taking game, the row's seat ``agent`` (``aec.py``)."""
     counts = completion_counts(num_generations, len(rows))
     ep_rows = per_row(rows, counts)
     envs = pool.take([env_key(r) for r in ep_rows])
     seeds = [row_seed(r, i) for i, r in enumerate(ep_rows)]
-    cur = torch.from_numpy(np.stack([e.reset(s) for e, s in zip(envs, seeds)]))
+    cur = torch.from_numpy(np.stack([e.reset(s, r.get("agent")) for e, s, r in zip(envs, seeds, ep_rows)]))
     return counts, row_temperatures(temperature, counts), envs, seeds, cur
 
 
 def pack_episodes(rows: list[dict], counts: list[int], uids: list[int], seeds: list[int], *, group_offset: int,
                   lengths: torch.Tensor, obs: torch.Tensor, act: torch.Tensor, lps: torch.Tensor, rew: torch.Tensor,
                   terminal: torch.Tensor, truncated: torch.Tensor, last_obs: torch.Tensor,
-                  zero_logprobs: bool = False, step_extra: dict | None = None) -> RolloutBatch:
+                  zero_logprobs: bool = False, step_extra: dict | None = None,
+                  step_inputs: dict | None = None) -> RolloutBatch:
     """The episodes as a RolloutBatch: step ``(t, n)`` (time t, agent n) is column ``t·N + n`` of ``T·N``
     (T = the longest episode), on the mask up to the episode's length; ``step_data`` ``obs`` / ``action``, the
     per-step log-probs (zeros with ``zero_logprobs``), ``row_data`` ``step_rewards`` (and each ``step_extra``
-    tensor ``[R, Tmax, N]``, masked alike), ``terminal``, ``last_obs``, ``agents``, ``agent_returns`` [R, N];
+    tensor ``[R, Tmax, N]``, masked alike; each ``step_inputs`` tensor ``[R, Tmax, N, ...]`` joins ``step_data``, e.g.
+    the legal-action masks of a turn-taking game), ``terminal``, ``last_obs``, ``agents``, ``agent_returns`` [R, N];
     ``columns["completion"]`` is the episode's return averaged over agents, ``episode_length`` its steps.
     ``obs`` / ``act`` are ``[R, Tmax, N, ...]``, ``lps`` / ``rew`` ``[R, Tmax, N]``."""
     R, _, N = lps.shape
@@ -59,7 +61,7 @@ def pack_episodes(rows: list[dict], counts: list[int], uids: list[int], seeds: l
         behavior_logprobs=torch.zeros_like(lp_flat) if zero_logprobs else lp_flat,
         completion_attention_mask=mask.long(), truncated=truncated, columns=columns,
         **group_identity(counts, uids, group_offset),
-        step_data={"obs": flat(obs), "action": flat(act)},
+        step_data={"obs": flat(obs), "action": flat(act), **{k: flat(v) for k, v in (step_inputs or {}).items()}},
         row_data={"step_rewards": flat(rew) * mask, "terminal": terminal, "last_obs": last_obs,
                   "agents": torch.full((R,), N, dtype=torch.long), "agent_returns": agent_returns,
                   **{k: flat(v) * mask for k, v in (step_extra or {}).items()}})

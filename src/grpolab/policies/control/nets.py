@@ -8,6 +8,10 @@ Actor: ``h = MLP(o)`` (``layers`` hidden layers of ``hidden`` units, tanh), then
   (tau * exp(log_std))^2)`` per dimension, ``log pi(a | o) = sum_j log N(a_j; mu_j, sigma_j)``; the environment
   receives ``a`` clipped to the Box (the log-prob is of the unclipped ``a``, as in CleanRL's and SB3's PPO).
 
+In a turn-taking game with legal-action masks (``mask``: ``[rows, n]`` bool) the illegal actions' logits are
+``-1e9`` after the temperature: ``pi(a | o) = softmax(z / tau + log mask)_a`` (PettingZoo's classic games'
+``action_mask``; the masked softmax of CleanRL's and RLCard's PPO / DQN on them).
+
 With several agents the observation is ``[o, one_hot(agent)]`` (one shared actor; parameter sharing). The
 initialisation is CleanRL's PPO one (orthogonal, gain sqrt 2 for hidden layers, 0.01 for the policy's output,
 1 for the value's output; biases 0).
@@ -60,12 +64,13 @@ class ControlActor(nn.Module):
         return self.net(x)
 
     def log_prob(self, x: torch.Tensor, actions: torch.Tensor, temperature: float | torch.Tensor = 1.0,
-                 entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``(log pi(a | x), entropy or None)`` per row of ``x`` (``temperature``: a number or one per row)."""
+                 entropy: bool = False, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(log pi(a | x), entropy or None)`` per row of ``x`` (``temperature``: a number or one per row;
+        ``mask``: the legal actions, Discrete only)."""
         out = self.net(x).float()
         tau = _per_row(temperature, len(x), out.device)
         if self.config["discrete"]:
-            logp = torch.log_softmax(out / tau, -1)
+            logp = torch.log_softmax(_masked(out / tau, mask), -1)
             lp = logp.gather(-1, actions.long()[..., None])[..., 0]
             ent = -(logp.exp() * logp).sum(-1) if entropy else None
             return lp, ent
@@ -77,14 +82,14 @@ class ControlActor(nn.Module):
 
     @torch.no_grad()
     def act(self, x: torch.Tensor, temperature: float | torch.Tensor, generator: torch.Generator | None,
-            deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+            deterministic: bool = False, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(actions, log-probs)``: drawn with ``generator`` (argmax / the mean when ``deterministic``; log-probs
-        0 then)."""
+        0 then); ``mask``: the legal actions (Discrete only)."""
         out = self.net(x).float()
         if self.config["discrete"]:
             if deterministic:
-                return out.argmax(-1), torch.zeros(len(x))
-            probs = torch.softmax(out / _per_row(temperature, len(x), out.device), -1)
+                return _masked(out, mask).argmax(-1), torch.zeros(len(x))
+            probs = torch.softmax(_masked(out / _per_row(temperature, len(x), out.device), mask), -1)
             a = torch.multinomial(probs, 1, generator=generator)[:, 0]
         else:
             if deterministic:
@@ -92,7 +97,12 @@ class ControlActor(nn.Module):
             std = self.log_std.float().exp()[None] * _per_row(temperature, len(x), out.device)
             noise = torch.randn(out.shape, generator=generator, device=out.device)
             a = out + std * noise
-        return a, self.log_prob(x, a, temperature)[0]
+        return a, self.log_prob(x, a, temperature, mask=mask)[0]
+
+
+def _masked(z: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Logits with the illegal actions (``mask`` False) at -1e9 (unchanged without a mask)."""
+    return z if mask is None else z.masked_fill(~mask.to(z.device, torch.bool), -1e9)
 
 
 def _per_row(t, n: int, device) -> torch.Tensor:

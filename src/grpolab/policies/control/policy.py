@@ -74,12 +74,19 @@ class ControlPolicy(PolicyBase):
         self.max_steps = int(max_completion_length)
         self.hidden, self.layers, self.log_std_init = int(control_hidden), int(control_layers), control_log_std_init
         self.pool = EnvPool()
+        self.unchecked = False  # an actor loaded without rows: its spaces are checked on the first sample
 
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``mlp`` (a new actor sized from the first row's environment, initialised with the run's
-        seed) or a folder :meth:`save` wrote. Every row's environment must have the same spaces."""
+        seed) or a folder :meth:`save` wrote. Every row's environment must have the same spaces. A folder loads
+        with no rows (``grpolab eval --model RUN/final``): the spaces are checked against the first rows sampled."""
+        if not rows and self.model_name not in BUILT_IN:
+            self.unchecked = True
+            return load_actor(saved_folder(self.model_name, "control", ("config.json",), "a folder it saved "
+                                           "(config.json + model.safetensors)", builds="'mlp' (a new MLP actor)"))
         if not rows:
-            raise ConfigError("policy control: no train rows")
+            raise ConfigError("policy control: no train rows (model 'mlp' sizes the new actor from the first row's "
+                              "environment); give rows (task gym_control or --data) or a saved actor's folder")
         info = self.pool.info(rows[0])
         for where, part in (("train", rows), ("held-out", eval_rows)):
             for i, row in enumerate(part):
@@ -109,10 +116,16 @@ class ControlPolicy(PolicyBase):
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
                evaluation=False):
+        if self.unchecked and rows:
+            check_saved_spaces(self.model_name, module.config, self.pool.info(rows[0]),
+                               ("obs_dim", "agents", "discrete", "act_dim"), rows[0]["env"])
+            self.unchecked = False
         counts, tau, envs, seeds, cur = start_episodes(  # cur: [R, N, D]
             self.pool, rows, num_generations, temperature if temperature is not None else self.temperature)
         R = sum(counts)
         c = module.config
+        masked = c["discrete"] and any(e.action_mask is not None for e in envs)
+        legal = torch.ones(R, self.max_steps, c["agents"], c["act_dim"], dtype=torch.bool) if masked else None
         N, Tmax = c["agents"], self.max_steps
         device = next(module.parameters()).device
         din = module.input_dim
@@ -128,8 +141,14 @@ class ControlPolicy(PolicyBase):
                 break
             idx = torch.tensor(alive)
             x = agent_inputs(cur[idx], N)  # [A, N, din]
+            m = None
+            if masked:
+                for r in alive:
+                    if envs[r].action_mask is not None:
+                        legal[r, t] = torch.from_numpy(envs[r].action_mask)
+                m = legal[idx, t].reshape(-1, c["act_dim"])
             a, lp = module.act(x.reshape(-1, din).to(device), tau[idx].repeat_interleave(N), generator,
-                               deterministic=evaluation)
+                               deterministic=evaluation, mask=m)
             a, lp = a.cpu().reshape(len(idx), N, *act.shape[3:]), lp.cpu().reshape(len(idx), N)
             obs[idx, t], act[idx, t], lps[idx, t] = x, a, lp
             still = []
@@ -146,7 +165,8 @@ class ControlPolicy(PolicyBase):
             alive = still
         return pack_episodes(rows, counts, uids, seeds, group_offset=group_offset, lengths=lengths, obs=obs, act=act,
                              lps=lps, rew=rew, terminal=terminal, truncated=truncated, last_obs=agent_inputs(cur, N),
-                             zero_logprobs=evaluation, step_extra={"step_costs": cost})
+                             zero_logprobs=evaluation, step_extra={"step_costs": cost},
+                             step_inputs={"action_mask": legal} if masked else None)
 
     def offers(self) -> frozenset[str]:
         return frozenset({"entropy"})
@@ -159,8 +179,10 @@ class ControlPolicy(PolicyBase):
         rows, cols = (mb.completion_attention_mask > 0).nonzero(as_tuple=True)
         x = mb.step_data["obs"][rows, cols].to(device)
         a = mb.step_data["action"][rows, cols].to(device)
+        legal = mb.step_data.get("action_mask")  # turn-taking games' legal actions (_control/aec.py)
+        legal = None if legal is None else legal[rows, cols]
         with torch.set_grad_enabled(grad):
-            lp, ent = module.log_prob(x, a, self.temperature, entropy="entropy" in want)
+            lp, ent = module.log_prob(x, a, self.temperature, entropy="entropy" in want, mask=legal)
             out = {"logprobs": torch.zeros(R, T, device=device).index_put((rows.to(device), cols.to(device)), lp)}
             if ent is not None:
                 out["entropy"] = torch.zeros(R, T, device=device).index_put((rows.to(device), cols.to(device)), ent)
