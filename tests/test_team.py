@@ -463,3 +463,47 @@ def test_compare_of_team_runs_reads_each_roles_held_out_accuracy(tmp_path):
     assert sorted(r["arm"] for r in data["runs"]) == ["off", "on"]
     md = (out / "compare.md").read_text()
     assert "roles/solver/accuracy" in md and "roles/scout/accuracy" in md and "| `off` |" in md
+
+
+def test_simultaneous_roles_hear_each_other_only_in_the_next_round(tmp_path, tiny_args, monkeypatch):
+    """``team_order: simultaneous`` (CoMLRL's MAGRPO: the agents of a turn generate at once): in round 1 the solver
+    does not hear the scout's round-1 message; in round 2 each role hears the other's round-1 message and the
+    solver not the scout's round-2 one. ``in_turn`` (grpolab's default) lets the solver hear the scout at once."""
+    texts = [["a1", "b1", "c1", "d1"], ["x1", "y1", "z1", "w1"], ["a2", "b2", "c2", "d2"], ["yes", "y", "n", "yes"]]
+    _, _, fake = team_step(tmp_path, tiny_args, monkeypatch, texts, team_rounds=2, team_order="simultaneous")
+    assert not any("scout:" in c for c in fake.contexts[1])  # solver, round 1: nothing heard yet
+    assert "solver: x1" in fake.contexts[2][0] and "solver: w1" in fake.contexts[2][3]  # scout, round 2
+    assert "scout: a1" in fake.contexts[3][0] and "scout: a2" not in fake.contexts[3][0]  # solver, round 2
+    _, _, fake = team_step(tmp_path / "t", tiny_args, monkeypatch, texts, team_rounds=2)
+    assert "scout: a1" in fake.contexts[1][0] and "scout: a2" in fake.contexts[3][0]
+    with pytest.raises(ConfigError, match="team_order"):
+        Config.build({"rollout_strategy": "team", "roles": ["a", "b"], "team_order": "turns"})
+
+
+def test_magrpo_scores_untempered_log_probs_as_comlrl(tmp_path, tiny_args, monkeypatch):
+    """CoMLRL samples at temperature 0.6 and trains log_softmax(logits) of the sampled tokens; recipe magrpo does
+    the same (logprob_temperature 1.0), grpolab's default is log_softmax(logits / 0.6). By hand from the native
+    forward (model(input_ids, attention_mask, position_ids).logits at the positions before each completion
+    token). A ratio loss with a different scoring temperature is refused."""
+    args = {**recipe_overrides("magrpo"), "team_rounds": 1, "roles": [{"name": "scout", "view": "hint"},
+                                                                    {"name": "solver"}]}
+    args.pop("task")
+    tr, b, _ = team_step(tmp_path, tiny_args, monkeypatch, ONE_ROUND, **args)
+    assert tr.cfg.temperature == 0.6 and tr.policy.score_temperature == 1.0
+    from grpolab.model.logprobs import sequence_inputs
+    ids, attn, pos = sequence_inputs(b)
+    with torch.no_grad():
+        logits = tr.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()
+        got = tr.ctx.logprobs(b)
+    P, T = b.prompt_ids.shape[1], b.completion_ids.shape[1]
+    z = logits[:, P - 1:P + T - 1]
+    m = b.completion_attention_mask.bool()
+    for temp, want_from in ((1.0, got), (0.6, None)):
+        want = torch.log_softmax(z / temp, -1).gather(-1, b.completion_ids[..., None]).squeeze(-1)
+        if want_from is None:
+            tr.policy.score_temperature = 0.6
+            with torch.no_grad():
+                want_from = tr.ctx.logprobs(b)
+        assert torch.allclose(want_from[m], want[m], atol=1e-4), temp
+    with pytest.raises(ConfigError, match="logprob_temperature: 1 differs from temperature 0.6"):
+        Config.build({**recipe_overrides("magrpo"), "policy_loss": "clipped_ratio"})

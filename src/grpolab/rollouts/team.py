@@ -5,7 +5,10 @@ its own view of the data row (a column only that role sees). For every prompt ro
 played. In each of ``team_rounds`` rounds every role speaks once, in the order of ``roles``: the role's turn is
 sampled (batched over all live team episodes) from its own context, which is its first prompt (role prompt,
 the row's prompt, its view) followed by its earlier turns and the messages the other roles sent since
-(``"<role>: <text>"``, as a user message of the chat, ``ENVIRONMENT`` tokens with loss mask 0). A role's
+(``"<role>: <text>"``, as a user message of the chat, ``ENVIRONMENT`` tokens with loss mask 0). With
+``team_order: in_turn`` (the default) a message is heard at once, so a later role of a round hears the earlier
+ones; with ``simultaneous`` (CoMLRL's MAGRPO, where the agents of a turn generate at the same time) a round's
+messages are heard only in the next round. A role's
 first prompt is built when it first speaks, so the messages sent before that are part of it. With
 ``team_channel: off`` no role sees another's messages (the ablation that measures what talking is worth).
 
@@ -97,14 +100,17 @@ def sample_role_turns(ctx, contexts, budgets, temperatures, model=None):
 
 
 def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, channel: bool, turn_tokens: int,
-               episode_tokens: int, renderer, model=None, adapters: str = "shared") -> None:
+               episode_tokens: int, renderer, model=None, adapters: str = "shared", order: str = "in_turn") -> None:
     """Every team episode to its end: ``rounds`` rounds, each role speaking once per round in order. A role's episode
     (its turns and the messages it hears) is capped at ``max_episode_tokens``, each turn at ``max_turn_tokens``
     (the agent keys). ``adapters``: the ``role_adapters`` value, which model samples a role's turns
-    (:func:`grpolab.roles.acting`)."""
+    (:func:`grpolab.roles.acting`). ``order`` (``team_order``): ``in_turn``, a message reaches the other roles at
+    once (a later role of the round hears it); ``simultaneous``, the round's messages reach them only after every
+    role has spoken (CoMLRL's agents generate at the same time and read each other's outputs next turn)."""
     tok = ctx.tokenizer
     eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
     for _ in range(rounds):
+        held: list[tuple[Seat, int, str]] = []  # simultaneous: (recipient, author, text) delivered after the round
         for r in range(len(roles)):
             seats = [team[r] for team in teams if not team[r].finished]
             contexts, budgets = [], []
@@ -144,8 +150,14 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
                 s.turns.append(text)
                 if channel:
                     for other in teams_of(teams, s):
-                        if other is not s:
+                        if other is s:
+                            continue
+                        if order == "simultaneous":
+                            held.append((other, r, text))
+                        else:
                             other.inbox.append((r, text))
+        for other, r, text in held:
+            other.inbox.append((r, text))
     for team in teams:
         for s in team:
             if not s.finished:
@@ -251,6 +263,10 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
          team_answer_role: str | None = TEAM_ANSWER_ROLE,
          team_channel: str = param("on", "team: on (roles see each other's messages) or off (each role alone: "
                                    "the ablation that measures what talking is worth)", ["on", "off"]),
+         team_order: str = param("in_turn", "team: in_turn (a role hears the messages of the roles before it in "
+                                 "the same round) or simultaneous (every role of a round speaks without hearing "
+                                 "that round's messages, which arrive in the next round: CoMLRL's MAGRPO)",
+                                 ["in_turn", "simultaneous"]),
          max_turn_tokens: int = MAX_TURN_TOKENS, max_episode_tokens: int = MAX_EPISODE_TOKENS):
     """G team episodes per prompt, one row per role per episode, groups per role (the module docstring).
 
@@ -259,8 +275,10 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     comlrl/trainers/reinforce/magrpo.py as described in the project's reference notes: n agents with their own
     role prompts, joint actions aligned (the i-th completion of every agent together), one joint reward per
     joint action, each agent's advantage against its siblings at the same node); grpolab's choices: the roles
-    speak in turn within one round and hear each other as user messages, one reward per team episode (no
-    per-turn rewards), one row per role.
+    hear each other as user messages, one reward per team episode (no per-turn rewards), one row per role. The
+    order within a round is ``team_order``: ``in_turn`` (grpolab's, a later role hears the earlier ones of the
+    same round) or ``simultaneous`` (CoMLRL's: the agents of a turn generate at once; recipe ``magrpo``). Test:
+    tests/test_team.py::test_simultaneous_roles_hear_each_other_only_in_the_next_round.
     """
     role_list = parse_roles(roles)
     n = len(role_list)
@@ -275,9 +293,11 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
             teams.append([Seat(r, row, uid, float(t)) for r in range(n)])
             gids.append([bases[r] + i for r in range(n)])
     renderer = Renderer(ctx.tokenizer, log=ctx.log)
+    if team_order not in ("in_turn", "simultaneous"):
+        raise ConfigError(f"team_order: '{team_order}' is not valid; valid values: in_turn, simultaneous")
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=renderer, adapters=role_adapters)
+               renderer=renderer, adapters=role_adapters, order=team_order)
     batch = _pack(ctx, teams, role_list, gids, max_episode_tokens)
     ctx.score(batch)
     _team_rewards(batch, n, answer, team_reward)
@@ -294,7 +314,7 @@ def team(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 
 
 def eval_rollout(ctx, model, rows, uids, *, roles, team_rounds, team_answer_role, team_channel, max_turn_tokens,
-                 max_episode_tokens, role_adapters="shared", **_ignored):
+                 max_episode_tokens, role_adapters="shared", team_order="in_turn", **_ignored):
     """Held-out evaluation: one greedy team episode per row. The answer role's rows make the team's figures;
     every role's rows, each scored by the task's rewards on that role's own final message, are reported as
     ``roles/<role>/...`` (grpolab/train/evaluate.py)."""
@@ -304,7 +324,7 @@ def eval_rollout(ctx, model, rows, uids, *, roles, team_rounds, team_answer_role
     teams = [[Seat(r, row, uid, 0.0) for r in range(n)] for row, uid in zip(rows, uids)]
     play_teams(ctx, teams, role_list, rounds=team_rounds, channel=team_channel == "on",
                turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
-               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters)
+               renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters, order=team_order)
     batch = _pack(ctx, teams, role_list, [[i] * n for i in range(len(rows))], max_episode_tokens)
     per_role = {f"roles/{role.name}": batch.select([t * n + r for t in range(len(rows))])
                 for r, role in enumerate(role_list)}

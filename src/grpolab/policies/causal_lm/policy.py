@@ -10,7 +10,8 @@ import torch
 from ...data import model_texts
 from ...generation.plain import plain_rollout
 from ...model.logprobs import completion_logprobs, group_token_divergence
-from ...registry import POLICIES
+from ...errors import ConfigError
+from ...registry import POLICIES, param
 from ...roles import RoleModels, per_row_adapters
 from ..base import PolicyBase
 
@@ -42,7 +43,21 @@ def tag_token_mask(tokenizer, completion_ids, attention_mask, open_tag: str = "<
     return mask
 
 
-@POLICIES.register("causal_lm")
+RATIO_FREE_LOSSES = ("policy_gradient",)  # losses that never read the behaviour log-probs
+
+
+def _check_logprob_temperature(cfg) -> None:
+    """``logprob_temperature`` other than the sampling temperature scores the training log-probs at another
+    temperature than the sampler's behaviour log-probs: only a loss without a ratio (which never reads them) may
+    use it."""
+    T = float(cfg.params.get("logprob_temperature", 0.0) or 0.0)
+    if T and T != float(cfg.temperature) and cfg.policy_loss not in RATIO_FREE_LOSSES:
+        raise ConfigError(f"logprob_temperature: {T:g} differs from temperature {cfg.temperature:g}, so the "
+                          f"ratio of policy_loss {cfg.policy_loss} would compare two temperatures; use it with "
+                          f"policy_loss: {', '.join(RATIO_FREE_LOSSES)} (as MAGRPO), or set logprob_temperature: 0")
+
+
+@POLICIES.register("causal_lm", check=_check_logprob_temperature)
 class CausalLMPolicy(PolicyBase):
     """A causal language model (Hugging Face ``AutoModelForCausalLM``): completions sampled token by token.
 
@@ -64,8 +79,18 @@ class CausalLMPolicy(PolicyBase):
     def __init__(self, *, temperature: float, shared_prefix_forward: bool, gradient_checkpointing: bool,
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list,
                  max_completion_length: int, max_prompt_length: int, top_k: int, top_p: float,
-                 sampling_method: str, static_kv_cache: bool, compile_decode: str, tiny_arch: str, seed: int):
+                 sampling_method: str, static_kv_cache: bool, compile_decode: str, tiny_arch: str, seed: int,
+                 logprob_temperature: float = param(0.0, "causal_lm: the temperature of the training log-probs, "
+                                                    "log softmax(logits / T): 0 = the sampling temperature (TRL's "
+                                                    "logits.div_(temperature)); 1.0 = the untempered log_softmax("
+                                                    "logits) of CoMLRL's MAGRPO (recipe magrpo); needs a ratio-free "
+                                                    "loss (policy_gradient) when it differs from temperature")):
         self.temperature = float(temperature)
+        if logprob_temperature < 0:
+            raise ConfigError(f"logprob_temperature: >= 0 (0 = the sampling temperature), got {logprob_temperature}")
+        # the temperature of every training-side log-prob (policy, reference, entropy); the sampler's behaviour
+        # log-probs stay at the sampling temperature
+        self.score_temperature = float(logprob_temperature) or self.temperature
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)
         self.top_k, self.top_p, self.sampling_method = int(top_k), float(top_p), sampling_method
         self.static_cache, self.tiny_arch, self.seed = bool(static_kv_cache), tiny_arch, int(seed)
@@ -135,13 +160,13 @@ class CausalLMPolicy(PolicyBase):
         completion tokens inside the first ``<think>…</think>``, :func:`tag_token_mask`)."""
         out = {}
         if "token_group_divergence" in want:
-            out["token_group_divergence"] = group_token_divergence(module, batch, self.temperature,
+            out["token_group_divergence"] = group_token_divergence(module, batch, self.score_temperature,
                                                                    micro_batch_size, max_tokens)
         if "token_entropy" in want:
             T = batch.completion_ids.shape[1]
             parts = []
             for mb in batch.micro_batches(micro_batch_size, trim=False, max_tokens=max_tokens):
-                ent = completion_logprobs(module, mb, self.temperature, with_entropy=True,
+                ent = completion_logprobs(module, mb, self.score_temperature, with_entropy=True,
                                           shared_prefix=self.shared_prefix_no_grad)[1]
                 parts.append(ent.detach().float().cpu()[:, :T])
             out["token_entropy"] = torch.cat(parts) * batch.completion_attention_mask.float()
@@ -192,7 +217,7 @@ class CausalLMPolicy(PolicyBase):
         if self.adapters and "role" in mb.row_data:  # each row through its role's adapter (PEFT mixed batch)
             names = [self.adapters[int(r)] for r in mb.row_data["role"]]
             with per_row_adapters(module, names):
-                logp, ent = completion_logprobs(module, mb, self.temperature, shared_prefix=False,
+                logp, ent = completion_logprobs(module, mb, self.score_temperature, shared_prefix=False,
                                                 with_entropy=bool(want & {"entropy", "entropy_grad"}),
                                                 entropy_grad="entropy_grad" in want)
             out = {"logprobs": logp}
@@ -201,7 +226,7 @@ class CausalLMPolicy(PolicyBase):
             return out
         if not want & {"entropy", "entropy_grad"}:
             shared = self.shared_prefix if grad else self.shared_prefix_no_grad
-            return {"logprobs": completion_logprobs(module, mb, self.temperature, shared_prefix=shared)[0]}
-        logp, ent = completion_logprobs(module, mb, self.temperature, with_entropy=True,
+            return {"logprobs": completion_logprobs(module, mb, self.score_temperature, shared_prefix=shared)[0]}
+        logp, ent = completion_logprobs(module, mb, self.score_temperature, with_entropy=True,
                                         shared_prefix=self.shared_prefix, entropy_grad="entropy_grad" in want)
         return {"logprobs": logp, "entropy": ent.detach(), "entropy_grad": ent}
