@@ -123,9 +123,10 @@ def test_rows_without_text_prompts_and_other_pipelines_are_refused(pipe_dir, tmp
         pol.load(cfg, ROWS, [{"label": 3}], log=lambda *a: None)
     other = tmp_path / "other"
     other.mkdir()
-    (other / "model_index.json").write_text(json.dumps({"_class_name": "FluxPipeline"}))
+    (other / "model_index.json").write_text(json.dumps({"_class_name": "StableDiffusionPipeline"}))
     cfg, pol = _policy(other)
-    with pytest.raises(ConfigError, match="StableDiffusion3Pipeline.*FluxPipeline"):
+    with pytest.raises(ConfigError, match="StableDiffusion3Pipeline.*FluxPipeline.*'StableDiffusionPipeline'.*"
+                                          "policy ddpm"):
         pol.load(cfg, ROWS, [], log=lambda *a: None)
 
 
@@ -162,3 +163,47 @@ def test_training_a_pipeline_saves_one_that_loads_back(pipe_dir, tmp_path, monke
     assert isinstance(after, SD3Transformer2DModel) and pol.pipe.vae is not None
     moved = any(not torch.equal(a, b) for a, b in zip(after.state_dict().values(), before.state_dict().values()))
     assert moved  # the trained transformer is what --model loads
+
+
+
+def train_pipeline(model, tmp_path, monkeypatch, **over):
+    """Two steps of the flow_grpo_images recipe on the pipeline folder ``model`` with a brightness reward (2
+    prompts x 2 images, 2 denoising steps, learning rate 1e-2), in ``tmp_path``; returns the run's final folder."""
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bright.py").write_text("def score(completions, **kw):\n"
+                                        "    return [float(c.mean()) for c in completions]\n")
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    recipe = {k: v for k, v in recipe_overrides("flow_grpo_images").items() if k != "task"}
+    cfg = Config.build({**recipe, "model": str(model), "data": "prompts.jsonl", "reward": ["./bright.py:score"],
+                        "steps": 2, "flow_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+                        "learning_rate": 1e-2, "eval_before": False, "eval_after": False, "save_steps": 100,
+                        "stall_steps": 0, "out": str(tmp_path / "run"), **over})
+    trainer = Trainer(cfg, log=lambda *a: None)
+    trainer.train(progress=False)
+    return tmp_path / "run" / "final", trainer
+
+
+def test_lora_adapters_load_into_the_source_pipeline(pipe_dir, tmp_path, monkeypatch):
+    """A LoRA run's final folder holds diffusers' LoRA file (StableDiffusion3Pipeline.save_lora_weights, rank and
+    alpha in its metadata): load_lora_weights on the source pipeline changes its images to the merged final
+    pipeline's."""
+    from diffusers import StableDiffusion3Pipeline
+
+    final, _ = train_pipeline(pipe_dir, tmp_path, monkeypatch, use_lora=True, lora_r=4, lora_alpha=8)
+    assert (final / "pytorch_lora_weights.safetensors").exists()
+
+    def draw(pipe):
+        pipe.set_progress_bar_config(disable=True)
+        with torch.no_grad():
+            return pipe(prompt="a red cat", height=16, width=16, num_inference_steps=2, guidance_scale=1.0,
+                        max_sequence_length=128, generator=torch.Generator().manual_seed(0), output_type="pt").images
+
+    merged = draw(StableDiffusion3Pipeline.from_pretrained(final))
+    base = StableDiffusion3Pipeline.from_pretrained(pipe_dir)
+    plain = draw(base)
+    base.load_lora_weights(final)
+    adapted = draw(base)
+    assert not torch.allclose(adapted, plain, atol=1e-6) and torch.allclose(adapted, merged, atol=1e-4)

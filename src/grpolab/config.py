@@ -451,6 +451,8 @@ class Config:
         check_report_to(self.report_to)
         if self.data is not None and not self.reward:
             self._check_reward_source()
+        from .recipes import check_recipe_fits
+        check_recipe_fits(self)  # a text recipe on an image run, named with its image recipe (flow_grpo_images)
         self._check_components(extra)
         self._check_rollout_workers()
         self.check_distributed()

@@ -70,3 +70,56 @@ def method_rewards(name: str) -> list[str]:
 
 def all_recipes() -> list[dict[str, Any]]:
     return [load_recipe(n) for n in recipe_names()]
+
+
+def _is_image_policy(name) -> bool:
+    from ..registry import POLICIES
+    return isinstance(name, str) and name in POLICIES and "images" in getattr(POLICIES.get(name), "capabilities", ())
+
+
+def _unmet_needs(components: dict, policy: str) -> list[str]:
+    """``"<key> <name> needs <capability>"`` for each of ``components`` that needs a capability ``policy``
+    lacks."""
+    from ..registry import ALL_REGISTRIES, POLICIES
+    has = frozenset(getattr(POLICIES.get(policy), "capabilities", ())) if policy in POLICIES else frozenset()
+    out = []
+    for key, value in components.items():
+        for reg in (r for r in ALL_REGISTRIES.values() if r.key == key):
+            for v in value if isinstance(value, list) else [value]:
+                missing = [c for c in reg.needs(v) if c not in has] if isinstance(v, str) and v in reg else []
+                if missing:
+                    out.append(f"{key} {v} needs {', '.join(missing)}")
+    return out
+
+
+def check_recipe_fits(cfg) -> None:
+    """``--recipe NAME`` whose components select no image policy, given for an image run — an image policy
+    (``--policy flow_matching``) or ``--model`` a diffusers pipeline folder (``model_index.json``) — is refused
+    where it cannot work: the pipeline folder under a policy that generates no images, or a component of the
+    recipe that needs a capability the image policy lacks (e.g. ``flow_grpo``, AgentFlow's Flow-GRPO: agent
+    episodes on text). The message names the recipe's paper and the image recipe of the same name
+    (``flow_grpo`` -> ``flow_grpo_images``, the image Flow-GRPO of Liu et al.), else the image recipes.
+    Test: tests/test_flux_pipeline.py::test_the_text_flow_grpo_recipe_on_an_image_run_names_flow_grpo_images."""
+    import json
+
+    name = getattr(cfg, "recipe", None)
+    if not name or name not in recipe_names():
+        return
+    recipe = load_recipe(name)
+    if _is_image_policy(recipe["components"].get("policy")):
+        return
+    folder = Path(str(cfg.model)) / "model_index.json"
+    pipeline, image_policy = folder.is_file(), _is_image_policy(cfg.policy)
+    needs = _unmet_needs(recipe["components"], cfg.policy)
+    if not (pipeline or image_policy) or (image_policy and not needs):
+        return  # not an image run, or the recipe's method works on the image policy
+    what = (f"--model {cfg.model} is a diffusers {json.loads(folder.read_text()).get('_class_name')} folder"
+            + ("" if image_policy else f", which policy {cfg.policy} does not load") if pipeline
+            else f"policy {cfg.policy} generates images")
+    images = [n for n in recipe_names() if _is_image_policy(load_recipe(n)["components"].get("policy"))]
+    same = [n for n in images if n.startswith(name + "_")]
+    hint = (f"for images use --recipe {same[0]} ({load_recipe(same[0])['title']}, {load_recipe(same[0])['citation']})"
+            if same else f"the image recipes are {', '.join(images)}")
+    why = f" ({'; '.join(needs)})" if needs else ""
+    raise ConfigError(f"recipe {name}: {recipe['title']} ({recipe['citation']}) is a recipe for policy "
+                      f"{recipe['components'].get('policy', 'causal_lm')}{why}, but {what}; {hint}")

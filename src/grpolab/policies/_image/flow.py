@@ -12,16 +12,13 @@ from ...config import ConfigError
 from ...generation.counting import GENERATED
 from ...generation.sampling import completion_counts, per_row
 from . import sde
+from .pipelines_flow import PIPELINE_T5_TOKENS, SD3_LORA_TARGETS  # noqa: F401  (kept importable from here)
 from ...registry import declared_params, param
 from ..base import PolicyBase, fanned_columns, group_identity, held_out_seed, repeat_rows
 
 BUILT_IN = ("digits", "tiny")  #: model names of the built-in class-conditional 8x8 digits model
-#: T5 tokens of a pipeline's prompt embedding (Flow-GRPO's compute_text_embeddings: max_sequence_length=128)
-PIPELINE_T5_TOKENS = 128
-#: LoRA targets of a pipeline's SD3 transformer when lora_target_modules is left at the causal LM's default
-#: (Flow-GRPO's scripts/train_sd3.py) and of a UNet (docs/design/policies.md §1.2)
-SD3_LORA_TARGETS = ["attn.add_k_proj", "attn.add_q_proj", "attn.add_v_proj", "attn.to_add_out", "attn.to_k",
-                    "attn.to_out.0", "attn.to_q", "attn.to_v"]
+#: LoRA targets of a UNet when lora_target_modules is left at the causal LM's default (docs/design/policies.md
+#: §1.2); a pipeline's transformer has its adapter's (pipelines_flow.py: SD3_LORA_TARGETS, FLUX_LORA_TARGETS)
 UNET_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "conv1", "conv2"]
 LM_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -192,10 +189,14 @@ class FlowMatchingPolicy(PolicyBase):
     The forward runs in float32 whatever the run's ``dtype`` (Flow-GRPO computes the log-prob in float32: bf16
     overflows). ``temperature`` does not apply (the SDE's noise level is ``flow_noise_level``).
 
-    ``model`` may also be a Stable Diffusion 3 / 3.5 pipeline folder (``model_index.json``): the same steps with
-    the SD3 transformer as the module, text prompts encoded once per sampling call into ``row_data``
-    (``prompt_embeds``, ``pooled_prompt_embeds``), latents decoded by the frozen VAE (:meth:`load_pipeline`,
-    docs/images.md). ``use_lora``: PEFT adapters on the UNet or transformer (:meth:`prepare`).
+    ``model`` may also be a diffusers pipeline folder (``model_index.json``) of a Stable Diffusion 3 / 3.5 or a
+    FLUX.1 pipeline: the same steps with the pipeline's transformer as the module, text prompts encoded once per
+    sampling call into ``row_data`` (``prompt_embeds``, ``pooled_prompt_embeds``), the final latents decoded by
+    the frozen VAE; what differs between the two classes (latent layout — FLUX packs 2x2 patches —, the
+    transformer call, guidance, the sigma schedule, decoding, the LoRA file) is one adapter per class in
+    ``policies/_image/pipelines_flow.py`` (:meth:`load_pipeline`, docs/images.md). ``use_lora``: PEFT adapters
+    on the UNet or transformer (:meth:`prepare`); a pipeline's final folder also gets them in diffusers' LoRA
+    format (:meth:`save_adapters`).
 
     Paper: Liu et al., "Flow-GRPO: Training Flow Matching Models via Online RL", arXiv:2505.05470 (the anchor
     image recipe, not a seed).
@@ -203,7 +204,9 @@ class FlowMatchingPolicy(PolicyBase):
     Provenance: authors' code — https://github.com/yifan123/flow_grpo, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py
     (sde_step_with_logprob, sde_type 'sde' and 'cps'; checked numerically against it, policies/_image/sde.py) and
     https://github.com/XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py (flux_step) for 'dance'; the sampling loop,
-    the tiny class-conditional UNet and the evaluation ODE are grpolab's (pipelines: tests/test_flow_pipeline.py).
+    the tiny class-conditional UNet and the evaluation ODE are grpolab's (pipelines: pipelines_flow.py, where the
+    FLUX adapter says what it matches of Flow-GRPO's and DanceGRPO's FLUX code; tests/test_flow_pipeline.py,
+    tests/test_flux_pipeline.py).
     Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian.
     """
 
@@ -215,6 +218,7 @@ class FlowMatchingPolicy(PolicyBase):
     float32_only = True
     steps_key = "flow_steps"  # the columns of a training sample (denoising_steps checks it)
     pipe = None  #: a diffusers pipeline (model_index.json) whose frozen VAE / text encoders this policy uses
+    adapter = None  #: its pipelines_flow.FlowPipeline (what differs between SD3 and FLUX)
     lora = None  #: (r, alpha, targets) with use_lora
     uses_element_weights = True  # forward weights each step's elements by row_data["element_weights"] (ViPO)
 
@@ -250,7 +254,7 @@ class FlowMatchingPolicy(PolicyBase):
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``digits`` (the built-in tiny model, pre-trained on first use and cached) or a folder
         holding a ``diffusers`` ``UNet2DModel`` (``config.json`` + safetensors, what :meth:`save` writes), or a
-        Stable Diffusion 3 / 3.5 pipeline folder (``model_index.json``; :meth:`load_pipeline`)."""
+        Stable Diffusion 3 / 3.5 or FLUX.1 pipeline folder (``model_index.json``; :meth:`load_pipeline`)."""
         if self.model_name not in BUILT_IN and (Path(self.model_name) / "model_index.json").exists():
             return self.load_pipeline(cfg, Path(self.model_name), rows, eval_rows, log=log)
         module = load_class_unet("flow_matching", self.model_name, "flow", log=log)
@@ -260,37 +264,34 @@ class FlowMatchingPolicy(PolicyBase):
         return module.float()
 
     def load_pipeline(self, cfg, path: Path, rows, eval_rows, *, log=print):
-        """A ``StableDiffusion3Pipeline`` folder: the trained ``module`` is its transformer (float32); the VAE
-        (float32, as Flow-GRPO) and the text encoders (the run's ``dtype`` when it is bfloat16 / float16, else
-        float32) stay frozen on the policy, outside the module (the optimiser, DDP and checkpoints see only the
-        transformer). Latents are ``[in_channels, sample_size, sample_size]`` of the transformer's config; every
-        row needs a text ``prompt``."""
-        from diffusers import StableDiffusion3Pipeline
+        """A ``StableDiffusion3Pipeline`` or ``FluxPipeline`` folder (``pipelines_flow.load_flow_pipeline``; another
+        class is refused naming the policy that trains it): the trained ``module`` is its transformer (float32);
+        the VAE (float32, as Flow-GRPO) and the text encoders (the run's ``dtype`` when it is bfloat16 / float16,
+        else float32) stay frozen on the policy, outside the module (the optimiser, DDP and checkpoints see only
+        the transformer). The states, their shape and the sigma schedule are the adapter's (SD3: latents
+        ``[in_channels, sample_size, sample_size]``; FLUX: packed ``[tokens, 4·C]``); every row needs a text
+        ``prompt``."""
+        from .pipelines_flow import load_flow_pipeline
 
-        from .pipeline_folder import check_text_rows, freeze_parts, pipeline_class, refuse_class
+        adapter = load_flow_pipeline(getattr(cfg, "policy", None) or "flow_matching", path, cfg, rows, eval_rows,
+                                     text_prompt, flow_shift=self.shift, log=log)
+        self.adapter, self.pipe = adapter, adapter.pipe
+        self.shape, self.sigmas = adapter.shape, adapter.sigmas(self.T)
+        return adapter.module
 
-        found = pipeline_class(path)
-        if found != "StableDiffusion3Pipeline":
-            refuse_class("flow_matching", path, found, {"StableDiffusion3Pipeline": "Stable Diffusion 3 / 3.5"})
-        check_text_rows(rows, eval_rows, text_prompt)
-        pipe = StableDiffusion3Pipeline.from_pretrained(path)  # float32 unless cast below
-        freeze_parts(pipe, cfg)
-        module = pipe.transformer.float()
-        c = module.config
-        self.shape = (c.in_channels, c.sample_size, c.sample_size)
-        shift = float(getattr(pipe.scheduler.config, "shift", 1.0))
-        if shift != self.shift:
-            log(f"[grpolab] note: {path}/scheduler has shift {shift:g}; this run samples with flow_shift "
-                f"{self.shift:g} (set flow_shift: {shift:g} for the pipeline's own schedule)")
-        self.pipe, self._negative = pipe, None
-        return module
+    def schedule(self, steps: int) -> torch.Tensor:
+        """The sigma schedule of ``steps`` steps: a pipeline's own (its adapter's), else diffusers' for
+        ``flow_shift``."""
+        if self.adapter is not None:
+            return self.adapter.sigmas(steps)
+        return sde.flow_sigmas(steps, self.shift, schedule="diffusers")
 
     def save(self, module, path) -> None:
         """``save_pretrained``: config.json + diffusion_pytorch_model.safetensors (``--model PATH`` loads it); a
         pipeline folder is the trained transformer (``transformer/``, float32) beside the source folder's
         ``model_index.json`` and frozen parts as they were (hard links where the file system allows, else
         copies: the VAE and text encoders keep their own files and precision)."""
-        if self.pipe is None:
+        if self.adapter is None:
             Path(path).mkdir(parents=True, exist_ok=True)
             module.save_pretrained(path, safe_serialization=True)
             return
@@ -299,42 +300,36 @@ class FlowMatchingPolicy(PolicyBase):
 
     def prepare(self, module):
         """LoRA adapters (PEFT, ``use_lora``) on the UNet or transformer; ``lora_target_modules`` left at the
-        causal LM's default means the transformer's attention projections (Flow-GRPO's list) or the UNet's
+        causal LM's default means Flow-GRPO's lists for a pipeline's transformer (SD3: the attention projections,
+        scripts/train_sd3.py; FLUX: the attention projections and the double-stream blocks' feed-forwards,
+        scripts/train_flux.py: ``pipelines_flow.FLUX_LORA_TARGETS``) or the UNet's
         ``to_q/to_k/to_v/to_out.0/conv1/conv2``."""
         if self.lora is None:
             return module
         from peft import LoraConfig, get_peft_model
         r, alpha, targets = self.lora
         if targets == LM_LORA_TARGETS:
-            targets = SD3_LORA_TARGETS if self.pipe is not None else UNET_LORA_TARGETS
+            targets = self.adapter.lora_targets if self.adapter is not None else UNET_LORA_TARGETS
         return get_peft_model(module, LoraConfig(r=r, lora_alpha=alpha, target_modules=targets,
                                                  init_lora_weights="gaussian"))
 
-    # ---------------------------------------------------------------- text conditions (pipelines)
-    def _frozen_to(self, device) -> None:
-        from .pipeline_folder import frozen_to
-        frozen_to(self.pipe, device)
+    def save_adapters(self, module, path) -> None:
+        """A pipeline's LoRA adapters as diffusers' ``path/pytorch_lora_weights.safetensors``
+        (``FluxPipeline`` / ``StableDiffusion3Pipeline.save_lora_weights``, rank and alpha in its metadata), beside
+        the merged pipeline :meth:`save` wrote there: ``pipe.load_lora_weights(path)`` on the source pipeline gives
+        the trained one. A UNet's adapters are only merged (diffusers has no LoRA loader for a bare UNet2DModel)."""
+        if self.adapter is not None:
+            self.adapter.save_lora(module, path)
 
+    # ---------------------------------------------------------------- text conditions (pipelines)
     def encode(self, prompts: list[str], device) -> dict:
         """``prompt_embeds`` [n, L, D] and ``pooled_prompt_embeds`` [n, P] (float32) of ``prompts`` by the
-        pipeline's frozen text encoders (``encode_prompt``, no guidance), each distinct prompt once."""
-        self._frozen_to(device)
-        unique = list(dict.fromkeys(prompts))
-        pe, _, pp, _ = self.pipe.encode_prompt(prompt=unique, prompt_2=None, prompt_3=None, device=device,
-                                               do_classifier_free_guidance=False,
-                                               max_sequence_length=PIPELINE_T5_TOKENS)
-        at = torch.tensor([unique.index(p) for p in prompts], device=pe.device)
-        return {"prompt_embeds": pe.float()[at], "pooled_prompt_embeds": pp.float()[at]}
-
-    def negative(self, device) -> dict:
-        """The empty prompt's embeds (classifier-free guidance's unconditional branch, Flow-GRPO's), cached."""
-        if self._negative is None or self._negative["prompt_embeds"].device != torch.device(device):
-            self._negative = self.encode([""], device)
-        return self._negative
+        pipeline's frozen text encoders (its adapter's ``encode_prompt`` call), each distinct prompt once."""
+        return self.adapter.encode(prompts, device)
 
     def conditions(self, rows, counts, device):
         """One condition per image: class labels [R] (a UNet) or the text embeds dict (a pipeline)."""
-        if self.pipe is None:
+        if self.adapter is None:
             return torch.tensor(per_row([condition_of(r) for r in rows], counts), device=device)
         return self.encode(per_row([text_prompt(r) for r in rows], counts), device)
 
@@ -348,42 +343,20 @@ class FlowMatchingPolicy(PolicyBase):
     @torch.no_grad()
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Images [R, C, H, W] in [0, 1] of final samples x: x clipped to [−1, 1] (a UNet's pixels), or a
-        pipeline's latents decoded by its VAE (``x / scaling_factor + shift_factor``), 8 at a time."""
-        if self.pipe is None:
+        pipeline's latents unpacked and decoded by its VAE (``x / scaling_factor + shift_factor``), 8 at a time
+        (its adapter's ``decode``)."""
+        if self.adapter is None:
             return (x.clamp(-1, 1) + 1) / 2
-        vae = self.pipe.vae
-        self._frozen_to(x.device)
-        sf, sh = vae.config.scaling_factor, getattr(vae.config, "shift_factor", None) or 0.0
-        out = [vae.decode((part.float() / sf + sh).to(vae.dtype), return_dict=False)[0].float()
-               for part in x.split(8)]
-        return (torch.cat(out) / 2 + 0.5).clamp(0, 1)
+        return self.adapter.decode(x)
 
     # ---------------------------------------------------------------- acting
     def velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, labels) -> torch.Tensor:
         """v_θ(x, σ, c) for rows of x (σ per row), float32, with classifier-free guidance when w != 1. ``labels``:
-        class labels [R] (a ``UNet2DModel``) or a pipeline's text embeds dict (an ``SD3Transformer2DModel``:
-        :meth:`transformer_velocity`)."""
+        class labels [R] (a ``UNet2DModel``) or a pipeline's text embeds dict (its transformer, called as its
+        pipeline calls it: ``pipelines_flow``, SD3 at timestep 1000·σ, FLUX packed with its ids and guidance)."""
         if isinstance(labels, dict):
-            return self.transformer_velocity(module, x, sigma, labels)
+            return self.adapter.velocity(module, x, sigma, labels, self.w)
         return unet_velocity(module, x, sigma, labels, self.w)
-
-    def transformer_velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict) -> torch.Tensor:
-        """An SD3 transformer's v_θ(x, σ, text): timestep 1000·σ as the SD3 pipeline passes it (its scheduler's
-        ``timesteps`` are σ·num_train_timesteps); guidance w != 1 runs the empty prompt's embeds beside the
-        prompt's, v = v_u + w·(v_c − v_u) (Flow-GRPO's pipeline_with_logprob)."""
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            t = (sigma * 1000).float().to(x.device)
-            pe, pp = cond["prompt_embeds"].float(), cond["pooled_prompt_embeds"].float()
-            if self.w == 1.0:
-                return module(hidden_states=x.float(), timestep=t, encoder_hidden_states=pe,
-                              pooled_projections=pp).sample.float()
-            neg = self.negative(x.device)
-            npe, npp = (neg[k].expand(len(x), *neg[k].shape[1:]) for k in ("prompt_embeds", "pooled_prompt_embeds"))
-            both = module(hidden_states=torch.cat([x, x]).float(), timestep=torch.cat([t, t]),
-                          encoder_hidden_states=torch.cat([npe, pe]),
-                          pooled_projections=torch.cat([npp, pp])).sample.float()
-            unc, con = both.chunk(2)
-            return unc + self.w * (con - unc)
 
     def _step(self, x, v, sig, sig_next, *, generator=None, x_next=None):
         if self.kind == "flow_grpo":
@@ -392,6 +365,15 @@ class FlowMatchingPolicy(PolicyBase):
         if self.kind == "dance":
             return sde.dance_step(x, v, sig, sig_next, self.a, generator=generator, x_next=x_next)
         return sde.cps_step(x, v, sig, sig_next, self.a, generator=generator, x_next=x_next)
+
+    def initial_noise(self, rows, uids, counts, generator, *, evaluation: bool) -> torch.Tensor:
+        """``row_noise`` of the state shape; a pipeline's drawn as its pipeline draws it (FLUX: [C, H, W]), then
+        laid out as its states (packed)."""
+        if self.adapter is None:
+            return row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
+                             same_in_group=self.same_noise)
+        return self.adapter.pack(row_noise(rows, uids, counts, self.adapter.noise_shape, generator,
+                                           evaluation=evaluation, same_in_group=self.same_noise))
 
     @torch.no_grad()
     def sample(self, module, rows, uids, *, group_offset=0, num_generations, temperature=None, generator=None,
@@ -402,13 +384,12 @@ class FlowMatchingPolicy(PolicyBase):
         device = next(module.parameters()).device
         labels = cond = self.conditions(rows, counts, device)
         extra = None
-        if self.pipe is not None:  # text embeds in row_data (forward does not re-encode); the prompt uid as label
+        if self.adapter is not None:  # text embeds in row_data (forward does not re-encode); the prompt uid as label
             labels = repeat_rows(torch.tensor(uids, device=device), counts)
             extra = cond
-        x = row_noise(rows, uids, counts, self.shape, generator, evaluation=evaluation,
-                      same_in_group=self.same_noise).to(device)
+        x = self.initial_noise(rows, uids, counts, generator, evaluation=evaluation).to(device)
         if evaluation:
-            sigmas = sde.flow_sigmas(self.T_eval, self.shift, schedule="diffusers")
+            sigmas = self.schedule(self.T_eval)
             for j in range(self.T_eval):
                 x = x + (sigmas[j + 1] - sigmas[j]) * self.velocity(module, x, sigmas[j].expand(len(x)), cond)
             return pack_images(rows, uids, counts, labels, self.decode(x),
