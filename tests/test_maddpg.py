@@ -219,3 +219,40 @@ def test_train_maddpg_raises_the_return_on_every_seed(seed):
                      update_every=2, warmup=128, max_steps=10)
     first, last = sum(r["returns"][:40]) / 40, sum(r["returns"][-40:]) / 40
     assert last > first + 0.25, (first, last)
+
+
+def test_per_variable_clipping_and_per_agent_targets_as_the_authors():
+    """openai/maddpg clips each variable's gradient on its own (tf_util.minimize_and_clip: tf.clip_by_norm per
+    variable) and moves an agent's targets right after its own update (train.py: each agent.update ends with its
+    p_update / q_update). By hand on a Linear(3, 2): weight gradient all ones (norm sqrt 6 = 2.449) -> each entry
+    0.5 / sqrt 6; bias gradient (0.03, 0.04) (norm 0.05 < 0.5) unchanged. The global form scales both by
+    0.5 / sqrt(6 + 0.0025). Order: when agent 1's update starts, agent 0's target actor has already moved to
+    0.99 target + 0.01 actor (per_agent, the default); with after_all it has not."""
+    from grpolab.policies._control.maddpg import clip_gradients
+    lin = torch.nn.Linear(3, 2)
+    for mode in ("per_variable", "global"):
+        lin.weight.grad, lin.bias.grad = torch.ones(2, 3), torch.tensor([0.03, 0.04])
+        clip_gradients(lin.parameters(), 0.5, mode)
+        f = 0.5 / math.sqrt(6) if mode == "per_variable" else 0.5 / math.sqrt(6 + 0.0025)
+        assert torch.allclose(lin.weight.grad, torch.full((2, 3), f), atol=1e-6)
+        want_b = torch.tensor([0.03, 0.04]) * (1.0 if mode == "per_variable" else f)
+        assert torch.allclose(lin.bias.grad, want_b, atol=1e-7), mode
+    for mode, moved in (("per_agent", True), ("after_all", False)):
+        torch.manual_seed(0)
+        L = MADDPG([[relu_mlp(3, 8, 4) for _ in range(2)]], 3, 4, hidden=8, batch_size=16, tau=0.01, seed=0,
+                   target_update=mode)
+        L.add(*_random_buffer(L, 32), torch.zeros(32, 2, dtype=torch.long))
+        t0 = [p.clone() for p in L.target_actor(0, 0).parameters()]
+        seen, inner = {}, L._update_one
+
+        def spy(k, i, inner=inner, L=L):
+            if i == 1:
+                seen["t"] = [p.clone() for p in L.target_actor(0, 0).parameters()]
+                seen["a"] = [p.clone() for p in L.actors[0][0].parameters()]
+            return inner(k, i)
+        L._update_one = spy
+        L.update()
+        want = [0.99 * a + 0.01 * b for a, b in zip(t0, seen["a"])] if moved else t0
+        assert all(torch.allclose(p, q, atol=1e-7) for p, q in zip(seen["t"], want)), mode
+    with pytest.raises(Exception, match="clip mode"):
+        MADDPG([[relu_mlp(3, 8, 4) for _ in range(2)]], 3, 4, clip_mode="norm")

@@ -17,7 +17,8 @@ relaxed) actions ``a_j`` and actors ``mu_j`` that output logits ``z_j = mu_j(o_j
   U(0, 1)``; its argmax is a draw from ``softmax(z)`` (the Gumbel-max trick), so the environment gets that
   hard action;
 - target networks by Polyak averaging (:func:`polyak_update`) ``theta' <- (1 - tau) theta' + tau theta``,
-  ``tau = 0.01``; gradient norms clipped at 0.5; Adam, lr 1e-2, gamma 0.95, 2 x 64 ReLU MLPs;
+  ``tau = 0.01``, each agent's targets moved right after its own update; each variable's gradient norm
+  clipped at 0.5 on its own (:func:`clip_gradients`); Adam, lr 1e-2, gamma 0.95, 2 x 64 ReLU MLPs;
 - policy ensembles: each agent keeps K sub-policies (actor, critic, targets, replay buffer each); one is drawn
   uniformly per agent per episode and the episode's transitions go to the drawn sub-policy's buffer; the
   critic of agent i's sub-policy k bootstraps with the target actors of the sub-policies the other agents
@@ -77,6 +78,24 @@ def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
     """``theta' <- (1 - tau) theta' + tau theta`` for every parameter."""
     for pt, p in zip(target.parameters(), source.parameters()):
         pt.mul_(1.0 - tau).add_(p, alpha=tau)
+
+
+CLIP_MODES = ("per_variable", "global")
+TARGET_UPDATES = ("per_agent", "after_all")
+
+
+def clip_gradients(params, max_norm: float, mode: str = "per_variable") -> None:
+    """Gradient clipping at ``max_norm``: ``per_variable`` (the authors': openai/maddpg
+    maddpg/common/tf_util.py ``minimize_and_clip`` applies ``tf.clip_by_norm(grad, clip_val)`` to each variable's
+    gradient on its own, ``g <- g * min(1, c / ||g||)`` per tensor) or ``global`` (``clip_grad_norm_``: one
+    factor ``min(1, c / ||(g_1..g_n)||)`` for all). Test:
+    tests/test_maddpg.py::test_per_variable_clipping_and_per_agent_targets_as_the_authors."""
+    params = [p for p in params if p.grad is not None]
+    if mode == "global":
+        nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    for p in params:
+        nn.utils.clip_grad_norm_([p], max_norm)
 
 
 def critic_input(obs: torch.Tensor, act: torch.Tensor, i: int, local: bool = False) -> torch.Tensor:
@@ -144,12 +163,17 @@ class MADDPG:
 
     def __init__(self, actors: list[list[nn.Module]], obs_dim: int, act_dim: int, *, gamma: float = 0.95,
                  tau: float = 0.01, lr: float = 1e-2, hidden: int = 64, batch_size: int = 1024,
-                 buffer_size: int = 1_000_000, grad_clip: float = 0.5, local_q: bool = False, seed: int = 0):
+                 buffer_size: int = 1_000_000, grad_clip: float = 0.5, local_q: bool = False, seed: int = 0,
+                 clip_mode: str = "per_variable", target_update: str = "per_agent"):
         if not actors or not actors[0]:
             raise ConfigError("maddpg: no actors")
         self.K, self.N = len(actors), len(actors[0])
         self.obs_dim, self.act_dim = int(obs_dim), int(act_dim)
         self.gamma, self.tau, self.grad_clip, self.local_q = float(gamma), float(tau), float(grad_clip), local_q
+        if clip_mode not in CLIP_MODES or target_update not in TARGET_UPDATES:
+            raise ConfigError(f"maddpg: clip mode one of {CLIP_MODES} (got {clip_mode!r}), target update one of "
+                              f"{TARGET_UPDATES} (got {target_update!r})")
+        self.clip_mode, self.target_update = clip_mode, target_update
         self.batch_size = int(batch_size)
         self.actors = actors
         uniq = {id(m): m for row in actors for m in row}
@@ -195,18 +219,28 @@ class MADDPG:
     # ---- one update of every (k, i)
     def update(self) -> dict:
         """One critic and one actor step for every agent's every sub-policy, on a fresh sample of its own
-        buffer; then every target moves by ``tau``. Returns the mean critic and actor losses."""
+        buffer, each target moving by ``tau``: with ``target_update`` ``per_agent`` (the authors': in
+        experiments/train.py each ``agent.update`` ends with its own ``p_update``/``q_update``, so a later agent's
+        TD target already reads the earlier agents' moved target actors) right after its own update (an actor
+        module shared by several agents moves once, after the last of them); with ``after_all`` every target
+        after all the updates. Returns the mean critic and actor losses."""
         q_losses, p_losses = [], []
-        for k in range(self.K):
-            for i in range(self.N):
-                ql, pl = self._update_one(k, i)
-                q_losses.append(ql)
-                p_losses.append(pl)
-        for mid, m in zip(self.target_of, self.actor_modules):
-            polyak_update(self.target_of[mid], m, self.tau)
-        for row, trow in zip(self.critics, self.target_critics):
-            for c, ct in zip(row, trow):
-                polyak_update(ct, c, self.tau)
+        order = [(k, i) for k in range(self.K) for i in range(self.N)]
+        last = {id(self.actors[k][i]): (k, i) for k, i in order}
+        for k, i in order:
+            ql, pl = self._update_one(k, i)
+            q_losses.append(ql)
+            p_losses.append(pl)
+            if self.target_update == "per_agent":
+                polyak_update(self.target_critics[k][i], self.critics[k][i], self.tau)
+                if last[id(self.actors[k][i])] == (k, i):
+                    polyak_update(self.target_actor(k, i), self.actors[k][i], self.tau)
+        if self.target_update == "after_all":
+            for mid, m in zip(self.target_of, self.actor_modules):
+                polyak_update(self.target_of[mid], m, self.tau)
+            for row, trow in zip(self.critics, self.target_critics):
+                for c, ct in zip(row, trow):
+                    polyak_update(ct, c, self.tau)
         self.updates += 1
         return {"q_loss": float(np.mean(q_losses)), "p_loss": float(np.mean(p_losses))}
 
@@ -229,7 +263,7 @@ class MADDPG:
         q_loss = (q - y).pow(2).mean()
         opt.zero_grad(set_to_none=True)
         q_loss.backward()
-        nn.utils.clip_grad_norm_(critic.parameters(), self.grad_clip)
+        clip_gradients(critic.parameters(), self.grad_clip, self.clip_mode)
         opt.step()
         # actor: agent i's action relaxed through the Gumbel-softmax, the others' from the replay sample
         actor = self.actors[k][i]
@@ -241,7 +275,7 @@ class MADDPG:
         aopt.zero_grad(set_to_none=True)
         critic.zero_grad(set_to_none=True)
         p_loss.backward()
-        nn.utils.clip_grad_norm_(actor.parameters(), self.grad_clip)
+        clip_gradients(actor.parameters(), self.grad_clip, self.clip_mode)
         aopt.step()
         critic.zero_grad(set_to_none=True)
         return float(q_loss.detach()), float(p_loss.detach())

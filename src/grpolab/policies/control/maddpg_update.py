@@ -94,6 +94,13 @@ class MADDPGUpdate:
                  maddpg_grad_clip: float = param(0.5, "MADDPG: gradient-norm clip of every step (0.5)"),
                  maddpg_local_q: bool = param(False, "MADDPG: critics see only the agent's own observation and "
                                               "action (the paper's DDPG baseline)"),
+                 maddpg_clip_mode: str = param("per_variable", "MADDPG: clip each variable's gradient norm on its "
+                                               "own (per_variable, the authors' tf.clip_by_norm per variable) or "
+                                               "their global norm (global, clip_grad_norm_)",
+                                               ["per_variable", "global"]),
+                 maddpg_target_update: str = param("per_agent", "MADDPG: move an agent's target networks right "
+                                                   "after its own update (per_agent, the authors') or all "
+                                                   "after every agent's (after_all)", ["per_agent", "after_all"]),
                  seed: int = 0):
         if maddpg_batch_size < 1 or maddpg_update_every < 1 or maddpg_buffer_size < 1 or maddpg_warmup < 0:
             raise ConfigError(f"maddpg_batch_size, maddpg_update_every, maddpg_buffer_size >= 1 and maddpg_warmup "
@@ -103,7 +110,8 @@ class MADDPGUpdate:
             raise ConfigError(f"maddpg_tau in (0, 1] and maddpg_gamma in [0, 1], got {maddpg_tau}, {maddpg_gamma}")
         self.kw = dict(gamma=maddpg_gamma, tau=maddpg_tau, lr=maddpg_lr, hidden=maddpg_hidden,
                        batch_size=maddpg_batch_size, buffer_size=maddpg_buffer_size, grad_clip=maddpg_grad_clip,
-                       local_q=maddpg_local_q, seed=seed)
+                       local_q=maddpg_local_q, seed=seed, clip_mode=maddpg_clip_mode,
+                       target_update=maddpg_target_update)
         self.update_every, self.warmup = int(maddpg_update_every), int(maddpg_warmup)
         self.learner: MADDPG | None = None
         self.steps = 0
