@@ -51,8 +51,9 @@ class MADDPGUpdate:
     steps, and for every ``maddpg_update_every`` steps counted once the buffer holds ``maddpg_warmup``
     transitions runs one MADDPG update: for each agent i, a critic step of ``Q_i(o_1..o_N, a_1..a_N)`` to the TD
     target ``r_i + gamma (1 - done) Q_i'(o', a')`` (``a'`` Gumbel-softmax samples of the target actor) and an
-    actor step of ``-mean Q_i(.., gumbel_softmax(z_i), ..) + 1e-3 mean z_i^2``, gradients clipped at 0.5,
-    then Polyak updates of the targets (tau). The actor is the control policy's one shared MLP (the agent's
+    actor step of ``-mean Q_i(.., gumbel_softmax(z_i), ..) + 1e-3 mean z_i^2``, each variable's gradient
+    clipped at 0.5 on its own (``maddpg_clip_mode``), the agent's targets moved by tau right after its own update
+    (``maddpg_target_update``), as the authors'. The actor is the control policy's one shared MLP (the agent's
     one-hot in its input; its logits are the MADDPG actor's, its categorical draws are the Gumbel-max draws
     of the relaxation), so the agents' actor losses are summed into one step of it; the critics (one per agent,
     2 x ``maddpg_hidden`` ReLU, over the observations without the one-hot), the target actor and critics,
