@@ -13,6 +13,8 @@ module; the trained module is the pipeline's ``transformer`` in float32.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import math
 from pathlib import Path
 
@@ -36,7 +38,7 @@ FLUX_LORA_TARGETS = ["attn.to_k", "attn.to_q", "attn.to_v", "attn.to_out.0", "at
                      "ff_context.net.2"]
 
 
-class FlowPipeline:
+class FlowPipeline(ABC):
     """What :class:`FlowMatchingPolicy` asks of a diffusers flow-matching pipeline folder; subclasses fill in the
     class-specific parts. ``shape`` is one sample's state as the transformer takes it (what the SDE steps and
     ``step_data`` hold), ``noise_shape`` the initial noise as the pipeline draws it (:meth:`pack` maps one to the
@@ -63,18 +65,20 @@ class FlowPipeline:
         """States ``[R, *shape]`` as the VAE's latents ``[R, C, H, W]``."""
         return x
 
+    @abstractmethod
     def sigmas(self, steps: int) -> torch.Tensor:
         """σ_0 = 1 > … > σ_steps = 0: the pipeline's own schedule for ``steps`` steps (see the subclass)."""
-        raise NotImplementedError
+        ...
 
     # ---------------------------------------------------------------- conditions
     def frozen_to(self, device) -> None:
         from .pipeline_folder import frozen_to
         frozen_to(self.pipe, device)
 
+    @abstractmethod
     def encode_unique(self, prompts: list[str], device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(prompt_embeds, pooled_prompt_embeds)`` of distinct prompts by the pipeline's ``encode_prompt``."""
-        raise NotImplementedError
+        ...
 
     def encode(self, prompts: list[str], device) -> dict:
         """``prompt_embeds`` [n, L, D] and ``pooled_prompt_embeds`` [n, P] (float32) of ``prompts`` by the
@@ -92,9 +96,10 @@ class FlowPipeline:
         return self._negative
 
     # ---------------------------------------------------------------- the network
+    @abstractmethod
     def call(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict, w: float) -> torch.Tensor:
         """One transformer call at noise levels ``sigma`` [R], float32 output shaped like ``x``."""
-        raise NotImplementedError
+        ...
 
     def velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict, w: float) -> torch.Tensor:
         """v_θ(x, σ, text) in float32 whatever autocast is on; with w != 1 and no guidance embedding, classifier-

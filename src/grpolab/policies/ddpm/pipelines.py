@@ -20,6 +20,8 @@ when w != 1.
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 import json
 from pathlib import Path
 
@@ -54,7 +56,7 @@ def guided(call, w: float, cond_first: bool = False) -> torch.Tensor:
     return unc + w * (cond - unc)
 
 
-class Denoiser:
+class Denoiser(ABC):
     """What policy ddpm needs of a loaded model besides the DDIM step (the interface of the classes below)."""
 
     module: torch.nn.Module  #: the trained UNet (float32)
@@ -62,30 +64,36 @@ class Denoiser:
     shape: tuple  #: one sample's latent (or pixel) shape [C, H, W]
     lora_targets: list  #: LoRA targets when lora_target_modules is the causal LM's default
 
+    @abstractmethod
     def conditions(self, rows, uids, counts, device):
         """``(labels, cond, extra)`` for one action per count: ``labels`` [R] the one prompt token of each
         action (a class, else the prompt's uid), ``cond`` what :meth:`eps` takes, ``extra`` the tensors kept in
         ``row_data`` for the forward (a pipeline's text embeds) or None."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def row_condition(self, row_data: dict, rows: torch.Tensor, device):
         """The ``cond`` of rows ``rows`` of a batch, from its ``row_data`` (never re-encoded)."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def eps(self, module, x: torch.Tensor, t: torch.Tensor, cond, w: float) -> torch.Tensor:
         """The network's output ε̂ for rows of x at integer timesteps t [R], with guidance w, float32."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def decode(self, x: torch.Tensor) -> torch.Tensor:
         """Images [R, C, H, W] in [0, 1] of final samples x."""
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def save(self, module, path) -> None:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def save_adapters(self, module, path) -> None:
         """The LoRA adapters of the PEFT-wrapped ``module`` in the format its library loads."""
-        raise NotImplementedError
+        ...
 
 
 def _sample_shape(config) -> tuple:
