@@ -12,8 +12,11 @@ from grpolab.cli import main
 from grpolab.config import CORE_KEYS, Config
 from grpolab.errors import ConfigError
 from grpolab.recipes import recipe_overrides
+from grpolab.registry import POLICIES, declared_params
 from grpolab.train.metrics import read_metrics
 
+# the default policy (causal_lm) is a selected component too: its own keys are in every text run's config
+POLICY_KEYS = set(declared_params(POLICIES.get("causal_lm")))
 LEGACY = Path(__file__).parent / "data" / "legacy_config_vade.yaml"
 
 
@@ -27,7 +30,7 @@ def capture(argv) -> str:
 def test_selected_components_bring_their_parameters_and_only_theirs():
     cfg = Config.build({"prompt_sampler": "vade", "vade_prior_alpha": 2.0})
     assert cfg.vade_prior_alpha == 2.0 and cfg.vade_step_decay == 0.99  # set, and the declared default
-    assert set(cfg.params) == {k for k in cfg.params if k.startswith("vade_")}
+    assert set(cfg.params) == {k for k in cfg.params if k.startswith("vade_")} | POLICY_KEYS
     assert not hasattr(cfg, "gdro_window")  # a sampler this run does not select
     keys = list(cfg.to_dict())
     assert keys[:len(CORE_KEYS)] == CORE_KEYS and keys[len(CORE_KEYS):] == sorted(cfg.params)
@@ -78,12 +81,12 @@ def test_config_command_shows_core_keys_then_the_recipes_component_keys():
     out = yaml.safe_load(capture(["config", "--recipe", "vade"]))
     keys = list(out)
     assert keys[:len(CORE_KEYS)] == CORE_KEYS
-    assert keys[len(CORE_KEYS):] == sorted(k for k in keys if k.startswith("vade_"))
+    assert keys[len(CORE_KEYS):] == sorted([k for k in keys if k.startswith("vade_")] + list(POLICY_KEYS))
     assert out["prompt_sampler"] == "vade"
     plain = yaml.safe_load(capture(["config", "--dynamic_sampling", "false"]))
-    assert list(plain) == CORE_KEYS  # GRPO on arithmetic selects no component with parameters
+    assert list(plain) == CORE_KEYS + sorted(POLICY_KEYS)  # GRPO on arithmetic: only the text policy's keys
     job = yaml.safe_load(capture(["config"]))  # the default job: arithmetic's dynamic sampling brings its keys
-    assert list(job) == CORE_KEYS + sorted(k for k in job if k.startswith("dynamic_sampling_"))
+    assert list(job) == CORE_KEYS + sorted([k for k in job if k.startswith("dynamic_sampling_")] + list(POLICY_KEYS))
     table = capture(["config", "--recipe", "vade", "--markdown"])
     assert "| `vade_prior_alpha` | `1.0` |" in table and "prompt sampler/vade" in table
 

@@ -58,7 +58,7 @@ def test_every_format_reads_the_same_rows_and_trains_from_the_command_line(tmp_p
     from grpolab.policies.vision_language.scenes import row_images
 
     arrays, names = _write_every_format(tmp_path)
-    (tmp_path / "user_rw.py").write_text(REWARD)
+    (tmp_path / "vision_data_rw.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path.parent)  # relative image paths resolve against the data file's folder
     for name in names:
@@ -67,7 +67,7 @@ def test_every_format_reads_the_same_rows_and_trains_from_the_command_line(tmp_p
             assert prompt_messages(row, 1) == _prompt(i), name
             assert np.array_equal(row_images(row)[0], arrays[i]), name
         rc = main(["train", "--policy", "vision_language", "--model", "tiny", "--vlm_pretrain_steps", "5",
-                   "--data", str(tmp_path / name), "--reward", "user_rw:hit", "--steps", "1", "--prompts_per_step",
+                   "--data", str(tmp_path / name), "--reward", "vision_data_rw:hit", "--steps", "1", "--prompts_per_step",
                    "2", "--num_generations", "2", "--max_completion_length", "4", "--eval_split", "0",
                    "--save_steps", "100", "--tensorboard", "false", "--quiet", "--threads", "1",
                    "--out", str(tmp_path / f"run_{name}")])

@@ -203,10 +203,10 @@ def test_a_folder_trains_two_steps_from_the_command_line_and_reloads_natively(ki
     monkeypatch.undo()  # the run itself builds its processor without help
     rows = _rows()
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "user_rw.py").write_text(REWARD)
+    (tmp_path / "vlm_models_rw.py").write_text(REWARD)
     monkeypatch.syspath_prepend(str(tmp_path))
     rc = main(["train", "--policy", "vision_language", "--model", str(tmp_path / "m"), "--data",
-               str(tmp_path / "rows.jsonl"), "--reward", "user_rw:varied", "--steps", "2", "--prompts_per_step", "2",
+               str(tmp_path / "rows.jsonl"), "--reward", "vlm_models_rw:varied", "--steps", "2", "--prompts_per_step", "2",
                "--num_generations", "2", "--max_completion_length", "4", "--eval_split", "0", "--learning_rate",
                "1e-3", "--save_steps", "100", "--tensorboard", "false", "--quiet", "--threads", "1",
                "--out", str(tmp_path / "run")])
