@@ -431,7 +431,7 @@ def _rows_of(dataset, what: str) -> list[dict]:
         raise ConfigError(f"{what}: a dict of datasets is not supported; pass one dataset (a list of dicts or a "
                           f"datasets.Dataset)")
     try:
-        rows = [dict(r) for r in dataset]
+        rows = [dict(r) for r in _audio_undecoded(dataset)]
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{what}: expected a list of dicts or a datasets.Dataset, got "
                           f"{type(dataset).__name__} ({e})") from None
@@ -440,13 +440,26 @@ def _rows_of(dataset, what: str) -> list[dict]:
     return [_pictures_as_uris(r, f"{what} row {i}") for i, r in enumerate(rows)]
 
 
+def _audio_undecoded(dataset):
+    """A ``datasets.Dataset`` whose ``datasets.Audio()`` columns are cast to ``Audio(decode=False)``: datasets'
+    own audio decoding needs torchcodec and FFmpeg; the speech policy decodes the bytes or paths itself
+    (``policies/speech_to_text/audio.py``). Anything else is returned as it is."""
+    features = getattr(dataset, "features", None)
+    if not isinstance(features, dict) or not hasattr(dataset, "cast_column"):
+        return dataset
+    for name, feature in features.items():
+        if type(feature).__name__ == "Audio" and getattr(feature, "decode", False):
+            dataset = dataset.cast_column(name, type(feature)(decode=False))
+    return dataset
+
+
 def _pictures_as_uris(row: dict, where: str) -> dict:
     """A row whose ``image`` / ``images`` hold pictures (PIL images, arrays, ``datasets.Image()`` values: TRL's VLM
     datasets) in the form ``--data`` rows take (:func:`grpolab.data.with_pictures`: a path, or a data URI), so
     the row travels through the same JSONL data checks as the CLI's."""
-    from .data import DataError, with_pictures
+    from .data import DataError, with_audio, with_pictures
     try:
-        return with_pictures(row, where)
+        return with_pictures(with_audio(row, where), where)
     except DataError as e:
         raise ConfigError(str(e)) from None
 
@@ -610,6 +623,13 @@ class _APITrainer(Trainer):
             tok = tok or own
             if tok is None:  # a policy whose actions are not text (policy: flow_matching, ...): no tokenizer
                 return model, None
+        elif hasattr(self.policy, "whisper"):  # a loaded Whisper: its WhisperProcessor is required
+            if tok is None or getattr(tok, "feature_extractor", None) is None:
+                raise ConfigError("processing_class: a loaded Whisper model needs its processor "
+                                  "(WhisperProcessor.from_pretrained(...)), or pass the model's folder as model=")
+            self.policy.use_loaded(model, tok)  # its decoder prefix, token masks and feature extractor
+            self.policy.check_rows(self.rows, self.eval_rows)
+            return model.eval(), None
         elif hasattr(self.policy, "processor"):  # a loaded VLM: its processor is required, as in TRL
             if tok is None or getattr(tok, "tokenizer", None) is None:
                 raise ConfigError("processing_class: a loaded vision-language model needs its processor "
@@ -694,6 +714,8 @@ class GRPOTrainer:
         overrides = to_grpolab(self.args)
         if any(r.get("image") is not None or r.get("images") is not None for r in rows[:100]):
             overrides.setdefault("policy", "vision_language")  # TRL: an image column makes the run a VLM run
+        if any(r.get("audio") is not None for r in rows[:100]):
+            overrides.setdefault("policy", "speech_to_text")  # an audio column: a speech recogniser's run
         if "steps" not in overrides:  # TRL: max_steps <= 0 -> epochs over the data
             per_step = overrides["prompts_per_step"]
             overrides["steps"] = max(1, math.ceil(float(self.args.num_train_epochs) * len(rows) / per_step))

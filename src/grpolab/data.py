@@ -149,6 +149,53 @@ def with_pictures(row: dict, at: str, base: Path | None = None) -> dict:
     return out
 
 
+# ------------------------------------------------------------------ audio (ASR data, docs/speech.md)
+_AUDIO_MAGIC = ((b"RIFF", "wav"), (b"fLaC", "flac"), (b"OggS", "ogg"), (b"ID3", "mpeg"), (b"FORM", "aiff"))
+
+
+def audio_value(x, at: str, base: Path | None = None):
+    """A row's ``audio`` in the form every loader hands on (JSON-safe, nothing decoded): a file path (relative
+    paths that do not exist from the working folder are taken relative to the data file's folder ``base``), a
+    ``data:audio/...`` URI, or ``{"array": [...], "sampling_rate": Hz}``. A ``datasets.Audio()`` value read
+    undecoded (``{"bytes": ..., "path": ...}``: Parquet files, ``save_to_disk`` folders, a Dataset cast to
+    ``Audio(decode=False)``) becomes a data URI of its encoded bytes or its path. The speech policy decodes
+    (``policies/speech_to_text/audio.py``)."""
+    import base64
+    if isinstance(x, dict) and "array" in x:
+        arr = x["array"]
+        return {**x, "array": arr.tolist() if hasattr(arr, "tolist") else arr}
+    if isinstance(x, dict) and ("bytes" in x or "path" in x):
+        if x.get("bytes"):
+            raw = bytes(x["bytes"])
+            kind = next((k for magic, k in _AUDIO_MAGIC if raw.startswith(magic)), "unknown")
+            return f"data:audio/{kind};base64," + base64.b64encode(raw).decode("ascii")
+        x = x.get("path")
+        if not x:
+            raise DataError(f"{at}: a datasets Audio value with neither bytes nor a path")
+    if isinstance(x, str):
+        if base is not None and not x.startswith("data:") and not Path(x).is_absolute() and not Path(x).exists() \
+                and (base / x).exists():
+            return str(base / x)
+        return x
+    raise DataError(f"{at}: 'audio' must be a file path, a data:audio URI, {{\"array\": [...], \"sampling_rate\": "
+                    f"Hz}} or a datasets Audio value, got {type(x).__name__}")
+
+
+def with_audio(row: dict, at: str, base: Path | None = None) -> dict:
+    """``row`` with its ``audio`` in the form :func:`audio_value` gives and, when it has no ``prompt`` (ASR data
+    is kept as ``audio`` + ``transcript``), the prompt ``audio: <file name>`` (``audio`` for arrays and bytes):
+    the text the reward functions see as the prompt. Rows without ``audio`` are unchanged."""
+    if row.get("audio") is None:
+        return row
+    out = dict(row)
+    out["audio"] = audio_value(row["audio"], f"{at} 'audio'", base)
+    if "prompt" not in out:
+        a = out["audio"]
+        name = Path(a).name if isinstance(a, str) and not a.startswith("data:") else ""
+        out["prompt"] = f"audio: {name}" if name else "audio"
+    return out
+
+
 def load_jsonl(path: str | Path, column_map: dict[str, str] | None = None) -> list[dict]:
     """Rows of a JSONL file. Each needs a ``prompt``: a string or a list of
     ``{"role", "content"}`` messages with string contents. Any other keys are data columns.
@@ -242,6 +289,7 @@ def rename_columns(row: dict, column_map: dict[str, str] | None) -> dict:
 
 
 def _checked(row: dict, at: str, column_map: dict[str, str] | None, base: Path | None = None) -> dict:
+    row = with_audio(row, at, base)  # an audio row without a prompt gets one (ASR data: audio + transcript)
     if "prompt" not in row:
         hint = ""
         if column_map:

@@ -15,6 +15,7 @@ from ..base import (PolicyBase, check_own_sampler, fanned_columns, group_identit
                     save_pretrained_folder, saved_folder)
 
 BUILT_IN = ("spoken_digits", "tiny")
+WHISPER = "WhisperForConditionalGeneration"
 
 
 def check_speech(cfg) -> None:
@@ -72,7 +73,10 @@ class SpeechToTextPolicy(PolicyBase):
     default_task = "spoken_digits"
     float32_only = True  # a tiny model: float32 costs nothing and gives the same numbers on every CPU kind
 
-    def __init__(self, *, model: str, temperature: float,
+    def __init__(self, *, model: str, temperature: float, max_completion_length: int = 20,
+                 speech_language: str = param("en", "speech_to_text: the language token of a Whisper model's decoder "
+                                              "prompt (<|startoftranscript|><|en|><|transcribe|><|notimestamps|>); "
+                                              "English-only (.en) models take none"),
                  speech_eval_sampling: str = param("seeded", "speech_to_text: held-out evaluation decoding: 'greedy' "
                                                    "= argmax; 'seeded' = draws at the run's temperature from "
                                                    "each row's own seed (audio_seed), the same draws before and "
@@ -81,6 +85,10 @@ class SpeechToTextPolicy(PolicyBase):
             raise ConfigError(f"speech_eval_sampling: 'greedy' or 'seeded', got {speech_eval_sampling!r}")
         self.model_name, self.temperature, self.eval_sampling = model, float(temperature), speech_eval_sampling
         self.vocab: dict = {}
+        self.max_completion_length, self.language = int(max_completion_length), str(speech_language)
+        self.whisper = None  # a WhisperLayout (whisper.py) once a Whisper model is loaded
+        from .whisper import folder_model_type  # a Whisper folder runs in the run's dtype (bf16 on a GPU); the
+        self.float32_only = folder_model_type(Path(model))[0] != "whisper"  # tiny model in float32 on every CPU
 
     @property
     def pad_id(self) -> int:
@@ -88,12 +96,26 @@ class SpeechToTextPolicy(PolicyBase):
 
     # ---------------------------------------------------------------- loading
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
-        """``model``: ``spoken_digits`` / ``tiny`` (the built-in model, pre-trained on first use and cached) or a
-        folder written by :meth:`save`."""
+        """``model``: ``spoken_digits`` / ``tiny`` (the built-in model, pre-trained on first use and cached), a
+        folder written by :meth:`save`, or a ``WhisperForConditionalGeneration`` folder with its processor."""
         from transformers import Speech2TextForConditionalGeneration
 
         from .tiny import speech_model_path
+        from .whisper import folder_model_type, load_whisper
 
+        if self.model_name not in BUILT_IN:
+            kind, arch = folder_model_type(Path(self.model_name))
+            if kind == "whisper" and arch in ([], [WHISPER]):
+                module, processor = load_whisper(Path(self.model_name))
+                self.use_loaded(module, processor)
+                self.check_rows(rows, eval_rows)
+                return module
+            if kind and kind != "speech_to_text" or arch and arch != ["Speech2TextForConditionalGeneration"]:
+                raise ConfigError(f"model: {self.model_name} holds a {', '.join(arch) or kind}; policy "
+                                  f"speech_to_text loads {WHISPER} folders (with their WhisperProcessor), the "
+                                  f"built-in 'spoken_digits', or a Speech2Text folder it saved itself (config.json + "
+                                  f"vocab.json). Save a Whisper model with model.save_pretrained(folder) and "
+                                  f"processor.save_pretrained(folder)")
         if self.model_name in BUILT_IN:
             path = speech_model_path(log=log)
         else:
@@ -101,13 +123,31 @@ class SpeechToTextPolicy(PolicyBase):
                                 "'spoken_digits' (the built-in tiny model) or a folder it saved (config.json + "
                                 "safetensors, vocab.json)")
         self.vocab = json.loads((Path(path) / "vocab.json").read_text())
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                self.features(row, f"{where} row {i}")
+        self.check_rows(rows, eval_rows)
         return Speech2TextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 
+    def use_loaded(self, module, processor) -> None:
+        """Act with a loaded ``WhisperForConditionalGeneration`` and its ``WhisperProcessor`` (a folder's, or the
+        Python API's pair): its decoder prefix, masks and feature extractor (``whisper.py``)."""
+        from .whisper import WhisperLayout
+        self.whisper = WhisperLayout(module, processor, language=self.language, max_tokens=self.max_completion_length)
+        module.config.use_cache = True
+
+    def check_rows(self, rows, eval_rows) -> None:
+        """Each of the first 1,000 train and held-out rows has a condition the loaded model reads."""
+        for where, part in (("train", rows), ("held-out", eval_rows)):
+            for i, row in enumerate(part[:1000]):
+                if self.whisper is not None:
+                    self.whisper.check_row(row, f"{where} row {i}")
+                else:
+                    self.features(row, f"{where} row {i}")
+
     def save(self, module, path) -> None:
-        """``save_pretrained`` (config.json + model.safetensors) and the vocabulary: ``--model PATH`` loads it."""
+        """``save_pretrained`` (config.json + model.safetensors) and the vocabulary (Whisper: its processor):
+        ``--model PATH`` loads it."""
+        if self.whisper is not None:
+            save_pretrained_folder(module, path, self.whisper.processor)
+            return
         path = save_pretrained_folder(module, path)
         (path / "vocab.json").write_text(json.dumps(self.vocab, indent=2) + "\n")
 
@@ -123,6 +163,10 @@ class SpeechToTextPolicy(PolicyBase):
                 raise ConfigError(f"{where}: 'features' must be [frames <= {MAX_FRAMES}, {FEATURE_DIM}] floats, got "
                                   f"shape {tuple(x.shape)}")
             return x
+        if row.get("audio") is not None:
+            raise ConfigError(f"{where}: the row has 'audio'; the built-in model (spoken_digits) reads the synthetic "
+                              f"corpus's feature frames, not audio: train a Whisper folder on audio (--model "
+                              f"FOLDER with WhisperForConditionalGeneration + WhisperProcessor, docs/speech.md)")
         if row.get("audio_seed") is None:
             raise ConfigError(f"{where}: policy speech_to_text transcribes an utterance: the column 'audio_seed' "
                               f"(an utterance of the synthetic corpus, task spoken_digits) or the column 'features' "
@@ -140,6 +184,8 @@ class SpeechToTextPolicy(PolicyBase):
         return feats, mask
 
     def text(self, ids: list[int]) -> str:
+        if self.whisper is not None:
+            return self.whisper.text(ids)
         from .tiny import decode_tokens
         return decode_tokens(ids, self.vocab)
 
@@ -154,6 +200,9 @@ class SpeechToTextPolicy(PolicyBase):
         from ...batch import RolloutBatch
         from .tiny import MAX_TOKENS
 
+        if self.whisper is not None:
+            return self._sample_whisper(module, rows, uids, group_offset=group_offset, counts=num_generations,
+                                        temperature=temperature, generator=generator, evaluation=evaluation)
         if not self.vocab:
             raise RuntimeError("policy speech_to_text: load() the model before sampling (it reads the vocabulary)")
         counts = completion_counts(num_generations, len(rows))
@@ -190,6 +239,39 @@ class SpeechToTextPolicy(PolicyBase):
             columns=columns, **group_identity(counts, uids, group_offset),
             row_data={"features": repeat_rows(feats, counts), "feature_mask": repeat_rows(mask, counts)})
 
+    @torch.no_grad()
+    def _sample_whisper(self, module, rows, uids, *, group_offset, counts, temperature, generator, evaluation):
+        """:meth:`sample` with a Whisper model: up to ``max_completion_length`` tokens after the forced prefix,
+        with a KV cache (``whisper.py``)."""
+        from ...batch import RolloutBatch
+
+        w = self.whisper
+        counts = completion_counts(counts, len(rows))
+        R, T = sum(counts), w.max_tokens
+        data = w.conditions(rows)
+        index = repeat_rows(torch.arange(len(rows)), counts)
+        temps = row_temperatures(temperature if temperature is not None else self.temperature, counts)
+        greedy, uniforms = torch.full((R,), True) if evaluation else temps <= 0, None
+        if evaluation and self.eval_sampling == "seeded":
+            seeds = [held_out_seed(r, u, "utterance_seed" if "utterance_seed" in r else "audio_seed")
+                     for r, u in zip(rows, uids)]
+            temps, greedy, uniforms = seeded_draws(seeds, counts, T, self.temperature)
+        out, lps, cmask, done = decode_tokens(w.stepper(module, data["input_features"], index), R, T, eos=w.eos,
+                                              pad=w.pad, temps=temps, greedy=greedy,
+                                              temperature=max(self.temperature, 1e-6), generator=generator,
+                                              uniforms=uniforms)
+        columns = fanned_columns(rows, counts)
+        if not all(isinstance(a, str) for a in columns.get("audio", [])):
+            columns.pop("audio", None)  # arrays stay out of the reward columns (files and URIs are small)
+        columns["prompt"] = per_row([str(r.get("prompt", "")) for r in rows], counts)
+        columns["completion"] = [self.text(o[m > 0].tolist()) for o, m in zip(out, cmask)]
+        R1 = torch.ones(R, 1, dtype=torch.long)
+        return RolloutBatch(
+            prompt_ids=torch.tensor([w.prefix] * R, dtype=torch.long), prompt_mask=R1.expand(R, len(w.prefix)),
+            completion_ids=out, completion_mask=cmask, behavior_logprobs=lps * cmask,
+            completion_attention_mask=cmask.long(), truncated=~done, columns=columns,
+            **group_identity(counts, uids, group_offset), row_data={k: v[index] for k, v in data.items()})
+
     def offers(self) -> frozenset[str]:
         """``entropy`` / ``entropy_grad`` (of softmax(logits / τ) per token) and ``token_logprobs`` (the
         log-probs again, for a loss that asks the frozen reference for them)."""
@@ -202,13 +284,18 @@ class SpeechToTextPolicy(PolicyBase):
         device = next(module.parameters()).device
         ids = mb.completion_ids.to(device)
         with torch.set_grad_enabled(grad):
-            logits = module(input_features=mb.row_data["features"].to(device),
-                            attention_mask=mb.row_data["feature_mask"].to(device),
-                            decoder_input_ids=decoder_inputs(ids, self.vocab["bos"])).logits.float()
-            logp_all = torch.log_softmax(logits / self.temperature, -1)
+            if self.whisper is not None:
+                logits = self.whisper.logits(module, mb.row_data["input_features"], ids)
+                logp_all = torch.log_softmax(logits / max(self.temperature, 1e-6), -1)
+            else:
+                logits = module(input_features=mb.row_data["features"].to(device),
+                                attention_mask=mb.row_data["feature_mask"].to(device),
+                                decoder_input_ids=decoder_inputs(ids, self.vocab["bos"])).logits.float()
+                logp_all = torch.log_softmax(logits / self.temperature, -1)
             out = {"logprobs": logp_all.gather(-1, ids[..., None])[..., 0]}
             if want & {"entropy", "entropy_grad"}:
-                ent = -(logp_all.exp() * logp_all).sum(-1)
+                finite = logp_all.masked_fill(torch.isinf(logp_all), 0.0)  # suppressed tokens: 0 · log 0 = 0
+                ent = -(logp_all.exp() * finite).sum(-1)
                 out["entropy"], out["entropy_grad"] = ent.detach(), ent
         if "token_logprobs" in want:
             out["token_logprobs"] = out["logprobs"]
@@ -221,9 +308,14 @@ class SpeechToTextPolicy(PolicyBase):
         ``image``: the report shows an ``image`` instead of the text, and here the text is the action. There is
         no audio to play (the corpus is feature frames, not audio)."""
         ref = batch.columns.get("transcript")
+        if self.whisper is not None:  # the clip's log-mel frames [mels, n] as [n, mels], 1 px per value
+            n = int(batch.row_data["feature_frames"][i])
+            x = batch.row_data["input_features"][i][:, :n].T
+            picture = spectrogram_data_uri(x, torch.ones(len(x)), scale=1)
+        else:
+            picture = spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])
         return {"prompt": str(batch.columns["prompt"][i]), "completion": str(batch.columns["completion"][i]),
-                **({"reference": str(ref[i])} if ref is not None else {}),
-                "spectrogram": spectrogram_data_uri(batch.row_data["features"][i], batch.row_data["feature_mask"][i])}
+                **({"reference": str(ref[i])} if ref is not None else {}), "spectrogram": picture}
 
 
 def spectrogram_data_uri(features: torch.Tensor, mask: torch.Tensor, scale: int = 3) -> str:
