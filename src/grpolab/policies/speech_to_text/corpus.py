@@ -1,7 +1,8 @@
 """A synthetic speech corpus: spoken digits and short words as sequences of log-mel-like feature frames.
 
-**These are synthetic acoustic features, not audio.** No waveform is ever made: Debian's ``espeak-ng`` is not
-installed on the project's machines and nothing may be downloaded, so each word is rendered directly as frames of
+**These are synthetic acoustic features, not audio.** No waveform is ever made: when this corpus was written,
+Debian's ``espeak-ng`` was not installed on the project's machines (real speech synthesised by it since: the
+``spoken_words_audio`` task, ``spoken_words.py``; this corpus is kept unchanged), so each word is rendered as frames of
 a :data:`FEATURE_DIM`-dimensional vector, the shape of the log-mel frames a speech-to-text encoder reads
 (``Speech2TextForConditionalGeneration`` takes ``input_features [B, frames, dim]``). What makes it speech-like:
 

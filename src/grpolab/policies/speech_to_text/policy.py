@@ -55,11 +55,20 @@ class SpeechToTextPolicy(PolicyBase):
     teacher forcing on 3,000 synthetic utterances (``policies/speech_to_text/tiny.py``: 120 AdamW steps, about 10 s on one thread,
     cached in ``$GRPOLAB_CACHE/speech-s2t-<hash>``). Base held-out greedy word accuracy (mean 1 − WER) 0.525 on
     200 held-out utterances [measured]: RL has room. A folder saved by :meth:`save` (``save_pretrained`` +
-    ``vocab.json``) loads as well. A real recogniser (Whisper) on a GPU: docs/speech.md (untested here).
+    ``vocab.json``) loads as well.
+
+    Model: a ``WhisperForConditionalGeneration`` folder with its ``WhisperProcessor`` (or the Python API's loaded
+    pair, :meth:`use_loaded`): rows carry ``audio`` (WAV / FLAC paths, ``{"array", "sampling_rate"}``,
+    ``datasets.Audio()`` values; ``audio.py``), resampled to the processor's rate and turned into log-mel features;
+    the decoder starts from Whisper's forced prefix ``<|startoftranscript|><|en|><|transcribe|><|notimestamps|>``
+    (``speech_language``), a completion runs to ``<|endoftext|>`` or ``max_completion_length`` tokens, the
+    generation config's suppress masks shape the softmax in sampling and ``forward`` alike (``whisper.py``,
+    tests/test_whisper_audio.py, docs/speech.md).
 
     Capabilities: ``tokens`` (token entropies, lengths in tokens, every token-level loss, KL and aggregation
-    component) and ``audio`` (the speech task); not ``text``: there is no tokenizer or chat template, so text
-    tasks, hints, tools and agent episodes are refused at start-up.
+    component) and ``audio`` (the speech tasks); not ``text``: no chat template to continue (a Whisper model's
+    tokenizer only decodes its transcripts), so text tasks, hints, tools and agent episodes are refused at
+    start-up.
 
     Provenance: grpolab's own — a tiny stand-in for the LLM-based recogniser of GRPO for ASR (Shivakumar et al.,
     arXiv:2509.01939, seed 000-38; no public code found): an attention encoder-decoder instead of a speech

@@ -1,7 +1,7 @@
 """``spoken_digits``: transcribe a synthetic utterance of 1–3 spoken digits and short words (speech recognition).
 
-The corpus is ``grpolab.policies.speech_to_text.corpus``: **synthetic log-mel-like feature frames, not audio** (no ``espeak-ng`` on
-these machines, nothing downloaded). A row names an utterance by its seed; the speech policy
+The corpus is ``grpolab.policies.speech_to_text.corpus``: **synthetic log-mel-like feature frames, not audio**
+(real speech for a Whisper model: ``tasks_audio.py``, task ``spoken_words_audio``). A row names an utterance by its seed; the speech policy
 (``policy: speech_to_text``) renders its frames and writes a transcript:
 
 * train rows ``{"prompt": "utterance <seed>", "audio_seed": seed, "transcript": "three go"}``: seeds
