@@ -6,13 +6,22 @@ the first 12 hex digits of the SHA-256 of the recipe (canonical JSON), so a reci
 The folder is built into ``<dir>.tmp`` and renamed, and ``meta.json`` is its last file: a folder with
 ``meta.json`` is complete. An exclusive ``fcntl`` lock on ``<dir>.lock`` makes two processes (pytest-xdist
 workers) or threads build it once: the second waits on the lock, then finds the folder and loads it.
+
+**Shipped folders.** The default recipe of each built-in tiny model is built once by the maintainers
+(``scripts/ship_builtin_weights.py``) and its folder ships inside the package, ``grpolab/model/builtin/<name>-<hash12>/``
+(:data:`SHIPPED`). ``cached_build`` returns that folder when its name (so its recipe hash) matches, and builds nothing:
+a first run of ``--recipe vlm_grpo`` no longer pre-trains its backbone for minutes, and every machine trains from the
+same weights (a build's last bits depend on the CPU kind, recorded in ``meta.json``). A recipe that differs (another
+task, ``vlm_pretrain_steps``, a changed default) has another hash and is built into the cache as before.
+``GRPOLAB_BUILD_BUILTINS=1`` ignores the shipped folders (to rebuild them, or to time a build).
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
-import contextlib
+import os
 import shutil
 import time
 from pathlib import Path
@@ -23,6 +32,8 @@ import torch
 from .loading import cache_dir
 
 META = "meta.json"
+#: The shipped folders of the built-in models' default recipes (see the module docstring).
+SHIPPED = Path(__file__).parent / "builtin"
 
 def recipe_hash(recipe: dict) -> str:
     """SHA-256 (hex) of the recipe as canonical JSON (sorted keys, no spaces)."""
@@ -33,6 +44,15 @@ def recipe_hash(recipe: dict) -> str:
 def cached_path(name: str, recipe: dict) -> Path:
     """Where ``cached_build(name, recipe, ...)`` keeps its folder."""
     return cache_dir() / f"{name}-{recipe_hash(recipe)[:12]}"
+
+
+def shipped_path(name: str, recipe: dict) -> Path | None:
+    """The folder of ``(name, recipe)`` shipped with grpolab (:data:`SHIPPED`), or ``None`` when none matches or
+    ``GRPOLAB_BUILD_BUILTINS=1``."""
+    if os.environ.get("GRPOLAB_BUILD_BUILTINS") == "1":
+        return None
+    path = SHIPPED / cached_path(name, recipe).name
+    return path if (path / META).exists() else None
 
 
 def host_cpu_kind() -> str:
@@ -50,12 +70,16 @@ def read_meta(path: Path) -> dict:
 
 def cached_build(name: str, recipe: dict, build_fn: Callable[[Path], dict | None], log=print,
                  message: str | None = None) -> Path:
-    """The cache folder of ``(name, recipe)``, calling ``build_fn(tmp_dir)`` to fill it the first time.
+    """The shipped folder of ``(name, recipe)`` if there is one, else its cache folder, calling
+    ``build_fn(tmp_dir)`` to fill it the first time.
 
     ``build_fn`` writes its files into ``tmp_dir`` and returns extra ``meta.json`` fields (or ``None``);
     ``meta.json`` always has ``name``, ``recipe``, ``recipe_sha256``, ``torch``, ``diffusers`` (versions),
     ``cpu_kind`` and ``seconds`` (the build's wall-clock time). ``message`` is logged before a build.
     """
+    shipped = shipped_path(name, recipe)
+    if shipped is not None:
+        return shipped
     target = cached_path(name, recipe)
     if (target / META).exists():
         return target
