@@ -22,8 +22,6 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..errors import CheckpointError, WriteError
 from ..train import checkpoint as ckpt
@@ -58,6 +56,9 @@ def save(out: Path, step: int, module: torch.nn.Module, optimizer, state: dict, 
     written by rank 0; the folder appears complete or not at all. A part that cannot be written (a full disk)
     on any rank removes ``step_N.tmp`` and raises :class:`~grpolab.errors.WriteError` on every rank (the same
     sentence as the single-process writer's: train/checkpoint.py); the checkpoints before it are untouched."""
+    import torch.distributed.checkpoint as dcp  # 2 s of imports: only runs that save or load DCP pay them
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
     root = Path(out) / "checkpoints"
     final = root / f"step_{step:06d}"
     tmp = root / f"step_{step:06d}.tmp"
@@ -122,6 +123,9 @@ def _all_written(failed: Exception | None, out: Path, final: Path, encoded: dict
 def load(path: Path, module: torch.nn.Module, optimizer) -> dict:
     """Collective: load the DCP model and optimiser of checkpoint folder ``path`` into ``module`` /
     ``optimizer`` (any world size, DDP or FSDP2) and return its ``state.pt`` (safe load)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
     state = ckpt.read_state(path)  # first: a refused state.pt leaves the model untouched
     if not (Path(path) / DCP_DIR / ".metadata").is_file():
         raise CheckpointError(f"{Path(path) / DCP_DIR}: no .metadata (an incomplete DCP checkpoint)")
