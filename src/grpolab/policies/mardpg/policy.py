@@ -69,8 +69,14 @@ class MARDPGPolicy(PolicyBase):
         self.pool = EnvPool()
 
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
+        """``model``: ``gru`` (new actors sized from the first row's environment) or a folder :meth:`save` wrote.
+        A folder loads with no train rows (``grpolab eval --model RUN/final``): its spaces are checked against
+        the first held-out row's environment."""
+        if not rows and self.model_name not in BUILT_IN:
+            return self._load_folder(rows, eval_rows).float()
         if not rows:
-            raise ConfigError("policy mardpg: no train rows")
+            raise ConfigError("policy mardpg: no train rows (model 'gru' sizes the new actors from the first row's "
+                              "environment); give rows (task or --data) or a saved run's folder (RUN/final)")
         info = self.pool.info(rows[0])
         if info.discrete:
             raise ConfigError(f"policy mardpg: env {rows[0]['env']} has Discrete actions; MARDPG's deterministic "
@@ -82,11 +88,21 @@ class MARDPGPolicy(PolicyBase):
             log(f"[grpolab] policy mardpg: {info.agents} new GRU actors ({self.hidden} units, messages of "
                 f"{self.msg}, {sum(p.numel() for p in module.parameters())} parameters) for {rows[0]['env']}")
         else:
-            path = saved_folder(self.model_name, "mardpg", ("config.json",), "a folder it saved",
-                                builds="'gru' (new actors)")
-            module, c = load_config_module(RecurrentActors, path, "mardpg")
-            check_saved_spaces(path, c, info, ("agents", "obs_dim", "act_dim"))
+            module = self._load_folder(rows, eval_rows)
         return module.float()
+
+    def _load_folder(self, rows, eval_rows):
+        """The actors of a saved folder, their spaces checked against the first row's environment (train rows,
+        else held-out rows); every row gets its seed."""
+        path = saved_folder(self.model_name, "mardpg", ("config.json",), "a folder it saved",
+                            builds="'gru' (new actors)")
+        module, c = load_config_module(RecurrentActors, path, "mardpg")
+        first = (list(rows) + list(eval_rows))[:1]
+        if first:
+            check_saved_spaces(path, c, self.pool.info(first[0]), ("agents", "obs_dim", "act_dim"))
+        for i, row in enumerate(list(rows) + list(eval_rows)):
+            row_seed(row, i)
+        return module
 
     def save(self, module, path) -> None:
         save_config_module(module, path)
