@@ -2,6 +2,8 @@
 (turn-taking) games with action masks, and `--data` rows of start states from the command line."""
 import json
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -71,3 +73,50 @@ def test_a_gru_mardpg_without_train_rows_names_what_to_give():
 
     with pytest.raises(ConfigError, match="no train rows .* a saved run's folder"):
         MARDPGPolicy(model="gru", temperature=1.0, max_completion_length=10).load(None, [], [], log=lambda *a: None)
+
+
+class Coin(gym.Env):
+    """A one-step Gymnasium game: observation [bias], action 0/1, reward 1 for the action the bias favours."""
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, bias: float = 0.5):
+        self.bias = bias
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.array([self.bias], np.float32), {}
+
+    def step(self, action):
+        return np.array([self.bias], np.float32), float(int(action) == int(self.bias > 0)), True, False, {}
+
+
+@pytest.mark.parametrize("given", ["instance", "factory", "id"])
+def test_the_python_api_takes_an_environment_by_instance_factory_or_id(tmp_path, given):
+    """GRPOTrainer rows with an 'env' column select policy control; 'env' may be a gymnasium.Env instance, a
+    factory (called with the row's env_kwargs) or a registered id; the run trains and saves its actor."""
+    from grpolab import GRPOConfig, GRPOTrainer
+    from grpolab.policies.control.tasks import episode_return
+
+    env = {"instance": Coin(0.5), "factory": lambda bias=0.0: Coin(bias), "id": "CartPole-v1"}[given]
+    kwargs = {"factory": {"bias": -0.5}}.get(given, {})
+    rows = [{"prompt": f"start {s}", "env": env, "env_kwargs": kwargs, "seed": s} for s in range(4)]
+    args = GRPOConfig(output_dir=str(tmp_path / "run"), max_steps=1, per_device_train_batch_size=4,
+                      num_generations=2, max_completion_length=20, report_to="none", threads=1)
+    trainer = GRPOTrainer(model="mlp", reward_funcs=episode_return, train_dataset=rows, args=args)
+    assert trainer.cfg.policy == "control"
+    trainer.train()
+    assert (tmp_path / "run" / "final" / "config.json").exists()
+    if given != "id":  # the registered id names the object, once
+        from grpolab.policies._control.envs import env_id_of
+        assert env_id_of(env, "x") == env_id_of(env, "y") and env_id_of(env, "x").startswith("grpolab_user/")
+
+
+def test_an_environment_instance_refuses_env_kwargs_and_a_non_env_is_named():
+    from grpolab.errors import ConfigError
+    from grpolab.policies._control.envs import env_id_of, make_env
+
+    with pytest.raises(ConfigError, match="env_kwargs .* cannot be applied to an environment instance"):
+        make_env(env_id_of(Coin(0.5), "row 0"), {"bias": 1.0})
+    with pytest.raises(ConfigError, match="'env' must be a Gymnasium id"):
+        env_id_of(3, "row 0")

@@ -25,7 +25,7 @@ from typing import Any
 from .config import CORE_KEYS, Config
 from .data import load_jsonl, to_json
 from .errors import ConfigError
-from .registry import POLICY_LOSSES
+from .registry import POLICIES, POLICY_LOSSES
 from .rewards import RewardFn, check_signature, parse_reward_spec
 from .data import columns_of
 from .train.trainer import Trainer, rollout_columns
@@ -716,6 +716,8 @@ class GRPOTrainer:
             overrides.setdefault("policy", "vision_language")  # TRL: an image column makes the run a VLM run
         if any(r.get("audio") is not None for r in rows[:100]):
             overrides.setdefault("policy", "speech_to_text")  # an audio column: a speech recogniser's run
+        if any(r.get("env") is not None for r in rows[:100]):
+            overrides.setdefault("policy", "control")  # an env column: episodes of a control policy
         if "steps" not in overrides:  # TRL: max_steps <= 0 -> epochs over the data
             per_step = overrides["prompts_per_step"]
             overrides["steps"] = max(1, math.ceil(float(self.args.num_train_epochs) * len(rows) / per_step))
@@ -748,6 +750,8 @@ class GRPOTrainer:
                 overrides["rollout_strategy"] = strategy
             agent_env = {"tools": list(tools or []), "environment": environment_factory, "kind": "trl"}
         self.cfg = build_config(overrides)
+        policy = POLICIES.get(self.cfg.policy)  # its rows as JSON (e.g. an environment instance named by an id)
+        rows, eval_rows = policy.api_rows(rows, "train_dataset"), policy.api_rows(eval_rows, "eval_dataset")
         self.cfg.data = "train_dataset"  # the rows are the user's (messages say where they came from)
         self.callbacks = _Callbacks(callbacks, self.args, self.cfg.steps)
         self.trainer = _APITrainer(self.cfg, rows=rows, eval_rows=eval_rows, reward_funcs=list(funcs),

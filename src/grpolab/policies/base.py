@@ -248,6 +248,13 @@ class PolicyBase(ABC):
         ``pytorch_lora_weights.safetensors``). The merged model is saved by :meth:`save` beside it. Default:
         nothing (the merged model is the result)."""
 
+    @classmethod
+    def api_rows(cls, rows: list[dict], what: str) -> list[dict]:
+        """Rows given from Python (``grpolab.GRPOTrainer``'s datasets) in the form ``--data`` rows take: they
+        travel as JSONL through the same checks, so a policy whose rows may hold Python objects (an environment
+        instance, ...) names them here. Default: the rows as they are."""
+        return rows
+
     def offers(self) -> frozenset[str]:
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""
         return frozenset()

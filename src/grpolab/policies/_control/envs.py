@@ -7,7 +7,10 @@ An environment is named by a row's ``env`` column:
 - a Gymnasium id (``CartPole-v1``, ``Pendulum-v1``, or ``"my_pkg.envs:MyEnv-v0"``: Gymnasium imports the module,
   which registers the id), made by ``gymnasium.make(id, **env_kwargs)``;
 - ``pettingzoo:<module>``: a PettingZoo parallel environment, ``<module>.parallel_env(**env_kwargs)``, e.g.
-  ``pettingzoo:mpe2.simple_spread_v3`` or ``pettingzoo:pettingzoo.butterfly.cooperative_pong_v5``.
+  ``pettingzoo:mpe2.simple_spread_v3`` or ``pettingzoo:pettingzoo.butterfly.cooperative_pong_v5``;
+- from Python (``grpolab.GRPOTrainer`` rows), a ``gymnasium.Env`` instance, an ``Env`` subclass or a factory
+  (a callable that returns one): :func:`env_id_of` registers it once in Gymnasium's registry as
+  ``grpolab_user/<Name>-v<k>`` and the row names that id.
 
 Both become an :class:`Env` with agents ``0..N-1`` (N = 1 for Gymnasium): ``reset(seed)`` returns ``[N, D]``
 observations, ``step(actions [N, ...])`` returns ``(obs [N, D], rewards [N], done, terminal)``, where ``done``
@@ -28,6 +31,47 @@ import numpy as np
 from ...errors import ConfigError
 
 PETTINGZOO = "pettingzoo:"
+#: Environments given from Python: ``id(object) -> (object, its Gymnasium id)`` (the object is kept, so its id is
+#: never reused while the process lives)
+_USER_ENVS: dict[int, tuple[object, str]] = {}
+
+
+def named_envs(rows: list[dict], what: str) -> list[dict]:
+    """``rows`` with each ``env`` that is an environment object replaced by its id (:func:`env_id_of`)."""
+    return [r if isinstance(r.get("env"), (str, type(None))) else {**r, "env": env_id_of(r["env"], f"{what} row {i}")}
+            for i, r in enumerate(rows)]
+
+
+def env_id_of(value, where: str) -> str:
+    """A row's ``env`` as a name :func:`make_env` takes: a string as it is; a ``gymnasium.Env`` instance (each
+    episode's environment is a ``copy.deepcopy`` of it), an ``Env`` subclass or a factory (called with the row's
+    ``env_kwargs``) registered in Gymnasium's registry once per object as ``grpolab_user/<Name>-v<k>``."""
+    import copy
+
+    import gymnasium as gym
+
+    if isinstance(value, str):
+        return value
+    known = _USER_ENVS.get(id(value))
+    if known is not None:
+        return known[1]
+    if isinstance(value, gym.Env):
+        def entry(**kwargs):
+            if kwargs:
+                raise ConfigError(f"{where}: env_kwargs {kwargs} cannot be applied to an environment instance; "
+                                  f"give its class or a factory to have them passed")
+            return copy.deepcopy(value)
+        name = type(value).__name__
+    elif callable(value):
+        entry, name = value, getattr(value, "__name__", type(value).__name__)
+    else:
+        raise ConfigError(f"{where}: 'env' must be a Gymnasium id, pettingzoo:<module>, a gymnasium.Env instance, an "
+                          f"Env class or a factory returning one; got {type(value).__name__}")
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "Env"
+    env_id = f"grpolab_user/{name}-v{len(_USER_ENVS)}"
+    gym.register(id=env_id, entry_point=entry, disable_env_checker=True)
+    _USER_ENVS[id(value)] = (value, env_id)
+    return env_id
 
 
 @dataclass(frozen=True)

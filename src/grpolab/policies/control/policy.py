@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ...config import ConfigError
-from .._control.envs import EnvPool, check_saved_spaces, env_key, row_seed
+from .._control.envs import EnvPool, check_saved_spaces, env_key, named_envs, row_seed
 from .._control.episodes import pack_episodes, start_episodes
 from .nets import ControlActor, agent_inputs
 from ...registry import POLICIES, param
@@ -75,6 +75,12 @@ class ControlPolicy(PolicyBase):
         self.hidden, self.layers, self.log_std_init = int(control_hidden), int(control_layers), control_log_std_init
         self.pool = EnvPool()
         self.unchecked = False  # an actor loaded without rows: its spaces are checked on the first sample
+
+    @classmethod
+    def api_rows(cls, rows: list[dict], what: str) -> list[dict]:
+        """A row's ``env`` given as a Gymnasium environment object (an instance, a class or a factory) becomes the
+        id it is registered under (``_control/envs.py``: :func:`env_id_of`)."""
+        return named_envs(rows, what)
 
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``mlp`` (a new actor sized from the first row's environment, initialised with the run's

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from ...config import ConfigError
-from .._control.envs import EnvPool, check_saved_spaces, row_seed
+from .._control.envs import EnvPool, check_saved_spaces, named_envs, row_seed
 from .._control.episodes import pack_episodes, start_episodes
 from .model import RecurrentActors
 from ...registry import POLICIES, param
@@ -67,6 +67,11 @@ class MARDPGPolicy(PolicyBase):
         self.max_steps = int(max_completion_length)
         self.hidden, self.msg, self.sigma = int(mardpg_hidden), int(mardpg_message), float(mardpg_sigma)
         self.pool = EnvPool()
+
+    @classmethod
+    def api_rows(cls, rows: list[dict], what: str) -> list[dict]:
+        """Environment objects in rows given from Python become their registered ids (``_control/envs.py``)."""
+        return named_envs(rows, what)
 
     def load(self, cfg, rows, eval_rows, *, extra_texts=(), log=print):
         """``model``: ``gru`` (new actors sized from the first row's environment) or a folder :meth:`save` wrote.
