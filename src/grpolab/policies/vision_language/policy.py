@@ -82,7 +82,8 @@ class VisionLanguagePolicy(PolicyBase):
                                                 ["greedy", "seeded"]),
                  vlm_pretrain_steps: int = param(0, "vision_language: pre-training steps of the built-in tiny VLM "
                                                   "(model tiny); 0 = the task's tuned count (fewer: quick smoke "
-                                                  "runs, a separate cache entry)")):
+                                                  "runs from random weights on at most steps x 64 examples, a "
+                                                  "separate cache entry)")):
         self.model_name, self.task_name = model, task
         self.temperature = float(temperature)
         self.max_completion_length, self.max_prompt_length = int(max_completion_length), int(max_prompt_length)

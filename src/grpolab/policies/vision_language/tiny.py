@@ -118,8 +118,9 @@ def pretrain_recipe(task: str, iterations: int = 0) -> dict:
     settings = {"iterations": PRETRAIN_ITERATIONS, "examples": PRETRAIN_EXAMPLES, "batch_size": 64,
                 "learning_rate": 1e-3, "lr_schedule": "constant", **PRETRAIN_SETTINGS.get(task, {})}
     init_from = settings.pop("init_from", None if task == BACKBONE_TASK else BACKBONE_TASK)
-    if int(iterations) > 0:  # a smoke run's model: a few steps from random weights, no backbone
-        settings["iterations"], init_from = int(iterations), None
+    if int(iterations) > 0:  # a smoke run's model: a few steps from random weights, no backbone, and only the
+        settings["iterations"], init_from = int(iterations), None  # examples its steps can draw (rendering 4,000
+        settings["examples"] = min(settings["examples"], int(iterations) * settings["batch_size"])  # cost 5-30 s)
     if init_from is not None:
         from ...model.cache import recipe_hash
         settings["init_from"] = {"task": init_from, "recipe_sha256": recipe_hash(pretrain_recipe(init_from))}
