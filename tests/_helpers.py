@@ -288,3 +288,28 @@ def micro_batched_loss(agg, per_token, mask, chunks, constant, wrt):
     loss = sum(agg(per_token(c), mask[c], totals) for c in chunks)
     grad, = torch.autograd.grad(loss, wrt)
     return loss, grad
+
+
+#: the words of the tiny CLIP tokenizers of the pipeline tests (tests/test_ddpm_pipelines.py, test_flow_pipeline.py)
+PIPELINE_WORDS = ["a", "red", "blue", "bright", "dark", "image", "cat", "dog"]
+
+
+def tiny_clip_tokenizer(path):
+    """A CLIPTokenizer saved nowhere, read from ``path``'s vocab.json / merges.txt: one token per word of
+    :data:`PIPELINE_WORDS` and per letter (no merges); ``(tokenizer, vocabulary size)``."""
+    import json
+
+    from transformers import CLIPTokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for w in PIPELINE_WORDS:
+        vocab[w + "</w>"] = len(vocab)
+    for ch in "abcdefghijklmnopqrstuvwxyz":
+        vocab.setdefault(ch, len(vocab))
+        vocab.setdefault(ch + "</w>", len(vocab))
+    (path / "vocab.json").write_text(json.dumps(vocab))
+    (path / "merges.txt").write_text("#version: 0.2\n")
+    tok = CLIPTokenizer(str(path / "vocab.json"), str(path / "merges.txt"), model_max_length=16,
+                        pad_token="<|endoftext|>")
+    return tok, len(vocab)

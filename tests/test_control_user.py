@@ -15,9 +15,13 @@ SMALL = ["--max_completion_length", "20", "--prompts_per_step", "2", "--num_gene
          "--tensorboard", "false"]
 
 
-def test_eval_of_a_saved_control_run_equals_its_after_evaluation(tmp_path, capsys):
+@pytest.mark.parametrize("recipe, extra", [("grpo_control", SMALL),
+                                           ("mardpg", ["--threads", "1", "--tensorboard", "false"])])
+def test_eval_of_a_saved_control_run_equals_its_after_evaluation(tmp_path, capsys, recipe, extra):
+    """RUN/final of policy control or mardpg loads with no train rows (its spaces checked against the held-out rows'
+    environment), and `grpolab eval` gives the run's own `after` numbers."""
     out = tmp_path / "run"
-    assert main(["train", "--recipe", "grpo_control", "--steps", "2", "--control_eval_starts", "3", *SMALL,
+    assert main(["train", "--recipe", recipe, "--steps", "2", "--control_eval_starts", "3", *extra,
                  "--out", str(out)]) == 0
     after = json.loads((out / "summary.json").read_text())["after"]
     capsys.readouterr()
@@ -52,19 +56,6 @@ def test_documented_data_rows_train_from_the_command_line(tmp_path):
     assert main(["train", "--recipe", "grpo_control", "--data", str(data), "--reward",
                  "grpolab.policies.control.tasks:episode_return", "--steps", "1", *SMALL, "--out", str(out)]) == 0
     assert json.loads((out / "summary.json").read_text())["after"]["reward_mean"] > 0
-
-
-def test_eval_of_a_saved_mardpg_run_equals_its_after_evaluation(tmp_path, capsys):
-    """policy mardpg: RUN/final loads with no train rows (its spaces checked against the held-out rows'
-    environment), and `grpolab eval` gives the run's own `after` numbers."""
-    out = tmp_path / "run"
-    assert main(["train", "--recipe", "mardpg", "--steps", "2", "--control_eval_starts", "3", "--threads", "1",
-                 "--tensorboard", "false", "--out", str(out)]) == 0
-    after = json.loads((out / "summary.json").read_text())["after"]
-    capsys.readouterr()
-    assert main(["eval", "--model", str(out / "final"), "--compact"]) == 0
-    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert res["n"] == 3 and res["reward_mean"] == pytest.approx(after["reward_mean"], abs=1e-9), (res, after)
 
 
 def test_a_gru_mardpg_without_train_rows_names_what_to_give():

@@ -13,34 +13,17 @@ import torch
 
 from grpolab.config import ConfigError
 
-from _helpers import image_policy
+from _helpers import PIPELINE_WORDS, image_policy, tiny_clip_tokenizer
 
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-WORDS = ["a", "red", "blue", "bright", "dark", "image", "cat", "dog"]
+WORDS = PIPELINE_WORDS
 ROWS = [{"prompt": "a red cat"}, {"prompt": "a blue dog"}]
 QUIET = {"log": lambda *a: None}
 
 
 # ------------------------------------------------------------------------------------------ tiny folders
-def _tokenizer(path):
-    from transformers import CLIPTokenizer
-
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for w in WORDS:
-        vocab[w + "</w>"] = len(vocab)
-    for ch in "abcdefghijklmnopqrstuvwxyz":
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    (path / "vocab.json").write_text(json.dumps(vocab))
-    (path / "merges.txt").write_text("#version: 0.2\n")
-    tok = CLIPTokenizer(str(path / "vocab.json"), str(path / "merges.txt"), model_max_length=16,
-                        pad_token="<|endoftext|>")
-    return tok, len(vocab)
-
-
 def _clip(vocab: int, projection: int | None = None):
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
 
@@ -72,7 +55,7 @@ def build_tiny_sd(path, prediction_type="epsilon"):
     from diffusers import StableDiffusionPipeline, UNet2DConditionModel
 
     torch.manual_seed(0)
-    tok, n = _tokenizer(path.parent / "tok")
+    tok, n = tiny_clip_tokenizer(path.parent / "tok")
     unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                 block_out_channels=(8, 16), down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
                                 up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"), cross_attention_dim=16,
@@ -89,7 +72,7 @@ def build_tiny_sdxl(path):
     from diffusers import StableDiffusionXLPipeline, UNet2DConditionModel
 
     torch.manual_seed(0)
-    tok, n = _tokenizer(path.parent / "tok")
+    tok, n = tiny_clip_tokenizer(path.parent / "tok")
     unet = UNet2DConditionModel(sample_size=8, in_channels=4, out_channels=4, layers_per_block=1,
                                 block_out_channels=(8, 16), down_block_types=("DownBlock2D", "CrossAttnDownBlock2D"),
                                 up_block_types=("CrossAttnUpBlock2D", "UpBlock2D"), attention_head_dim=2,

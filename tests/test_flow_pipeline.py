@@ -11,10 +11,12 @@ from grpolab.components import Component
 from grpolab.config import Config, ConfigError
 from grpolab.policies import POLICIES
 
+from _helpers import PIPELINE_WORDS, tiny_clip_tokenizer
+
 pytest.importorskip("diffusers")
 pytest.importorskip("peft")
 
-WORDS = ["a", "red", "blue", "bright", "dark", "image", "cat", "dog"]
+WORDS = PIPELINE_WORDS
 
 
 def build_tiny_sd3(path):
@@ -23,29 +25,18 @@ def build_tiny_sd3(path):
     and one character-level CLIP tokenizer written to local files (used for all three encoders)."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, \
         StableDiffusion3Pipeline
-    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, CLIPTokenizer, T5Config, T5EncoderModel
+    from transformers import CLIPTextConfig, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
-    tok_dir = path.parent / "tok"
-    tok_dir.mkdir(parents=True, exist_ok=True)
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for w in WORDS:
-        vocab[w + "</w>"] = len(vocab)
-    for ch in "abcdefghijklmnopqrstuvwxyz":
-        vocab.setdefault(ch, len(vocab))
-        vocab.setdefault(ch + "</w>", len(vocab))
-    (tok_dir / "vocab.json").write_text(json.dumps(vocab))
-    (tok_dir / "merges.txt").write_text("#version: 0.2\n")
-    tok = CLIPTokenizer(str(tok_dir / "vocab.json"), str(tok_dir / "merges.txt"), model_max_length=16,
-                        pad_token="<|endoftext|>")
+    tok, n_vocab = tiny_clip_tokenizer(path.parent / "tok")
     torch.manual_seed(0)
 
     def clip():
         return CLIPTextModelWithProjection(CLIPTextConfig(
-            vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+            vocab_size=n_vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
             max_position_embeddings=16, projection_dim=32, bos_token_id=0, eos_token_id=1, pad_token_id=1,
             hidden_act="gelu"))
 
-    t5 = T5EncoderModel(T5Config(vocab_size=len(vocab), d_model=32, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
+    t5 = T5EncoderModel(T5Config(vocab_size=n_vocab, d_model=32, d_ff=32, d_kv=8, num_layers=1, num_heads=2,
                                  relative_attention_num_buckets=8))
     transformer = SD3Transformer2DModel(sample_size=8, patch_size=1, in_channels=4, num_layers=1,
                                         attention_head_dim=8, num_attention_heads=2, caption_projection_dim=16,
