@@ -93,10 +93,11 @@ def load_class_unet(policy: str, model: str, kind: str, log=print):
     return UNet2DModel.from_pretrained(path, torch_dtype=torch.float32)
 
 
-def unet_velocity(module, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor, w: float) -> torch.Tensor:
+def unet_velocity(module, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Tensor, w: float,
+                  detach_uncond: bool = False) -> torch.Tensor:
     """v_θ(x, σ, c) of a class-conditional ``UNet2DModel`` for rows of x (σ per row, timestep 1000·σ), in
     float32 whatever autocast is on; with w != 1 classifier-free guidance v_u + w·(v_c − v_u), v_u under the
-    unconditional label 10."""
+    unconditional label 10 (detached from the gradient with ``detach_uncond``: ``sde.guided``)."""
     with torch.autocast(device_type=x.device.type, enabled=False):
         t = (sigma * 1000).float().to(x.device)
         if w == 1.0:
@@ -104,7 +105,7 @@ def unet_velocity(module, x: torch.Tensor, sigma: torch.Tensor, labels: torch.Te
         both = module(torch.cat([x, x]).float(), torch.cat([t, t]),
                       class_labels=torch.cat([labels, torch.full_like(labels, 10)])).sample.float()
         cond, unc = both.chunk(2)
-        return unc + w * (cond - unc)
+        return sde.guided(unc, cond, w, detach_uncond)
 
 
 def gaussian_step_outputs(R: int, T: int, rows: torch.Tensor, cols: torch.Tensor, out, want: frozenset,
@@ -171,8 +172,8 @@ class FlowMatchingPolicy(PolicyBase):
     Schedule: σ_0 = 1 > σ_1 > ... > σ_T = 0, diffusers' ``FlowMatchEulerDiscreteScheduler`` sigmas for
     ``flow_steps`` steps and ``flow_shift`` (``policies/_image/sde.py::flow_sigmas``, schedule "diffusers"); the network
     gets timestep 1000·σ and the class label, v = v_θ(x_j, σ_j, c) (with ``guidance_scale`` w != 1:
-    v = v_u + w·(v_c − v_u), v_u under the unconditional label 10). Step j (one column) goes from x_j at σ_j to
-    x_{j+1} at σ_{j+1} by ``flow_sde``:
+    v = v_u + w·(v_c − v_u), v_u under the unconditional label 10; ``cfg_detach_uncond`` below). Step j (one
+    column) goes from x_j at σ_j to x_{j+1} at σ_{j+1} by ``flow_sde``:
 
     - ``flow_grpo``: Flow-GRPO's SDE step (``sde.flow_grpo_step``; noise level a = ``flow_noise_level``);
     - ``dance``: DanceGRPO's step (``sde.dance_step``, η = ``flow_noise_level``);
@@ -185,6 +186,16 @@ class FlowMatchingPolicy(PolicyBase):
     ``flow_eval_steps`` steps from each row's fixed noise (its ``noise_seed``, else derived from the row:
     ``base.held_out_seed``). Images are x_T clipped to [−1, 1] and mapped to
     [0, 1]; reward functions receive them as float32 NumPy ``[H, W, C]``.
+
+    Guidance in the training forward (w != 1, no FLUX guidance embedding): the log-prob's gradient goes through
+    both branches by default, w·∂v_c + (1 − w)·∂v_u, as Flow-GRPO's first release and its current scripts
+    (scripts/train_sd3.py, train_sd3_fast.py, train_sd3_gardo.py: ``noise_pred_uncond + guidance_scale *
+    (noise_pred_text - noise_pred_uncond)``) and DanceGRPO's guided scripts (train_grpo_sd.py,
+    train_grpo_wan_2_1.py) compute it. ``cfg_detach_uncond: true`` is the form of Flow-GRPO's train_sd3.py from
+    commit 2d76907 (2025-07-15) until a later revision dropped it: ``noise_pred_uncond.detach()``, the gradient
+    w·∂v_c only, i.e. the update moves the conditional prediction alone and treats the unconditional one as a
+    fixed baseline. Values (log-probs, ratios, samples) are the same either way; sampling runs without a
+    gradient, so only the update differs (``sde.guided``).
 
     The forward runs in float32 whatever the run's ``dtype`` (Flow-GRPO computes the log-prob in float32: bf16
     overflows). ``temperature`` does not apply (the SDE's noise level is ``flow_noise_level``).
@@ -203,11 +214,15 @@ class FlowMatchingPolicy(PolicyBase):
 
     Provenance: authors' code — https://github.com/yifan123/flow_grpo, flow_grpo/diffusers_patch/sd3_sde_with_logprob.py
     (sde_step_with_logprob, sde_type 'sde' and 'cps'; checked numerically against it, policies/_image/sde.py) and
-    https://github.com/XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py (flux_step) for 'dance'; the sampling loop,
+    https://github.com/XueZeyue/DanceGRPO fastvideo/train_grpo_flux.py (flux_step) for 'dance'; the guidance of the
+    training forward as scripts/train_sd3.py compute_log_prob (both branches differentiated at the first release
+    and at 74db691; v_u detached at 2d76907..ac4c86e: cfg_detach_uncond); the sampling loop,
     the tiny class-conditional UNet and the evaluation ODE are grpolab's (pipelines: pipelines_flow.py, where the
     FLUX adapter says what it matches of Flow-GRPO's and DanceGRPO's FLUX code; tests/test_flow_pipeline.py,
     tests/test_flux_pipeline.py).
-    Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian.
+    Test: tests/test_image_policies.py::test_a_step_logprob_is_the_hand_gaussian,
+    tests/test_flow_cfg_detach.py::test_the_training_logprob_gradient_by_hand,
+    tests/test_flow_cfg_detach.py::test_unet_velocity_gradient_is_w_times_the_conditional_branch_when_detached.
     """
 
     step = "denoising step"
@@ -234,6 +249,10 @@ class FlowMatchingPolicy(PolicyBase):
                  flow_same_noise_in_group: bool = param(False, "one initial noise per group (DanceGRPO's "
                                                          "init_same_noise) instead of one per sample"),
                  guidance_scale: float = param(1.0, "classifier-free guidance scale w (1 = none)"),
+                 cfg_detach_uncond: bool = param(False, "guidance in the training forward: detach the unconditional "
+                                                 "velocity, gradient w*dv_c (Flow-GRPO's train_sd3.py of 2025-07) "
+                                                 "instead of w*dv_c + (1-w)*dv_u (false: Flow-GRPO's first and "
+                                                 "current scripts, DanceGRPO); the values are the same"),
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
         if flow_steps < 1 or flow_eval_steps < 1:
             raise ConfigError(f"flow_steps / flow_eval_steps: at least 1 denoising step, got {flow_steps} / "
@@ -245,6 +264,7 @@ class FlowMatchingPolicy(PolicyBase):
         self.a, self.T, self.T_eval, self.shift = float(flow_noise_level), int(flow_steps), int(flow_eval_steps), \
             float(flow_shift)
         self.same_noise, self.w = bool(flow_same_noise_in_group), float(guidance_scale)
+        self.detach_uncond = bool(cfg_detach_uncond)
         self.sigmas = sde.flow_sigmas(self.T, self.shift, schedule="diffusers")
         self.shape: tuple = (1, 8, 8)
         if use_lora:
@@ -353,10 +373,11 @@ class FlowMatchingPolicy(PolicyBase):
     def velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, labels) -> torch.Tensor:
         """v_θ(x, σ, c) for rows of x (σ per row), float32, with classifier-free guidance when w != 1. ``labels``:
         class labels [R] (a ``UNet2DModel``) or a pipeline's text embeds dict (its transformer, called as its
-        pipeline calls it: ``pipelines_flow``, SD3 at timestep 1000·σ, FLUX packed with its ids and guidance)."""
+        pipeline calls it: ``pipelines_flow``, SD3 at timestep 1000·σ, FLUX packed with its ids and guidance);
+        v_u detached from the gradient with ``cfg_detach_uncond``."""
         if isinstance(labels, dict):
-            return self.adapter.velocity(module, x, sigma, labels, self.w)
-        return unet_velocity(module, x, sigma, labels, self.w)
+            return self.adapter.velocity(module, x, sigma, labels, self.w, self.detach_uncond)
+        return unet_velocity(module, x, sigma, labels, self.w, self.detach_uncond)
 
     def _step(self, x, v, sig, sig_next, *, generator=None, x_next=None):
         if self.kind == "flow_grpo":

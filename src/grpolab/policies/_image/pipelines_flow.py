@@ -101,10 +101,12 @@ class FlowPipeline(ABC):
         """One transformer call at noise levels ``sigma`` [R], float32 output shaped like ``x``."""
         ...
 
-    def velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict, w: float) -> torch.Tensor:
+    def velocity(self, module, x: torch.Tensor, sigma: torch.Tensor, cond: dict, w: float,
+                 detach_uncond: bool = False) -> torch.Tensor:
         """v_θ(x, σ, text) in float32 whatever autocast is on; with w != 1 and no guidance embedding, classifier-
         free guidance v = v_u + w·(v_c − v_u), v_u under the empty prompt's embeds (one doubled batch,
-        unconditional half first)."""
+        unconditional half first, as Flow-GRPO's train_sd3.py), v_u detached with ``detach_uncond``
+        (``sde.guided``)."""
         with torch.autocast(device_type=x.device.type, enabled=False):
             sigma = sigma.float().to(x.device)
             cond = {k: cond[k].float() for k in ("prompt_embeds", "pooled_prompt_embeds")}
@@ -113,7 +115,7 @@ class FlowPipeline(ABC):
             neg = self.negative(x.device)
             both = {k: torch.cat([neg[k].expand(len(x), *neg[k].shape[1:]), cond[k]]) for k in cond}
             unc, con = self.call(module, torch.cat([x, x]).float(), torch.cat([sigma, sigma]), both, w).chunk(2)
-            return unc + w * (con - unc)
+            return sde.guided(unc, con, w, detach_uncond)
 
     # ---------------------------------------------------------------- images and files
     @torch.no_grad()

@@ -149,6 +149,15 @@ def flow_sigmas(steps: int, shift: float = 1.0, *, schedule: str = "linspace",
 # ---------------------------------------------------------------------------------------------- log-prob, KL
 
 
+def guided(unc: torch.Tensor, cond: torch.Tensor, w: float, detach_uncond: bool = False) -> torch.Tensor:
+    """Classifier-free guidance v_u + w·(v_c − v_u). ``detach_uncond``: v_u is a constant of the gradient,
+    sg(v_u) + w·(v_c − sg(v_u)): the same value, gradient w·∂v_c instead of w·∂v_c + (1 − w)·∂v_u (Flow-GRPO's
+    scripts/train_sd3.py compute_log_prob from commit 2d76907, 2025-07-15, until a later revision removed it)."""
+    if detach_uncond:
+        unc = unc.detach()
+    return unc + w * (cond - unc)
+
+
 def gaussian_step_logprob(x_next: torch.Tensor, mean: torch.Tensor, std: Number) -> torch.Tensor:
     """Per-row mean element log-density of ``x_next`` under N(``mean``, std²): [R].
 

@@ -34,12 +34,12 @@ class FlowFramesPolicy(FlowMatchingPolicy):
     def __init__(self, *, model: str, flow_sde: str = _P["flow_sde"], flow_noise_level: float = _P["flow_noise_level"],
                  flow_steps: int = _P["flow_steps"], flow_eval_steps: int = _P["flow_eval_steps"],
                  flow_shift: float = _P["flow_shift"], flow_same_noise_in_group: bool = _P["flow_same_noise_in_group"],
-                 guidance_scale: float = _P["guidance_scale"], use_lora: bool, lora_r: int, lora_alpha: int,
-                 lora_target_modules: list):
+                 guidance_scale: float = _P["guidance_scale"], cfg_detach_uncond: bool = _P["cfg_detach_uncond"],
+                 use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
         super().__init__(model=model, flow_sde=flow_sde, flow_noise_level=flow_noise_level, flow_steps=flow_steps,
                          flow_eval_steps=flow_eval_steps, flow_shift=flow_shift,
                          flow_same_noise_in_group=flow_same_noise_in_group, guidance_scale=guidance_scale,
-                         use_lora=use_lora, lora_r=lora_r, lora_alpha=lora_alpha,
+                         cfg_detach_uncond=cfg_detach_uncond, use_lora=use_lora, lora_r=lora_r, lora_alpha=lora_alpha,
                          lora_target_modules=lora_target_modules)
         self.shape = (3, 8, 8)
 
