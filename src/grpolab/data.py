@@ -107,26 +107,34 @@ PICTURE_COLUMNS = ("image", "images")
 _MAGIC = ((b"\x89PNG", "png"), (b"\xff\xd8", "jpeg"), (b"GIF8", "gif"), (b"RIFF", "webp"), (b"BM", "bmp"))
 
 
+def _file_value(x, at: str, media: str, magic: tuple, base: Path | None):
+    """A path string, or a ``datasets`` Image / Audio value read undecoded (``{"bytes": ..., "path": ...}``), as
+    the loaders hand it on: encoded bytes as a ``data:<media>/<kind>`` URI (the kind from the bytes' ``magic``
+    prefix), else the path; a relative path that does not exist from the working folder but does in the data
+    file's folder ``base`` is taken from there."""
+    import base64
+    if isinstance(x, dict):
+        if x.get("bytes"):
+            raw = bytes(x["bytes"])
+            kind = next((k for prefix, k in magic if raw.startswith(prefix)), "unknown")
+            return f"data:{media}/{kind};base64," + base64.b64encode(raw).decode("ascii")
+        x = x.get("path")
+        if not x:
+            raise DataError(f"{at}: a datasets {media.capitalize()} value with neither bytes nor a path")
+    if base is not None and not x.startswith("data:") and not Path(x).is_absolute() and not Path(x).exists() \
+            and (base / x).exists():
+        return str(base / x)
+    return x
+
+
 def picture_value(x, at: str, base: Path | None = None):
     """One picture of a row in the form every loader hands on (the CLI's files and the Python API's datasets
     alike): a file path (relative paths that do not exist from the working folder are taken relative to the
     data file's folder ``base``), a ``data:image/...`` URI, or a picture object (a PIL image, an array) as a
     PNG data URI. A ``datasets.Image()`` value read undecoded (``{"bytes": ..., "path": ...}``: Parquet files,
     ``save_to_disk`` folders) becomes a data URI of its encoded bytes (no decoding) or its path."""
-    import base64
-    if isinstance(x, dict) and ("bytes" in x or "path" in x):
-        if x.get("bytes"):
-            raw = bytes(x["bytes"])
-            kind = next((k for magic, k in _MAGIC if raw.startswith(magic)), "unknown")
-            return f"data:image/{kind};base64," + base64.b64encode(raw).decode("ascii")
-        x = x.get("path")
-        if not x:
-            raise DataError(f"{at}: a datasets Image value with neither bytes nor a path")
-    if isinstance(x, str):
-        if base is not None and not x.startswith("data:") and not Path(x).is_absolute() and not Path(x).exists() \
-                and (base / x).exists():
-            return str(base / x)
-        return x
+    if isinstance(x, (str, dict)) and (isinstance(x, str) or "bytes" in x or "path" in x):
+        return _file_value(x, at, "image", _MAGIC, base)
     from .media import to_data_uri
     try:
         return to_data_uri(x)
@@ -160,23 +168,11 @@ def audio_value(x, at: str, base: Path | None = None):
     undecoded (``{"bytes": ..., "path": ...}``: Parquet files, ``save_to_disk`` folders, a Dataset cast to
     ``Audio(decode=False)``) becomes a data URI of its encoded bytes or its path. The speech policy decodes
     (``policies/speech_to_text/audio.py``)."""
-    import base64
     if isinstance(x, dict) and "array" in x:
         arr = x["array"]
         return {**x, "array": arr.tolist() if hasattr(arr, "tolist") else arr}
-    if isinstance(x, dict) and ("bytes" in x or "path" in x):
-        if x.get("bytes"):
-            raw = bytes(x["bytes"])
-            kind = next((k for magic, k in _AUDIO_MAGIC if raw.startswith(magic)), "unknown")
-            return f"data:audio/{kind};base64," + base64.b64encode(raw).decode("ascii")
-        x = x.get("path")
-        if not x:
-            raise DataError(f"{at}: a datasets Audio value with neither bytes nor a path")
-    if isinstance(x, str):
-        if base is not None and not x.startswith("data:") and not Path(x).is_absolute() and not Path(x).exists() \
-                and (base / x).exists():
-            return str(base / x)
-        return x
+    if isinstance(x, (str, dict)) and (isinstance(x, str) or "bytes" in x or "path" in x):
+        return _file_value(x, at, "audio", _AUDIO_MAGIC, base)
     raise DataError(f"{at}: 'audio' must be a file path, a data:audio URI, {{\"array\": [...], \"sampling_rate\": "
                     f"Hz}} or a datasets Audio value, got {type(x).__name__}")
 
