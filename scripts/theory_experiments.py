@@ -1,6 +1,6 @@
 """Print the measured tables of the theory experiments (grpolab/experiments/theory.py; docs/control.md).
 
-    python scripts/theory_experiments.py <grouping|grouping_corrected|lpo|agnostic|all> [seed]
+    python scripts/theory_experiments.py <grouping|grouping_corrected|grouping_decomposed|lpo|lpo_kernel|agnostic|psdp|all> [seed]
 
 Same as ``python -m grpolab.experiments.theory ...`` without runpy's warning about a module that ``import grpolab``
 (its component catalogue) has already loaded.

@@ -1,7 +1,7 @@
 """Theory papers of the control seeds as small tabular experiments (numpy; no GRPO pipeline).
 
 Three experiments, each a function returning its measured table (a list of dicts), printed by
-``python scripts/theory_experiments.py <grouping|grouping_corrected|lpo|agnostic|all> [seed]``:
+``python scripts/theory_experiments.py <grouping|grouping_corrected|grouping_decomposed|lpo|lpo_kernel|agnostic|psdp|all> [seed]``:
 
 - :func:`grouping_experiment` — optimal action grouping in action-wise similar MDPs (seed 000-80): coarser
   groupings win with few samples, finer ones with many, and the grouping chosen by minimising an estimated
@@ -87,7 +87,8 @@ class GroupedMDP:
 
 
 def action_similar_mdp(n_states: int = 4, branching: tuple[int, ...] = (4, 4), spread: tuple[float, ...] = (1.0, 0.2),
-                       gamma: float = 0.9, reward_noise: float = 1.5, seed: int = 0) -> GroupedMDP:
+                       gamma: float = 0.9, reward_noise: float = 1.5, seed: int = 0,
+                       state_independent_fine: bool = False) -> GroupedMDP:
     """A random action-wise similar MDP: ``A = prod(branching)`` actions in a hierarchy of latent groups.
 
     At each level ``l`` every node draws a transition row ``q_l(.|s) ~ Dirichlet(1)`` and a reward ``u_l(s) ~
@@ -98,6 +99,10 @@ def action_similar_mdp(n_states: int = 4, branching: tuple[int, ...] = (4, 4), s
     So two actions that share their coarse group differ only by the finer levels' weight: the larger the shared
     prefix, the more similar their transitions and rewards (the "action-wise similar" structure of the paper).
     Rewards are observed with Gaussian noise of std ``reward_noise``.
+
+    With ``state_independent_fine`` every level below the first draws one row ``q_l(.)`` and one reward ``u_l``
+    per node for all states (``q_l(.|s) = q_l(.)``): then an action differs from its coarse group's mean by the
+    same vector in every state, the form the linear decomposition of :func:`decomposed_model` fits exactly.
     """
     rng = np.random.default_rng(seed)
     w = np.asarray(spread, dtype=np.float64)
@@ -109,8 +114,12 @@ def action_similar_mdp(n_states: int = 4, branching: tuple[int, ...] = (4, 4), s
     nodes = 1
     for level, b in enumerate(branching):
         nodes *= b
-        q = rng.dirichlet(np.ones(S), size=(nodes, S))   # [node, s, s']
-        u = rng.uniform(0.0, 1.0, size=(nodes, S))       # [node, s]
+        if state_independent_fine and level > 0:
+            q = np.repeat(rng.dirichlet(np.ones(S), size=(nodes, 1)), S, axis=1)     # same row in every s
+            u = np.repeat(rng.uniform(0.0, 1.0, size=(nodes, 1)), S, axis=1)
+        else:
+            q = rng.dirichlet(np.ones(S), size=(nodes, S))   # [node, s, s']
+            u = rng.uniform(0.0, 1.0, size=(nodes, S))       # [node, s]
         for a in range(A):
             node = a // (A // nodes)
             P[:, a] += w[level] * q[node]
@@ -198,14 +207,64 @@ def decomposition_offsets(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarr
     return (rsum / n - Rg[:, labels]).mean(0)
 
 
+def decomposition_transition_offsets(counts: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The linear decomposition's per-action transition correction ``Delta_a(s')`` (one vector per action).
+
+    Model: ``P(s'|s, a) = P_g(s'|s) + Delta_a(s')`` for ``a`` in group ``g``, with ``Delta_a`` shared by all
+    states; least squares over the states gives ``Delta_a = mean_s (Phat(.|s, a) - P_g(.|s))`` (each row sums
+    to 0, so ``P_g + Delta_a`` sums to 1; it can leave the simplex, see :func:`project_simplex`). A singleton
+    group has ``Delta_a = 0``. Returns ``[A, S]``."""
+    n = counts.sum(-1)
+    Pg, _ = grouped_estimate(counts, np.zeros(counts.shape[:2]), labels)
+    return (counts / n[..., None] - Pg[:, labels]).mean(0)
+
+
+def project_simplex(v: np.ndarray) -> np.ndarray:
+    """Euclidean projection of each row (last axis) onto the probability simplex: ``max(v - theta, 0)`` with
+    ``theta`` the threshold that makes the row sum to 1 (the sort-based algorithm of Held, Wolfe and Crowder
+    1974 / Duchi et al. 2008)."""
+    u = -np.sort(-v, axis=-1)
+    css = np.cumsum(u, axis=-1) - 1.0
+    idx = np.arange(1, v.shape[-1] + 1)
+    rho = ((u - css / idx) > 0).sum(-1, keepdims=True)                 # number of positive coordinates
+    theta = np.take_along_axis(css, rho - 1, axis=-1) / rho
+    return np.maximum(v - theta, 0.0)
+
+
+def decomposed_model(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The grouped model corrected by the whole linear decomposition, one model per action::
+
+        Ptilde(.|s, a) = Proj_simplex(P_g(.|s) + Delta_a),    Rtilde(s, a) = R_g(s) + b_a
+
+    (:func:`decomposition_transition_offsets`, :func:`decomposition_offsets`). Its parameters are ``k`` group
+    models (``S k (S + 1)``) plus ``A (S + 1)`` offsets instead of ``S A (S + 1)``: each offset is estimated from
+    the samples of all ``S`` states. Returns ``(P[S, A, S], R[S, A])``."""
+    Pg, Rg = grouped_estimate(counts, rsum, labels)
+    P = project_simplex(Pg[:, labels] + decomposition_transition_offsets(counts, labels)[None])
+    R = Rg[:, labels] + decomposition_offsets(counts, rsum, labels)[None]
+    return P, R
+
+
 def grouped_policy(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray, gamma: float,
-                   correction: bool = False) -> np.ndarray:
+                   correction: bool = False, decomposition: str | None = None) -> np.ndarray:
     """Plan on the grouped model, then act in the real MDP: ``pi[s, a]`` (stochastic).
 
-    The grouped MDP (states ``S``, actions = the ``k`` groups) is solved by value iteration; in state ``s`` the
-    policy plays the chosen group ``g*(s)``'s actions uniformly, or, with ``correction``, the member with the
-    largest decomposition offset ``b_a`` (:func:`decomposition_offsets`)."""
+    ``decomposition`` (``correction`` is the older name of ``"reward"``):
+
+    - ``"none"`` — the grouped MDP (states ``S``, actions = the ``k`` groups) is solved by value iteration; in
+      state ``s`` the policy plays the chosen group ``g*(s)``'s actions uniformly;
+    - ``"reward"`` — the same plan, then the member of ``g*(s)`` with the largest reward offset ``b_a``
+      (:func:`decomposition_offsets`);
+    - ``"full"`` — value iteration on the decomposed per-action model (:func:`decomposed_model`: transition and
+      reward offsets) and its greedy deterministic policy."""
+    decomposition = decomposition or ("reward" if correction else "none")
+    if decomposition not in ("none", "reward", "full"):
+        raise ValueError(f"decomposition must be 'none', 'reward' or 'full', got {decomposition!r}")
     S, A, _ = counts.shape
+    if decomposition == "full":
+        P, R = decomposed_model(counts, rsum, labels)
+        return np.eye(A)[discounted_q(P, R, gamma).argmax(1)]
+    correction = decomposition == "reward"
     Pg, Rg = grouped_estimate(counts, rsum, labels)
     g_star = discounted_q(Pg, Rg, gamma).argmax(1)
     pi = np.zeros((S, A))
@@ -267,16 +326,58 @@ def grouping_bound(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray, gam
     return {"approximation": approx, "estimation": est, "bound": approx + est}
 
 
+def decomposed_bound(counts: np.ndarray, rsum: np.ndarray, labels: np.ndarray, gamma: float,
+                     reward_noise: float) -> dict:
+    """:func:`grouping_bound` for the decomposed model (:func:`decomposed_model`), same simulation lemma.
+
+    - approximation — what the decomposition leaves, ``P_a(.|s) - P_g(.|s) - Delta_a`` and
+      ``R_a(s) - R_g(s) - b_a``, cross-fitted between the two halves (each half fits its own offsets);
+    - estimation — the group part as in :func:`grouping_bound` plus the offsets': ``Delta_a`` averages over the
+      ``S`` states ``Phat_a - Phat_g``, whose variance is ``u (1 - 1/|g|) / n`` (``Phat_g`` is the mean of the
+      ``|g|`` members), so its error is ``sqrt(S u (1 - 1/|g|) / (n S))`` in L1 (0 for a singleton); likewise
+      ``sigma sqrt((1 - 1/|g|) / (n S))`` for ``b_a``.
+
+    ``counts [2, S, A, S]``, ``rsum [2, S, A]``. Returns the terms and ``bound``."""
+    S, A, _ = counts.shape[1:]
+    halves = []
+    for c, r in zip(counts, rsum):
+        n = c.sum(-1)
+        Pg, Rg = grouped_estimate(c, r, labels)
+        dp = c / n[..., None] - Pg[:, labels] - decomposition_transition_offsets(c, labels)[None]
+        dr = r / n - Rg[:, labels] - decomposition_offsets(c, r, labels)[None]
+        halves.append((dp, dr))
+    (dp1, dr1), (dp2, dr2) = halves
+    approx_r = math.sqrt(max(0.0, float((dr1 * dr2).mean())))
+    approx_p = math.sqrt(S * max(0.0, float((dp1 * dp2).sum(-1).mean())))
+    total = counts.sum(0)
+    n = total.sum(-1)                                    # [S, A]
+    size = np.bincount(labels)[labels][None, :]          # |g(a)|
+    m = n * size
+    M = n.sum(1, keepdims=True)
+    u = (1.0 - ((total.sum(1) / M) ** 2).sum(-1, keepdims=True)) * M / np.maximum(M - 1, 1)
+    shrink = 1.0 - 1.0 / size
+    est_r = math.sqrt(float((reward_noise ** 2 / m).mean())) + \
+        math.sqrt(float((reward_noise ** 2 * shrink / (n * S)).mean()))
+    est_p = math.sqrt(S * float((u / m).mean())) + math.sqrt(float((u * shrink / n).mean()))
+    vmax = 1.0 / (1.0 - gamma)
+    scale = 2.0 / (1.0 - gamma)
+    approx = scale * (approx_r + gamma * vmax * approx_p)
+    est = scale * (est_r + gamma * vmax * est_p)
+    return {"approximation": approx, "estimation": est, "bound": approx + est}
+
+
 def select_grouping(counts: np.ndarray, rsum: np.ndarray, family: list[np.ndarray], gamma: float,
-                    reward_noise: float) -> int:
-    """The index (``k - 1``) of the grouping in ``family`` with the smallest estimated bound."""
-    bounds = [grouping_bound(counts, rsum, lab, gamma, reward_noise)["bound"] for lab in family]
+                    reward_noise: float, decomposition: str = "none") -> int:
+    """The index of the grouping in ``family`` with the smallest estimated bound: :func:`decomposed_bound` when
+    the plan uses the full decomposition (``decomposition="full"``), :func:`grouping_bound` otherwise."""
+    bound = decomposed_bound if decomposition == "full" else grouping_bound
+    bounds = [bound(counts, rsum, lab, gamma, reward_noise)["bound"] for lab in family]
     return int(np.argmin(bounds))
 
 
 def grouping_experiment(*, seed: int = 0, sample_sizes: tuple[int, ...] = (2, 4, 8, 16, 64, 256, 1024),
                         ks: tuple[int, ...] | None = None, reps: int = 20, correction: bool = False,
-                        mdp: GroupedMDP | None = None) -> list[dict]:
+                        mdp: GroupedMDP | None = None, decomposition: str | None = None) -> list[dict]:
     """Value loss of planning on each candidate grouping, and on the bound-selected one, per sample size ``n``.
 
     One MDP (``action_similar_mdp(seed=seed)`` unless given); the candidates are the groupings of
@@ -285,17 +386,24 @@ def grouping_experiment(*, seed: int = 0, sample_sizes: tuple[int, ...] = (2, 4,
     the models are estimated). For each ``n`` (samples per ``(s, a)``), ``reps`` independent sample sets. Returns
     one row per ``n``: ``loss_k<k>`` (mean value loss of the plan on grouping ``k``), ``loss_selected`` (of the
     grouping :func:`select_grouping` picks from the same samples), ``selected_k`` (mean ``k`` picked) and
-    ``best_k`` (the ``k`` of least mean loss).
+    ``best_k`` (the ``k`` of least mean loss). ``decomposition`` (``"none"``, ``"reward"`` = ``correction``,
+    ``"full"``) is the plan of :func:`grouped_policy`; with ``"full"`` the selection uses
+    :func:`decomposed_bound`.
 
     Paper: Li, Ju and Shroff, "Achieving Sample and Computational Efficient Reinforcement Learning by Action
     Space Reduction via Grouping", arXiv:2306.12981 (seed 000-80).
 
     Provenance: reconstructed from the abstract — the hierarchical generator, clustering of the actions'
-    transition and reward profiles (average linkage, L1), pooling a group's samples, the reward-offset form of
-    the linear decomposition (:func:`decomposition_offsets`) and the simulation-lemma bound with cross-fitted
-    approximation terms (:func:`grouping_bound`) are grpolab's choices; the paper's own decomposition model,
-    bound and its action-space-independent selection method were not read (no authors' code found: searched
-    GitHub code and the web for the title and arXiv id; Papers with Code lists no implementation).
+    transition and reward profiles (average linkage, L1), pooling a group's samples, the linear decomposition
+    as a group model plus state-independent per-action offsets of the transition row and the reward
+    (:func:`decomposition_transition_offsets`, :func:`decomposition_offsets`, :func:`decomposed_model`, the
+    transition part projected onto the simplex) and the simulation-lemma bounds with cross-fitted
+    approximation terms (:func:`grouping_bound`, :func:`decomposed_bound`), minimised over a nested family of
+    candidate groupings (:func:`select_grouping`), are grpolab's choices. The paper's text past its abstract
+    and introduction could not be read here (the stored copies hold the abstract and the opening of the
+    introduction), so its own decomposition model, bound and action-space-independent selection method are
+    not reproduced; no authors' code found (GitHub code and the web searched for the title and arXiv id;
+    Papers with Code lists no implementation).
     """
     mdp = mdp or action_similar_mdp(seed=seed)
     family = grouping_family(mdp.P, mdp.R)
@@ -311,13 +419,30 @@ def grouping_experiment(*, seed: int = 0, sample_sizes: tuple[int, ...] = (2, 4,
             halves = sample_model(mdp, n, rng)
             counts, rsum = halves[0].sum(0), halves[1].sum(0)
             for i, lab in enumerate(cands):
-                losses[r, i] = value_loss(mdp, grouped_policy(counts, rsum, lab, mdp.gamma, correction))
-            j = select_grouping(*halves, cands, mdp.gamma, mdp.reward_noise)
+                losses[r, i] = value_loss(mdp, grouped_policy(counts, rsum, lab, mdp.gamma, correction,
+                                                              decomposition))
+            j = select_grouping(*halves, cands, mdp.gamma, mdp.reward_noise,
+                                decomposition or ("reward" if correction else "none"))
             sel_loss[r], sel_k[r] = losses[r, j], ks[j]
         mean = losses.mean(0)
         rows.append({"n": n, **{f"loss_k{k}": float(mean[i]) for i, k in enumerate(ks)},
                      "loss_selected": float(sel_loss.mean()), "selected_k": float(sel_k.mean()),
                      "best_k": ks[int(np.argmin(mean))]})
+    return rows
+
+
+def grouping_decomposition_experiment(*, seed: int = 0, sample_sizes: tuple[int, ...] = (2, 4, 8, 16, 64, 256, 1024),
+                                      reps: int = 20) -> list[dict]:
+    """The three plans of :func:`grouped_policy` on an MDP whose within-group differences are the same in every
+    state (``action_similar_mdp(seed=seed, state_independent_fine=True)``), the form the decomposition fits:
+    per ``n``, the mean value loss of the plan on the 4 latent groups with no decomposition, with the reward
+    offsets and with the full (transition + reward) decomposition, of the singletons (k = 16, where the three
+    coincide), and of the full plan on the grouping :func:`decomposed_bound` selects among k = 1, 4, 16."""
+    mdp = action_similar_mdp(seed=seed, state_independent_fine=True)
+    rows = []
+    for mode in ("none", "reward", "full"):
+        for row in grouping_experiment(seed=seed, sample_sizes=sample_sizes, reps=reps, mdp=mdp, decomposition=mode):
+            rows.append({"decomposition": mode, **row})
     return rows
 
 
@@ -634,6 +759,7 @@ def main(argv: list[str] | None = None) -> int:
     seed = int(argv[1]) if len(argv) > 1 else 0
     runs = {"grouping": lambda: grouping_experiment(seed=seed),
             "grouping_corrected": lambda: grouping_experiment(seed=seed, correction=True),
+            "grouping_decomposed": lambda: grouping_decomposition_experiment(seed=seed),
             "lpo": lambda: lpo_experiment(seed=seed), "agnostic": lambda: agnostic_experiment(seed=seed)}
     if which != "all" and which not in runs:
         print(f"unknown experiment {which!r}; valid: {', '.join(runs)}, all", file=sys.stderr)
