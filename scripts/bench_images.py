@@ -26,7 +26,9 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-def measure(recipe: str, steps: int, threads: int, overrides: dict | None = None) -> dict:
+def measure(recipe: str, steps: int, threads: int, overrides: dict | None = None, without: tuple = ()) -> dict:
+    """One recipe's median step time and step FLOPs (``without``: recipe keys left out, e.g. its ``task`` when
+    ``overrides`` give ``data``)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -36,7 +38,7 @@ def measure(recipe: str, steps: int, threads: int, overrides: dict | None = None
 
     torch.set_num_threads(threads)
     out = tempfile.mkdtemp(prefix=f"bench_{recipe}_")
-    cfg = Config.build({**recipe_overrides(recipe), "steps": steps + 3, "eval_before": False, "eval_after": False,
+    cfg = Config.build({**{k: v for k, v in recipe_overrides(recipe).items() if k not in without}, "steps": steps + 3, "eval_before": False, "eval_after": False,
                         "save_steps": 10_000, "log_completions_steps": 0, "stall_steps": 0, "out": out,
                         **(overrides or {})})
     t = Trainer(cfg, log=lambda *a: None)
