@@ -13,8 +13,9 @@ import torch
 
 from grpolab.agents.base import AgentEnv, StepResult
 from grpolab.agents.critic import TurnPPOCritic, masked_whiten, turn_gae, turn_starts
-from grpolab.agents.tree import (StepNode, backpropagate, best_path, group_health, remedied_reveal, revealed_steps,
-                                 select, stage_fraction, tree_grpo_advantage, uct_child)
+from grpolab.agents.tree import (StepNode, backpropagate, best_path, group_health, mcts_staged_advantage,
+                                 prefix_stats, remedied_reveal, revealed_steps, select, stage_fraction,
+                                 tree_grpo_advantage, uct_child)
 from grpolab.algorithms.advantages import group_zscore
 from grpolab.batch import ENVIRONMENT, INJECTED, SAMPLED, RolloutBatch
 from grpolab.config import Config
@@ -362,6 +363,88 @@ def test_mcts_staged_collapsed_group_is_redrawn_from_a_longer_prefix(model_tok):
 
 
 # --------------------------------------------------------------------------- turn-PPO critic
+def _prefix_batch(**cols):
+    b = RolloutBatch.__new__(RolloutBatch)
+    b.columns = cols
+    return b
+
+
+def test_mcts_staged_advantage_by_hand():
+    nan = float("nan")
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, nan, 1.0, 0.0])
+    g = torch.tensor([0, 0, 0, 0, 1, 1, 2, 2, 2])
+    v = [0.5, 1.0, 0.5, 0.25, 0.2, 0.6, 0.3, 0.5, 0.5]
+    opt = [1.0, 1.0, 1.0, 0.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    b = _prefix_batch(mcts_prefix_value=v, mcts_prefix_optimistic=opt, mcts_prefix_pessimistic=[0.0] * 9)
+    a = mcts_staged_advantage(r, g, batch=b)
+    # group 0: u = r - V = [0.5, 0, 0.5, -0.25], mean 0.1875 -> [0.3125, -0.1875, 0.3125, -0.4375]
+    # group 1 (every completion succeeded: GRPO gives 0): u = [0.8, 0.4], mean 0.6 -> [0.2, -0.2]
+    # group 2: the NaN row is left out and gets 0; u = [0.5, -0.5], mean 0 -> [0.5, -0.5]
+    want = [0.3125, -0.1875, 0.3125, -0.4375, 0.2, -0.2, 0.0, 0.5, -0.5]
+    assert torch.allclose(a, torch.tensor(want), atol=1e-6)
+    assert float(group_zscore(r, g)[4:6].abs().sum()) == 0.0  # the saturated group under GRPO
+    # std scaling: group 1's u std = sqrt(2 * 0.2^2 / 1) = 0.282843 -> +-0.2 / (0.282843 + 1e-4) = +-0.706857
+    a = mcts_staged_advantage(r, g, batch=b, mcts_adv_scale="std")
+    assert abs(float(a[4]) - 0.706857) < 1e-5 and abs(float(a[5]) + 0.706857) < 1e-5
+    # with a floor of 0.5 the nearly collapsed group is not blown up: +-0.2 / (0.5 + 1e-4) = +-0.399920
+    a = mcts_staged_advantage(r, g, batch=b, mcts_adv_scale="std", mcts_adv_std_floor=0.5)
+    assert abs(float(a[4]) - 0.399920) < 1e-5
+    # alpha 0.5 on group 0: u = [0.75, 0.5, 0.75, -0.125], mean 0.46875 -> [0.28125, 0.03125, 0.28125, -0.59375]
+    a = mcts_staged_advantage(r, g, batch=b, mcts_adv_alpha=0.5)
+    assert torch.allclose(a[:4], torch.tensor([0.28125, 0.03125, 0.28125, -0.59375]), atol=1e-6)
+    # the optimistic baseline on group 1: u = [1 - 1, 1 - 0] = [0, 1], mean 0.5 -> [-0.5, 0.5]
+    a = mcts_staged_advantage(r, g, batch=b, mcts_adv_baseline="optimistic")
+    assert torch.allclose(a[4:6], torch.tensor([-0.5, 0.5]))
+    # relations: baseline none (or alpha 0) is plain centring; std with no floor and one prefix value per group
+    # (mode stage: V constant within the group) is GRPO's z-score
+    centred = torch.tensor([0.25, 0.25, 0.25, -0.75, 0.0, 0.0, 0.0, 0.5, -0.5])
+    assert torch.allclose(mcts_staged_advantage(r, g, batch=b, mcts_adv_baseline="none"), centred)
+    assert torch.allclose(mcts_staged_advantage(r, g, batch=b, mcts_adv_alpha=0.0), centred)
+    const = _prefix_batch(mcts_prefix_value=[0.7] * 4 + [0.1] * 2 + [0.9] * 3)
+    assert torch.allclose(mcts_staged_advantage(r, g, batch=const, mcts_adv_scale="std"), group_zscore(r, g),
+                          atol=1e-6)
+    with pytest.raises(ConfigError, match="rollout_strategy mcts_staged"):
+        mcts_staged_advantage(r, g, batch=_prefix_batch())
+    with pytest.raises(ConfigError, match="mcts_adv_baseline"):
+        mcts_staged_advantage(r, g, batch=b, mcts_adv_baseline="max")
+
+
+def test_mcts_prefix_stats_by_hand():
+    # root -> a -> (leaf a1 = 1, leaf a2 = 0); root -> leaf b = 0.5; a2 backed up twice
+    root = StepNode()
+    a = StepNode(ids=[1], parent=root, depth=1)
+    a1 = StepNode(ids=[2], parent=a, depth=2, ended_by="done")
+    a2 = StepNode(ids=[3], parent=a, depth=2, ended_by="done")
+    bleaf = StepNode(ids=[4], parent=root, depth=1, ended_by="done")
+    unvisited = StepNode(ids=[5], parent=a, depth=2, ended_by="done")  # a completion leaf: not backed up
+    root.children, a.children = [a, bleaf], [a1, a2, unvisited]
+    for leaf, v in ((a1, 1.0), (a2, 0.0), (a2, 0.0), (bleaf, 0.5)):
+        backpropagate(leaf, v)
+    # a: visits 3, value (1 + 0 + 0) / 3; leaves 1 and 0; root: visits 4, value 1.5 / 4 = 0.375
+    assert prefix_stats(a) == {"value": 1 / 3, "optimistic": 1.0, "pessimistic": 0.0, "visits": 3}
+    assert prefix_stats(root) == {"value": 0.375, "optimistic": 1.0, "pessimistic": 0.0, "visits": 4}
+    assert prefix_stats(bleaf) == {"value": 0.5, "optimistic": 0.5, "pessimistic": 0.5, "visits": 1}
+
+
+def test_mcts_staged_tree_mode_spreads_rows_over_sibling_prefixes(model_tok):
+    """CountEnv: 3-step trajectories; stage 0 reveals up to floor(0.75 * 3) = 2 steps, so rows j = 0, 1, 2 start
+    after j mod 3 = 0, 1, 2 steps; every completion succeeds (saturated): each row's prefix moves one step up,
+    not above the root, to 0, 0, 1."""
+    ctx = _staged_ctx(model_tok, lambda completions=None, **kw: [1.0] * len(completions))
+    b = run_strategy(ctx, "mcts_staged", [0], step=0, mcts_simulations=2, max_turn_tokens=4, mcts_prefix_mode="tree")
+    assert b.columns["mcts_revealed_steps"] == [0, 0, 1] and b.columns["mcts_remedy"] == ["reveal_less"] * 3
+    assert ctx.metrics["mcts/saturated_groups"] == 1.0
+    for r, k in enumerate(b.columns["mcts_revealed_steps"]):
+        assert int((b.token_origin[r] == INJECTED).any()) == (k > 0)
+    # the depth-0 rows start at the root: 2 simulations, each valued 1, the root's value is mcts/root_value
+    assert b.columns["mcts_prefix_visits"][:2] == [2, 2] and b.columns["mcts_prefix_value"][:2] == [1.0, 1.0]
+    assert b.columns["mcts_prefix_value"][0] == ctx.metrics["mcts/root_value"]
+    assert 1 <= b.columns["mcts_prefix_visits"][2] <= 2  # a node on the most-visited path: at most the root's
+    assert b.columns["mcts_prefix_optimistic"] == b.columns["mcts_prefix_pessimistic"] == [1.0] * 3
+    with pytest.raises(ConfigError, match="mcts_prefix_mode"):
+        run_strategy(ctx, "mcts_staged", [0], step=0, mcts_simulations=1, mcts_prefix_mode="mixed")
+
+
 def test_turn_ppo_gae_by_hand():
     # rewards [0, 0, 1], values [0.2, 0.5, 0.8], gamma 0.9, lambda 0.8 (gamma * lambda = 0.72):
     # k=2: delta = 1 + 0 - 0.8 = 0.2, A = 0.2;  k=1: delta = 0.9 * 0.8 - 0.5 = 0.22, A = 0.22 + 0.72 * 0.2 = 0.364

@@ -472,6 +472,12 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
                                                            "reward >= this succeeded (saturation test)"),
                         mcts_collapse_std: float = param(0.0, "staged MCTS GRPO: a group whose reward std is <= "
                                                          "this (and not saturated) has collapsed"),
+                        mcts_prefix_mode: str = param("stage", "staged MCTS GRPO: where a prompt's rows start: "
+                                                      "'stage' (all from the stage's revealed prefix: one prefix "
+                                                      "per group) or 'tree' (spread round-robin over the prefixes "
+                                                      "of depth 0 .. the stage's reveal: sibling prefixes of "
+                                                      "mixed depth in one group, for advantage mcts_staged)",
+                                                      ["stage", "tree"]),
                         max_turns: int = MAX_TURNS, max_episode_tokens: int = MAX_EPISODE_TOKENS,
                         max_turn_tokens: int = MAX_TURN_TOKENS, tool_timeout: float = TOOL_TIMEOUT,
                         tool_output_chars: int = TOOL_OUTPUT_CHARS, max_tool_calls: int = MAX_TOOL_CALLS,
@@ -500,6 +506,16 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     shorter prefix, one whose rewards have collapsed from a longer one (:class:`Remedies`: the rules, the
     ``mcts/*`` metrics and ``columns["mcts_remedy"]``).
 
+    ``mcts_prefix_mode: tree`` spreads a prompt's rows over the prefixes of depth ``0 .. k`` of the trajectory
+    (row ``j`` starts after ``j mod (k + 1)`` revealed steps, ``k`` the stage's reveal), so one group holds
+    completions of sibling prefixes of mixed depth, as Tree-OPO's student completes prefixes of mixed depth
+    (the remedies then move each row's prefix by ``mcts_remedy_shift``). Every row carries its start node's
+    MCTS statistics, read before the completions are drawn (so they do not depend on them):
+    ``columns["mcts_prefix_value"]`` (the node's mean backed-up value, ``value_sum / visits``),
+    ``columns["mcts_prefix_optimistic"]`` / ``["mcts_prefix_pessimistic"]`` (the highest / lowest value of a
+    simulated leaf under the node: with 0/1 rewards, "some simulation from here succeeded" / "none failed"),
+    ``columns["mcts_prefix_visits"]``; ``advantage: mcts_staged`` reads them (:func:`mcts_staged_advantage`).
+
     Provenance: reconstructed from the abstract — the abstract (Tree-OPO, Huang, Nguyen and Zimmer,
     arXiv:2509.09284, seed 000-20) gives no MCTS settings, stage schedule or advantage formula and names
     "heuristic and statistical solutions" to advantage saturation and reward collapse without stating them;
@@ -507,11 +523,16 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     tree per prompt and step, the most-visited path as the trajectory, a falling reveal share per stage of
     mcts_stage_steps steps, one group per revealed prefix (use it with group_zscore), and the two remedies
     (a saturated group redrawn from a shorter prefix, a collapsed one from a longer prefix, once, with the
-    tests above) are grpolab's; the paper's later version's staged advantage estimation (tree-consistent
-    prefix baselines, known here only from third-party summaries) is not built.
+    tests above) are grpolab's; mode ``tree`` (rows from sibling prefixes of mixed depth) and the prefix
+    statistics follow third-party summaries of the paper's later version (its student completes prefixes of
+    mixed depth; its staged advantage uses tree-consistent prefix baselines: ``advantage: mcts_staged``); its
+    projection onto the tree's order constraints and its offline teacher are not built.
     Test: tests/test_agent_tree.py::test_mcts_group_health_and_remedy_by_hand,
-    tests/test_agent_tree.py::test_mcts_staged_saturated_group_is_redrawn_from_a_shorter_prefix.
+    tests/test_agent_tree.py::test_mcts_staged_saturated_group_is_redrawn_from_a_shorter_prefix,
+    tests/test_agent_tree.py::test_mcts_staged_tree_mode_spreads_rows_over_sibling_prefixes.
     """
+    if mcts_prefix_mode not in ("stage", "tree"):
+        raise ConfigError(f"mcts_prefix_mode: '{mcts_prefix_mode}' is not valid; valid values: stage, tree")
     search = new_search(ctx, dict(max_turns=max_turns, max_episode_tokens=max_episode_tokens,
                                   max_turn_tokens=max_turn_tokens, tool_timeout=tool_timeout,
                                   tool_output_chars=tool_output_chars, max_tool_calls=max_tool_calls, tools=tools,
@@ -522,11 +543,13 @@ def mcts_staged_rollout(ctx, rows, uids, group_offset, budgets=None, temperature
     remedies = Remedies(mcts_saturation_remedy, mcts_collapse_remedy, mcts_remedy_shift, mcts_success_reward,
                         mcts_collapse_std)
     frac = stage_fraction(step, list(mcts_reveal_schedule), mcts_stage_steps)
-    starts, reveal, paths = _staged_starts(ctx.cfg, trees, frac, budgets)
+    starts, reveal, paths = _staged_starts(ctx.cfg, trees, frac, budgets, mcts_prefix_mode)
+    stats = [prefix_stats(node) for _, node in starts]  # before the completions join the tree
     chosen = [(t, leaf) for (t, _), leaf in zip(starts, grow(ctx, search, starts))]
-    batch, scalar = _pack_staged(ctx, search, chosen, reveal)
+    batch, scalar = _pack_staged(ctx, search, chosen, reveal, stats)
     # advantage saturation / reward collapse: one redraw per affected group from a shorter / longer prefix
-    batch, scalar, health, after, redo = remedies.apply(ctx, search, trees, paths, chosen, reveal, batch, scalar)
+    batch, scalar, health, after, redo = remedies.apply(ctx, search, trees, paths, chosen, reveal, batch, scalar,
+                                                        stats)
     _log_mcts(ctx, trees, batch, scalar, health, after, redo, frac, reveal)
     return batch
 
@@ -544,27 +567,45 @@ def _mcts_search(ctx, search: Search, trees: list[Tree], simulations: int, c: fl
             backpropagate(leaf, float(v))
 
 
-def _staged_starts(cfg, trees: list[Tree], frac: float, budgets):
-    """Per tree: its MCTS trajectory (the most-visited path), the node after its revealed prefix and the rows
-    drawn from it (the prompt's budget, else ``num_generations``). Returns ``(starts, reveal, paths)``: one
-    ``(tree, node)`` and one revealed step count per row, one ``(path, steps)`` per tree."""
+def _staged_starts(cfg, trees: list[Tree], frac: float, budgets, mode: str = "stage"):
+    """Per tree: its MCTS trajectory (the most-visited path), the node(s) after its revealed prefix(es) and the
+    rows drawn from them (the prompt's budget, else ``num_generations``): mode ``stage``, every row after the
+    stage's ``k`` revealed steps; mode ``tree``, row ``j`` after ``j mod (k + 1)`` of them. Returns ``(starts,
+    reveal, paths)``: one ``(tree, node)`` and one revealed step count per row, one ``(path, steps)`` per tree."""
     starts, reveal, paths = [], [], []
     for i, t in enumerate(trees):
         path = best_path(t.root)
         n_steps = len([n for n in path if n.ids or not n.is_leaf])
         k = revealed_steps(n_steps, frac)
         paths.append((path, n_steps))
-        node = path[k - 1] if k else t.root
         n = budgets[i] if budgets else cfg.num_generations
-        starts += [(t, node)] * n
-        reveal += [k] * n
+        ks = [k] * n if mode == "stage" else [j % (k + 1) for j in range(n)]
+        starts += [(t, path[d - 1] if d else t.root) for d in ks]
+        reveal += ks
     return starts, reveal, paths
 
 
-def _pack_staged(ctx, search: Search, chosen: list, reveal: list[int]):
-    """The staged batch (revealed turns injected, ``columns["mcts_revealed_steps"]``) and its scalar reward."""
+def prefix_stats(node: StepNode) -> dict:
+    """A prefix node's MCTS statistics: ``value`` (mean backed-up value ``value_sum / visits``; 0 when
+    unvisited), ``optimistic`` / ``pessimistic`` (the highest / lowest mean value of a visited leaf in the
+    node's subtree, the node itself if it is a leaf; ``value`` when none is visited) and ``visits``."""
+    value = node.value_sum / node.visits if node.visits else 0.0
+    leaves = [n for n in ([node] + node.subtree()) if n.is_leaf and n.visits]
+    vals = [n.value_sum / n.visits for n in leaves] or [value]
+    return {"value": value, "optimistic": max(vals), "pessimistic": min(vals), "visits": node.visits}
+
+
+PREFIX_COLUMNS = {"value": "mcts_prefix_value", "optimistic": "mcts_prefix_optimistic",
+                  "pessimistic": "mcts_prefix_pessimistic", "visits": "mcts_prefix_visits"}
+
+
+def _pack_staged(ctx, search: Search, chosen: list, reveal: list[int], stats: list[dict]):
+    """The staged batch (revealed turns injected, ``columns["mcts_revealed_steps"]`` and the start nodes'
+    :func:`prefix_stats` as ``columns["mcts_prefix_*"]``) and its scalar reward."""
     batch = pack_leaves(ctx, search, chosen, injected_steps=reveal)
-    batch.columns["mcts_revealed_steps"] = reveal
+    batch.columns["mcts_revealed_steps"] = list(reveal)
+    for key, col in PREFIX_COLUMNS.items():
+        batch.columns[col] = [st[key] for st in stats]
     return batch, ctx.score(batch)
 
 
@@ -576,7 +617,8 @@ class Remedies:
     saturation, every advantage 0) is drawn again once from a prefix ``mcts_remedy_shift`` steps shorter
     (``mcts_saturation_remedy: reveal_less``), and a group whose rewards have collapsed (std <=
     ``mcts_collapse_std`` without all succeeding, e.g. all fail) once from a prefix that many steps longer
-    (``mcts_collapse_remedy: reveal_more``, at most ``n - 1``); the second draw replaces the group. Metrics:
+    (``mcts_collapse_remedy: reveal_more``, at most ``n - 1``); the second draw replaces the group (with
+    ``mcts_prefix_mode: tree`` each row's prefix moves by the shift, within ``0 .. n - 1``). Metrics:
     ``mcts/saturated_groups`` and ``mcts/collapsed_groups`` (shares of the step's groups before the remedies),
     ``mcts/remedied_groups`` (share drawn again), ``mcts/saturated_after`` and ``mcts/collapsed_after`` (shares in
     the returned batch); ``columns["mcts_remedy"]`` names each row's remedy ("" for none).
@@ -595,41 +637,48 @@ class Remedies:
         if self.shift < 1:
             raise ConfigError(f"mcts_remedy_shift: expected >= 1, got {self.shift}")
 
-    def apply(self, ctx, search: Search, trees, paths, chosen: list, reveal: list[int], batch, scalar):
-        """The groups' health, one redraw of the remedied groups (``chosen`` and ``reveal`` updated in place) and
-        their health after. Returns ``(batch, scalar, health, after, redo)``."""
+    def apply(self, ctx, search: Search, trees, paths, chosen: list, reveal: list[int], batch, scalar,
+              stats: list[dict]):
+        """The groups' health, one redraw of the remedied groups (``chosen``, ``reveal`` and ``stats`` updated in
+        place) and their health after. Returns ``(batch, scalar, health, after, redo)``."""
         health = group_health(scalar, batch.group_ids, self.success_reward, self.collapse_std)
         redo = self.groups(trees, paths, chosen, reveal, health)
         remedy = [""] * len(chosen)
         if redo:
+            for rows_g, _, nodes, _ in redo.values():  # the new start nodes' statistics, before their draws
+                for r, node in zip(rows_g, nodes):
+                    stats[r] = prefix_stats(node)
             _redraw(ctx, search, trees, redo, chosen, reveal, remedy)
-            batch, scalar = _pack_staged(ctx, search, chosen, reveal)
+            batch, scalar = _pack_staged(ctx, search, chosen, reveal, stats)
         after = group_health(scalar, batch.group_ids, self.success_reward, self.collapse_std)
         batch.columns["mcts_remedy"] = remedy
         return batch, scalar, health, after, redo
 
     def groups(self, trees, paths, chosen, reveal, health: dict) -> dict:
-        """``{group: (rows, new reveal, new start node, remedy name)}`` of the groups a remedy draws again."""
+        """``{group: (rows, new reveal per row, new start node per row, remedy name)}`` of the groups a remedy
+        draws again (a group is drawn again, every row, when some row's prefix moves)."""
         tree_of = {t.group: (j, t) for j, t in enumerate(trees)}
         redo = {}
         for g, state in health.items():
             j, t = tree_of[g]
             path, n_steps = paths[j]
             rows_g = [r for r, (tt, _) in enumerate(chosen) if tt is t]
-            k = reveal[rows_g[0]]
-            k2 = remedied_reveal(k, n_steps, state, self.saturation_remedy, self.collapse_remedy, self.shift)
-            if k2 != k:
-                redo[g] = (rows_g, k2, path[k2 - 1] if k2 else t.root, "reveal_less" if k2 < k else "reveal_more")
+            ks = [reveal[r] for r in rows_g]
+            k2s = [remedied_reveal(k, n_steps, state, self.saturation_remedy, self.collapse_remedy, self.shift)
+                   for k in ks]
+            if k2s != ks:
+                name = "reveal_less" if state == SATURATED else "reveal_more"
+                redo[g] = (rows_g, k2s, [path[k2 - 1] if k2 else t.root for k2 in k2s], name)
         return redo
 
 
 def _redraw(ctx, search: Search, trees, redo: dict, chosen: list, reveal: list[int], remedy: list[str]) -> None:
     """Draw the remedied groups' rows again from their new prefixes (``chosen``, ``reveal``, ``remedy`` in place)."""
     tree_of = {t.group: t for t in trees}
-    again = [(tree_of[g], node) for g, (rows_g, _, node, _) in redo.items() for _ in rows_g]
+    again = [(tree_of[g], node) for g, (_, _, nodes, _) in redo.items() for node in nodes]
     new_leaves = iter(grow(ctx, search, again))
-    for g, (rows_g, k2, _, name) in redo.items():
-        for r in rows_g:
+    for g, (rows_g, k2s, _, name) in redo.items():
+        for r, k2 in zip(rows_g, k2s):
             chosen[r] = (chosen[r][0], next(new_leaves))
             reveal[r], remedy[r] = k2, name
 
@@ -651,3 +700,74 @@ mcts_staged_rollout.extra_rewards = extra_rewards
 mcts_staged_rollout.eval_rollout = eval_rollout
 for _hook in ("max_prompt_length", "first_prompts", "model_texts"):  # episodes as the agent rollout's
     setattr(mcts_staged_rollout, _hook, getattr(_agent, _hook))
+
+
+# --------------------------------------------------------------------------- the tree-structured staged advantage
+MCTS_BASELINES = ("value", "optimistic", "pessimistic", "none")
+
+
+@ADVANTAGES.register("mcts_staged", min_group_size=2)
+def mcts_staged_advantage(rewards: torch.Tensor, group_ids: torch.Tensor, *, batch=None,
+                          mcts_adv_baseline: str = param("value", "staged MCTS advantage: the prefix baseline V(p) "
+                                                         "subtracted from each reward: 'value' (the start node's "
+                                                         "mean MCTS value), 'optimistic' / 'pessimistic' (the "
+                                                         "highest / lowest simulated leaf value under it) or "
+                                                         "'none' (plain group centring)", list(MCTS_BASELINES)),
+                          mcts_adv_alpha: float = param(1.0, "staged MCTS advantage: weight alpha of the prefix "
+                                                        "baseline (A = r - alpha V(p), then centred)"),
+                          mcts_adv_scale: str = param("none", "staged MCTS advantage: 'none' (centred only) or "
+                                                      "'std' (divided by max(std_g, mcts_adv_std_floor) + eps)",
+                                                      ["none", "std"]),
+                          mcts_adv_std_floor: float = param(0.0, "staged MCTS advantage: with mcts_adv_scale std, "
+                                                            "the smallest std divided by (a nearly collapsed "
+                                                            "group is not blown up to unit advantages)"),
+                          advantage_epsilon: float = 1e-4) -> torch.Tensor:
+    """Staged advantage with MCTS prefix baselines (Tree-OPO, arXiv:2509.09284; seed 000-20).
+
+    Each row ``i`` is a completion of a revealed MCTS prefix ``p_i`` (``rollout_strategy: mcts_staged``); its
+    prefix baseline ``V(p_i)`` is read from the tree built before the completions were drawn
+    (``columns["mcts_prefix_value" | "_optimistic" | "_pessimistic"]``)::
+
+        u_i = r_i - alpha V(p_i)
+        A_i = u_i - mean_g(u)                                              mcts_adv_scale = "none"
+        A_i = (u_i - mean_g(u)) / (max(std_g(u), floor) + epsilon)         mcts_adv_scale = "std"
+
+    over the row's group ``g`` (the prompt: with ``mcts_prefix_mode: tree`` it holds completions of sibling
+    prefixes of mixed depth). With ``alpha = 0`` or baseline ``none`` this is group centring (``std``: GRPO's
+    z-score with the floor); with one prefix per group (``mcts_prefix_mode: stage``) the baseline is a constant
+    of the group and cancels. Advantage saturation: a group whose completions all succeed has ``A = 0`` under
+    GRPO; here rows from prefixes the tree rated harder (lower ``V``) get ``A > 0`` and rows from easier ones
+    ``A < 0``, so a success from a hard prefix is still credited. Reward collapse under ``std``: the floor keeps
+    a group whose adjusted rewards are almost equal from being scaled up to unit advantages. NaN rewards are left
+    out of the statistics and get 0.
+
+    Provenance: reconstructed from the abstract — the v1 abstract (seed 000-20) names "a novel tree-structured
+    setting for advantage estimation" and "heuristic and statistical solutions" without formulas, and the
+    paper's text and code could not be read here; the form ``r - alpha V(prefix)`` with an expectation,
+    optimistic or pessimistic tree baseline, centred over the group, follows third-party summaries of the
+    paper's later version (Staged Advantage Estimation); V read from the online MCTS (not a teacher's offline
+    tree), the leaf max / min as the optimistic / pessimistic baselines for non-binary rewards, the optional std
+    scaling with its floor, and the defaults (value, alpha 1, none) are grpolab's choices. Not built: SAE's
+    projection of the advantages onto the tree's order constraints (its quadratic program and heuristics).
+    Test: tests/test_agent_tree.py::test_mcts_staged_advantage_by_hand.
+    """
+    if mcts_adv_baseline not in MCTS_BASELINES:
+        raise ConfigError(f"mcts_adv_baseline: '{mcts_adv_baseline}' is not valid; valid values: "
+                          f"{', '.join(MCTS_BASELINES)}")
+    if mcts_adv_scale not in ("none", "std"):
+        raise ConfigError(f"mcts_adv_scale: '{mcts_adv_scale}' is not valid; valid values: none, std")
+    if mcts_adv_baseline == "none":
+        base = torch.zeros_like(rewards)
+    else:
+        col = PREFIX_COLUMNS[mcts_adv_baseline]
+        if batch is None or col not in batch.columns:
+            raise ConfigError(f"advantage mcts_staged needs each row's MCTS prefix statistics "
+                              f"(batch.columns['{col}']), which the mcts_staged rollout writes: set "
+                              f"rollout_strategy mcts_staged (or mcts_adv_baseline none)")
+        base = torch.as_tensor(batch.columns[col], dtype=rewards.dtype)
+    u = rewards - mcts_adv_alpha * base
+    mean, std, _ = group_stats(u, group_ids)
+    adv = u - mean
+    if mcts_adv_scale == "std":
+        adv = adv / (std.clamp(min=mcts_adv_std_floor) + advantage_epsilon)
+    return torch.nan_to_num(adv, nan=0.0, posinf=0.0, neginf=0.0)
