@@ -228,8 +228,9 @@ class RatioVariance:
     step's measured moment ``v``: ``lambda <- max(0, lambda + dual_lr * (v - delta))``.
     Used with the unclipped ratio (recipe ``r2vpo``: clipping off).
     Choices: the moment is the token mean over all passes of the step; the
-    paper's re-weighting of stale off-policy samples belongs to replay and is
-    not part of this term. Stateful: ``state_dict`` holds lambda and the
+    paper's reuse of stale off-policy samples is the batch stage
+    ``r2vpo_replay`` (stages/batch_replay.py), whose rows enter this term with
+    their own behaviour log-probs. Stateful: ``state_dict`` holds lambda and the
     running moment.
 
     Provenance: reconstructed from the abstract — a Lagrangian term lambda (r - 1)^2 with a dual ascent step per
