@@ -265,6 +265,51 @@ def test_agnostic_suboptimality_falls_with_episodes(seed):
     assert large["approximation_gap"] > 0.05
 
 
+def test_realisation_returns_exact_on_a_deterministic_mdp():
+    # deterministic transitions and 0/1 rewards: one realisation is the MDP itself, so every policy's return in
+    # it is its exact value (backward induction, episodic_q)
+    rng = np.random.default_rng(0)
+    S, A, H = 4, 3, 4
+    P = np.eye(S)[rng.integers(0, S, size=(S, A))]
+    R = rng.integers(0, 2, size=(S, A)).astype(float)
+    setup = th.AgnosticSetup(mdp=th.EpisodicMDP(P=P, R=R, H=H), cells=np.array([0, 1, 0, 1]))
+    ret, queries = th.realisation_returns(setup, np.random.default_rng(1))
+    exact = [th.policy_return(setup.mdp, th.table_policy(t, A, H)) for t in th.class_policies(setup)]
+    assert np.allclose(ret, exact)
+    # the queries are the class's reachable pairs per layer, at most |Pi| and at most S A per layer
+    assert H <= queries <= H * min(len(exact), S * A)
+
+
+def test_realisation_queries_hand_and_unbiased():
+    # every transition goes to state 0: the class (2 cells, 3 actions, 9 policies) takes all 3 actions in
+    # state 0, so each layer queries exactly the 3 pairs (0, a): 3 H = 6 queries for H = 2
+    P = np.zeros((2, 3, 2))
+    P[:, :, 0] = 1.0
+    R = np.array([[0.2, 0.5, 0.9], [0.0, 0.0, 0.0]])
+    setup = th.AgnosticSetup(mdp=th.EpisodicMDP(P=P, R=R, H=2), cells=np.array([0, 1]))
+    ret, queries = th.realisation_returns(setup, np.random.default_rng(0))
+    assert queries == 6 and ret.shape == (9,)
+    # unbiased for every policy at once: V(pi) = 2 R(0, pi(0)); mean over 4000 realisations within 0.05
+    rng = np.random.default_rng(1)
+    mean = np.mean([th.realisation_returns(setup, rng)[0] for _ in range(4000)], axis=0)
+    exact = 2.0 * R[0, th.class_policies(setup)[:, 0]]
+    assert np.abs(mean - exact).max() < 0.05
+    # the budget: at least one realisation, then no more than the budget allows
+    best, spent = th.spanning_erm(setup, 20, np.random.default_rng(2))
+    assert spent == 18 and th.class_policies(setup)[best, 0] == 2
+
+
+@pytest.mark.parametrize("seed", LEARNING_SEEDS)
+def test_generative_erm_beats_online_importance_sampling(seed):
+    """Horizon 6 (importance weights 3^6 = 729): at 3000 samples the generative-model ERM on realisations is
+    near the best in class and the online importance-sampling ERM is not. Measured (50 reps): 0.000 / 0.024 /
+    0.051 against 0.98 / 0.74 / 0.45 (seeds 0-2)."""
+    row, = th.spanning_experiment(seed=seed, budgets=(3000,), reps=20)
+    assert row["subopt_generative_erm"] < 0.1
+    assert row["subopt_generative_erm"] < row["subopt_online_is_erm"] - 0.2
+    assert row["queries_per_realisation"] <= row["H"] * 18      # S A = 18 pairs a layer at most
+
+
 # ------------------------------------------------------------------ 000-46 GRAPE
 def test_grape_special_cases():
     r = torch.tensor([1.0, 0.0, 0.5, 2.0, 3.0, float("nan"), 4.0])

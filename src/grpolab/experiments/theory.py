@@ -1,19 +1,24 @@
 """Theory papers of the control seeds as small tabular experiments (numpy; no GRPO pipeline).
 
-Three experiments, each a function returning its measured table (a list of dicts), printed by
-``python scripts/theory_experiments.py <grouping|grouping_corrected|grouping_decomposed|lpo|lpo_kernel|agnostic|psdp|all> [seed]``:
+Three papers' experiments, each a function returning its measured table (a list of dicts), printed by
+``python scripts/theory_experiments.py <name|all> [seed]``, names grouping, grouping_corrected,
+grouping_decomposed, lpo, lpo_kernel, agnostic, spanning:
 
 - :func:`grouping_experiment` — optimal action grouping in action-wise similar MDPs (seed 000-80): coarser
   groupings win with few samples, finer ones with many, and the grouping chosen by minimising an estimated
-  (approximation + estimation) bound follows the better side.
+  (approximation + estimation) bound follows the better side; :func:`grouping_decomposition_experiment` adds
+  the transition and reward parts of the linear decomposition (:func:`decomposed_model`).
 - :func:`lpo_experiment` — low-switching policy optimisation (seed 000-111): the behaviour policy is replaced
   only when the accumulated sensitivity of the data since the last switch reaches log 2 (the determinant of
   the feature covariance doubles), so the number of switches grows like ``d log T`` while the return reaches
-  near-optimal; compared with replacing it every episode.
+  near-optimal; compared with replacing it every episode. :func:`lpo_kernel_experiment`: the general
+  function-class algorithm with a kernel class and online sensitivity sampling (:func:`train_lpo_kernel`)
+  against the tabular one.
 - :func:`agnostic_experiment` — agnostic policy learning (seed 000-105): a policy class that does not contain
   the optimal policy, the best-in-class policy found by enumeration, and the suboptimality against it, as the
   number of episodes grows, of the empirical-risk minimiser over the class and of group-relative policy gradient
-  (GRPO's ``group_zscore`` advantages) in the class's softmax relaxation.
+  (GRPO's ``group_zscore`` advantages) in the class's softmax relaxation; :func:`spanning_experiment`: the
+  thesis's generative-access algorithm under bounded spanning capacity (:func:`spanning_erm`) against it.
 
 GRAPE's generalised relative advantage (seed 000-46) is a pipeline component: the advantage ``grape``
 (algorithms/adv_grape.py). The experiments are deliberately tabular: the papers' claims are about sample counts,
@@ -888,8 +893,9 @@ def agnostic_experiment(*, seed: int = 0, episode_counts: tuple[int, ...] = (10,
 
     Provenance: reconstructed from the abstract — the aliased-state policy class, the exact best-in-class value by
     enumeration, the importance-sampling ERM learner and the policy-gradient learner are grpolab's choices
-    illustrating the abstract's setting; none of the thesis's algorithms or lower bounds is built (no code
-    accompanies the thesis).
+    illustrating the abstract's setting (no code accompanies the thesis). The thesis's generative-access
+    algorithm under bounded spanning capacity is :func:`spanning_erm` (:func:`spanning_experiment` compares it
+    with this online learner).
     """
     setup = setup or agnostic_setup(seed=seed)
     mdp = setup.mdp
@@ -912,6 +918,96 @@ def agnostic_experiment(*, seed: int = 0, episode_counts: tuple[int, ...] = (10,
     return rows
 
 
+def realisation_returns(setup: AgnosticSetup, rng: np.random.Generator,
+                        tables: np.ndarray | None = None) -> tuple[np.ndarray, int]:
+    """One sampled deterministic realisation of the MDP along the class's paths, and every policy's return in it.
+
+    Layer by layer from the start state, each ``(h, s, a)`` that some policy of the class reaches is queried
+    once from the generative model (``s' ~ P(.|s, a)``, ``r ~ Bernoulli(R(s, a))``) and the draw is shared by
+    every policy through it: the realisation is a deterministic MDP, so the queries at layer ``h`` are the
+    class's reachable pairs in it, at most the spanning capacity ``C(Pi)``. A policy visits one pair per layer,
+    so its return here has the law of an episode's return: an unbiased estimate of ``V^pi`` for every policy
+    at once. Returns ``(returns [|Pi|], queries)``."""
+    mdp = setup.mdp
+    S, A = mdp.R.shape
+    tables = class_policies(setup) if tables is None else tables
+    n = len(tables)
+    state = np.zeros(n, dtype=np.int64)
+    ret = np.zeros(n)
+    queries = 0
+    for h in range(mdp.H):
+        action = tables[np.arange(n), state]
+        pairs, inverse = np.unique(state * A + action, return_inverse=True)
+        queries += len(pairs)
+        s, a = pairs // A, pairs % A
+        nxt = np.minimum((rng.random(len(pairs))[:, None] > np.cumsum(mdp.P[s, a], -1)).sum(-1), S - 1)
+        rew = (rng.random(len(pairs)) < mdp.R[s, a]).astype(np.float64)
+        ret += rew[inverse.reshape(-1)]
+        state = nxt[inverse.reshape(-1)]
+    return ret, queries
+
+
+def spanning_erm(setup: AgnosticSetup, budget: int, rng: np.random.Generator) -> tuple[int, int]:
+    """Agnostic policy learning with a generative model: ERM over the class on sampled realisations.
+
+    Draw realisations (:func:`realisation_returns`) until the next one would exceed ``budget`` generative
+    queries (at least one), average each policy's returns over them and return the argmax (ties: the first)
+    and the queries spent. Each realisation costs at most ``H C(Pi)`` queries, and the averages are
+    ``[0, H]``-bounded means, so ``n = O(H^2 log(|Pi| / delta) / eps^2)`` realisations give an ``eps``-best
+    policy in the class: ``O(H^3 C(Pi) log|Pi| / eps^2)`` queries, with no dependence on the number of states
+    or on ``A^H`` — the generative-access upper bound in terms of the spanning capacity.
+
+    Thesis: Gene Li, "Agnostic Reinforcement Learning: Foundations and Algorithms", arXiv:2506.01884 (seed
+    000-105); its generative-model result is from Gene Li, Zeyu Jia, Alexander Rakhlin, Ayush Sekhari and Nati
+    Srebro, "When is Agnostic Reinforcement Learning Statistically Tractable?", NeurIPS 2023 (the spanning
+    capacity: the most state-action pairs the class reaches at one layer of any deterministic MDP).
+
+    Provenance: reconstructed from the abstracts of the thesis and of the NeurIPS paper (the stored copies hold
+    no more): that bounded spanning capacity makes agnostic learning tractable with a generative model is their
+    statement; the estimator (lazily sampled realisations shared by the class, in the manner of Kearns, Mansour
+    and Ng's trajectory trees) and the query accounting are grpolab's reconstruction of such an algorithm, not
+    the thesis's pseudocode; POPLER (online access with the sunflower property), the policy-emulator algorithm
+    for Block MDPs with resets, and the lower bounds (including PSDP's and CPI's failure without policy
+    completeness) are not built."""
+    tables = class_policies(setup)
+    total = np.zeros(len(tables))
+    spent = 0
+    n = 0
+    while True:
+        ret, q = realisation_returns(setup, rng, tables)
+        if n and spent + q > budget:
+            break
+        total += ret
+        spent += q
+        n += 1
+    return int(np.argmax(total)), spent
+
+
+def spanning_experiment(*, seed: int = 0, budgets: tuple[int, ...] = (30, 100, 300, 1000, 3000, 10000, 30000),
+                    horizon: int = 6, reps: int = 50) -> list[dict]:
+    """Generative-model ERM on realisations (:func:`spanning_erm`) against online importance-sampling ERM
+    (:func:`erm_importance_sampling`) at the same sample budget (generative queries, resp. ``episodes x H``
+    environment steps), on :func:`agnostic_setup` with a longer horizon (importance weights ``A^H``):
+    suboptimality against the best in class (mean over ``reps``), and the queries one realisation costs."""
+    setup = agnostic_setup(horizon=horizon, seed=seed)
+    mdp = setup.mdp
+    A = mdp.R.shape[1]
+    tables = class_policies(setup)
+    values = np.array([policy_return(mdp, table_policy(t, A, mdp.H)) for t in tables])
+    v_best = float(values.max())
+    rng = np.random.default_rng(40_000 + seed)
+    per_tree = np.mean([realisation_returns(setup, rng, tables)[1] for _ in range(200)])
+    rows = []
+    for B in budgets:
+        tree = [v_best - values[spanning_erm(setup, B, rng)[0]] for _ in range(reps)]
+        erm = [v_best - values[erm_importance_sampling(setup, max(1, B // mdp.H), rng)] for _ in range(reps)]
+        rows.append({"budget": B, "subopt_generative_erm": float(np.mean(tree)),
+                     "subopt_online_is_erm": float(np.mean(erm)), "queries_per_realisation": float(per_tree),
+                     "H": mdp.H, "A_pow_H": A ** mdp.H, "class_size": len(tables), "v_best": v_best,
+                     "approximation_gap": optimal_return(mdp) - v_best})
+    return rows
+
+
 # ============================================================ command line
 def _print_table(rows: list[dict]) -> None:
     keys = list(rows[0])
@@ -921,7 +1017,7 @@ def _print_table(rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m grpolab.experiments.theory <grouping|lpo|agnostic|all> [seed]``: print the measured tables."""
+    """``python -m grpolab.experiments.theory <name|all> [seed]``: print the measured tables."""
     argv = sys.argv[1:] if argv is None else argv
     which = argv[0] if argv else "all"
     seed = int(argv[1]) if len(argv) > 1 else 0
@@ -929,7 +1025,8 @@ def main(argv: list[str] | None = None) -> int:
             "grouping_corrected": lambda: grouping_experiment(seed=seed, correction=True),
             "grouping_decomposed": lambda: grouping_decomposition_experiment(seed=seed),
             "lpo": lambda: lpo_experiment(seed=seed), "lpo_kernel": lambda: lpo_kernel_experiment(seed=seed),
-            "agnostic": lambda: agnostic_experiment(seed=seed)}
+            "agnostic": lambda: agnostic_experiment(seed=seed),
+            "spanning": lambda: spanning_experiment(seed=seed)}
     if which != "all" and which not in runs:
         print(f"unknown experiment {which!r}; valid: {', '.join(runs)}, all", file=sys.stderr)
         return 2
