@@ -1,6 +1,7 @@
 """The VLM classes users train (issue 42), as tiny random-weight instances of the real ``transformers`` classes
 built here and saved with ``save_pretrained`` with their processor: Qwen2-VL and Qwen2.5-VL (flattened patches,
-``image_grid_thw``, mRoPE positions), Idefics3 (image splitting, 5-d pixel values, ``pixel_attention_mask``).
+``image_grid_thw``, mRoPE positions), Idefics3 and SmolVLM2 (image splitting, 5-d pixel values,
+``pixel_attention_mask``).
 grpolab's per-token log-probs equal a plain ``model(**inputs)`` forward on the same rows with the native
 processor's inputs; a folder trains 2 steps with ``--model FOLDER`` on TRL-style rows (pictures of different
 sizes) and reloads with the native class with changed weights. (LLaVA: tests/test_vision.py.)"""
@@ -113,12 +114,56 @@ def build_idefics3(folder, monkeypatch=None):
     return model, proc
 
 
-FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3"]
+def build_smolvlm(folder, monkeypatch):
+    """A tiny SmolVLM2 (``SmolVLMForConditionalGeneration``: the Idefics3 sizes above) saved in ``folder`` as a
+    SmolVLM2 folder holds it, less the video processor (it needs torchvision): model, tokenizer, the PIL
+    ``SmolVLMImageProcessorPil`` (image splitting), ``processor_config.json`` (``image_seq_len`` 4) and the chat
+    template. Returns ``(model, native processor)``: ``SmolVLMProcessor`` built without its video processor (the
+    class check of the missing part skipped) and with ``num2words``, which it needs for video prompts only, stubbed
+    for this test."""
+    from transformers import ProcessorMixin, SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMProcessor
+    from transformers.models.smolvlm import processing_smolvlm
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+    grid = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    tok = _tokenizer(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *grid])
+    ip = SmolVLMImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
+                                  do_image_splitting=True)
+    template = _template("<image>")
+    cfg = SmolVLMConfig(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, image_size=32, patch_size=8),
+                        text_config={**_text_config(tok), "model_type": "llama"}, scale_factor=2,
+                        image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = SmolVLMForConditionalGeneration(cfg).float().eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    ip.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(template)
+    (folder / "processor_config.json").write_text(json.dumps({"processor_class": "SmolVLMProcessor",
+                                                              "image_seq_len": 4}))
+    check = ProcessorMixin.check_argument_for_proper_class
+    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class",
+                        lambda self, name, arg: None if arg is None else check(self, name, arg))
+    if processing_smolvlm.num2words is None:
+        monkeypatch.setattr(processing_smolvlm, "num2words", str)
+    return model, SmolVLMProcessor(image_processor=ip, tokenizer=tok, video_processor=None, image_seq_len=4,
+                                   chat_template=template)
+
+
+FAMILIES = ["qwen2_vl", "qwen2_5_vl", "idefics3", "smolvlm"]
+SPLIT = ("idefics3", "smolvlm")
 
 
 def build(kind, folder, monkeypatch):
     folder.mkdir(parents=True, exist_ok=True)
+    if kind == "smolvlm":
+        return build_smolvlm(folder, monkeypatch)
     return build_idefics3(folder) if kind == "idefics3" else build_qwen(kind, folder, monkeypatch)
+
+
+def _has_torchvision() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("torchvision") is not None
 
 
 def _rows():
@@ -155,13 +200,23 @@ def test_logprobs_equal_a_plain_forward_with_the_native_processor(kind, tmp_path
     mask = batch.completion_mask
     assert torch.allclose(out * mask, batch.behavior_logprobs * mask, atol=1e-5)
 
-    texts = [native.apply_chat_template(prompt_messages(r, 1), add_generation_prompt=True, tokenize=False)
-             for r in rows]
+    # (SmolVLMProcessor.apply_chat_template reads its video processor's frame settings: the template is rendered
+    # by its tokenizer, which is what the processor does with them for pictures)
+    render = (native.apply_chat_template if kind != "smolvlm" else
+              lambda m, **kw: native.tokenizer.apply_chat_template(m, chat_template=native.chat_template, **kw))
+    texts = [render(prompt_messages(r, 1), add_generation_prompt=True, tokenize=False) for r in rows]
     images = [Image.fromarray(np.asarray(r["image"], dtype=np.uint8)) for r in rows]
     native.tokenizer.padding_side = "left"
-    inputs = native(text=texts, images=[[im] for im in images] if kind == "idefics3" else images,
+    inputs = native(text=texts, images=[[im] for im in images] if kind in SPLIT else images,
                     return_tensors="pt", padding=True)
     assert torch.equal(inputs["input_ids"], batch.prompt_ids)  # grpolab's prompts are the native processor's
+    if kind in SPLIT:  # and its tiles, zero-padded to the batch's most
+        assert torch.equal(batch.row_data["pixel_values"], inputs["pixel_values"].float())
+        assert torch.equal(batch.row_data["pixel_attention_mask"].bool(), inputs["pixel_attention_mask"].bool())
+        assert len({int(m.flatten(1).any(-1).sum()) for m in inputs["pixel_attention_mask"]}) > 1  # tile counts
+    if kind == "smolvlm":  # built without the native processor (its video part needs torchvision)
+        from grpolab.policies.vision_language.layouts import SplitProcessor
+        assert isinstance(policy.processor, SplitProcessor) or _has_torchvision()
     comp = batch.completion_ids
     full = dict(inputs)
     full["input_ids"] = torch.cat([inputs["input_ids"], comp], 1)
@@ -173,7 +228,7 @@ def test_logprobs_equal_a_plain_forward_with_the_native_processor(kind, tmp_path
     logits[..., module.config.image_token_id] = float("-inf")  # grpolab's support excludes the image token
     ref = torch.log_softmax(logits, -1).gather(-1, comp[..., None])[..., 0]
     assert torch.allclose(out * mask, ref * mask, atol=1e-5), (out - ref).abs().max()
-    if kind != "idefics3":  # the native processor's patches and grids are what grpolab keeps per row
+    if kind not in SPLIT:  # the native processor's patches and grids are what grpolab keeps per row
         kept = batch.row_data["image_grid_thw"]
         assert torch.equal(kept[kept.prod(-1) > 0], inputs["image_grid_thw"])
     assert policy.describe(batch, 1)["picture"].startswith("data:image/png;base64,")
@@ -219,8 +274,11 @@ def test_a_folder_trains_two_steps_from_the_command_line_and_reloads_natively(ki
     assert moved, "no weight changed"
     if kind != "idefics3":
         assert (final / "preprocessor_config.json").exists() and (final / "chat_template.jinja").exists()
-    else:
+    if kind in SPLIT:
         assert (final / "processor_config.json").exists()
+    if kind == "smolvlm":  # the saved processor builds again, with the folder's image_seq_len
+        from grpolab.policies.vision_language.layouts import load_processor
+        assert load_processor(final).image_seq_len == 4 or _has_torchvision()
 
 
 def test_a_loaded_qwen2_vl_with_its_processor_trains_through_the_python_api(tmp_path, monkeypatch):

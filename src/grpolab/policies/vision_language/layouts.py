@@ -22,13 +22,23 @@ Three layouts, chosen by the folder's ``config.model_type`` (:func:`layout_for`)
 Every layout's per-token log-probs equal a plain ``model(**processor(...))`` forward on the same rows
 (tests/test_vlm_models.py).
 
-Processors: ``AutoProcessor`` of the folder. Where it cannot be built because the video processor of
-Qwen2-VL / Qwen2.5-VL needs ``torchvision`` (absent from the CPU wheels of torch 2.13), :class:`PatchProcessor`
-does the processor's work with the folder's tokenizer, its PIL image processor (``AutoImageProcessor``, no
-torchvision) and its chat template: each ``<|image_pad|>`` becomes ``image_grid_thw.prod() // merge_size²``
-copies, ``mm_token_type_ids`` marks them (as ``Qwen2VLProcessor.replace_image_token`` and
-``ProcessorMixin.create_mm_token_type_ids`` do; tests/test_vlm_models.py checks equality with the native
-processor).
+Processors: ``AutoProcessor`` of the folder. Where it cannot be built because its video processor needs
+``torchvision`` (absent from the CPU wheels of torch 2.13), the processor's work for pictures is done with the
+folder's tokenizer, its PIL image processor (``AutoImageProcessor``, no torchvision) and its chat template:
+
+* Qwen2-VL / Qwen2.5-VL, :class:`PatchProcessor`: each ``<|image_pad|>`` becomes ``image_grid_thw.prod() //
+  merge_size²`` copies, ``mm_token_type_ids`` marks them (as ``Qwen2VLProcessor.replace_image_token`` and
+  ``ProcessorMixin.create_mm_token_type_ids`` do);
+* SmolVLM2 (``SmolVLMForConditionalGeneration``), :class:`SplitProcessor`: the image processor splits each
+  picture (``return_row_col_info``) and each ``<image>`` becomes ``transformers``' own
+  ``get_image_prompt_string(rows, cols, image_seq_len, ...)`` (``SmolVLMProcessor.replace_image_token``): per
+  tile ``<fake_token_around_image><row_i_col_j>`` + ``image_seq_len`` image tokens, then the global view;
+  ``image_seq_len`` from the folder's ``processor_config.json``, else ``(image_size // patch_size)² /
+  scale_factor²`` of its config (the processor's definition). ``SmolVLMProcessor`` also needs ``num2words``, for
+  video prompts only.
+
+tests/test_vlm_models.py checks both equal the native processor's ``input_ids`` and picture tensors (the native
+processor built there without its video part).
 
 Provenance: grpolab's own, written from ``transformers``' modeling and processing files of these classes.
 """
@@ -198,7 +208,8 @@ def layout_for(config) -> Stacked:
 # ------------------------------------------------------------------ processors
 def load_processor(path: Path):
     """``AutoProcessor`` of ``path``; a Qwen2-VL / Qwen2.5-VL folder whose processor needs torchvision (its video
-    processor) gets :class:`PatchProcessor` instead; another processor that cannot be built is a ConfigError
+    processor) gets :class:`PatchProcessor` instead, a SmolVLM2 folder (torchvision, or num2words for its video
+    prompts) :class:`SplitProcessor`; another processor that cannot be built is a ConfigError
     saying why."""
     from transformers import AutoProcessor
 
@@ -206,9 +217,11 @@ def load_processor(path: Path):
     try:
         return AutoProcessor.from_pretrained(path)
     except ImportError as e:
-        kind = _model_type(path)
-        if kind in PATCH_TYPES and "torchvision" in str(e).lower():
+        kind, why = _model_type(path), str(e).lower()
+        if kind in PATCH_TYPES and "torchvision" in why:
             return PatchProcessor.from_folder(path)
+        if kind == "smolvlm" and ("torchvision" in why or "num2words" in why):
+            return SplitProcessor.from_folder(path)
         raise ConfigError(f"model: the processor of {path} (model_type {kind!r}) cannot be built here: "
                           f"{' '.join(str(e).split())[:300]} (install what it names)") from None
 
@@ -220,22 +233,22 @@ def _model_type(path: Path) -> str:
         return ""
 
 
-class PatchProcessor:
-    """Qwen2-VL / Qwen2.5-VL's processor without its video part (module docstring): ``apply_chat_template``,
-    ``__call__(text=, images=)`` returning ``input_ids``, ``attention_mask``, ``mm_token_type_ids``,
-    ``pixel_values``, ``image_grid_thw``, and ``save_pretrained`` (tokenizer, image processor, chat template and
-    the folder's other processor files as they were)."""
+class FolderProcessor:
+    """A folder's processor for pictures without its video part (module docstring): the tokenizer, the PIL image
+    processor and the chat template; ``apply_chat_template`` and ``save_pretrained`` (tokenizer, image processor,
+    chat template and the folder's other processor files as they were). Subclasses write ``__call__``."""
 
     FILES = ("processor_config.json", "video_preprocessor_config.json", "chat_template.json", "chat_template.jinja")
+    DEFAULT_IMAGE_TOKEN = "<image>"
 
     def __init__(self, tokenizer, image_processor, chat_template: str | None, source: Path | None = None):
         self.tokenizer, self.image_processor, self.chat_template = tokenizer, image_processor, chat_template
-        self.image_token = getattr(tokenizer, "image_token", None) or "<|image_pad|>"
+        self.image_token = getattr(tokenizer, "image_token", None) or self.DEFAULT_IMAGE_TOKEN
         self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
         self.source = source
 
     @classmethod
-    def from_folder(cls, path: Path) -> "PatchProcessor":
+    def from_folder(cls, path: Path):
         from transformers import AutoImageProcessor, AutoTokenizer
         path = Path(path)
         template = None
@@ -248,6 +261,23 @@ class PatchProcessor:
 
     def apply_chat_template(self, messages, **kwargs):
         return self.tokenizer.apply_chat_template(messages, chat_template=self.chat_template, **kwargs)
+
+    def save_pretrained(self, path) -> None:
+        path = Path(path)
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
+        for name in self.FILES:
+            if self.source is not None and (self.source / name).exists() and not (path / name).exists():
+                shutil.copy(self.source / name, path / name)
+        if self.chat_template and not any((path / n).exists() for n in ("chat_template.jinja", "chat_template.json")):
+            (path / "chat_template.jinja").write_text(self.chat_template)
+
+
+class PatchProcessor(FolderProcessor):
+    """Qwen2-VL / Qwen2.5-VL's processor without its video part (module docstring): ``__call__(text=, images=)``
+    returning ``input_ids``, ``attention_mask``, ``mm_token_type_ids``, ``pixel_values``, ``image_grid_thw``."""
+
+    DEFAULT_IMAGE_TOKEN = "<|image_pad|>"
 
     def __call__(self, text, images=None, return_tensors="pt", padding=True, **kwargs):
         merge = int(getattr(self.image_processor, "merge_size", 2))
@@ -267,12 +297,57 @@ class PatchProcessor:
                    mm_token_type_ids=(enc["input_ids"] == self.image_token_id).int())
         return out
 
-    def save_pretrained(self, path) -> None:
-        path = Path(path)
-        self.tokenizer.save_pretrained(path)
-        self.image_processor.save_pretrained(path)
-        for name in self.FILES:
-            if self.source is not None and (self.source / name).exists() and not (path / name).exists():
-                shutil.copy(self.source / name, path / name)
-        if self.chat_template and not any((path / n).exists() for n in ("chat_template.jinja", "chat_template.json")):
-            (path / "chat_template.jinja").write_text(self.chat_template)
+
+class SplitProcessor(FolderProcessor):
+    """SmolVLM2's processor (``SmolVLMProcessor``) without its video part (module docstring):
+    ``__call__(text=, images=[[pictures of row 0], ...])`` returning ``input_ids``, ``attention_mask``,
+    ``pixel_values`` [rows, tiles, 3, H, W] and ``pixel_attention_mask``, the picture placeholders expanded by
+    ``transformers``' ``get_image_prompt_string`` as the native processor does."""
+
+    def __init__(self, tokenizer, image_processor, chat_template: str | None, source: Path | None = None,
+                 image_seq_len: int | None = None):
+        super().__init__(tokenizer, image_processor, chat_template, source)
+        self.fake_image_token = getattr(tokenizer, "fake_image_token", None) or "<fake_token_around_image>"
+        self.global_image_token = getattr(tokenizer, "global_image_token", None) or "<global-img>"
+        self.image_seq_len = image_seq_len if image_seq_len is not None else _image_seq_len(source)
+
+    def __call__(self, text, images=None, return_tensors="pt", padding=True, **kwargs):
+        from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+        texts = [text] if isinstance(text, str) else list(text)
+        out = {}
+        if images:
+            nested = [list(p) if isinstance(p, (list, tuple)) else [p] for p in images]
+            found = [t.count(self.image_token) for t in texts]
+            if found != [len(p) for p in nested]:
+                raise ValueError(f"the prompts hold {found} {self.image_token} placeholders per row for "
+                                 f"{[len(p) for p in nested]} pictures")
+            out = dict(self.image_processor(images=nested, return_tensors="pt", return_row_col_info=True))
+            rows, cols = out.pop("rows"), out.pop("cols")
+            for i, t in enumerate(texts):
+                parts = t.split(self.image_token)
+                texts[i] = parts[0] + "".join(
+                    get_image_prompt_string(rows[i][j], cols[i][j], self.image_seq_len,
+                                            fake_token_around_image=self.fake_image_token,
+                                            image_token=self.image_token,
+                                            global_image_token=self.global_image_token) + rest
+                    for j, rest in enumerate(parts[1:]))
+        enc = self.tokenizer(texts, return_tensors=return_tensors, padding=padding)
+        out.update(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+        return out
+
+
+def _image_seq_len(path: Path | None) -> int:
+    """Image tokens per tile of a SmolVLM folder: ``processor_config.json``'s ``image_seq_len``, else the
+    processor's definition from the model config, ``(image_size // patch_size)² / scale_factor²``."""
+    if path is not None and (Path(path) / "processor_config.json").exists():
+        value = json.loads((Path(path) / "processor_config.json").read_text()).get("image_seq_len")
+        if value is not None:
+            return int(value)
+    if path is not None and (Path(path) / "config.json").exists():
+        cfg = json.loads((Path(path) / "config.json").read_text())
+        vision = cfg.get("vision_config", {})
+        if "image_size" in vision and "patch_size" in vision:
+            return int((vision["image_size"] // vision["patch_size"]) ** 2 / cfg.get("scale_factor", 2) ** 2)
+    from ...config import ConfigError
+    raise ConfigError(f"model: {path} says neither image_seq_len (processor_config.json) nor its vision tower's "
+                      f"image_size / patch_size (config.json): the number of image tokens per tile is unknown")
