@@ -29,7 +29,6 @@ newlines). Scoring is in eval mode with right padding, so batched and one-by-one
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import random
@@ -196,25 +195,24 @@ def load_multi_label_rm(path) -> tuple[MultiLabelRewardModel, object, dict]:
 
 
 def builtin_rm_path(log=print) -> Path:
-    """The built-in multi-label reward model (trained on :func:`arithmetic_label_set` once, then cached)."""
-    from ..model.loading import cache_dir
+    """The built-in multi-label reward model: trained on :func:`arithmetic_label_set` once (one thread, the
+    caller's random state untouched: :func:`~grpolab.model.cache.pretraining`), then cached or shipped like the
+    other built-in models (:func:`~grpolab.model.cache.cached_build`)."""
+    from ..model.cache import cached_build, pretraining
     recipe = {"set": "arithmetic_label_set", "n": 1200, "seed": 0, "backbone": "tiny", "steps": 250, "lr": 3e-3,
-              "labels": BUILTIN_LABELS, "weights": BUILTIN_WEIGHTS, "v": 1}
-    target = cache_dir() / f"mlrm-builtin-{hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:12]}"
-    if (target / "model.safetensors").exists():
-        return target
-    log(f"[grpolab] training the built-in multi-label reward model (arithmetic replies; labels "
-        f"{', '.join(BUILTIN_LABELS)}) and caching it in {target} (one time)")
-    model, tok, metrics = train_multi_label_rm(arithmetic_label_set(recipe["n"], recipe["seed"]),
-                                               labels=list(BUILTIN_LABELS), steps=recipe["steps"], lr=recipe["lr"],
-                                               seed=recipe["seed"])
-    tmp = target.with_name(target.name + ".tmp")
-    save_multi_label_rm(model, tok, tmp, list(BUILTIN_WEIGHTS), metrics)
-    if target.exists():
-        import shutil
-        shutil.rmtree(target)
-    tmp.rename(target)
-    return target
+              "labels": BUILTIN_LABELS, "weights": BUILTIN_WEIGHTS, "threads": 1, "v": 2}
+
+    def build(tmp: Path) -> dict:
+        with pretraining(recipe):
+            model, tok, metrics = train_multi_label_rm(arithmetic_label_set(recipe["n"], recipe["seed"]),
+                                                       labels=list(BUILTIN_LABELS), steps=recipe["steps"],
+                                                       lr=recipe["lr"], seed=recipe["seed"])
+        save_multi_label_rm(model, tok, tmp, list(BUILTIN_WEIGHTS), metrics)
+        return {"metrics": metrics}
+
+    return cached_build("mlrm-builtin", recipe, build, log=log,
+                        message=f"[grpolab] training the built-in multi-label reward model (arithmetic replies; "
+                                f"labels {', '.join(BUILTIN_LABELS)}) (one time)")
 
 
 class MultiLabelRewardFn:
