@@ -327,6 +327,8 @@ def test_each_component_resolves_from_its_defaults(kind):
             base.update(update_strategy="training_free", rollout_strategy="experience_prompt")
         if name == "mashost_hrpo":  # MasHost's HRPO reads the per-action rewards of its construction rollout
             base.update(rollout_strategy="mas_build")
+        if name == "better_together":  # optimises the prompts of an LM program's modules (mmGRPO, 000-23)
+            base.update(rollout_strategy="lm_program", task="arithmetic")
         # built with the causal LM, else with the first policy that has what it needs and passes its check
         # (an image policy on an image task, or the trajectory task of a policy without images)
         candidates = [name] if kind == "policy" else [

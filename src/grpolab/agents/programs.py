@@ -44,6 +44,34 @@ class FormatFailure(Exception):
     calls and gets ``lm_program_format_failure_score``."""
 
 
+def with_demos(prompt, demos) -> object:
+    """A module's prompt with its few-shot demonstrations in front (the prompt optimiser's, BetterTogether's
+    "p" step: grpolab/stages/update_better_together.py); ``demos`` is a list of ``{"prompt", "reply"}``: an
+    earlier call's own prompt (a text or a chat) and the module's reply to it.
+
+    A chat: after its leading system messages, each demo's non-system messages then ``{"role": "assistant",
+    "content": reply}``, then the chat's own other messages (a text demo is one user message), as dspy's chat
+    adapter writes demos as user / assistant turns before the input. A text: each demo as ``prompt + reply +
+    "\n\n"`` (a chat demo's message contents joined by newlines), then the text. No demos: the prompt as it is.
+    """
+    if not demos:
+        return prompt
+    if isinstance(prompt, str):
+        def text(p):
+            return p if isinstance(p, str) else "\n".join(m["content"] for m in p)
+        return "".join(f"{text(d['prompt'])}{d['reply']}\n\n" for d in demos) + prompt
+    lead = 0
+    while lead < len(prompt) and prompt[lead]["role"] == "system":
+        lead += 1
+    shown = [dict(m) for m in prompt[:lead]]
+    for d in demos:
+        p = d["prompt"]
+        shown += ([{"role": "user", "content": p}] if isinstance(p, str)
+                  else [dict(m) for m in p if m["role"] != "system"])
+        shown.append({"role": "assistant", "content": d["reply"]})
+    return shown + [dict(m) for m in prompt[lead:]]
+
+
 def question_of(row: dict) -> str:
     """The row's ``question`` column, or else the text of its prompt's last user message (or the text prompt)."""
     if "question" in row:

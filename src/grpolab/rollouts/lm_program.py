@@ -42,6 +42,12 @@ startup and a FormatFailure stops the run with an error naming the fix).
   runs is padded by repeating its members in order, as dspy pads before the training step.
 * ``by_input`` (Flow-GRPO, AgentFlow): all calls of module p for input e across the G runs form one group.
 
+**Prompts.** With ``update_strategy: better_together`` (mmGRPO composed with prompt optimisation, as dspy's
+BetterTogether: grpolab/stages/update_better_together.py) every call's prompt gets its module's optimised few-shot
+demonstrations in front (:func:`grpolab.agents.programs.with_demos`); a row's prompt is the prompt as shown, demos
+included. The update strategy keeps them (``lm_program_demos(ctx, training)``, found through ``ctx.components``)
+and checkpoints them; held-out evaluation uses the demos as they are then.
+
 Metrics: ``lm_program/reward`` (the runs' combined reward), ``lm_program/<module>/calls`` (calls per run),
 ``lm_program/failed_runs``, ``lm_program/format_failures``, ``lm_program/dropped_runs``,
 ``lm_program/calls_left_out`` (calls cut by ``truncate`` or a skipped module), ``lm_program/frozen_calls``.
@@ -57,7 +63,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..agents.adapters import load_object
-from ..agents.programs import BUILTIN_PROGRAMS, TEXTS, FormatFailure
+from ..agents.programs import BUILTIN_PROGRAMS, TEXTS, FormatFailure, with_demos
 from ..algorithms.advantages import combine_rewards
 from ..errors import ConfigError
 from ..generation.plain import eos_token_ids
@@ -83,6 +89,7 @@ class Call:
     finish_reason: str
     text: str
     engine: bool = False
+    prompt: object = None  # the program's own prompt (a text or a chat), before any few-shot demos
 
 
 @dataclass
@@ -238,9 +245,12 @@ def render(tok, prompt) -> list[int]:
     return tok(text, add_special_tokens=False)["input_ids"]
 
 
-def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], turn_tokens: int, model=None) -> None:
-    """Every run of ``program`` to its end, the waiting ``lm`` calls sampled in batches (the module docstring)."""
-    sched = _Scheduler(ctx, runs, modules, turn_tokens, model)
+def run_programs(ctx, program, runs: list[Run], *, modules: dict[str, bool], turn_tokens: int, model=None,
+                 demos: dict | None = None) -> None:
+    """Every run of ``program`` to its end, the waiting ``lm`` calls sampled in batches (the module docstring).
+    ``demos``: ``{module: [{"prompt", "reply"}, ...]}``, few-shot demonstrations put in front of that module's
+    prompts (:func:`grpolab.agents.programs.with_demos`; the prompt optimiser's, update_strategy better_together)."""
+    sched = _Scheduler(ctx, runs, modules, turn_tokens, model, demos)
     threads = [threading.Thread(target=sched.body, args=(program, j, r), daemon=True) for j, r in enumerate(runs)]
     for t in threads:
         t.start()
@@ -264,8 +274,9 @@ class _Scheduler:
     the call's prompt ids, budget and, once sampled, its output), the count of runs still computing (``busy``)
     and the abort flag, under one condition."""
 
-    def __init__(self, ctx, runs: list[Run], modules: dict[str, bool], turn_tokens: int, model):
+    def __init__(self, ctx, runs: list[Run], modules: dict[str, bool], turn_tokens: int, model, demos=None):
         self.ctx, self.runs, self.modules, self.turn_tokens, self.model = ctx, runs, modules, turn_tokens, model
+        self.demos = demos or {}
         self.tok = ctx.tokenizer
         self.eos = set(eos_token_ids(self.tok, model if model is not None else ctx.policy))
         self.cond = threading.Condition()
@@ -283,7 +294,7 @@ class _Scheduler:
                                     f"its calls out of training")
             raise run.fatal
         with self.tok_lock:
-            ids = render(self.tok, prompt)
+            ids = render(self.tok, with_demos(prompt, self.demos.get(module)))
         limit = self.ctx.cfg.max_prompt_length
         if len(ids) > limit:
             run.fatal = ConfigError(f"lm_program: a prompt of module '{module}' has {len(ids)} tokens, more "
@@ -302,7 +313,7 @@ class _Scheduler:
         new, lps, reason, engine = slot["out"]
         with self.tok_lock:
             text = self.tok.decode([t for t in new if t not in self.eos], skip_special_tokens=True)
-        run.calls.append(Call(module, ids, list(new), list(lps), reason, text, engine))
+        run.calls.append(Call(module, ids, list(new), list(lps), reason, text, engine, copy.deepcopy(prompt)))
         return text
 
     def body(self, program, j: int, run: Run) -> None:
@@ -377,7 +388,7 @@ def _needs_transform(why: str, transforms: list[str]) -> str:
             f"reward_transforms must end with it (got {transforms}); e.g. --reward_transforms {fix}")
 
 
-def _run_batch(ctx, runs: list[Run]):
+def answers_batch(ctx, runs: list[Run]):
     """One row per run, its answer as the completion (what the task's reward functions score)."""
     tok = ctx.tokenizer
     eps = []
@@ -442,7 +453,9 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
     temps = per_prompt(cfg.temperature if temperatures is None else temperatures, len(rows), "temperature")
     runs = [Run(i, row, uid, float(t)) for i, (row, uid, c, t) in enumerate(zip(rows, uids, counts, temps))
             for _ in range(c)]
-    run_programs(ctx, fn, runs, modules=modules, turn_tokens=cfg.max_completion_length)
+    source = prompt_source(ctx)
+    run_programs(ctx, fn, runs, modules=modules, turn_tokens=cfg.max_completion_length,
+                 demos=source.lm_program_demos(ctx, training=True) if source is not None else None)
     for r in runs:
         if r.failure:
             ctx.log(f"lm_program: a run of prompt {r.uid} failed after {len(r.calls)} call(s): {r.error}")
@@ -463,13 +476,20 @@ def lm_program(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *
     return _call_batch(ctx, kept, members, gids, run_batch, fixed)
 
 
+def prompt_source(ctx):
+    """The run's component that keeps the modules' optimised prompts (it has ``lm_program_demos(ctx, training)
+    -> {module: demos}``: update_strategy better_together), or None."""
+    found = [c.fn for c in getattr(ctx, "components", {}).values() if hasattr(c.fn, "lm_program_demos")]
+    return found[0] if found else None
+
+
 def _score_runs(ctx, kept: list[Run], fixed: dict):
     """The runs' batch scored by the task's reward functions, and each run's combined reward (a failed run's:
     its fixed score, ``fixed[failure]``)."""
     transforms = list(ctx.cfg.reward_transforms or [])
     if any(r.failure for r in kept) and transforms[-1:] != [FAILURE_TRANSFORM]:
         raise ConfigError(_needs_transform("a run whose program raised FormatFailure", transforms))
-    run_batch = _run_batch(ctx, kept)
+    run_batch = answers_batch(ctx, kept)
     ctx.reward_errors += ctx.scorer.score(run_batch)
     run_reward = combine_rewards(run_batch.rewards, ctx.scorer.weights).double()
     for j, r in enumerate(kept):
@@ -539,9 +559,11 @@ def eval_rollout(ctx, model, rows, uids, *, program, lm_program_modules, **_igno
     """Held-out evaluation: one greedy run of the program per row; one row per run, its answer as the completion
     (a run that raised answers the empty text)."""
     runs = [Run(i, row, uid, 0.0) for i, (row, uid) in enumerate(zip(rows, uids))]
+    source = prompt_source(ctx)
     run_programs(ctx, load_program(program), runs, modules=parse_modules(lm_program_modules),
-                 turn_tokens=ctx.cfg.max_completion_length, model=model)
-    return _run_batch(ctx, runs)
+                 turn_tokens=ctx.cfg.max_completion_length, model=model,
+                 demos=source.lm_program_demos(ctx, training=False) if source is not None else None)
+    return answers_batch(ctx, runs)
 
 
 def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
