@@ -71,3 +71,21 @@ def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: (rank.get(item.path.name, len(rank)), -count[item.path.name], item.path.name))
 
+
+
+# GRPOLAB_TEST_CPU=FILE: append one line per test, "<cpu seconds> <nodeid>", the CPU time of its setup, call and
+# teardown in this process and in the child processes it waited for (resource.getrusage); the suite's cost by
+# CPU rather than wall time, which other jobs on the machine inflate (scripts/test_costs.py sums it per file)
+if os.environ.get("GRPOLAB_TEST_CPU"):
+    import resource
+
+    def _cpu() -> float:
+        s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        t0 = _cpu()
+        yield
+        with open(os.environ["GRPOLAB_TEST_CPU"], "a") as f:
+            f.write(f"{_cpu() - t0:.3f} {item.nodeid}\n")
