@@ -36,6 +36,13 @@ its *answer* (from that ``Answer:`` line on). ``sft_mode`` chooses the format:
   the paper), else :func:`grpolab.rewards.agentic.compact_plan` of the
   reasoning (one step per operation line, then "state the answer"); the tag
   is ``pta_plan_tag``. Stage 2 is the recipe ``pta_grpo``.
+* ``convrec`` — ConvRec-R1 Stage 1 (Zhu et al., 2025, arXiv:2510.20150; seed
+  000-91), on the ``ranked_list`` task: the target is the row's behaviour-cloning
+  demonstration built by the Remap-Reflect-Adjust pipeline
+  (:func:`grpolab.tasks.ranked_list_bc.remap_reflect_adjust`: a rule-based
+  teacher's noisy lists mapped onto the catalogue, judged, and re-biased toward
+  the training rows' ground-truth items), one item per line. Stage 2 is the
+  recipe ``rank_grpo``.
 
 Training: next-token cross-entropy on the target tokens only (prompt tokens
 are labelled -100), mean over the batch's target tokens; the prompt goes
@@ -56,6 +63,7 @@ from ..data import to_json
 from ..registry import declared_params, param
 from ..rewards.agentic import PLAN_TAG, compact_plan
 from ..rewards.transforms import THINKLESS_SHORT_TOKEN, THINKLESS_THINK_TOKEN
+from ..tasks.ranked_list_bc import remap_reflect_adjust
 
 _THINK = re.compile(r"<think>(.*?)</think>\s*(.*)", re.S)
 
@@ -96,8 +104,9 @@ def split_reasoning(completion: str) -> tuple[str, str]:
 
 def build_examples(rows: list[dict], *,
                    sft_mode: str = param('plain', 'grpolab sft: target format: plain, ton (thought dropout), '
-                                         'thinkless (control tokens) or pta (plan then reasoning)',
-                                         ['plain', 'ton', 'thinkless', 'pta']),
+                                         'thinkless (control tokens), pta (plan then reasoning) or convrec '
+                                         "(ConvRec-R1's Remap-Reflect-Adjust demonstrations, task ranked_list)",
+                                         ['plain', 'ton', 'thinkless', 'pta', 'convrec']),
                    seed: int = 0,
                    ton_dropout_prob: float = param(0.5, "TON: probability that an SFT target's reasoning is replaced "
                                                    'by the empty thought'),
@@ -107,15 +116,18 @@ def build_examples(rows: list[dict], *,
                    thinkless_think_token: str = THINKLESS_THINK_TOKEN,
                    pta_plan_tag: str = PLAN_TAG) -> list[SFTExample]:
     """SFT examples for ``rows`` in the format of ``sft_mode`` (see the module docstring)."""
-    if sft_mode not in ("plain", "ton", "thinkless", "pta"):
-        raise ValueError(f"sft_mode: expected plain, ton, thinkless or pta, got '{sft_mode}'")
+    if sft_mode not in ("plain", "ton", "thinkless", "pta", "convrec"):
+        raise ValueError(f"sft_mode: expected plain, ton, thinkless, pta or convrec, got '{sft_mode}'")
+    if sft_mode == "convrec" and any(row.get("completion") is None for row in rows):
+        raise ValueError("sft_mode convrec: every row needs its Remap-Reflect-Adjust demonstration in 'completion' "
+                         "(run_sft builds them with grpolab.tasks.ranked_list_bc.remap_reflect_adjust)")
     if not 0.0 <= ton_dropout_prob <= 1.0:
         raise ValueError(f"ton_dropout_prob: must be in [0, 1], got {ton_dropout_prob}")
     rng = random.Random(seed)
     out = []
     for row in rows:
         comp = base_completion(row)
-        if sft_mode == "plain":
+        if sft_mode in ("plain", "convrec"):
             out.append(SFTExample(row["prompt"], comp))
             continue
         reasoning, answer = split_reasoning(comp)
@@ -201,7 +213,7 @@ def sft_train(model, tok, examples: list[SFTExample], *,
 
 # `grpolab sft` is a command, not a registered component: its parameters are those of these two functions
 # (Config.build(..., extra=SFT_COMPONENTS)); declared_params turns their param() defaults into values.
-SFT_COMPONENTS = (build_examples, sft_train)
+SFT_COMPONENTS = (build_examples, sft_train, remap_reflect_adjust)
 for _fn in SFT_COMPONENTS:
     declared_params(_fn)
 
@@ -218,6 +230,13 @@ def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
     torch.manual_seed(cfg.seed)
     rows = (load_data(data, cfg.data_split, parse_column_map(cfg.column_map, cfg.prompt_column)) if data
             else get_task(cfg.task, cfg=cfg).train_rows)
+    stage1 = {}
+    if cfg.sft_mode == "convrec":  # ConvRec-R1 stage 1: the demonstrations are the targets
+        demos, stage1 = remap_reflect_adjust(rows, seed=cfg.seed, **{k: getattr(cfg, k)
+                                                                      for k in declared_params(remap_reflect_adjust)})
+        rows = [{**r, "completion": d} for r, d in zip(rows, demos)]
+        log(f"[grpolab sft] convrec: Remap-Reflect-Adjust demonstrations for {len(rows)} rows, hit rate "
+            f"{stage1['demo_hit_rate']:.3f} (the rule-based teacher's raw lists: {stage1['teacher_hit_rate']:.3f})")
     examples = build_examples(rows, sft_mode=cfg.sft_mode, seed=cfg.seed, ton_dropout_prob=cfg.ton_dropout_prob,
                               ton_empty_thought=cfg.ton_empty_thought,
                               thinkless_short_token=cfg.thinkless_short_token,
@@ -234,6 +253,6 @@ def run_sft(cfg, out: str | Path, data: str | None = None, log=print) -> dict:
     save_policy(model, tok, out)
     summary = {"examples": len(examples), "mode": cfg.sft_mode, "steps": cfg.sft_steps,
                "first_loss": losses[0], "last_loss": losses[-1], "added_tokens": added,
-               "dropped_thoughts": sum(e.dropped for e in examples), "out": str(out)}
+               "dropped_thoughts": sum(e.dropped for e in examples), "out": str(out), **stage1}
     (out / "sft_summary.json").write_text(to_json({**summary, "losses": losses}, indent=1))
     return summary
