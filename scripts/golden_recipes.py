@@ -51,6 +51,8 @@ def run_all(only=None) -> dict:
                 args["reward"] = [f"rm:{tmp}/rm"]
             if "task" in rec:
                 args["task"] = rec["task"]
+            if "model" in rec:  # a recipe's own built-in model (asr_grpo_audio), as tests/test_training.py
+                args["model"] = rec["model"]
             try:
                 Trainer(Config.build(args), log=lambda *a: None).train(progress=False)
                 out[name] = [{k: v for k, v in r.items() if k not in SKIP} for r in read_metrics(tmp + "/run")]

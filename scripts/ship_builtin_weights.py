@@ -26,6 +26,7 @@ def default_builders() -> dict[str, object]:
     from grpolab.policies.ddpm_planner.policy import planner_model_path
     from grpolab.policies.masked_diffusion_lm.tiny import dlm_model_path
     from grpolab.policies.speech_to_text.tiny import speech_model_path
+    from grpolab.policies.speech_to_text.tiny_audio import speech_audio_model_path
     from grpolab.policies.var_image.model import var_model_path
     from grpolab.policies.vision_language.tiny import BACKBONE_TASK, vlm_model_path
     import grpolab.policies.vision_language.tasks  # noqa: F401  (registers the tasks' pre-training examples)
@@ -34,7 +35,8 @@ def default_builders() -> dict[str, object]:
     out = {f"digits-{kind}": (lambda log, kind=kind: D.digits_model_path(kind, log=log)) for kind in D.KINDS}
     out.update({"digits-frames": D.frames_model_path, "digits-classifier": digit_classifier_path,
                 "digits-codebook": codebook_path, "digits-ar": ar_model_path, "digits-var": var_model_path,
-                "planner": planner_model_path, "speech-s2t": speech_model_path, "repeat-dlm": dlm_model_path,
+                "planner": planner_model_path, "speech-s2t": speech_model_path,
+                "speech-s2t-audio": speech_audio_model_path, "repeat-dlm": dlm_model_path,
                 "mlrm-builtin": builtin_rm_path,
                 f"vlm-{BACKBONE_TASK}": lambda log: vlm_model_path(BACKBONE_TASK, log=log)})
     return out

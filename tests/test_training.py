@@ -130,6 +130,8 @@ def test_every_recipe_trains(tiny_args, recipe, tmp_path):
         args.update(training_free_answer_column="digit", training_free_max_new_tokens=8)
     if "task" in rec:  # a recipe built around its own task (e.g. countdown) keeps it
         args["task"] = rec["task"]
+    if "model" in rec:  # and its own built-in model (asr_grpo_audio: the tiny model on audio)
+        args["model"] = rec["model"]
     with warnings.catch_warnings():
         if recipe in NEEDS_USER_DATA:
             args["allow_stand_ins"] = True

@@ -113,3 +113,24 @@ def audio_samples(value, target: int, where: str = "row", max_seconds: float | N
                           f"at most {max_seconds:g} s (long-form transcription is not supported)")
     return x
 
+
+
+def check_audio_row(row: dict, where: str, rate: int, seconds: float, model: str) -> None:
+    """The row's ``audio`` is there, readable and at most ``seconds`` long (files: their header only); else a
+    ConfigError naming the row, ``model`` and the fix."""
+    value = row.get("audio")
+    if value is None:
+        raise ConfigError(f"{where}: policy speech_to_text with {model} transcribes the column 'audio' (a "
+                          f"WAV/FLAC path, {{\"array\": [...], \"sampling_rate\": Hz}} or a datasets Audio value); "
+                          f"the row has {sorted(row)}")
+    if isinstance(value, str) and not value.startswith("data:") and Path(value).is_file():
+        sf = _soundfile()
+        try:
+            info = sf.info(value)
+        except (RuntimeError, sf.LibsndfileError) as e:
+            raise ConfigError(f"{where}: 'audio' {value} could not be read as audio ({e})") from None
+        if info.frames / info.samplerate > seconds + 1e-6:
+            raise ConfigError(f"{where}: 'audio' {value} lasts {info.frames / info.samplerate:.2f} s, longer "
+                              f"than the model's {seconds:g} s window; cut it into shorter clips")
+        return
+    audio_samples(value, rate, where, seconds)

@@ -11,10 +11,12 @@ import torch
 from ...config import ConfigError
 from ...generation.sampling import completion_counts, decode_tokens, per_row, row_temperatures, seeded_draws
 from ...registry import POLICIES, param
+from .audio import check_audio_row
 from ..base import (PolicyBase, check_own_sampler, fanned_columns, group_identity, held_out_seed, repeat_rows,
                     save_pretrained_folder, saved_folder)
 
 BUILT_IN = ("spoken_digits", "tiny")
+AUDIO_BUILT_IN = ("spoken_words", "tiny_audio")  #: the built-in tiny model on audio (tiny_audio.py)
 WHISPER = "WhisperForConditionalGeneration"
 
 
@@ -50,6 +52,13 @@ class SpeechToTextPolicy(PolicyBase):
     softmax(logits / τ) at each completion token: equal to the behaviour log-probs (the test:
     tests/test_speech.py::test_recomputed_logprobs_equal_behaviour); ``entropy`` of that softmax per token.
 
+    Model ``spoken_words`` / ``tiny_audio``: the same architecture (three stride-2 convolutions) over 40 log-mel
+    filterbank features computed from each row's ``audio`` (``audio.py``'s reader, resampled to 16 kHz; a clip of
+    at most 3 s) by ``transformers``' ``Speech2TextFeatureExtractor`` built from a config (utterance mean and
+    variance normalisation), zero-padded to 300 frames with a mask; pre-trained in-process on the shipped espeak-ng
+    clips (``tiny_audio.py``; task ``spoken_words_audio``, recipe ``asr_grpo_audio``). Its folder keeps the
+    extractor's ``preprocessor_config.json``; a folder saved with one reads audio.
+
     Model ``spoken_digits`` / ``tiny`` (the default): d_model 64, 2 encoder + 2 decoder layers, a word
     vocabulary (``<pad>``, ``<s>``, ``</s>`` and the corpus's 16 words), pre-trained in-process on first use by
     teacher forcing on 3,000 synthetic utterances (``policies/speech_to_text/tiny.py``: 120 AdamW steps, about 10 s on one thread,
@@ -77,7 +86,8 @@ class SpeechToTextPolicy(PolicyBase):
 
     step = "transcript token (a word)"
     capabilities = frozenset({"tokens", "audio"})
-    description = "a speech recogniser (Speech2Text encoder-decoder over feature frames); one step = a word token"
+    description = ("a speech recogniser (Speech2Text encoder-decoder over feature frames or audio, or Whisper); one "
+                   "step = a transcript token")
     default_model = "spoken_digits"
     default_task = "spoken_digits"
     float32_only = True  # a tiny model: float32 costs nothing and gives the same numbers on every CPU kind
@@ -96,6 +106,7 @@ class SpeechToTextPolicy(PolicyBase):
         self.vocab: dict = {}
         self.max_completion_length, self.language = int(max_completion_length), str(speech_language)
         self.whisper = None  # a WhisperLayout (whisper.py) once a Whisper model is loaded
+        self.audio = None  # the tiny model on audio: its Speech2TextFeatureExtractor (tiny_audio.py)
         from .whisper import folder_model_type  # a Whisper folder runs in the run's dtype (bf16 on a GPU); the
         self.float32_only = folder_model_type(Path(model))[0] != "whisper"  # tiny model in float32 on every CPU
 
@@ -110,9 +121,10 @@ class SpeechToTextPolicy(PolicyBase):
         from transformers import Speech2TextForConditionalGeneration
 
         from .tiny import speech_model_path
+        from .tiny_audio import speech_audio_model_path
         from .whisper import folder_model_type, load_whisper
 
-        if self.model_name not in BUILT_IN:
+        if self.model_name not in BUILT_IN + AUDIO_BUILT_IN:
             kind, arch = folder_model_type(Path(self.model_name))
             if kind == "whisper" and arch in ([], [WHISPER]):
                 module, processor = load_whisper(Path(self.model_name))
@@ -122,16 +134,21 @@ class SpeechToTextPolicy(PolicyBase):
             if kind and kind != "speech_to_text" or arch and arch != ["Speech2TextForConditionalGeneration"]:
                 raise ConfigError(f"model: {self.model_name} holds a {', '.join(arch) or kind}; policy "
                                   f"speech_to_text loads {WHISPER} folders (with their WhisperProcessor), the "
-                                  f"built-in 'spoken_digits', or a Speech2Text folder it saved itself (config.json + "
-                                  f"vocab.json). Save a Whisper model with model.save_pretrained(folder) and "
+                                  f"built-ins 'spoken_digits' / 'spoken_words', or a Speech2Text folder it saved itself "
+                                  f"(config.json + vocab.json). Save a Whisper model with model.save_pretrained(folder) and "
                                   f"processor.save_pretrained(folder)")
         if self.model_name in BUILT_IN:
             path = speech_model_path(log=log)
+        elif self.model_name in AUDIO_BUILT_IN:
+            path = speech_audio_model_path(log=log)
         else:
             path = saved_folder(self.model_name, "speech_to_text", ("config.json", "vocab.json"),
-                                "'spoken_digits' (the built-in tiny model) or a folder it saved (config.json + "
-                                "safetensors, vocab.json)")
+                                "'spoken_digits' / 'spoken_words' (the built-in tiny models) or a folder it saved "
+                                "(config.json + safetensors, vocab.json)")
         self.vocab = json.loads((Path(path) / "vocab.json").read_text())
+        if (Path(path) / "preprocessor_config.json").exists():  # the tiny model on audio: its feature extractor
+            from transformers import Speech2TextFeatureExtractor
+            self.audio = Speech2TextFeatureExtractor.from_pretrained(path)
         self.check_rows(rows, eval_rows)
         return Speech2TextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
 
@@ -148,6 +165,10 @@ class SpeechToTextPolicy(PolicyBase):
             for i, row in enumerate(part[:1000]):
                 if self.whisper is not None:
                     self.whisper.check_row(row, f"{where} row {i}")
+                elif self.audio is not None:
+                    from .tiny_audio import WINDOW_SECONDS
+                    check_audio_row(row, f"{where} row {i}", int(self.audio.sampling_rate), WINDOW_SECONDS,
+                                    "the tiny model on audio (spoken_words)")
                 else:
                     self.features(row, f"{where} row {i}")
 
@@ -159,6 +180,8 @@ class SpeechToTextPolicy(PolicyBase):
             return
         path = save_pretrained_folder(module, path)
         (path / "vocab.json").write_text(json.dumps(self.vocab, indent=2) + "\n")
+        if self.audio is not None:
+            self.audio.save_pretrained(path)
 
     # ---------------------------------------------------------------- conditions
     @staticmethod
@@ -173,9 +196,10 @@ class SpeechToTextPolicy(PolicyBase):
                                   f"shape {tuple(x.shape)}")
             return x
         if row.get("audio") is not None:
-            raise ConfigError(f"{where}: the row has 'audio'; the built-in model (spoken_digits) reads the synthetic "
-                              f"corpus's feature frames, not audio: train a Whisper folder on audio (--model "
-                              f"FOLDER with WhisperForConditionalGeneration + WhisperProcessor, docs/speech.md)")
+            raise ConfigError(f"{where}: the row has 'audio'; the built-in model spoken_digits reads the synthetic "
+                              f"corpus's feature frames, not audio: use --model spoken_words (the built-in tiny "
+                              f"model on audio) or a Whisper folder (WhisperForConditionalGeneration + "
+                              f"WhisperProcessor, docs/speech.md)")
         if row.get("audio_seed") is None:
             raise ConfigError(f"{where}: policy speech_to_text transcribes an utterance: the column 'audio_seed' "
                               f"(an utterance of the synthetic corpus, task spoken_digits) or the column 'features' "
@@ -183,7 +207,14 @@ class SpeechToTextPolicy(PolicyBase):
         return torch.from_numpy(utterance(int(row["audio_seed"]))[1])
 
     def conditions(self, rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(features [N, 56, 24], mask [N, 56])`` of the rows, zero-padded."""
+        """``(features [N, 56, 24], mask [N, 56])`` of the rows, zero-padded; with the tiny model on audio
+        ``(log-mel features [N, 300, 40], mask [N, 300])`` of the rows' ``audio`` (``tiny_audio.py``)."""
+        if self.audio is not None:
+            from .audio import audio_samples
+            from .tiny_audio import MAX_FRAMES, WINDOW_SECONDS, audio_features
+            rate = int(self.audio.sampling_rate)
+            clips = [audio_samples(r.get("audio"), rate, f"row {i}", WINDOW_SECONDS) for i, r in enumerate(rows)]
+            return audio_features(self.audio, clips, MAX_FRAMES)
         from .corpus import FEATURE_DIM, MAX_FRAMES
         feats = torch.zeros(len(rows), MAX_FRAMES, FEATURE_DIM)
         mask = torch.zeros(len(rows), MAX_FRAMES, dtype=torch.long)
@@ -224,7 +255,8 @@ class SpeechToTextPolicy(PolicyBase):
         temps = row_temperatures(temperature if temperature is not None else self.temperature, counts)
         greedy, uniforms = torch.full((R,), True) if evaluation else temps <= 0, None
         if evaluation and self.eval_sampling == "seeded":  # each row's uniforms from its own seed: its draws do not
-            seeds = [held_out_seed(r, u, "audio_seed") for r, u in zip(rows, uids)]  # depend on the batch around it
+            seeds = [held_out_seed(r, u, "utterance_seed" if "utterance_seed" in r else "audio_seed")  # depend on
+                     for r, u in zip(rows, uids)]  # the batch around it
             temps, greedy, uniforms = seeded_draws(seeds, counts, MAX_TOKENS, self.temperature)
         ids = torch.full((R, 1), self.vocab["bos"], dtype=torch.long, device=device)
 
@@ -239,6 +271,8 @@ class SpeechToTextPolicy(PolicyBase):
                                               generator=generator, uniforms=uniforms)
         columns = fanned_columns(rows, counts)
         columns.pop("features", None)
+        if not all(isinstance(a, str) for a in columns.get("audio", [])):
+            columns.pop("audio", None)  # arrays stay out of the reward columns (files and URIs are small)
         columns["prompt"] = per_row([str(r.get("prompt", "")) for r in rows], counts)
         columns["completion"] = [self.text(o) for o in out.tolist()]
         return RolloutBatch(

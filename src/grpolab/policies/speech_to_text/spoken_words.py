@@ -48,6 +48,18 @@ def clips() -> dict[str, list[np.ndarray]]:
     return out
 
 
+def corpus_recipe() -> dict:
+    """Everything that determines the utterances (hashed into the built-in audio model's cache name): the
+    constants above and the SHA-256 of ``clips.json`` and of every clip's bytes."""
+    import hashlib
+
+    h = hashlib.sha256((CLIPS / "clips.json").read_bytes())
+    for c in json.loads((CLIPS / "clips.json").read_text())["clips"]:
+        h.update((CLIPS / c["file"]).read_bytes())
+    return {"version": VERSION, "rate": RATE, "max_words": MAX_WORDS, "gain": list(GAIN),
+            "silence_s": list(SILENCE_S), "noise_std": NOISE_STD, "clips_sha256": h.hexdigest()}
+
+
 def utterance(seed: int) -> tuple[str, np.ndarray]:
     """``(transcript, samples float32 at 16 kHz)`` of utterance ``seed`` (module docstring)."""
     bank = clips()

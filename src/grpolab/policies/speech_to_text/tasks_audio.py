@@ -1,5 +1,6 @@
-"""``spoken_words_audio``: transcribe real (synthesised) speech, 1–3 spoken words (``spoken_words.py``), with a
-Whisper model (``--model FOLDER``: ``WhisperForConditionalGeneration`` + ``WhisperProcessor``).
+"""``spoken_words_audio``: transcribe real (synthesised) speech, 1–3 spoken words (``spoken_words.py``), with the
+built-in tiny model on audio (``--model spoken_words``, ``tiny_audio.py``; recipe ``asr_grpo_audio``) or a Whisper
+model (``--model FOLDER``: ``WhisperForConditionalGeneration`` + ``WhisperProcessor``).
 
 * train rows ``{"prompt": "utterance <seed>", "audio": "data:audio/flac;base64,...", "utterance_seed": seed,
   "transcript": "three go"}``: seeds ``TRAIN_BASE + i`` for i < ``spoken_words_train_size`` (200), shuffled with
@@ -26,10 +27,11 @@ EVAL_SIZE = param(50, "spoken_words_audio: held-out utterances (utterance seeds 
 def spoken_words_audio(seed: int = 0, *, spoken_words_train_size: int = TRAIN_SIZE,
                        spoken_words_eval_size: int = EVAL_SIZE) -> Task:
     """Transcribe 1–3 spoken words from audio made of espeak-ng clips (16 kHz FLAC): rewards ``one_minus_wer``
-    and ``exact_match`` (weight 1 each), accuracy ``exact_match``; needs a Whisper model (module docstring).
+    and ``exact_match`` (weight 1 each), accuracy ``exact_match``; needs a model on audio: ``spoken_words`` or a
+    Whisper folder (module docstring).
 
     Provenance: grpolab's own — a built-in speech task on synthesised audio (policies/speech_to_text/spoken_words.py)
-    for the Whisper path; the rewards reconstruct GRPO for ASR's rule-based rewards (seed 000-38).
+    for the audio models (the built-in spoken_words, Whisper folders); the rewards reconstruct GRPO for ASR's rule-based rewards (seed 000-38).
     """
     from .spoken_words import spoken_rows
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from ...config import ConfigError
-from .audio import audio_samples
+from .audio import audio_samples, check_audio_row
 
 CLASS = "WhisperForConditionalGeneration"
 
@@ -115,23 +115,7 @@ class WhisperLayout:
     # ------------------------------------------------------------ conditions
     def check_row(self, row: dict, where: str) -> None:
         """The row's audio is there, readable and within the window (files: their header only)."""
-        value = row.get("audio")
-        if value is None:
-            raise ConfigError(f"{where}: policy speech_to_text with a Whisper model transcribes the column "
-                              f"'audio' (a WAV/FLAC path, {{\"array\": [...], \"sampling_rate\": Hz}} or a "
-                              f"datasets Audio value); the row has {sorted(row)}")
-        if isinstance(value, str) and not value.startswith("data:") and Path(value).is_file():
-            from .audio import _soundfile
-            sf = _soundfile()
-            try:
-                info = sf.info(value)
-            except (RuntimeError, sf.LibsndfileError) as e:
-                raise ConfigError(f"{where}: 'audio' {value} could not be read as audio ({e})") from None
-            if info.frames / info.samplerate > self.seconds + 1e-6:
-                raise ConfigError(f"{where}: 'audio' {value} lasts {info.frames / info.samplerate:.2f} s, longer "
-                                  f"than the model's {self.seconds:g} s window; cut it into shorter clips")
-            return
-        audio_samples(value, self.rate, where, self.seconds)
+        check_audio_row(row, where, self.rate, self.seconds, "a Whisper model")
 
     def conditions(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         """``input_features`` [N, mels, frames] (the feature extractor's) and ``feature_frames`` [N] (frames
