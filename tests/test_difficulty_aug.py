@@ -4,6 +4,7 @@ A fake RolloutContext whose "policy" answers by a rule on (prompt uid, prompt te
 prompts are eased or perturbed, and the cue text, are known by hand.
 """
 import copy
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -44,16 +45,19 @@ class FakeCtx:
         texts = [r["prompt"][-1]["content"] for r in rows]
         self.calls.append(list(zip(uids, texts)))
         comp, gid, puid, prompts = [], [], [], []
-        for i, (u, t, g) in enumerate(zip(uids, texts, ns)):
+        extra = {k: [] for r in rows for k in r if k.startswith("frame_noise")}
+        for i, (r, u, t, g) in enumerate(zip(rows, uids, texts, ns)):
             for k in range(g):
                 comp.append(f"sol{k} " * 5 if self.solve(int(u), t, k) else "no")
                 gid.append(group_offset + i), puid.append(int(u)), prompts.append(t)
+                for key in extra:
+                    extra[key].append(r[key])
         R = len(comp)
         return RolloutBatch(prompt_ids=torch.ones(R, 2, dtype=torch.long), prompt_mask=torch.ones(R, 2, dtype=torch.long),
                             completion_ids=torch.ones(R, 3, dtype=torch.long), completion_mask=torch.ones(R, 3),
                             behavior_logprobs=torch.zeros(R, 3), group_ids=torch.tensor(gid),
                             prompt_uids=torch.tensor(puid), truncated=torch.zeros(R, dtype=torch.bool),
-                            columns={"prompt": prompts, "completion": comp})
+                            columns={"prompt": prompts, "completion": comp, **extra})
 
     def score(self, batch):
         r = torch.tensor([1.0 if c.startswith("sol") else 0.0 for c in batch.columns["completion"]])
@@ -152,3 +156,56 @@ def test_config_checks():
         Config.build({"rollout_strategy": "difficulty_aug", "dva_max_cue": 1.5})
     with pytest.raises(ConfigError, match="dva_window"):
         Config.build({"rollout_strategy": "difficulty_aug", "dva_window": 0})
+
+
+# ----------------------------------------------------------------------------- frame-level noise (dva_perturb frames)
+
+def test_noisy_frames_by_hand():
+    import numpy as np
+
+    from grpolab.policies.vision_language.scenes import noisy_frames
+    grey = [np.full((40, 40, 3), 128, dtype=np.uint8)] * 2
+    assert all((f == g).all() for f, g in zip(noisy_frames(grey, 0.0, 1), grey))
+    a, b = noisy_frames(grey, 0.05, 7), noisy_frames(grey, 0.05, 7)
+    assert all((x == y).all() for x, y in zip(a, b)) and not (a[0] == a[1]).all()  # seeded; frames differ
+    # pixel std 255 * 0.05 = 12.75 (128 +- 4 std stays inside 0..255: no clipping); rounding adds 1/12 variance
+    dev = np.concatenate([f.astype(np.float64).ravel() - 128 for f in a])
+    assert abs(dev.mean()) < 0.5 and dev.std() == pytest.approx(math.sqrt(12.75 ** 2 + 1 / 12), rel=0.03)
+    white = noisy_frames([np.full((8, 8, 3), 255, dtype=np.uint8)], 0.5, 0)[0]
+    assert white.max() == 255 and white.dtype == np.uint8  # clipped to the pixel range
+
+
+def test_row_images_renders_the_noise_columns():
+    from grpolab.policies.vision_language.policy import VisionLanguagePolicy
+    from grpolab.policies.vision_language.scenes import row_images
+    from grpolab.policies.vision_language.tasks_motion import motion_row
+    row = motion_row(5)
+    noisy = VisionLanguagePolicy.perturb_inputs(None, row, 0.1, torch.Generator().manual_seed(0))
+    assert "frame_noise_std" not in row and noisy["frame_noise_std"] == 0.1 and noisy["prompt"] == row["prompt"]
+    clean, dirty = row_images(row), row_images(noisy)
+    assert len(clean) == len(dirty) == 3 and all(c.shape == d.shape for c, d in zip(clean, dirty))
+    assert all((c != d).any() for c, d in zip(clean, dirty))
+    assert all((d == e).all() for d, e in zip(dirty, row_images(noisy)))  # a pure function of the row
+
+
+def test_easy_clip_gets_frame_noise_scaled_by_its_easiness():
+    class Actions:
+        def perturb_inputs(self, row, strength, generator):
+            return {**row, "frame_noise_std": strength, "frame_noise_seed": 1}
+
+    aug, ctx = DifficultyAwareAugmentation(dva_perturb="frames"), FakeCtx(rule)
+    ctx.actions = Actions()
+    run(aug, ctx, [0, 1])                      # history mean 0.75
+    out = run(aug, ctx, [3, 4])                # uid 3: Delta = -0.25 -> std 0.5 * 0.25; uid 4: plain
+    assert [u for u, _ in ctx.calls[1]] == [3] and ctx.calls[1][0][1] == "solve problem 3 now"  # text untouched
+    assert out.columns["dva_augment"] == [-1] * 4 + [0] * 4
+    assert out.columns["frame_noise_std"] == [0.125] * 4 + [None] * 4  # plain rows: no noise column value
+
+
+def test_frames_need_a_vision_policy_and_vision_runs_it():
+    with pytest.raises(ConfigError, match="capability vision"):
+        Config.build({"rollout_strategy": "difficulty_aug", "dva_perturb": "frames"})
+    Config.build({"policy": "vision_language", "task": "motion_clips", "rollout_strategy": "difficulty_aug",
+                  "dva_perturb": "frames", "dva_answer_column": "direction"})
+    with pytest.raises(ConfigError, match="continues a text prompt"):  # other text rollouts stay refused
+        Config.build({"policy": "vision_language", "task": "motion_clips", "rollout_strategy": "scaf_grpo"})

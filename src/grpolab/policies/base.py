@@ -82,10 +82,14 @@ def held_out_seed(row: dict, uid: int, column: str = "noise_seed") -> int:
 def check_own_sampler(cfg, reason: str) -> None:
     """The start-up checks of a token policy that samples in the trainer with its own sampler (speech, vision):
     rollout strategies other than ``plain`` (hints, injected text and tools continue a
-    text prompt) and ``top_k`` / ``top_p`` (the sampler draws from the full softmax) are refused; ``reason`` says
-    why the text machinery does not apply (e.g. "transcribes audio")."""
+    text prompt), except those that sample only whole data rows through ``ctx.generate`` (class attribute
+    ``samples_rows = True``: e.g. ``difficulty_aug``, whose augmented rows keep their pictures), and ``top_k`` /
+    ``top_p`` (the sampler draws from the full softmax) are refused; ``reason`` says why the text machinery does
+    not apply (e.g. "transcribes audio")."""
     from ..config import ConfigError
-    if cfg.rollout_strategy != "plain":
+    from ..registry import ROLLOUT_STRATEGIES
+    strategy = ROLLOUT_STRATEGIES.get(cfg.rollout_strategy) if cfg.rollout_strategy in ROLLOUT_STRATEGIES else None
+    if cfg.rollout_strategy != "plain" and not getattr(strategy, "samples_rows", False):
         raise ConfigError(f"rollout_strategy: '{cfg.rollout_strategy}' continues a text prompt (hints, injected "
                           f"text, tools); policy {cfg.policy} {reason}: use rollout_strategy: plain")
     if int(getattr(cfg, "top_k", 0) or 0) != 0 or float(getattr(cfg, "top_p", 1.0)) != 1.0:
@@ -254,6 +258,13 @@ class PolicyBase(ABC):
         travel as JSONL through the same checks, so a policy whose rows may hold Python objects (an environment
         instance, ...) names them here. Default: the rows as they are."""
         return rows
+
+    def perturb_inputs(self, row: dict, strength: float, generator: torch.Generator) -> dict:
+        """A copy of ``row`` whose non-text input (pictures, frames) is degraded with ``strength`` (>= 0), drawing
+        from ``generator``: DeepVideo-R1's difficulty-increasing augmentation (rollout ``difficulty_aug`` with
+        ``dva_perturb: frames``). The default: the policy has no such input, an error naming it."""
+        raise NotImplementedError(f"policy {type(self).__name__} has no non-text input to perturb (dva_perturb: "
+                                  f"frames needs a policy with capability vision); use dva_perturb: text")
 
     def offers(self) -> frozenset[str]:
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""

@@ -8,7 +8,7 @@ import torch
 from ..batch import RolloutBatch
 from ..data import completion_text
 from ..errors import ConfigError
-from ..registry import ROLLOUT_STRATEGIES, param
+from ..registry import POLICIES, ROLLOUT_STRATEGIES, param
 from .guidance import require_column, solution_prefix, with_hint
 
 #: the words inserted by the difficulty-increasing perturbation (no digits: the problem itself is never changed)
@@ -26,6 +26,10 @@ def _check(cfg) -> None:
             raise ConfigError(f"{key}: must be in [0, 1], got {getattr(cfg, key)}")
     if cfg.dva_cue_samples < 1:
         raise ConfigError(f"dva_cue_samples: must be >= 1, got {cfg.dva_cue_samples}")
+    if cfg.dva_perturb == "frames" and "vision" not in getattr(POLICIES.get(cfg.policy), "capabilities", ()):
+        raise ConfigError(f"dva_perturb: frames adds Gaussian noise to a row's pictures and needs a policy with "
+                          f"capability vision (policy vision_language); policy {cfg.policy!r} has none: use "
+                          f"dva_perturb: text")
 
 
 def _columns(cfg) -> list[str]:
@@ -93,9 +97,12 @@ class DifficultyAwareAugmentation:
       become the cue (``dva_cue_source: model``). ``dva_cue_source: solution`` takes the same prefix of the
       row's worked ``solution`` instead (the task's answer key; no extra generation). The cue is appended
       under :data:`CUE_HEADER` (``with_hint``);
-    * **difficulty-increasing** (``Delta R < 0``, easy): the prompt is perturbed, the text counterpart of the
-      paper's frame-level Gaussian noise: after each word a noise word is inserted with probability
-      ``dva_max_noise * level`` (:func:`perturb_text`; no character of the problem is removed or changed).
+    * **difficulty-increasing** (``Delta R < 0``, easy): the input is perturbed with a strength
+      ``dva_max_noise * level``. ``dva_perturb: frames`` (a policy with pictures: ``vision_language``, e.g. the
+      ``motion_clips`` task's 3-frame clips) is the paper's frame-level Gaussian noise: the policy's
+      ``perturb_inputs`` renders every frame with pixel noise of std ``255 * strength``. ``dva_perturb: text``
+      is the counterpart for text prompts: after each word a noise word is inserted with probability
+      ``strength`` (:func:`perturb_text`; no character of the problem is removed or changed).
 
     An augmented prompt is sampled again (same number of completions and temperature) and its group replaces
     the plain group in the batch (same group id and prompt uid); the loss trains on the augmented prompt, as
@@ -113,10 +120,12 @@ class DifficultyAwareAugmentation:
     is linked from the paper but no snapshot of it could be had here, and the paper's Eq. (9) and the
     scaling rule are not in the stored text, so: the linear level ``min(1, |Delta R| / scale)``, the cue as a
     character prefix of the best response (fraction ``dva_max_cue * level``), re-sampling the augmented
-    prompt within the same step, and word-level noise insertion as the text analogue of video noise are
-    grpolab's choices.
+    prompt within the same step, the noise std ``dva_max_noise * level`` (in units of the pixel range), and
+    word-level noise insertion as the text analogue of video noise are grpolab's choices.
     Test: tests/test_difficulty_aug.py.
     """
+
+    samples_rows = True  # samples only whole (augmented) data rows through ctx.generate: pictures are kept
 
     def __init__(self, *,
                  dva_window: int = param(100, 'difficulty_aug: reward history size W (samples = prompts), the '
@@ -124,7 +133,13 @@ class DifficultyAwareAugmentation:
                  dva_reward_scale: float = param(1.0, 'difficulty_aug: |Delta R| at which the augmentation reaches '
                                                  'full strength (the reward range of a 0/1 reward)'),
                  dva_max_cue: float = param(0.5, 'difficulty_aug: share of the cue trace shown at full strength'),
-                 dva_max_noise: float = param(0.5, 'difficulty_aug: per-word noise probability at full strength'),
+                 dva_max_noise: float = param(0.5, 'difficulty_aug: perturbation strength at full strength: the '
+                                              'per-word noise probability (dva_perturb text) or the pixel noise '
+                                              'std in units of the 0..255 range (frames)'),
+                 dva_perturb: str = param('text', "difficulty_aug: how an easy prompt is made harder: 'text' = "
+                                          "noise words in the prompt; 'frames' = Gaussian noise on the row's "
+                                          "pictures (the paper's; a policy with capability vision)",
+                                          ['text', 'frames']),
                  dva_cue_source: str = param('model', "difficulty_aug: 'model' = cue from the policy's best "
                                              "response to the prompt shown with its answer (the paper's); "
                                              "'solution' = the row's worked solution", ['model', 'solution']),
@@ -138,7 +153,7 @@ class DifficultyAwareAugmentation:
                  seed: int = 0):
         self.window = int(dva_window)
         self.scale = float(dva_reward_scale)
-        self.max_cue, self.max_noise = float(dva_max_cue), float(dva_max_noise)
+        self.max_cue, self.max_noise, self.perturb = float(dva_max_cue), float(dva_max_noise), dva_perturb
         self.cue_source, self.cue_samples = dva_cue_source, int(dva_cue_samples)
         self.answer_column, self.answer_template = dva_answer_column, dva_answer_template
         self.history: deque = deque(maxlen=self.window)
@@ -189,7 +204,9 @@ class DifficultyAwareAugmentation:
                     aug_rows[i], kind[i] = with_hint(rows[i], f"{CUE_HEADER}\n{cue}"), 1
         for i in easy:
             p = self.max_noise * self.level(deltas[i])
-            if p > 0:
+            if p > 0 and self.perturb == "frames":
+                aug_rows[i], kind[i] = ctx.actions.perturb_inputs(rows[i], p, self.generator), -1
+            elif p > 0:
                 aug_rows[i], kind[i] = _map_prompt(rows[i], lambda t, p=p: perturb_text(t, p, self.generator)), -1
         pieces = []
         if aug_rows:
@@ -207,6 +224,9 @@ class DifficultyAwareAugmentation:
             if i not in aug_rows and members[i]:
                 pieces.append((i, plain.select(members[i])))
         pieces.sort(key=lambda p: p[0])
+        keys = list(dict.fromkeys(k for _, sub in pieces for k in sub.columns))  # an augmented row may add columns
+        for _, sub in pieces:
+            sub.columns = {k: sub.columns.get(k, [None] * sub.num_rows) for k in keys}
         for i, sub in pieces:
             sub.columns["dva_augment"] = [kind[i]] * sub.num_rows
             sub.columns["dva_level"] = [self.level(deltas[i]) if kind[i] else 0.0] * sub.num_rows
@@ -223,3 +243,12 @@ class DifficultyAwareAugmentation:
     def load_state_dict(self, state: dict) -> None:
         self.history = deque((float(v) for v in state["history"]), maxlen=self.window)
         self.generator.set_state(state["generator"])
+
+
+def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
+    """Text the strategy shows besides the data (a tiny model sizes its vocabulary from it): the cue header, the
+    answer template and the noise words."""
+    return [CUE_HEADER, cfg.dva_answer_template, " ".join(NOISE_WORDS)]
+
+
+DifficultyAwareAugmentation.model_texts = staticmethod(model_texts)

@@ -255,6 +255,13 @@ class VisionLanguagePolicy(PolicyBase):
             decoded = decoded.replace(s, "")
         return decoded
 
+    def perturb_inputs(self, row: dict, strength: float, generator: torch.Generator) -> dict:
+        """DeepVideo-R1's frame-level Gaussian noise (seed 000-04): a copy of ``row`` with ``frame_noise_std =
+        strength`` (pixel-value std ``255 strength``) and a ``frame_noise_seed`` drawn from ``generator``; every
+        picture of the row is then rendered noisy (:func:`~grpolab.policies.vision_language.scenes.noisy_frames`)."""
+        seed = int(torch.randint(0, 2 ** 31 - 1, (1,), generator=generator))
+        return {**row, "frame_noise_std": float(strength), "frame_noise_seed": seed}
+
     def offers(self) -> frozenset[str]:
         """``entropy`` / ``entropy_grad`` of softmax(logits / τ) per token."""
         return frozenset({"entropy", "entropy_grad"})

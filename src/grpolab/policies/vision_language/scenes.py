@@ -138,7 +138,23 @@ register_scene("shapes", shapes_scene)
 
 def row_images(row: dict, where: str = "row") -> list[np.ndarray]:
     """The pictures a row shows the policy, in order (uint8 [H, W, 3] each): its ``images`` list, else its
-    ``image``, else the built-in scene ``scene_kind`` / ``scene_seed`` (a scene's ``frames`` for a clip)."""
+    ``image``, else the built-in scene ``scene_kind`` / ``scene_seed`` (a scene's ``frames`` for a clip); with a
+    ``frame_noise_std`` column (> 0), every picture degraded by :func:`noisy_frames`."""
+    frames = _row_pictures(row, where)
+    std = row.get("frame_noise_std")
+    return noisy_frames(frames, float(std), int(row.get("frame_noise_seed") or 0)) if std else frames
+
+
+def noisy_frames(frames: list[np.ndarray], std: float, seed: int) -> list[np.ndarray]:
+    """Frame-level Gaussian noise (DeepVideo-R1's difficulty-increasing augmentation, seed 000-04): each pixel value
+    plus ``N(0, (255 std)^2)``, rounded and clipped to 0..255; draws from ``numpy.random.default_rng(seed)``, frame
+    after frame (the same pixels on any machine)."""
+    rng = np.random.default_rng(seed)
+    return [np.clip(np.rint(f.astype(np.float64) + rng.normal(0.0, 255.0 * std, f.shape)), 0, 255).astype(np.uint8)
+            for f in frames]
+
+
+def _row_pictures(row: dict, where: str) -> list[np.ndarray]:
     if row.get("images") is not None:
         imgs = list(row["images"])
         if not imgs:
