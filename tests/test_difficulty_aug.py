@@ -209,3 +209,25 @@ def test_frames_need_a_vision_policy_and_vision_runs_it():
                   "dva_perturb": "frames", "dva_answer_column": "direction"})
     with pytest.raises(ConfigError, match="continues a text prompt"):  # other text rollouts stay refused
         Config.build({"policy": "vision_language", "task": "motion_clips", "rollout_strategy": "scaf_grpo"})
+
+
+def test_trains_end_to_end_with_every_prompt_eased(tiny_args):
+    """The real tiny model: a history mean of 1 makes every prompt whose group is not all right 'hard'; each gets the
+    full-strength cue (its solution, dva_max_cue 1) and its re-sampled group trains on the cued prompt."""
+    import json
+
+    from grpolab.recipes import recipe_overrides
+    from grpolab.train.trainer import Trainer
+    args = {**recipe_overrides("reg_grpo"), **tiny_args, "task": "repeat", "steps": 1, "dva_cue_source": "solution",
+            "dva_max_cue": 1.0}
+    t = Trainer(Config.build(args), log=lambda *a: None)
+    t.strategy.fn.history.extend([1.0])
+    seen, original = [], t.update
+    t.update = lambda batch: (seen.append(batch), original(batch))[1]
+    t.train(progress=False)
+    batch = seen[0]
+    m = json.loads(open(f"{args['out']}/metrics.jsonl").readline())
+    eased = [i for i, k in enumerate(batch.columns["dva_augment"]) if k == 1]
+    assert m["rollout/dva_frac_easier"] == len(eased) / batch.num_rows >= 0.75 and m["skipped"] == 0
+    for i in eased:  # the cue is the whole solution (repeat: the digit, repeated)
+        assert batch.columns["prompt"][i].endswith(f"{CUE_HEADER}\n{batch.columns['solution'][i]}")
