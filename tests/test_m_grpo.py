@@ -71,7 +71,7 @@ def scripted(texts):
         k = calls["k"]
         calls["k"] += 1
         sample.contexts.append([ctx.tokenizer.decode(c) for c in contexts])
-        sample.main.append(bool(stop_strings))
+        sample.main.append("</call>" in stop_strings)
         ids = [ctx.tokenizer(t, add_special_tokens=False)["input_ids"][:b] for t, b in zip(texts[k], budgets)]
         return Continuation(ids, [[-1.0] * len(a) for a in ids], ["stop_string"] * len(ids))
     sample.contexts, sample.main = [], []
@@ -200,7 +200,7 @@ def calling(real):
     def sample(ctx, contexts, budgets, temperatures, stop_strings=(), model=None):
         sample.evaluating.append(model is not None)  # the held-out evaluation passes its model
         out = real(ctx, contexts, budgets, temperatures, stop_strings, model=model)
-        if stop_strings:
+        if "</call>" in stop_strings:  # a main-agent turn (a sub-agent turn stops at </tool_call>)
             for j, c in enumerate(contexts):
                 if "sub:" not in ctx.tokenizer.decode(c):
                     out.ids[j] = ctx.tokenizer("<call>Where?</call>", add_special_tokens=False)["input_ids"]
@@ -264,4 +264,132 @@ def test_provenance_and_recipe_citation():
         assert p["kind"] == "reconstructed from the abstract" and "2511.13288" in fn.__doc__ and "000-65" in fn.__doc__
         assert p["tests"] and all(t.startswith("tests/test_m_grpo.py::") for t in p["tests"])
     rec = recipe_overrides("m_grpo")
-    assert rec["rollout_strategy"] == "m_grpo" and rec["task"] == "delegate_facts"
+    assert rec["rollout_strategy"] == "m_grpo" and rec["task"] == "delegate_sums"
+    assert rec["m_grpo_sub_tools"] == ["calculator"] and rec["m_grpo_sub_turns"] == 3
+
+
+# ------------------------------------------------------------- multi-turn tool-using sub-agents (issue 43)
+
+
+def test_delegate_sums_needs_the_sub_agents_notes():
+    from grpolab.tasks.delegate_tasks import sums_accuracy
+    task = get_task("delegate_sums", delegate_sums_rows=20, delegate_sums_eval=4)
+    assert len(task.train_rows) == 16 and len(task.eval_rows) == 4
+    import re
+    for r in task.train_rows:
+        # the asked person's order is in the sub-agent's notes only; the answer is quantity * price + shipping
+        q, price, ship = map(int, re.search(rf"{r['person']} buys (\d+) \w+ at (\d+) coins each plus (\d+) coins",
+                                            r["sub_facts"]).groups())
+        assert r["answer"] == str(q * price + ship) and r["sub_facts"].count(" buys ") == 3
+        assert r["sub_facts"] not in r["main_facts"] and r["answer"] not in r["prompt"][0]["content"]
+    done = ["<answer>It is 1,234.</answer>", "<answer>12340</answer>", "1234", "<answer>1234"]
+    assert sums_accuracy(completions=done, answer=["1234"] * 4) == [1, 0, 0, 1]
+
+
+def tool_step(tmp_path, tiny_args, monkeypatch, texts, **extra):
+    args = {**recipe_overrides("m_grpo"), **tiny_args, "task": "delegate_sums", "delegate_sums_rows": 12,
+            "delegate_sums_eval": 2, "prompts_per_step": 1, "num_generations": 2, "max_completion_length": 96,
+            "max_episode_tokens": 512, "use_lora": False, "role_adapters": "shared", "m_grpo_sub_trajectories": 2,
+            "m_grpo_sub_turns": 2, "out": str(tmp_path / "run"), **extra}
+    tr = Trainer(Config.build(args), log=lambda *a: None)
+    row = tr.rows[0]
+    fake = scripted(texts)
+    monkeypatch.setattr(hier, "sample_turns", fake)
+    tr.ctx.new_step()
+    b = tr.strategy(ctx=tr.ctx, rows=[row], uids=[0], group_offset=tr.ctx.allocate_groups(1), budgets=None,
+                    temperatures=None)
+    return tr, b, fake, row
+
+
+CALC = '<tool_call>{"name": "calculator", "arguments": {"expression": "17 * 23 + 4"}}</tool_call>'
+# G = 2 main rollouts, each calls once. Sub-agent episode of m0: turn 1 calls the calculator (17 * 23 + 4 = 395),
+# turn 2 replies. m1's: turn 1 calls an unknown tool (an error text comes back), turn 2 calls the calculator again,
+# but 2 = m_grpo_sub_turns is the last turn: it is the reply, its call is not run.
+TOOL_SCRIPT = [["<call>what does Ann pay?</call>", "<call>Ann?</call>"],  # main turn 1
+               [CALC, '<tool_call>{"name": "search", "arguments": {}}</tool_call>'],  # sub turn 1 (both episodes)
+               ["It is 395.", CALC],  # sub turn 2
+               ["<answer>395</answer>", "<answer>1</answer>"]]  # main turn 2
+
+
+def test_sub_agent_runs_tools_over_several_turns(tmp_path, tiny_args, monkeypatch):
+    tr, b, fake, row = tool_step(tmp_path, tiny_args, monkeypatch, TOOL_SCRIPT)
+    assert fake.main == [True, False, False, True]
+    # the sub-agent's prompt shows its tool (Hermes text) and its notes; its 2nd turn reads the tool's answer
+    assert '"name":"calculator"' in fake.contexts[1][0] and row["sub_facts"] in fake.contexts[1][0]
+    assert "<tool_response>\n395\n</tool_response>" in fake.contexts[2][0]
+    assert "Error: unknown tool 'search'; the tools are: calculator" in fake.contexts[2][1]
+    assert b.columns["role"] == ["main", "main", "sub", "sub"]
+    tok = tr.ctx.tokenizer
+    for i, reply in ((2, "It is 395."), (3, CALC)):
+        live = b.completion_attention_mask[i].bool()
+        origin = b.token_origin[i][live].tolist()
+        runs = [o for k, o in enumerate(origin) if k == 0 or o != origin[k - 1]]
+        assert runs == [SAMPLED, ENVIRONMENT, SAMPLED]  # a model turn, the tool's answer (not trained on), a model turn
+        assert (b.completion_mask[i][live] == (b.token_origin[i][live] == SAMPLED).float()).all()
+        assert b.columns["completion"][i] == [{"role": "assistant", "content": reply}]
+    # the main agent reads each episode's final reply
+    m0 = b.completion_ids[0][b.completion_attention_mask[0].bool()]
+    assert "sub: It is 395." in tok.decode(m0[b.token_origin[0][b.completion_attention_mask[0].bool()] == ENVIRONMENT])
+    m = tr.ctx.metrics
+    # 4 sub turns over 2 episodes; 2 tool calls run (calculator, the unknown search), 1 an error
+    assert m["m_grpo/sub/turns"] == 2.0 and m["m_grpo/sub/tool_calls"] == 1.0 and m["m_grpo/sub/tool_errors"] == 1
+    ended = [t[1]["ended_by"] for t in b.columns["team_transcript"][2:]]
+    assert ended == ["answered", "max_turns"]
+    with pytest.raises(ConfigError, match="m_grpo_sub_turns must be >= 1"):
+        Config.build({"rollout_strategy": "m_grpo", "roles": ["a", "b"], "m_grpo_sub_turns": 0})
+
+
+def test_decoupled_processes_share_only_statistics(tmp_path, monkeypatch):
+    """Main and sub agent trained by two processes (the sub-agent's a subprocess), each with its own model, that
+    exchange only the sub-agent calls, the replies and the main rollouts' rewards through a directory."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import m_grpo_decoupled_script as script
+    from grpolab.train.metrics import read_metrics
+    store = tmp_path / "store"
+    common = {"model": "tiny", "task": "delegate_sums", "delegate_sums_rows": 12, "delegate_sums_eval": 2, "steps": 1,
+              "prompts_per_step": 2, "num_generations": 2, "max_completion_length": 96, "max_episode_tokens": 512,
+              "use_lora": False, "role_adapters": "shared", "m_grpo_sub_trajectories": 2, "m_grpo_store": str(store),
+              "m_grpo_store_timeout": 240, "eval_before": False, "eval_after": False, "tensorboard": False,
+              "save_steps": 1, "learning_rate": 3e-3, "micro_batch_size": 16}
+    here = Path(__file__).parent
+    cli = [sys.executable, "-m", "grpolab", "--import", "m_grpo_decoupled_script", "train", "--recipe", "m_grpo",
+           "--m_grpo_decoupled", "sub", "--out", str(tmp_path / "sub")]
+    for k, v in common.items():
+        cli += [f"--{k}", str(v).lower() if isinstance(v, bool) else str(v)]
+    env = {**os.environ, "GRPOLAB_M_GRPO_SCRIPT": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(here), os.environ.get("PYTHONPATH", "")])}
+    with open(tmp_path / "sub.log", "w") as log:
+        proc = subprocess.Popen(cli, env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            monkeypatch.setattr(hier, "sample_turns", script.scripted_turns)
+            main = Trainer(Config.build({**recipe_overrides("m_grpo"), **common, "m_grpo_decoupled": "main",
+                                         "out": str(tmp_path / "main")}), log=lambda *a: None)
+            main.train(progress=False)
+            assert proc.wait(timeout=240) == 0, (tmp_path / "sub.log").read_text()[-3000:]
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    m, s = read_metrics(tmp_path / "main"), read_metrics(tmp_path / "sub")
+    assert [r["step"] for r in m] == [r["step"] for r in s] == [1]
+    for rm, rs in zip(m, s):
+        # every main rollout calls once: 2 queries x G = 2 -> 4 sub-agent episodes, D = 2 per query, none dropped
+        assert rm["rollout/m_grpo/sub_sampled"] == rs["rollout/m_grpo/sub_sampled"] == 4
+        assert rs["rollout/m_grpo/sub_dropped"] == rs["rollout/m_grpo/sub_duplicated"] == 0
+        assert rs["rollout/m_grpo/sub/turns"] == 2 and rs["rollout/m_grpo/sub/tool_calls"] == 1
+        # hierarchical credit across the processes: the sub rows carry their callers' rewards, so their mean is
+        # the main rows' mean; the main process trains main rows only, the sub process sub rows only
+        assert rs["reward_mean"] == pytest.approx(rm["reward_mean"])
+        assert rm["loss"] is not None and rs["loss"] is not None
+    # each query's answer is right (1.2) or off by one (0.2)
+    assert all(min(abs(r["reward_mean"] - v) for v in (0.2, 0.7, 1.2)) < 1e-6 for r in m)
+    # what passed between them: per step the calls, the replies and the rewards, nothing else
+    files = sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file())
+    assert files == [f"step{k}/{n}" for k in (0,) for n in ("calls0.json", "replies0.json", "stats.json")]
+    stats = json.loads((store / "step0" / "stats.json").read_text())
+    assert set(stats) == {"rewards", "reward_names"} and len(stats["rewards"]) == 4
+    assert json.loads((store / "step0" / "replies0.json").read_text())[0].startswith("It is ")

@@ -47,12 +47,18 @@ greedy main rollout per row (greedy sub-agent calls) and scores the main agent's
 """
 from __future__ import annotations
 
+import json
+import os
 import re
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
-from ..agents.parsing import Renderer
+from ..agents import tools as builtin_tools
+from ..agents.adapters import ToolLimits, load_object, run_tool
+from ..agents.parsing import Renderer, hermes_tools_text, parse_tool_calls, tool_schema, with_tools_system
 from ..agents.rollout import MAX_EPISODE_TOKENS, MAX_TURN_TOKENS
 from ..errors import ConfigError
 from ..generation.plain import eos_token_ids
@@ -64,6 +70,8 @@ from .team import Seat, _first_prompt, _observation, _pack, check_role_adapters,
 
 M_GRPO_COLUMN = "m_grpo"
 STOP_STRINGS = ("</call>", "</answer>")
+TOOL_STOP = ("</tool_call>",)
+BUILTIN_TOOLS = ("calculator", "python", "search")  # grpolab/agents/tools.py
 _CALL = re.compile(r"<call>(.*?)(?:</call>|$)", re.S)
 
 
@@ -119,6 +127,104 @@ class MainRollout:
     calls: list[Seat] = field(default_factory=list)
 
 
+def sub_tools(spec) -> dict:
+    """``m_grpo_sub_tools`` as ``{name: function}``: grpolab's tools by name (``calculator``, ``python``,
+    ``search``: grpolab/agents/tools.py) or ``MODULE:FUNCTION`` (a TRL-style tool: type hints and a Google-style
+    docstring)."""
+    if spec in (None, "", []):
+        return {}
+    if isinstance(spec, str):
+        spec = [t.strip() for t in spec.split(",") if t.strip()]
+    out = {}
+    for t in spec:
+        if t in BUILTIN_TOOLS:
+            fn = getattr(builtin_tools, t)
+        else:
+            try:
+                fn = load_object(t, "m_grpo_sub_tools")
+            except ValueError as e:
+                raise ConfigError(f"{e}; or one of grpolab's tools: {', '.join(BUILTIN_TOOLS)}") from e
+        out[t if t in BUILTIN_TOOLS else getattr(fn, "__name__", t)] = fn
+    return out
+
+
+@dataclass
+class SubStats:
+    """What the sub-agent episodes of one step did (metrics)."""
+    episodes: int = 0
+    turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
+
+
+def _sub_first_prompt(role: Role, row: dict, roles: list[Role], tok, schemas: list[dict]) -> str:
+    """The sub-agent's first prompt (:func:`grpolab.rollouts.team._first_prompt`), with the tools' Hermes text in
+    front of a text prompt or in the system message of a chat when it has tools."""
+    if schemas:
+        p = row["prompt"]
+        row = {**row, "prompt": f"{hermes_tools_text(schemas)}\n\n{p}" if isinstance(p, str)
+               else with_tools_system(p, schemas)}
+    return _first_prompt(role, row, [], roles, tok)
+
+
+def play_sub_episodes(ctx, subs: list[Seat], roles: list[Role], *, turns: int, tools: dict, turn_tokens: int,
+                      episode_tokens: int, renderer, module, adapters: str, given: bool, text_of,
+                      stats: SubStats) -> None:
+    """Every sub-agent episode of ``subs`` to its end, batched turn by turn: at most ``turns`` turns; a turn that
+    writes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` runs the tools (each call's answer, or its
+    error text, back as a ``tool`` message: ``ENVIRONMENT`` tokens) and the episode goes on; a turn without a tool
+    call is the reply; the last turn allowed is the reply whatever it holds (its tool calls are not run). Every
+    turn is capped at ``turn_tokens``, the episode at ``episode_tokens``."""
+    tok = ctx.tokenizer
+    sub_role = roles[1]
+    schemas = [tool_schema(fn) for fn in tools.values()]
+    limits = ToolLimits()
+    for sub in subs:
+        sub.episode = Episode(tok(_sub_first_prompt(sub_role, sub.row, roles, tok, schemas),
+                                  add_special_tokens=False)["input_ids"])
+    stats.episodes += len(subs)
+    for t in range(turns):
+        live = [s for s in subs if not s.finished]
+        go = []
+        for s in live:
+            b = min(turn_tokens, episode_tokens - len(s.episode))
+            if b <= 0:
+                s.finished, s.ended_by = True, "token_budget"
+            else:
+                go.append((s, b))
+        if not go:
+            break
+        with acting(module, sub_role.name, adapters, given=given) as m:
+            out = sample_turns(ctx, [s.episode.context() for s, _ in go], [b for _, b in go],
+                               [s.temperature for s, _ in go], TOOL_STOP if tools else (), model=m)
+        for (s, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
+            if not ids:
+                s.finished, s.ended_by = True, "no_action"
+                continue
+            s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
+            s.authors.append(1)
+            text = text_of(ids)
+            s.turns.append(text)
+            stats.turns += 1
+            calls = parse_tool_calls(text) if tools else []
+            if not calls:
+                s.finished, s.ended_by = True, "answered"
+                continue
+            if t == turns - 1:
+                s.finished, s.ended_by = True, "max_turns"
+                continue
+            done = [run_tool(c, tools, limits) for c in calls[:limits.max_calls]]
+            stats.tool_calls += len(done)
+            stats.tool_errors += sum(1 for c in done if c.error)
+            chat = not isinstance(s.row["prompt"], str)
+            obs = renderer.observation([renderer.tool_message(c.name, c.output) for c in done], chat)
+            s.episode.add_observation(tok(obs, add_special_tokens=False)["input_ids"])
+            s.authors.append(1)
+    for s in subs:
+        if not s.finished:
+            s.finished, s.ended_by = True, "max_turns"
+
+
 def _subtask_row(row: dict, subtask: str) -> dict:
     """The sub-agent's data row: the main row with the subtask as its prompt (a chat when the row's is)."""
     prompt = subtask if isinstance(row["prompt"], str) else [{"role": "user", "content": subtask}]
@@ -126,13 +232,18 @@ def _subtask_row(row: dict, subtask: str) -> dict:
 
 
 def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_calls: int, turn_tokens: int,
-                   episode_tokens: int, renderer, model=None, adapters: str = "shared") -> None:
-    """Every main rollout to its end, each ``<call>`` answered by one sub-agent episode (batched per main turn).
-    ``adapters``: the ``role_adapters`` value, which model samples a role's turns (:func:`grpolab.roles.acting`)."""
+                   episode_tokens: int, renderer, model=None, adapters: str = "shared", sub_turns: int = 1,
+                   tools: dict | None = None, stats: SubStats | None = None, sub_agent=None) -> None:
+    """Every main rollout to its end, each ``<call>`` answered by one sub-agent episode (batched per main turn:
+    :func:`play_sub_episodes`, at most ``sub_turns`` turns with ``tools``). ``adapters``: the ``role_adapters``
+    value, which model samples a role's turns (:func:`grpolab.roles.acting`). ``sub_agent``: the sub-agent runs
+    elsewhere (``m_grpo_decoupled: main``): ``sub_agent(requests) -> replies`` answers the main turn's calls,
+    ``requests`` a list of ``{"query", "rollout", "call", "row"}``; the calls' seats then hold only the reply."""
+    stats = stats if stats is not None else SubStats()
     tok = ctx.tokenizer
     module = model if model is not None else ctx.policy
     eos = set(eos_token_ids(tok, module))
-    main_role, sub_role = roles
+    main_role = roles[0]
 
     def text_of(ids):
         return tok.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
@@ -178,20 +289,18 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         if not pending:
             continue
         subs = [Seat(1, _subtask_row(ro.seat.row, body), ro.seat.uid, ro.seat.temperature) for ro, body in pending]
-        for sub in subs:
-            sub.episode = Episode(tok(_first_prompt(sub_role, sub.row, [], roles, tok),
-                                      add_special_tokens=False)["input_ids"])
-        with acting(module, sub_role.name, adapters, given=model is not None) as m:
-            out = sample_turns(ctx, [s.episode.context() for s in subs], [min(turn_tokens, episode_tokens)] * len(subs),
-                               [s.temperature for s in subs], (), model=m)
-        for (ro, _), sub, ids, lps, reason in zip(pending, subs, out.ids, out.logprobs, out.finish_reasons):
-            text = ""
-            if ids:
-                sub.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
-                sub.authors.append(1)
-                text = text_of(ids)
-                sub.turns.append(text)
-            sub.finished, sub.ended_by = True, "answered" if ids else "no_action"
+        if sub_agent is not None:
+            replies = sub_agent([{"query": ro.query, "rollout": rollouts.index(ro), "call": len(ro.calls),
+                                  "row": sub.row, "uid": sub.uid, "temperature": sub.temperature}
+                                 for (ro, _), sub in zip(pending, subs)])
+            for sub, reply in zip(subs, replies):
+                sub.turns, sub.finished, sub.ended_by = ([reply] if reply else []), True, "remote"
+        else:
+            play_sub_episodes(ctx, subs, roles, turns=sub_turns, tools=tools or {}, turn_tokens=turn_tokens,
+                              episode_tokens=episode_tokens, renderer=renderer, module=module, adapters=adapters,
+                              given=model is not None, text_of=text_of, stats=stats)
+        for (ro, _), sub in zip(pending, subs):
+            text = sub.turns[-1] if sub.turns else ""
             ro.calls.append(sub)
             chat = not isinstance(ro.seat.row["prompt"], str)
             obs = tok(_observation([(1, text)], roles, chat, renderer), add_special_tokens=False)["input_ids"]
@@ -205,6 +314,51 @@ def _transcript(ro: MainRollout, roles: list[Role]) -> list[dict]:
         for s in ro.calls]
 
 
+DECOUPLED = ("", "main", "sub")
+
+
+class StatsStore:
+    """The directory two decoupled processes share (``m_grpo_decoupled``: main in one, sub in the other). Per
+    training step ``S`` (``step{S}/``), each file written whole (a temporary name, then ``os.replace``):
+
+    * ``calls{k}.json`` (main -> sub): the sub-agent calls of the main agent's ``k``-th turn, each ``{"query",
+      "rollout", "call", "row", "uid", "temperature"}`` (``row``: the data row with the subtask as its prompt);
+    * ``replies{k}.json`` (sub -> main): the sub-agent's final reply to each, in order;
+    * ``stats.json`` (main -> sub, the step's end): the statistics the sub-agent's training needs, each main
+      rollout's reward row (``rewards``, ``[G * queries][K]``, NaN for unscorable) and the ``reward_names``.
+
+    No weights, gradients, log-probs or token ids pass between the processes."""
+
+    def __init__(self, root, timeout: float, poll: float = 0.005):
+        if not root:
+            raise ConfigError("m_grpo_decoupled: needs m_grpo_store, a directory both processes can read and write")
+        self.root, self.timeout, self.poll = Path(root), float(timeout), poll
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def put(self, name: str, obj) -> None:
+        path = self.root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(obj))
+        os.replace(tmp, path)
+
+    def wait(self, names: list[str], who: str) -> tuple[str, object]:
+        """The first of ``names`` to exist, read: ``(name, value)``; after ``timeout`` seconds an error naming the
+        process that should have written it."""
+        end = time.monotonic() + self.timeout
+        while True:
+            for n in names:
+                path = self.root / n
+                if path.exists():
+                    return n, json.loads(path.read_text())
+            if time.monotonic() > end:
+                raise RuntimeError(f"m_grpo_decoupled: the {who} process wrote none of {', '.join(names)} in "
+                                   f"{self.root} within m_grpo_store_timeout={self.timeout:g} s; is it running, with "
+                                   f"the same m_grpo_store, task, seed and steps, and was the store emptied before "
+                                   f"a resumed pair started?")
+            time.sleep(self.poll)
+
+
 def _check(cfg) -> None:
     p = cfg.params
     roles = parse_roles(p.get("roles"))
@@ -215,6 +369,24 @@ def _check(cfg) -> None:
         raise ConfigError(f"m_grpo_max_calls must be >= 0, got {p.get('m_grpo_max_calls')}")
     if int(p.get("m_grpo_sub_trajectories", 4)) < 1:
         raise ConfigError(f"m_grpo_sub_trajectories must be >= 1, got {p.get('m_grpo_sub_trajectories')}")
+    if int(p.get("m_grpo_sub_turns", 1)) < 1:
+        raise ConfigError(f"m_grpo_sub_turns must be >= 1, got {p.get('m_grpo_sub_turns')}")
+    sub_tools(p.get("m_grpo_sub_tools"))
+    mode = p.get("m_grpo_decoupled", "")
+    if mode not in DECOUPLED:
+        raise ConfigError(f"m_grpo_decoupled: '{mode}' is not valid; valid values: '' (one process), main, sub")
+    if mode:
+        if not p.get("m_grpo_store"):
+            raise ConfigError("m_grpo_decoupled: needs m_grpo_store, a directory both processes can read and write")
+        if p.get("role_adapters", "shared") != "shared":
+            raise ConfigError(f"m_grpo_decoupled {mode}: this process's model is its one agent; set role_adapters "
+                              f"shared (got {p.get('role_adapters')})")
+        if cfg.eval_before or cfg.eval_after or cfg.eval_steps:
+            raise ConfigError(f"m_grpo_decoupled {mode}: the held-out evaluation plays both agents, which live in "
+                              f"two processes; set --eval_before false --eval_after false --eval_steps 0")
+        if cfg.dynamic_sampling or cfg.steps_per_generation > 1:
+            raise ConfigError(f"m_grpo_decoupled {mode}: the two processes exchange one rollout round per step; "
+                              f"turn dynamic_sampling and steps_per_generation off")
     check_role_adapters(cfg)  # lora needs use_lora; separate one process and the native sampler
 
 
@@ -226,6 +398,16 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
            m_grpo_sub_trajectories: int = param(4, "m_grpo: D, the fixed number of sub-agent rows per query "
                                                 "(trajectory alignment: extra ones dropped at random, missing ones "
                                                 "filled by duplicating sampled ones)"),
+           m_grpo_sub_turns: int = param(1, "m_grpo: turns of one sub-agent episode at most (a turn with a tool "
+                                          "call runs the tools and the episode goes on; 1: one reply)"),
+           m_grpo_sub_tools: list = param([], "m_grpo: the sub-agent's tools, grpolab's (calculator, python, "
+                                          "search) or MODULE:FUNCTION, called as <tool_call>{json}</tool_call>"),
+           m_grpo_decoupled: str = param("", "m_grpo: '' (one process trains both agents), main or sub: this "
+                                         "process trains that agent only, the other runs in a second process and "
+                                         "the two exchange the sub-agent calls and the rewards through "
+                                         "m_grpo_store", list(DECOUPLED)),
+           m_grpo_store: str = param("", "m_grpo decoupled: the directory both processes share"),
+           m_grpo_store_timeout: float = param(600.0, "m_grpo decoupled: seconds to wait for the other process"),
            max_turn_tokens: int = MAX_TURN_TOKENS, max_episode_tokens: int = MAX_EPISODE_TOKENS):
     """G main-agent rollouts per query with sub-agent calls; main rows grouped per query, sub rows grouped per
     query and aligned to D per query; every sub row gets the outcome reward of its main rollout (the module
@@ -238,26 +420,50 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 
     Provenance: reconstructed from the abstract — Multi-Agent Deep Research: Training Multi-Agent Systems with
     M-GRPO (Hong et al., 2025, arXiv:2511.13288, seed 000-65): "group-relative advantages for both main and
-    sub-agents, maintaining hierarchical credit assignment" and "a trajectory-alignment scheme that generates
-    fixed-size batches despite variable sub-agent invocations"; grpolab's choices: the sub-agent's reward is the
-    main rollout's outcome reward only (secondary summaries of the paper describe a sub-agent reward that also
-    scores the sub-agent's own output; not built), the sub-agent answers in one turn (the paper's sub-agents are
-    multi-turn tool executors), calls are ``<call>...</call>`` and answers ``<answer>...</answer>`` tags, the
-    sub-agent's reply comes back as a ``sub: ...`` user message, both roles share the run's base model (with
-    ``role_adapters: lora`` one adapter each; the paper's distinct LLMs on separate servers exchanging statistics
-    through a shared store are not built: one process computes both levels); no authors' code was found (code
-    search for M-GRPO main / sub-agent trajectory alignment). Test: tests/test_m_grpo.py::test_two_level_advantages_by_hand.
+    sub-agents, maintaining hierarchical credit assignment", "a trajectory-alignment scheme that generates
+    fixed-size batches despite variable sub-agent invocations", multi-turn tool-executing sub-agents, and
+    "a decoupled training pipeline in which agents run on separate servers and exchange minimal statistics via a
+    shared store"; grpolab's choices: the sub-agent's reward is the main rollout's outcome reward only (secondary
+    summaries of the paper describe a sub-agent reward that also scores the sub-agent's own output; not built),
+    a sub-agent episode is at most ``m_grpo_sub_turns`` turns with TRL-style tools in the Hermes
+    ``<tool_call>`` format (the paper's sub-agents search and browse), calls are ``<call>...</call>`` and answers
+    ``<answer>...</answer>`` tags, the sub-agent's final reply comes back as a ``sub: ...`` user message; in one
+    process both roles share the run's base model (with ``role_adapters: lora`` one adapter each); decoupled
+    (``m_grpo_decoupled``), two processes each train their own model and exchange through a directory
+    (:class:`StatsStore`) only the sub-agent calls and replies (text) and the main rollouts' rewards (the
+    statistics the sub-agent's advantages need); no authors' code was found (code search for M-GRPO main /
+    sub-agent trajectory alignment). Test: tests/test_m_grpo.py::test_two_level_advantages_by_hand,
+    tests/test_m_grpo.py::test_sub_agent_runs_tools_over_several_turns,
+    tests/test_m_grpo.py::test_decoupled_processes_share_only_statistics.
     """
     role_list = parse_roles(roles)
     cfg = ctx.cfg
+    tools = sub_tools(m_grpo_sub_tools)
+    stats = SubStats()
+    turn_tokens = max_turn_tokens or cfg.max_completion_length
+    renderer = Renderer(ctx.tokenizer, log=ctx.log)
+    store = StatsStore(m_grpo_store, m_grpo_store_timeout) if m_grpo_decoupled else None
+    if m_grpo_decoupled == "sub":
+        return _serve_sub_agent(ctx, store, role_list, m_grpo_sub_trajectories, sub_turns=m_grpo_sub_turns,
+                                tools=tools, turn_tokens=turn_tokens, episode_tokens=max_episode_tokens,
+                                renderer=renderer, adapters=role_adapters, stats=stats)
     counts = completion_counts(cfg.num_generations if budgets is None else budgets, len(rows))
     temps = per_prompt(cfg.temperature if temperatures is None else temperatures, len(rows), "temperature")
     sub_base = ctx.allocate_groups(len(rows))
     rollouts = [MainRollout(Seat(0, row, uid, float(t)), i)
                 for i, (row, uid, c, t) in enumerate(zip(rows, uids, counts, temps)) for _ in range(c)]
-    play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
-                   turn_tokens=max_turn_tokens or cfg.max_completion_length, episode_tokens=max_episode_tokens,
-                   renderer=Renderer(ctx.tokenizer, log=ctx.log), adapters=role_adapters)
+    remote = None
+    if store is not None:  # decoupled main: the sub-agent answers from the other process
+        turn = {"k": 0}
+
+        def remote(requests):
+            k = turn["k"]
+            turn["k"] += 1
+            store.put(f"step{ctx.step}/calls{k}.json", requests)
+            return store.wait([f"step{ctx.step}/replies{k}.json"], "sub-agent (m_grpo_decoupled: sub)")[1]
+    play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls, turn_tokens=turn_tokens,
+                   episode_tokens=max_episode_tokens, renderer=renderer, adapters=role_adapters,
+                   sub_turns=m_grpo_sub_turns, tools=tools, stats=stats, sub_agent=remote)
     first = {}  # the index of each query's first main rollout
     for j, ro in enumerate(rollouts):
         first.setdefault(ro.query, j)
@@ -269,8 +475,10 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     sampled = dropped = duplicated = empty = 0
     for q in range(len(rows)):
         mine = [(j, c, sub) for j, ro in enumerate(rollouts) if ro.query == q for c, sub in enumerate(ro.calls)]
-        pick = align_trajectories(len(mine), m_grpo_sub_trajectories, ctx.generator)
         sampled += len(mine)
+        if store is not None:  # aligned and trained in the sub-agent's process
+            continue
+        pick = align_trajectories(len(mine), m_grpo_sub_trajectories, ctx.generator)
         dropped += len(mine) - len(set(pick))
         duplicated += len(pick) - len(set(pick))
         empty += not mine
@@ -287,29 +495,104 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     batch.columns["team_transcript"] = [_transcript(rollouts[j], role_list) for j in src]
     main = batch.select(list(range(len(rollouts))))
     ctx.score(main)
+    if store is not None:  # the step's statistics for the sub-agent's training; this process trains the main rows
+        store.put(f"step{ctx.step}/stats.json", {"rewards": main.rewards.tolist(),
+                                                  "reward_names": list(main.reward_names)})
     batch.rewards, batch.reward_names = main.rewards[torch.tensor(src, dtype=torch.long)], main.reward_names
     scalar = ctx.scalar(batch)
     is_sub = batch.row_data["role"] == 1
     ctx.metric("m_grpo/main/reward", float(torch.nanmean(scalar[~is_sub])))
-    ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar[is_sub])) if bool(is_sub.any()) else float("nan"))
+    if store is None:
+        ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar[is_sub])) if bool(is_sub.any())
+                   else float("nan"))
+        ctx.metric("m_grpo/sub_dropped", float(dropped))
+        ctx.metric("m_grpo/sub_duplicated", float(duplicated))
+        ctx.metric("m_grpo/queries_without_calls", float(empty))
     ctx.metric("m_grpo/calls", sum(len(ro.calls) for ro in rollouts) / max(1, len(rollouts)))
     ctx.metric("m_grpo/sub_sampled", float(sampled))
-    ctx.metric("m_grpo/sub_dropped", float(dropped))
-    ctx.metric("m_grpo/sub_duplicated", float(duplicated))
-    ctx.metric("m_grpo/queries_without_calls", float(empty))
+    _sub_metrics(ctx, stats, tools, m_grpo_sub_turns)
     keep = [i for i, r in enumerate(batch.row_data["role"].tolist()) if role_list[r].trainable]
     return batch if len(keep) == len(seats) else batch.select(keep)
 
 
+def _sub_metrics(ctx, stats: SubStats, tools: dict, sub_turns: int) -> None:
+    if stats.episodes and (tools or sub_turns > 1):
+        ctx.metric("m_grpo/sub/turns", stats.turns / stats.episodes)
+        ctx.metric("m_grpo/sub/tool_calls", stats.tool_calls / stats.episodes)
+        ctx.metric("m_grpo/sub/tool_errors", float(stats.tool_errors))
+
+
+def _serve_sub_agent(ctx, store: StatsStore, roles: list[Role], target: int, *, sub_turns: int, tools: dict,
+                     turn_tokens: int, episode_tokens: int, renderer, adapters: str, stats: SubStats):
+    """The sub-agent's process (``m_grpo_decoupled: sub``), step ``S``: answer every ``calls{k}.json`` of the main
+    process with this process's model (:func:`play_sub_episodes`), until ``stats.json`` ends the step; then each
+    sub-agent trajectory gets the reward row of the main rollout that called it, a query's trajectories are
+    aligned to ``D`` and grouped (one group per query), and the batch holds only sub-agent rows. No call this
+    step: None (the step is skipped)."""
+    tok = ctx.tokenizer
+    eos = set(eos_token_ids(tok, ctx.policy))
+
+    def text_of(ids):
+        return tok.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
+
+    served, k = [], 0
+    while True:
+        name, obj = store.wait([f"step{ctx.step}/calls{k}.json", f"step{ctx.step}/stats.json"],
+                               "main-agent (m_grpo_decoupled: main)")
+        if name.endswith("stats.json"):
+            break
+        subs = [Seat(1, r["row"], int(r["uid"]), float(r["temperature"])) for r in obj]
+        play_sub_episodes(ctx, subs, roles, turns=sub_turns, tools=tools, turn_tokens=turn_tokens,
+                          episode_tokens=episode_tokens, renderer=renderer, module=ctx.policy, adapters=adapters,
+                          given=False, text_of=text_of, stats=stats)
+        store.put(f"step{ctx.step}/replies{k}.json", [s.turns[-1] if s.turns else "" for s in subs])
+        served.extend(zip(obj, subs))
+        k += 1
+    ctx.metric("m_grpo/sub_sampled", float(len(served)))
+    _sub_metrics(ctx, stats, tools, sub_turns)
+    if not served:
+        return None
+    rewards = torch.tensor(obj["rewards"], dtype=torch.float32)
+    seats, gids, src, info = [], [], [], []
+    dropped = duplicated = 0
+    queries = list(dict.fromkeys(r["query"] for r, _ in served))
+    base = ctx.allocate_groups(len(queries))
+    for qi, q in enumerate(queries):
+        mine = [(r, s) for r, s in served if r["query"] == q]
+        pick = align_trajectories(len(mine), target, ctx.generator)
+        dropped += len(mine) - len(set(pick))
+        duplicated += len(pick) - len(set(pick))
+        seen = set()
+        for i in pick:
+            r, s = mine[i]
+            seats.append(s)
+            gids.append(base + qi)
+            src.append(int(r["rollout"]))
+            info.append({"level": "sub", "rollout": int(r["rollout"]), "call": int(r["call"]),
+                         "duplicate": i in seen})
+            seen.add(i)
+    batch = _pack(ctx, [[s] for s in seats], roles, [[g] for g in gids], episode_tokens)
+    batch.columns[M_GRPO_COLUMN] = info
+    batch.columns["team_transcript"] = [[{"role": roles[1].name, "turns": list(s.turns), "ended_by": s.ended_by,
+                                          "subtask": s.row["prompt"]}] for s in seats]
+    batch.rewards, batch.reward_names = rewards[torch.tensor(src, dtype=torch.long)], list(obj["reward_names"])
+    scalar = ctx.scalar(batch)
+    ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar)))
+    ctx.metric("m_grpo/sub_dropped", float(dropped))
+    ctx.metric("m_grpo/sub_duplicated", float(duplicated))
+    return batch
+
+
 def eval_rollout(ctx, model, rows, uids, *, roles, m_grpo_max_calls, max_turn_tokens, max_episode_tokens,
-                 role_adapters="shared", **_ignored):
-    """Held-out evaluation: one greedy main rollout per row (greedy sub-agent calls); the main rows, scored by the
-    trainer."""
+                 role_adapters="shared", m_grpo_sub_turns=1, m_grpo_sub_tools=(), **_ignored):
+    """Held-out evaluation: one greedy main rollout per row (greedy sub-agent episodes); the main rows, scored by
+    the trainer."""
     role_list = parse_roles(roles)
     rollouts = [MainRollout(Seat(0, row, uid, 0.0), i) for i, (row, uid) in enumerate(zip(rows, uids))]
     play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls,
                    turn_tokens=max_turn_tokens or ctx.cfg.max_completion_length, episode_tokens=max_episode_tokens,
-                   renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters)
+                   renderer=Renderer(ctx.tokenizer, log=ctx.log), model=model, adapters=role_adapters,
+                   sub_turns=m_grpo_sub_turns, tools=sub_tools(m_grpo_sub_tools))
     batch = _pack(ctx, [[ro.seat] for ro in rollouts], role_list, [[i] for i in range(len(rows))],
                   max_episode_tokens)
     batch.columns["team_transcript"] = [_transcript(ro, role_list) for ro in rollouts]
@@ -320,7 +603,13 @@ def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
     """Text the rollout shows besides the data (role instructions, the tags, ``name: message``), for a tokenizer
     built from the run's text (``--model tiny``)."""
     roles = parse_roles(cfg.params.get("roles"))
-    return [f"{r.name}: {r.prompt}" for r in roles] + ["<call></call><answer></answer>"]
+    texts = [f"{r.name}: {r.prompt}" for r in roles] + ["<call></call><answer></answer>"]
+    tools = sub_tools(cfg.params.get("m_grpo_sub_tools"))
+    if tools:
+        texts += [hermes_tools_text([tool_schema(fn) for fn in tools.values()]),
+                  '<tool_call>{"name": "", "arguments": {}}</tool_call><tool_response>\n</tool_response>',
+                  "0123456789 +-*/().= Error: unknown tool 'x'; the tools are: bad arguments for"]
+    return texts
 
 
 m_grpo.eval_rollout = eval_rollout

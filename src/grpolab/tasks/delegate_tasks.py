@@ -15,6 +15,12 @@ Rewards (the main agent's final message; the sub-agent's rows get the reward of 
 * ``format`` (weight 0.2): 1.0 if the final message holds ``<answer>...</answer>``, else 0.0.
 
 Columns: ``person``, ``city``, ``answer`` (the country), ``main_facts``, ``sub_facts``, ``candidates``.
+
+``delegate_sums``: a question whose answer needs the sub-agent's notes *and* its calculator (the sub-agent's tool,
+``m_grpo_sub_tools: [calculator]``). Each row asks what a person pays; the sub-agent's view (``sub_facts``) lists
+the orders of ``delegate_sums_people`` people (``Ann buys 17 pens at 23 coins each plus 4 coins shipping.``), the
+main agent's view (``main_facts``) only says how totals are made. The answer is ``quantity * price + shipping``.
+Rewards: ``accuracy`` (1.0): the total is a number of the ``<answer>`` text; ``format`` (0.2) as above.
 """
 from __future__ import annotations
 
@@ -26,6 +32,15 @@ from ..registry import TASKS, param
 from .base import Task, check_held_out, check_range
 from .team_tasks import CITIES, PEOPLE
 from .text_similarity import words
+
+ITEMS = ["pens", "cups", "books", "lamps", "bags", "hats", "plates", "shirts"]
+SUMS_MAIN_FACTS = "A total is the quantity times the price plus the shipping."
+SUMS_ROLES = [{"name": "main", "prompt": "You are the main agent. Your helper knows what people buy and has a "
+               "calculator: ask it with <call>question</call>. Then answer with the total: <answer>number</answer>.",
+               "view": "main_facts"},
+              {"name": "sub", "prompt": "You are the helper. Find the person's order in your notes, compute the total "
+               "with the calculator tool, then reply with the total in one sentence.", "view": "sub_facts"}]
+_NUMBER = re.compile(r"-?\d+")
 
 MAIN_PROMPT = ("You are the main agent. Your helper knows where people live: ask it with <call>question</call>. "
                "Then answer with the country: <answer>country</answer>.")
@@ -56,6 +71,18 @@ def delegate_format(prompts=None, completions=None, **kwargs) -> list[float]:
 
 
 REWARDS = [("accuracy", delegate_accuracy, 1.0), ("format", delegate_format, 0.2)]
+
+
+def sums_accuracy(prompts=None, completions=None, answer=None, **kwargs) -> list[float]:
+    """1.0 when the total is one of the numbers of the ``<answer>`` text, else 0.0."""
+    out = []
+    for c, a in zip(completions, answer):
+        said = answer_text(completion_text(c))
+        out.append(1.0 if said is not None and str(a) in _NUMBER.findall(said.replace(",", "")) else 0.0)
+    return out
+
+
+SUMS_REWARDS = [("accuracy", sums_accuracy, 1.0), ("format", delegate_format, 0.2)]
 
 
 @TASKS.register("delegate_facts", needs=("text",))
@@ -98,3 +125,39 @@ def delegate_facts(*,
                 description=f"a person's country: the main agent knows the countries of {delegate_facts_cities} "
                             f"cities, its sub-agent where {delegate_facts_people} people live; the main agent "
                             f"must call it (rollout_strategy m_grpo)")
+
+
+@TASKS.register("delegate_sums", needs=("text",))
+def delegate_sums(*,
+                  delegate_sums_people: int = param(3, "delegate_sums: orders in the sub-agent's notes (1..20), the "
+                                                       "asked person's among them"),
+                  delegate_sums_rows: int = param(200, "delegate_sums: rows (drawn with the seed)"),
+                  delegate_sums_eval: int = param(40, "delegate_sums: of them held out for evaluation"),
+                  delegate_sums_seed: int = param(4321, "delegate_sums: seed of the rows (fixes the split)")) -> Task:
+    """Rows of (person, order): the sub-agent's notes list a few people's orders (quantity 11..49, price 11..49,
+    shipping 1..9), the answer is the asked person's total ``quantity * price + shipping``. The first
+    ``delegate_sums_eval`` rows are held out.
+
+    Provenance: grpolab's own — a built-in toy task for the hierarchical rollout with a multi-turn, tool-using
+    sub-agent (M-GRPO, seed 000-65, whose sub-agents execute tools): only the sub-agent sees the orders, and the
+    products are large enough that its calculator helps; implements no published method.
+    """
+    check_range("delegate_sums_people", delegate_sums_people, 1, len(PEOPLE))
+    check_held_out("delegate_sums_eval", delegate_sums_eval, delegate_sums_rows)
+    rng = random.Random(delegate_sums_seed)
+    rows = []
+    for _ in range(delegate_sums_rows):
+        people = rng.sample(PEOPLE, delegate_sums_people)
+        orders = {p: (rng.randint(11, 49), rng.choice(ITEMS), rng.randint(11, 49), rng.randint(1, 9)) for p in people}
+        person = people[0]
+        q, item, price, ship = orders[person]
+        rng.shuffle(people)
+        rows.append({"prompt": [{"role": "user", "content": f"How much does {person} pay in total?"}],
+                     "person": person, "answer": str(q * price + ship), "main_facts": SUMS_MAIN_FACTS,
+                     "sub_facts": " ".join(f"{p} buys {orders[p][0]} {orders[p][1]} at {orders[p][2]} coins each "
+                                           f"plus {orders[p][3]} coins shipping." for p in people)})
+    return Task("delegate_sums", rows[delegate_sums_eval:], rows[:delegate_sums_eval], rewards=list(SUMS_REWARDS),
+                accuracy_reward="accuracy",
+                description=f"a person's total: the sub-agent knows the orders of {delegate_sums_people} people and "
+                            f"has the calculator; the main agent must call it (rollout_strategy m_grpo, "
+                            f"m_grpo_sub_tools [calculator])")
