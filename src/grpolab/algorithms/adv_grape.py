@@ -96,7 +96,8 @@ def grape(rewards: torch.Tensor, group_ids: torch.Tensor, reward_matrix: torch.T
 def rubric_scores(batch, items: list, weights: list, critic: str):
     """``(scores [R, K], weights [K], confidences [R, K])`` of ``batch``'s completions on the rubric ``items``
     from the critic ``critic`` (``rewards/rubric.py``)."""
-    from ..rewards.rubric import get_critic
+    from ..registry import RUBRIC_CRITICS
+    get_critic = RUBRIC_CRITICS["get"]  # rewards/rubric.py
     if weights and len(weights) != len(items):
         raise ConfigError(f"grape_rubric_weights: {len(weights)} weights for {len(items)} grape_rubric items; give "
                           f"one per item (or none: 1 each)")

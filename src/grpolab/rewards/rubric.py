@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 from ..data import completion_text, last_int
 from ..errors import ConfigError
+from ..registry import RUBRIC_CRITICS
 
 _ANSWER = re.compile(r"Answer:\s*(-?\d+)")
 _FORMAT = re.compile(r"Answer:\s*-?\d+\s*\.?\s*$")
@@ -123,3 +124,6 @@ def get_critic(spec: str, items: list):
             raise ConfigError(f"grape_critic: expected 'rules', 'judge:PATH', 'judge:tiny' or 'judge:smollm2'; "
                               f"got {spec!r}")
     return _CRITICS[key]
+
+
+RUBRIC_CRITICS["get"] = get_critic  # read by algorithms/adv_grape.py

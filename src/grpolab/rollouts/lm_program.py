@@ -69,7 +69,7 @@ from ..errors import ConfigError
 from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
-from ..registry import ROLLOUT_STRATEGIES, param
+from ..registry import LM_PROGRAM, ROLLOUT_STRATEGIES, param
 from ..rewards.transforms import LM_PROGRAM_FAILURE_KEY as FAILURE_KEY
 
 GROUPINGS = ("by_invocation", "by_input")
@@ -573,3 +573,7 @@ def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
 
 lm_program.eval_rollout = eval_rollout
 lm_program.model_texts = model_texts
+
+
+LM_PROGRAM.update(Run=Run, run_programs=run_programs, load_program=load_program, parse_modules=parse_modules,
+                  answers_batch=answers_batch)  # for stages/update_better_together.py (registry.LM_PROGRAM)

@@ -16,8 +16,7 @@ import random
 
 from ..algorithms.advantages import combine_rewards
 from ..errors import ConfigError
-from ..registry import UPDATE_STRATEGIES, param
-from ..rollouts.lm_program import Run, answers_batch, load_program, parse_modules, run_programs
+from ..registry import LM_PROGRAM, UPDATE_STRATEGIES, param
 
 STRAT_SEP = " -> "
 
@@ -246,10 +245,11 @@ class BetterTogether:
         each (a run that raised: ``lm_program_failure_score``)."""
         if not rows:
             return []
-        runs = [Run(i, row, i, 0.0) for i, row in enumerate(rows)]
-        run_programs(ctx, load_program(self.program), runs, modules=parse_modules(self.modules),
+        P = LM_PROGRAM  # rollouts/lm_program.py's helpers (registry.LM_PROGRAM)
+        runs = [P["Run"](i, row, i, 0.0) for i, row in enumerate(rows)]
+        P["run_programs"](ctx, P["load_program"](self.program), runs, modules=P["parse_modules"](self.modules),
                      turn_tokens=self.turn_tokens, demos=demos)
-        batch = answers_batch(ctx, runs)
+        batch = P["answers_batch"](ctx, runs)
         ctx.reward_errors += ctx.scorer.score(batch)
         rewards = combine_rewards(batch.rewards, ctx.scorer.weights).double().tolist()
         return [(self.failure_score if r.failure else float(x), bool(r.failure),
