@@ -6,6 +6,7 @@ by seeded draws, with the statistics that separate the candidate causes.
     python scripts/speech_greedy_fall.py --recipe asr_grpo_audio --seeds 0 1 2 --set loss_aggregation=constant
 
 Per seed, one JSON line: ``greedy`` / ``seeded`` held-out mean 1 - WER and exact match before -> after;
+``seeded_train``: the same seeded draws on the first 200 training utterances (what the run trained on);
 ``greedy_len``: how many greedy transcripts are 2+ words short, 1 short, of the reference's length, longer;
 ``eos_early`` / ``eos_end``: the mean probability of ``</s>`` teacher-forced on the references, at the positions
 before the reference's last word is written (stopping there deletes words) and right after it (the correct stop);
@@ -105,6 +106,7 @@ def run(recipe: str, seed: int, steps: int, sets: dict) -> dict:
     from grpolab.config import Config
     from grpolab.policies.speech_to_text.policy import SpeechToTextPolicy
     from grpolab.recipes import recipe_overrides
+    from grpolab.registry import TASKS
     from grpolab.tasks import get_task
     from grpolab.train.metrics import read_metrics
     from grpolab.train.trainer import Trainer
@@ -115,9 +117,8 @@ def run(recipe: str, seed: int, steps: int, sets: dict) -> dict:
                             "eval_before": False, "eval_after": False, "tensorboard": False, **sets})
         Trainer(cfg, log=lambda *a: None).train(progress=False)
         metrics = read_metrics(tmp + "/run")
-        task_params = {k: v for k, v in cfg.params.items() if k.startswith(("spoken_words_", "speech_"))}
-        task = get_task(cfg.task, seed=seed, **{k: v for k, v in task_params.items()
-                                                 if k not in ("speech_language", "speech_eval_sampling")})
+        own = set(TASKS.params(cfg.task))
+        task = get_task(cfg.task, seed=seed, **{k: v for k, v in cfg.params.items() if k in own})
         rows, refs = task.eval_rows, [r["transcript"] for r in task.eval_rows]
         out = {"recipe": recipe, "seed": seed, "steps": steps, "set": sets}
         res = {}
@@ -126,12 +127,15 @@ def run(recipe: str, seed: int, steps: int, sets: dict) -> dict:
             module = policy.load(None, [], [], log=lambda *a: None)
             g = held_out(policy, module, rows, "greedy")
             s = held_out(policy, module, rows, "seeded")
+            train = task.train_rows[:200]
+            st = held_out(policy, module, train, "seeded")
             res[when] = {"greedy": scores(g, refs), "seeded": scores(s, refs), "greedy_len": lengths(g, refs),
+                         "seeded_train": scores(st, [r["transcript"] for r in train]),
                          "eos": eos_probabilities(policy, module, rows)}
             if when == "before":
                 out["sampled"] = sampled_groups(policy, module, task.train_rows[:64], task.rewards,
                                                 cfg.num_generations, seed)
-        for k in ("greedy", "seeded"):
+        for k in ("greedy", "seeded", "seeded_train"):
             out[k] = {m: [res["before"][k][m], res["after"][k][m]] for m in ("wer1", "exact")}
         out["greedy_len"] = [res["before"]["greedy_len"], res["after"]["greedy_len"]]
         out["eos_early"] = [res["before"]["eos"][0], res["after"]["eos"][0]]

@@ -122,3 +122,25 @@ def test_errors_name_the_model_to_use_and_the_window(policy_and_model):
         policy.check_rows([{"prompt": "p", "audio_seed": 3}], [])
     with pytest.raises(ConfigError, match=r"lasts 3\.50 s, longer than the model's 3 s window"):
         policy.check_rows([{"audio": {"array": [0.0] * 56000, "sampling_rate": 16000}}], [])
+
+
+def test_speech_freeze_encoder_trains_the_decoder_only(tmp_path):
+    """``speech_freeze_encoder true``: after 2 steps of asr_grpo_audio the encoder's weights are the pre-trained
+    ones bit for bit and the decoder's moved (the default, false, trains both: every other test here)."""
+    from transformers import Speech2TextForConditionalGeneration
+
+    from grpolab.config import Config
+    from grpolab.recipes import recipe_overrides
+    from grpolab.policies.speech_to_text.tiny_audio import speech_audio_model_path
+    from grpolab.train.trainer import Trainer
+
+    base = Speech2TextForConditionalGeneration.from_pretrained(speech_audio_model_path(log=None)).state_dict()
+    cfg = Config.build({**recipe_overrides("asr_grpo_audio"), "steps": 2, "prompts_per_step": 2,
+                        "num_generations": 4, "spoken_words_train_size": 4, "spoken_words_eval_size": 0,
+                        "eval_before": False, "eval_after": False, "learning_rate": 1e-3, "save_steps": 100,
+                        "micro_batch_size": 8, "out": str(tmp_path / "run"), "stall_steps": 0, "threads": 1,
+                        "tensorboard": False, "speech_freeze_encoder": True})
+    Trainer(cfg, **QUIET).train(progress=False)
+    after = Speech2TextForConditionalGeneration.from_pretrained(tmp_path / "run" / "final").state_dict()
+    moved = {"encoder" if ".encoder." in k else "decoder" for k in base if not torch.equal(base[k], after[k])}
+    assert moved == {"decoder"}, moved

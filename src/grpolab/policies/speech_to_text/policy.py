@@ -99,10 +99,14 @@ class SpeechToTextPolicy(PolicyBase):
                  speech_eval_sampling: str = param("seeded", "speech_to_text: held-out evaluation decoding: 'greedy' "
                                                    "= argmax; 'seeded' = draws at the run's temperature from "
                                                    "each row's own seed (audio_seed), the same draws before and "
-                                                   "after training", ["greedy", "seeded"])):
+                                                   "after training", ["greedy", "seeded"]),
+                 speech_freeze_encoder: bool = param(False, "speech_to_text: train the decoder only (the encoder's "
+                                                     "weights frozen: requires_grad False, left out of the "
+                                                     "optimiser); docs/speech.md, why greedy falls on audio")):
         if speech_eval_sampling not in ("greedy", "seeded"):
             raise ConfigError(f"speech_eval_sampling: 'greedy' or 'seeded', got {speech_eval_sampling!r}")
         self.model_name, self.temperature, self.eval_sampling = model, float(temperature), speech_eval_sampling
+        self.freeze_encoder = bool(speech_freeze_encoder)
         self.vocab: dict = {}
         self.max_completion_length, self.language = int(max_completion_length), str(speech_language)
         self.whisper = None  # a WhisperLayout (whisper.py) once a Whisper model is loaded
@@ -130,7 +134,7 @@ class SpeechToTextPolicy(PolicyBase):
                 module, processor = load_whisper(Path(self.model_name))
                 self.use_loaded(module, processor)
                 self.check_rows(rows, eval_rows)
-                return module
+                return self._frozen(module)
             if kind and kind != "speech_to_text" or arch and arch != ["Speech2TextForConditionalGeneration"]:
                 raise ConfigError(f"model: {self.model_name} holds a {', '.join(arch) or kind}; policy "
                                   f"speech_to_text loads {WHISPER} folders (with their WhisperProcessor), the "
@@ -150,7 +154,14 @@ class SpeechToTextPolicy(PolicyBase):
             from transformers import Speech2TextFeatureExtractor
             self.audio = Speech2TextFeatureExtractor.from_pretrained(path)
         self.check_rows(rows, eval_rows)
-        return Speech2TextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval()
+        return self._frozen(Speech2TextForConditionalGeneration.from_pretrained(path, dtype=torch.float32).eval())
+
+    def _frozen(self, module):
+        """``module`` with its encoder's parameters frozen when ``speech_freeze_encoder`` (the trainer's optimiser
+        takes only parameters that require grad)."""
+        if self.freeze_encoder:
+            module.get_encoder().requires_grad_(False)
+        return module
 
     def use_loaded(self, module, processor) -> None:
         """Act with a loaded ``WhisperForConditionalGeneration`` and its ``WhisperProcessor`` (a folder's, or the
