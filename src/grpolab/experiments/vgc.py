@@ -47,8 +47,9 @@ network (2 x 64 MLP instead of the authors' attention extractor over learned abi
 the group-relative advantage instead of SB3 PPO's critic, and the budget are ours; the format is the npm
 server's ``gen9vgc2025regi`` with two teams written here (the authors use their Showdown fork's
 ``gen9championsvgc2026reg*`` formats and thousands of scraped teams, not available offline); teams are picked
-at random at team preview (the authors' default without ``choose_on_teampreview``); no behaviour cloning (it
-needs scraped replays), no LLM player; the test setting's teams (:data:`LEARNING_TEST`) are ours. Test:
+at random at team preview (the authors' default without ``choose_on_teampreview``); behaviour cloning (from
+self-generated heuristic battles: the authors' scraped human replays are not available offline) and the LLM
+player are in ``experiments/vgc_baselines.py``; the test setting's teams (:data:`LEARNING_TEST`) are ours. Test:
 tests/test_vgc.py::test_nash_rock_paper_scissors_is_uniform,
 tests/test_vgc.py::test_double_oracle_grows_like_the_authors,
 tests/test_vgc.py::test_learned_policy_learns_the_super_effective_spread_move.
