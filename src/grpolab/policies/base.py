@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..errors import ConfigError
 from ..generation.sampling import per_row
 from ..registry import CAPABILITIES, POLICIES
 
@@ -262,9 +263,11 @@ class PolicyBase(ABC):
     def perturb_inputs(self, row: dict, strength: float, generator: torch.Generator) -> dict:
         """A copy of ``row`` whose non-text input (pictures, frames) is degraded with ``strength`` (>= 0), drawing
         from ``generator``: DeepVideo-R1's difficulty-increasing augmentation (rollout ``difficulty_aug`` with
-        ``dva_perturb: frames``). The default: the policy has no such input, an error naming it."""
-        raise NotImplementedError(f"policy {type(self).__name__} has no non-text input to perturb (dva_perturb: "
-                                  f"frames needs a policy with capability vision); use dva_perturb: text")
+        ``dva_perturb: frames``). The default: the policy has no such input, a configuration error naming it (the
+        rollout's start-up check refuses ``dva_perturb: frames`` for a policy without capability ``vision``
+        first; this is for a vision policy that has no frames to degrade)."""
+        raise ConfigError(f"dva_perturb: frames: policy {type(self).__name__} has no non-text input to perturb; "
+                          f"use dva_perturb: text")
 
     def offers(self) -> frozenset[str]:
         """Names besides ``logprobs`` that :meth:`forward` can return (loss components ask for them by name)."""
