@@ -82,6 +82,20 @@ def _trend(check: str, title: str, key: str, verb: str, seen: tuple, limits: str
                    f"{level:.4g} ({limits}) ({_fmt(recent)})", fix, [s for s, _ in recent])
 
 
+def _first_trend(rows: list[dict], key: str, *cases: tuple) -> Finding | None:
+    """The :func:`_trend` finding of the first of ``cases`` that fires on metric ``key``; None below 2 logged
+    steps (:func:`_first_and_recent`) or when none fires. A case is ``(fires, check, title, verb, limits, fix)``:
+    ``fires(first, level)`` tests the first logged value and the recent mean, the rest go to :func:`_trend`."""
+    seen = _first_and_recent(rows, key)
+    if seen is None:
+        return None
+    _, first, _, level = seen
+    for fires, check, title, verb, limits, fix in cases:
+        if fires(first, level):
+            return _trend(check, title, key, verb, seen, limits, fix)
+    return None
+
+
 def check_reward_constant(rows, summary) -> Finding | None:
     """Every completion of a batch got the same reward (constant, all-zero or saturated)."""
     pts = series(_recent(rows), "reward_std")
@@ -115,39 +129,29 @@ def check_zero_variance_groups(rows, summary) -> Finding | None:
 
 def check_entropy_collapse(rows, summary) -> Finding | None:
     """The policy's token entropy fell to near zero (it stopped exploring)."""
-    seen = _first_and_recent(rows, "entropy")
-    if seen is None:
-        return None
-    _, first, _, level = seen
-    if not (level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first)):
-        return None
-    return _trend("entropy_collapse", "entropy collapse", "entropy", "fell", seen,
-                  f"floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first",
-                  "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
-                  "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
-                  "learning rate, or raise `--temperature`.")
+    return _first_trend(rows, "entropy", (
+        lambda first, level: level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first),
+        "entropy_collapse", "entropy collapse", "fell",
+        f"floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first",
+        "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
+        "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
+        "learning rate, or raise `--temperature`."))
 
 
 def check_length(rows, summary) -> Finding | None:
     """Mean completion length exploded or collapsed relative to the first steps."""
-    seen = _first_and_recent(rows, "completion_len_mean")
-    if seen is None:
-        return None
-    _, first, _, level = seen
-    if first > 0 and level > LENGTH_GROWTH_MAX * first:
-        return _trend("length_explosion", "length explosion", "completion_len_mean", "grew", seen,
-                      f"> {LENGTH_GROWTH_MAX:g} x",
-                      "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
-                      "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
-                      "`--mask_truncated_completions true`, "
-                      "or lower `--max_completion_length`.")
-    if level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first):
-        return _trend("length_collapse", "length collapse", "completion_len_mean", "fell", seen,
-                      f"< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens",
-                      "the policy learned that short answers score (or that ending early avoids a penalty). Check "
-                      "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
-                      "look at the completions (`grpolab report`).")
-    return None
+    return _first_trend(rows, "completion_len_mean", (
+        lambda first, level: first > 0 and level > LENGTH_GROWTH_MAX * first,
+        "length_explosion", "length explosion", "grew", f"> {LENGTH_GROWTH_MAX:g} x",
+        "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
+        "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
+        "`--mask_truncated_completions true`, "
+        "or lower `--max_completion_length`."), (
+        lambda first, level: level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first),
+        "length_collapse", "length collapse", "fell", f"< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens",
+        "the policy learned that short answers score (or that ending early avoids a penalty). Check "
+        "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
+        "look at the completions (`grpolab report`)."))
 
 
 def check_kl_runaway(rows, summary) -> Finding | None:
