@@ -551,33 +551,53 @@ def train_lpo(mdp: EpisodicMDP, episodes: int, *, switching: str = "sensitivity"
     """
     if switching not in ("sensitivity", "every"):
         raise ValueError(f"switching must be 'sensitivity' or 'every', got {switching!r}")
-    rng = np.random.default_rng(seed)
     S, A = mdp.R.shape
-    H = mdp.H
     counts = np.zeros((S, A, S))
     rsum = np.zeros((S, A))
-    logits = np.zeros((H, S, A))
+
+    def observe(s, a, r, s2) -> float:
+        gain = math.log1p(1.0 / (1.0 + counts[s, a].sum()))   # log(1 + phi^T Lambda^-1 phi)
+        counts[s, a, s2] += 1
+        rsum[s, a] += r
+        return gain
+
+    def update(logits):
+        return optimistic_npg(counts, rsum, logits, mdp.H, bonus_scale=bonus_scale, lr=lr, iters=npg_iters)
+
+    switches, returns, at, logdet = low_switching_loop(mdp, episodes, np.random.default_rng(seed), observe, update,
+                                                       eval_every=eval_every, every=switching == "every")
+    return {"switches": switches, "returns": returns, "eval_episodes": at, "final_return": returns[-1],
+            "optimal_return": optimal_return(mdp), "d": S * A, "logdet": logdet}
+
+
+def low_switching_loop(mdp: EpisodicMDP, episodes: int, rng: np.random.Generator, observe, update, *,
+                       eval_every: int = 0, every: bool = False) -> tuple[int, list[float], list[int], float]:
+    """The episode loop of :func:`train_lpo` and :func:`train_lpo_kernel`: ``episodes`` episodes of the deployed
+    policy (the softmax of the logits, zero at first); each sample ``(s, a, r, s')`` goes to ``observe``, which
+    returns its increase of ``log det Lambda``; after an episode, when the accumulated increase since the last
+    switch reaches ``log 2`` (or after every episode with ``every``), the logits become ``update(logits)`` and
+    their softmax is deployed. The deployed policy's exact return is taken before the first episode and every
+    ``eval_every`` episodes (0: ``episodes // 20``) and after the last. Returns ``(switches, returns,
+    eval_episodes, logdet)``."""
+    S, A = mdp.R.shape
+    logits = np.zeros((mdp.H, S, A))
     deployed = softmax(logits)
-    logdet_at_switch = 0.0
-    logdet = 0.0
+    logdet = logdet_at_switch = 0.0
     switches = 0
     returns, at = [policy_return(mdp, deployed)], [0]
     eval_every = eval_every or max(1, episodes // 20)
     for t in range(episodes):
         for h, s, a, r, s2 in run_episode(mdp, deployed, rng):
-            logdet += math.log1p(1.0 / (1.0 + counts[s, a].sum()))   # log(1 + phi^T Lambda^-1 phi)
-            counts[s, a, s2] += 1
-            rsum[s, a] += r
-        if switching == "every" or logdet - logdet_at_switch >= math.log(2.0):
-            logits = optimistic_npg(counts, rsum, logits, H, bonus_scale=bonus_scale, lr=lr, iters=npg_iters)
+            logdet += observe(s, a, r, s2)
+        if every or logdet - logdet_at_switch >= math.log(2.0):
+            logits = update(logits)
             deployed = softmax(logits)
             logdet_at_switch = logdet
             switches += 1
         if (t + 1) % eval_every == 0 or t + 1 == episodes:
             returns.append(policy_return(mdp, deployed))
             at.append(t + 1)
-    return {"switches": switches, "returns": returns, "eval_episodes": at, "final_return": returns[-1],
-            "optimal_return": optimal_return(mdp), "d": S * A, "logdet": logdet}
+    return switches, returns, at, logdet
 
 
 def lpo_switch_bound(d: int, steps: int) -> float:
@@ -715,38 +735,32 @@ def train_lpo_kernel(mdp: EpisodicMDP, episodes: int, K: np.ndarray, *, seed: in
     """
     rng = np.random.default_rng(seed)
     S, A = mdp.R.shape
-    H = mdp.H
     counts = np.zeros((S, A, S))
     rsum = np.zeros((S, A))
     kept_w = np.zeros(S * A)
     width2 = kernel_width2(K, kept_w, lam)
-    logits = np.zeros((H, S, A))
-    deployed = softmax(logits)
-    logdet = logdet_at_switch = 0.0
-    switches = kept = samples = 0
-    returns, at = [policy_return(mdp, deployed)], [0]
-    eval_every = eval_every or max(1, episodes // 20)
-    for t in range(episodes):
-        for h, s, a, r, s2 in run_episode(mdp, deployed, rng):
-            z = s * A + a
-            samples += 1
-            counts[s, a, s2] += 1
-            rsum[s, a] += r
-            p = min(1.0, oversample * min(1.0, width2[z]))
-            if rng.random() < p:
-                logdet += math.log1p(width2[z] / p)          # det(Lambda + phi phi^T / p) / det(Lambda)
-                kept_w[z] += 1.0 / p
-                kept += 1
-                width2 = kernel_width2(K, kept_w, lam)
-        if logdet - logdet_at_switch >= math.log(2.0):
-            logits = kernel_optimistic_npg(K, counts, rsum, width2, logits, H, bonus_scale=bonus_scale, lr=lr,
-                                           iters=npg_iters, lam=lam)
-            deployed = softmax(logits)
-            logdet_at_switch = logdet
-            switches += 1
-        if (t + 1) % eval_every == 0 or t + 1 == episodes:
-            returns.append(policy_return(mdp, deployed))
-            at.append(t + 1)
+    kept = samples = 0
+
+    def observe(s, a, r, s2) -> float:
+        nonlocal width2, kept, samples
+        z = s * A + a
+        samples += 1
+        counts[s, a, s2] += 1
+        rsum[s, a] += r
+        p = min(1.0, oversample * min(1.0, width2[z]))
+        if rng.random() >= p:
+            return 0.0
+        gain = math.log1p(width2[z] / p)          # det(Lambda + phi phi^T / p) / det(Lambda)
+        kept_w[z] += 1.0 / p
+        kept += 1
+        width2 = kernel_width2(K, kept_w, lam)
+        return gain
+
+    def update(logits):
+        return kernel_optimistic_npg(K, counts, rsum, width2, logits, mdp.H, bonus_scale=bonus_scale, lr=lr,
+                                     iters=npg_iters, lam=lam)
+
+    switches, returns, at, logdet = low_switching_loop(mdp, episodes, rng, observe, update, eval_every=eval_every)
     return {"switches": switches, "kept": kept, "samples": samples, "returns": returns, "eval_episodes": at,
             "final_return": returns[-1], "optimal_return": optimal_return(mdp), "logdet": logdet}
 
