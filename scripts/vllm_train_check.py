@@ -11,7 +11,6 @@ AVX512-BF16 trained in bfloat16 against a float32 engine and the mismatch (1.58e
 import argparse
 import functools
 import json
-import os
 import subprocess
 import sys
 import tempfile

@@ -274,7 +274,7 @@ def test_gtpo_turn_recipe_numbers(tmp_path, tiny_args, monkeypatch):
     # group 1 pool (.36, .4, 1.35, 1.5, 1.5): mean 5.11/5 = 1.022, deviations -.662, -.622, .328, .478, .478,
     #   ss = .438244 + .386884 + .107584 + 2 * .228484 = 1.38968, var .34742
     s0, s1 = math.sqrt(2.513333333333 / 5), math.sqrt(0.34742)
-    m0, m1 = 6.7 / 6, 1.022
+    m0 = 6.7 / 6  # group 1's deviations above are already taken from its mean 1.022
     expected = [[(1.85 - m0) / (s0 + EPS), (1.5 - m0) / (s0 + EPS)], [(0.5 - m0) / (s0 + EPS), -m0 / (s0 + EPS)],
                 [(1.35 - m0) / (s0 + EPS), (1.5 - m0) / (s0 + EPS)],
                 [-0.662 / (s1 + EPS), -0.622 / (s1 + EPS)], [0.328 / (s1 + EPS), 0.478 / (s1 + EPS)],

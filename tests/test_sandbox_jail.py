@@ -322,6 +322,7 @@ for fd in range(0, 256):
         pass
 print(hits)
 """)
+    assert r.stdout.startswith("[") and r.stdout.endswith("]\n"), r  # the call ran to its end
     assert box.run_python("print(6 * 7)").stdout == "42\n"
     assert box.call(pow, 2, 10).value == 1024
 

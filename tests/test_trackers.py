@@ -246,7 +246,7 @@ def test_real_mlflow_local_store(tiny_args, monkeypatch):
 def test_real_trackio_local_db(tiny_args, monkeypatch):
     monkeypatch.setenv("TRACKIO_DIR", "")  # restored after the test (the adapter sets it)
     monkeypatch.delenv("TRACKIO_DIR")
-    out = _tiny_run(tiny_args, "trackio")
+    _tiny_run(tiny_args, "trackio")
     dbs = list(Path(os.environ["TRACKIO_DIR"]).rglob("*.db"))
     assert dbs, f"no trackio database under {os.environ['TRACKIO_DIR']}"
     found = []

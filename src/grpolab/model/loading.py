@@ -19,7 +19,6 @@ import importlib.util
 import json
 import os
 import pickle
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -113,7 +113,7 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
         held: list[tuple[Seat, int, str]] = []  # simultaneous: (recipient, author, text) delivered after the round
         for r in range(len(roles)):
             seats = [team[r] for team in teams if not team[r].finished]
-            contexts, budgets = [], []
+            budgets = []
             for s in seats:
                 if s.episode is None:
                     text = _first_prompt(roles[r], s.row, s.inbox, roles, tok)

@@ -29,7 +29,7 @@ from ..algorithms import (ADVANTAGES, AGGREGATIONS, POLICY_LOSSES, REGULARIZERS,
 from ..algorithms.kl import kl_penalty
 from ..batch import ENVIRONMENT, INJECTED
 from ..components import Component
-from ..config import Config, ConfigError
+from ..config import Config
 from ..errors import ConfigError, WriteError, stand_in_policy, warn_line
 from ..data import columns_of, load_user_data, subset, to_json
 from ..generation.engines import build_engine

@@ -345,7 +345,6 @@ def mask_iou_at_50(prompts=None, completions=None, *, scene_kind=None, scene_see
     """
     return [0.0 if m is None else float(mask_iou(m, gt) >= 0.5)
             for m, gt in _predicted_masks(completions, scene_kind, scene_seed, image, gt_mask, "mask_iou_at_50")]
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ PixelThink
