@@ -66,16 +66,33 @@ def text_prompt(row: dict, where: str = "") -> str:
     return value
 
 
-def check_class_rows(module, rows: list[dict], eval_rows: list[dict]) -> int:
-    """Every row's class (``condition_of``) is one of ``module``'s classes 0..n-1, the last class embedding
-    being the unconditional label; returns n. The first 1,000 rows of each part are checked."""
-    classes = (module.config.num_class_embeds or 1) - 1
+def check_row_classes(rows: list[dict], eval_rows: list[dict], classes: int) -> None:
+    """Every row's class (``condition_of``) is one of a class-conditional model's ``classes`` 0..n-1. The first
+    1,000 rows of each part are checked."""
     for where, part in (("train", rows), ("held-out", eval_rows)):
         for i, row in enumerate(part[:1000]):
             c = condition_of(row, f"{where} row {i}")
             if not 0 <= c < classes:
                 raise ConfigError(f"{where} row {i}: class {c} is outside the model's classes 0..{classes - 1}")
+
+
+def check_class_rows(module, rows: list[dict], eval_rows: list[dict]) -> int:
+    """Every row's class (``condition_of``) is one of ``module``'s classes 0..n-1, the last class embedding
+    being the unconditional label; returns n. The first 1,000 rows of each part are checked."""
+    classes = (module.config.num_class_embeds or 1) - 1
+    check_row_classes(rows, eval_rows, classes)
     return classes
+
+
+def check_sampler(prefix: str, steps: int, eval_steps: int, noise_key: str, noise: float, why: str) -> None:
+    """A stochastic denoising sampler's settings: ``{prefix}_steps`` / ``{prefix}_eval_steps`` (the denoising
+    steps of a training and of a held-out sample) at least 1 each, and its noise ``noise_key`` above 0 (a
+    deterministic step has no log-prob), refused with ``why``."""
+    if steps < 1 or eval_steps < 1:
+        raise ConfigError(f"{prefix}_steps / {prefix}_eval_steps: at least 1 denoising step, got {steps} / "
+                          f"{eval_steps}")
+    if noise <= 0:
+        raise ConfigError(f"{noise_key}: {why}, got {noise}")
 
 
 def load_class_unet(policy: str, model: str, kind: str, log=print):
@@ -254,12 +271,8 @@ class FlowMatchingPolicy(PolicyBase):
                                                  "instead of w*dv_c + (1-w)*dv_u (false: Flow-GRPO's first and "
                                                  "current scripts, DanceGRPO); the values are the same"),
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
-        if flow_steps < 1 or flow_eval_steps < 1:
-            raise ConfigError(f"flow_steps / flow_eval_steps: at least 1 denoising step, got {flow_steps} / "
-                              f"{flow_eval_steps}")
-        if flow_noise_level <= 0:
-            raise ConfigError(f"flow_noise_level: the SDE needs a noise level above 0 (a = 0 is the ODE, which "
-                              f"has no log-prob), got {flow_noise_level}")
+        check_sampler("flow", flow_steps, flow_eval_steps, "flow_noise_level", flow_noise_level,
+                      "the SDE needs a noise level above 0 (a = 0 is the ODE, which has no log-prob)")
         self.model_name, self.kind = model, flow_sde
         self.a, self.T, self.T_eval, self.shift = float(flow_noise_level), int(flow_steps), int(flow_eval_steps), \
             float(flow_shift)

@@ -14,7 +14,7 @@ from ...model.logprobs import completion_logprobs
 from ...registry import POLICIES, param
 from ..base import (PolicyBase, fanned_columns, group_identity, held_out_seed, repeat_rows, save_pretrained_folder,
                     saved_folder, timed_pretraining)
-from .._image.flow import BUILT_IN, condition_of, image_rows
+from .._image.flow import BUILT_IN, check_row_classes, condition_of, image_rows
 
 NUM_CLASSES = 10
 #: Pre-training iterations, tuned once for a base held-out accuracy (temperature-1 samples seeded per row,
@@ -189,11 +189,7 @@ class ARImagePolicy(PolicyBase):
                                 "safetensors, codebook.safetensors, vocab.json)")
         self.codebook = Codebook.load(path)
         self.vocab = json.loads((Path(path) / "vocab.json").read_text())
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                k = condition_of(row, f"{where} row {i}")
-                if not 0 <= k < NUM_CLASSES:
-                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0..9")
+        check_row_classes(rows, eval_rows, NUM_CLASSES)
         return LlamaForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
 
     def save(self, module, path) -> None:

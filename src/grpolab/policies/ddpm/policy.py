@@ -11,8 +11,8 @@ from ...generation.sampling import completion_counts
 from .._image import sde
 from ...registry import POLICIES, declared_params, param
 from ..base import PolicyBase, held_out_seed
-from .._image.flow import (LM_LORA_TARGETS, FlowMatchingPolicy, check_image_policy, gaussian_step_outputs,
-                           pack_images, row_noise)
+from .._image.flow import (LM_LORA_TARGETS, FlowMatchingPolicy, check_image_policy, check_sampler,
+                           gaussian_step_outputs, pack_images, row_noise)
 from .pipelines import load_denoiser
 
 #: the one declaration of ``guidance_scale``, shared with flow_matching (a config key has one default and help)
@@ -113,12 +113,9 @@ class DDPMPolicy(PolicyBase):
                                                               "built-in digits model: 10; a folder this policy "
                                                               "saved), else guidance is refused"),
                  use_lora: bool, lora_r: int, lora_alpha: int, lora_target_modules: list):
-        if ddpm_steps < 1 or ddpm_eval_steps < 1:
-            raise ConfigError(f"ddpm_steps / ddpm_eval_steps: at least 1 denoising step, got {ddpm_steps} / "
-                              f"{ddpm_eval_steps}")
-        if ddpm_eta <= 0:
-            raise ConfigError(f"ddpm_eta: the training sampler needs eta above 0 (eta = 0 is deterministic DDIM, "
-                              f"whose steps have no log-prob; evaluation already uses it), got {ddpm_eta}")
+        check_sampler("ddpm", ddpm_steps, ddpm_eval_steps, "ddpm_eta", ddpm_eta,
+                      "the training sampler needs eta above 0 (eta = 0 is deterministic DDIM, whose steps have no "
+                      "log-prob; evaluation already uses it)")
         self.model_name, self.T, self.T_eval = model, int(ddpm_steps), int(ddpm_eval_steps)
         if ddpm_eval_eta is not None and ddpm_eval_eta < 0:
             raise ConfigError(f"ddpm_eval_eta: null (= ddpm_eta) or a number >= 0, got {ddpm_eval_eta}")

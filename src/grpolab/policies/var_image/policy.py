@@ -11,7 +11,7 @@ from ...config import ConfigError
 from ...generation.sampling import completion_counts, row_temperatures
 from ...registry import POLICIES, param
 from ..base import PolicyBase, held_out_seed, repeat_rows, saved_folder
-from .._image.flow import BUILT_IN, condition_of, pack_images
+from .._image.flow import BUILT_IN, check_row_classes, condition_of, pack_images
 
 
 # beta > 0 is allowed: the log-probs are exact categorical token log-probs, so the token KL estimators apply as for
@@ -85,11 +85,7 @@ class VARImagePolicy(PolicyBase):
                                 "'digits' (the built-in tiny model) or a folder it saved (config.json, "
                                 "model.safetensors, var_codebook.safetensors)")
         module, self.codebook = load_var(path)
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                k = condition_of(row, f"{where} row {i}")
-                if not 0 <= k < NUM_CLASSES:
-                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0..9")
+        check_row_classes(rows, eval_rows, NUM_CLASSES)
         return module
 
     def save(self, module, path) -> None:
