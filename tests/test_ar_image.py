@@ -86,7 +86,7 @@ def test_save_and_load_round_trip(policy_and_model, tmp_path):
     policy.save(model, tmp_path / "m")
     other = ARImagePolicy(model=str(tmp_path / "m"), temperature=1.0, top_k=0, top_p=1.0)
     m2 = other.load(None, [], [], log=lambda *a: None)
-    assert other.vocab == policy.vocab and torch.equal(other.codebook.centres, policy.codebook.centres)
+    assert other.vocab == policy.vocab and torch.equal(other.codebook.table, policy.codebook.table)
     rows = [{"prompt": "4", "label": 4}]
     g = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     x = policy.sample(model, rows, [0], num_generations=2, temperature=1.0, generator=g())

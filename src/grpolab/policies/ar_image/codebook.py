@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ...model.cache import cached_build
+from .._image.codebook import TableCodebook
 
 K = 64  #: codebook size
 PATCH = 2  #: patch side
@@ -69,34 +70,20 @@ def kmeans(x: torch.Tensor, k: int, iterations: int, seed: int) -> torch.Tensor:
     return centres
 
 
-class Codebook:
-    """``centres`` [K, 4] (float32, the [−1, 1] pixel scale): :meth:`encode` images to codes, :meth:`decode`
-    codes to images."""
+class Codebook(TableCodebook):
+    """``table``: the centres [K, 4] (float32, the [−1, 1] pixel scale), in ``codebook.safetensors``;
+    :meth:`encode` images to codes, :meth:`decode` codes to images."""
 
-    def __init__(self, centres: torch.Tensor):
-        self.centres = centres.float()
-
-    @property
-    def size(self) -> int:
-        return self.centres.shape[0]
+    file, key = "codebook.safetensors", "centres"
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """``[N, 1, 8, 8]`` in [−1, 1] → codes ``[N, 16]`` (long)."""
         p = patches(images.float())
-        return nearest(p.reshape(-1, p.shape[-1]), self.centres).reshape(p.shape[0], TOKENS)
+        return nearest(p.reshape(-1, p.shape[-1]), self.table).reshape(p.shape[0], TOKENS)
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes ``[N, 16]`` → ``[N, 1, 8, 8]`` on the [−1, 1] scale."""
-        return unpatch(self.centres.to(codes.device)[codes.long()])
-
-    def save(self, path) -> None:
-        from safetensors.torch import save_file
-        save_file({"centres": self.centres.contiguous()}, str(Path(path) / "codebook.safetensors"))
-
-    @classmethod
-    def load(cls, path) -> "Codebook":
-        from safetensors.torch import load_file
-        return cls(load_file(str(Path(path) / "codebook.safetensors"))["centres"])
+        return unpatch(self.table.to(codes.device)[codes.long()])
 
 
 def codebook_recipe() -> dict:

@@ -36,6 +36,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from ...model.cache import cached_build, cached_path, fit, pretraining
+from .._image.codebook import TableCodebook
 
 SIDES = (1, 2, 4, 8)  #: token map side of each scale, coarsest first
 SCALES = len(SIDES)
@@ -85,36 +86,23 @@ def residual_chain(images: torch.Tensor, book: torch.Tensor | None):
     return (torch.cat(codes, 1) if book is not None else None), torch.cat(res, 1)
 
 
-class VarCodebook:
-    """``values`` [K] (float32): :meth:`encode` images ``[N, 1, 8, 8]`` → codes ``[N, 85]``, :meth:`decode` back."""
+class VarCodebook(TableCodebook):
+    """``table``: the values v [K] (float32), in ``var_codebook.safetensors``; :meth:`encode` images
+    ``[N, 1, 8, 8]`` → codes ``[N, 85]``, :meth:`decode` back."""
 
-    def __init__(self, values: torch.Tensor):
-        self.values = values.float()
-
-    @property
-    def size(self) -> int:
-        return self.values.shape[0]
+    file, key = "var_codebook.safetensors", "values"
 
     def encode(self, images: torch.Tensor) -> torch.Tensor:
-        return residual_chain(images.float(), self.values)[0]
+        return residual_chain(images.float(), self.table)[0]
 
     def decode(self, codes: torch.Tensor) -> torch.Tensor:
         """Codes ``[N, 85]`` → images ``[N, 1, 8, 8]`` on the [−1, 1] scale: Σ_k up(v[c_k])."""
-        v = self.values.to(codes.device)[codes.long()]
+        v = self.table.to(codes.device)[codes.long()]
         n = codes.shape[0]
         out = torch.zeros(n, 1, 8, 8, dtype=v.dtype, device=codes.device)
         for k, side in enumerate(SIDES):
             out = out + up(v[:, OFFSETS[k]:OFFSETS[k + 1]].reshape(n, 1, side, side))
         return out
-
-    def save(self, path) -> None:
-        from safetensors.torch import save_file
-        save_file({"values": self.values.contiguous()}, str(Path(path) / "var_codebook.safetensors"))
-
-    @classmethod
-    def load(cls, path) -> "VarCodebook":
-        from safetensors.torch import load_file
-        return cls(load_file(str(Path(path) / "var_codebook.safetensors"))["values"])
 
 
 def fit_var_codebook(k: int = K, iterations: int = CODEBOOK_ITERATIONS) -> tuple[VarCodebook, float]:
