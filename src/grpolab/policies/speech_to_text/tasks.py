@@ -83,6 +83,21 @@ def exact_match(prompts=None, completions=None, *, transcript=None, **kwargs) ->
     return [float(h == r) for r, h in zip(refs, hyps)]
 
 
+def transcription_task(name: str, seed: int, make_rows, bases: tuple[int, int], sizes: dict, description: str) -> Task:
+    """A transcription task ``name``: ``make_rows(base, n)`` rows from the train and held-out ``bases`` (sizes:
+    ``{train_key: n >= 1, eval_key: n >= 0}``, else a ValueError naming the keys), the training rows shuffled
+    with ``seed``, the held-out ones in order (a fixed set); rewards ``one_minus_wer`` and ``exact_match``
+    (weight 1 each), accuracy ``exact_match``."""
+    (train_key, train_size), (eval_key, eval_size) = sizes.items()
+    if int(train_size) < 1 or int(eval_size) < 0:
+        raise ValueError(f"{name}: {train_key} >= 1 and {eval_key} >= 0, got {train_size} and {eval_size}")
+    rows = make_rows(bases[0], int(train_size))
+    random.Random(seed).shuffle(rows)
+    return Task(name, rows, make_rows(bases[1], int(eval_size)),
+                rewards=[("one_minus_wer", one_minus_wer, 1.0), ("exact_match", exact_match, 1.0)],
+                accuracy_reward="exact_match", description=description, extra={})
+
+
 TRAIN_SIZE = param(400, "spoken_digits: training utterances (audio seeds TRAIN_BASE + i)")
 EVAL_SIZE = param(200, "spoken_digits: held-out utterances (audio seeds EVAL_BASE + i, a fixed set)")
 
@@ -97,13 +112,7 @@ def spoken_digits(seed: int = 0, *, speech_train_size: int = TRAIN_SIZE, speech_
     """
     from .corpus import EVAL_BASE, TRAIN_BASE, speech_rows
 
-    if int(speech_train_size) < 1 or int(speech_eval_size) < 0:
-        raise ValueError(f"spoken_digits: speech_train_size >= 1 and speech_eval_size >= 0, got "
-                         f"{speech_train_size} and {speech_eval_size}")
-    rows = speech_rows(TRAIN_BASE, int(speech_train_size))
-    random.Random(seed).shuffle(rows)
-    return Task("spoken_digits", rows, speech_rows(EVAL_BASE, int(speech_eval_size)),
-                rewards=[("one_minus_wer", one_minus_wer, 1.0), ("exact_match", exact_match, 1.0)],
-                accuracy_reward="exact_match",
-                description="synthetic spoken digits and short words (feature frames, not audio): 1 - WER and "
-                            "exact match", extra={})
+    return transcription_task("spoken_digits", seed, speech_rows, (TRAIN_BASE, EVAL_BASE),
+                              {"speech_train_size": speech_train_size, "speech_eval_size": speech_eval_size},
+                              "synthetic spoken digits and short words (feature frames, not audio): 1 - WER and "
+                              "exact match")

@@ -11,11 +11,9 @@ Rewards: ``one_minus_wer`` and ``exact_match`` (weight 1 each; ``tasks.py``), ac
 """
 from __future__ import annotations
 
-import random
-
 from ...registry import TASKS, param
 from ...tasks.base import Task
-from .tasks import exact_match, one_minus_wer
+from .tasks import transcription_task
 
 TRAIN_BASE = 1_000_000
 EVAL_BASE = 2_000_000
@@ -35,13 +33,7 @@ def spoken_words_audio(seed: int = 0, *, spoken_words_train_size: int = TRAIN_SI
     """
     from .spoken_words import spoken_rows
 
-    if int(spoken_words_train_size) < 1 or int(spoken_words_eval_size) < 0:
-        raise ValueError(f"spoken_words_audio: spoken_words_train_size >= 1 and spoken_words_eval_size >= 0, got "
-                         f"{spoken_words_train_size} and {spoken_words_eval_size}")
-    rows = spoken_rows(TRAIN_BASE, int(spoken_words_train_size))
-    random.Random(seed).shuffle(rows)
-    return Task("spoken_words_audio", rows, spoken_rows(EVAL_BASE, int(spoken_words_eval_size)),
-                rewards=[("one_minus_wer", one_minus_wer, 1.0), ("exact_match", exact_match, 1.0)],
-                accuracy_reward="exact_match",
-                description="spoken words synthesised by espeak-ng (16 kHz audio): 1 - WER and exact match",
-                extra={})
+    return transcription_task("spoken_words_audio", seed, spoken_rows, (TRAIN_BASE, EVAL_BASE),
+                              {"spoken_words_train_size": spoken_words_train_size,
+                               "spoken_words_eval_size": spoken_words_eval_size},
+                              "spoken words synthesised by espeak-ng (16 kHz audio): 1 - WER and exact match")

@@ -76,45 +76,64 @@ def decoder_inputs(targets: torch.Tensor, bos: int) -> torch.Tensor:
     return torch.cat([torch.full_like(targets[:, :1], bos), targets[:, :-1]], dim=1)
 
 
-def pretrain(recipe: dict | None = None, log=None):
-    """``(model, loss_curve)``: the tiny Speech2Text trained by teacher-forced cross-entropy (not cached)."""
+def teacher_forced_fit(recipe: dict, feats: torch.Tensor, mask: torch.Tensor, texts: list[str], name: str,
+                       log=None, cut_frames: bool = False):
+    """``(model, loss_curve)``: a fresh model of ``recipe`` (:func:`build_model`) trained by teacher-forced
+    cross-entropy on the features ``feats`` / ``mask`` of the transcripts ``texts`` (``fit``, named ``name``);
+    with ``cut_frames`` each batch is cut to its longest clip's frames (the encoder's outputs at a clip's frames
+    do not depend on the zero padding after them)."""
     from ...model.cache import fit, pretraining
 
-    recipe = recipe or pretrain_recipe()
     vocab = recipe["vocab"]
-    feats, mask, texts = batch_features(range(recipe["utterances"]))
-    feats, mask = torch.from_numpy(feats), torch.from_numpy(mask)
     targets = encode_transcripts(texts, vocab)
     dec_in = decoder_inputs(targets, vocab["bos"])
     labels = targets.masked_fill(targets == vocab["pad"], -100)
     model = build_model(recipe, seed=recipe["seed"])
     g = torch.Generator().manual_seed(recipe["seed"])
+
+    def batch_loss(idx):
+        width = int(mask[idx].sum(1).max()) if cut_frames else None
+        return model(input_features=feats[idx, :width], attention_mask=mask[idx, :width],
+                     decoder_input_ids=dec_in[idx], labels=labels[idx]).loss
+
     with pretraining(recipe):
-        losses = fit(model, len(texts), recipe,
-                     lambda idx: model(input_features=feats[idx], attention_mask=mask[idx],
-                                       decoder_input_ids=dec_in[idx], labels=labels[idx]).loss,
-                     g, name="speech", log=log)
+        losses = fit(model, len(texts), recipe, batch_loss, g, name=name, log=log)
     return model, losses
+
+
+def pretrain(recipe: dict | None = None, log=None):
+    """``(model, loss_curve)``: the tiny Speech2Text trained by teacher-forced cross-entropy (not cached)."""
+    recipe = recipe or pretrain_recipe()
+    feats, mask, texts = batch_features(range(recipe["utterances"]))
+    return teacher_forced_fit(recipe, torch.from_numpy(feats), torch.from_numpy(mask), texts, "speech", log=log)
+
+
+def cached_recogniser(name: str, recipe: dict, pretrain, what: str, log=print, save_more=None) -> Path:
+    """The cache folder ``name`` of a built-in recogniser pre-trained by ``pretrain(recipe)`` on first use:
+    ``config.json`` + ``model.safetensors`` (``save_pretrained``), what ``save_more(folder)`` writes, ``vocab.json``,
+    ``meta.json``; the log says "pre-training ``what`` and caching it in" the folder."""
+    from ...model.cache import cached_build, cached_path
+
+    def build(tmp: Path) -> dict:
+        (model, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
+        model.save_pretrained(tmp, safe_serialization=True)
+        if save_more is not None:
+            save_more(tmp)
+        (tmp / "vocab.json").write_text(json.dumps(recipe["vocab"], indent=2) + "\n")
+        return meta
+
+    message = f"[grpolab] pre-training {what} and caching it in {cached_path(name, recipe)}"
+    return cached_build(name, recipe, build, log=log, message=message)
 
 
 def speech_model_path(log=print) -> Path:
     """Folder with the pre-trained tiny speech recogniser, built on first use: ``config.json`` +
     ``model.safetensors`` (``save_pretrained``), ``vocab.json``, ``meta.json``."""
-    from ...model.cache import cached_build, cached_path
-
     recipe = pretrain_recipe()
-
-    def build(tmp: Path) -> dict:
-        (model, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
-        model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / "vocab.json").write_text(json.dumps(recipe["vocab"], indent=2) + "\n")
-        return meta
-
-    message = (f"[grpolab] pre-training the tiny speech recogniser (Speech2Text, 2+2 layers, width 64, word "
-               f"vocabulary of {len(WORDS)}; teacher forcing on {recipe['utterances']} synthetic utterances, "
-               f"{recipe['iterations']} steps, one time, about 10-40 s) and caching it in "
-               f"{cached_path('speech-s2t', recipe)}")
-    return cached_build("speech-s2t", recipe, build, log=log, message=message)
+    return cached_recogniser("speech-s2t", recipe, pretrain,
+                             f"the tiny speech recogniser (Speech2Text, 2+2 layers, width 64, word vocabulary of "
+                             f"{len(WORDS)}; teacher forcing on {recipe['utterances']} synthetic utterances, "
+                             f"{recipe['iterations']} steps, one time, about 10-40 s)", log=log)
 
 
 @torch.no_grad()

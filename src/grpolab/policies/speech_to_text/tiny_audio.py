@@ -23,14 +23,12 @@ method.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from ..base import timed_pretraining
-from .tiny import build_model, decoder_inputs, encode_transcripts, speech2text_config, vocabulary
+from .tiny import cached_recogniser, speech2text_config, teacher_forced_fit, vocabulary
 
 RATE = 16000
 MEL_BINS = 40
@@ -92,44 +90,18 @@ def pretrain(recipe: dict | None = None, log=None):
     """``(model, loss_curve)``: the tiny Speech2Text trained by teacher-forced cross-entropy on the clips' features
     (not cached). Each batch is cut to its longest clip's frames (the encoder's outputs at a clip's frames do not
     depend on the zero padding after them)."""
-    from ...model.cache import fit, pretraining
-
     recipe = recipe or pretrain_recipe()
-    vocab = recipe["vocab"]
     feats, mask, texts = pretraining_data(recipe)
-    targets = encode_transcripts(texts, vocab)
-    dec_in = decoder_inputs(targets, vocab["bos"])
-    labels = targets.masked_fill(targets == vocab["pad"], -100)
-    model = build_model(recipe, seed=recipe["seed"])
-    g = torch.Generator().manual_seed(recipe["seed"])
-
-    def batch_loss(idx):
-        width = int(mask[idx].sum(1).max())
-        return model(input_features=feats[idx, :width], attention_mask=mask[idx, :width],
-                     decoder_input_ids=dec_in[idx], labels=labels[idx]).loss
-
-    with pretraining(recipe):
-        losses = fit(model, len(texts), recipe, batch_loss, g, name="speech-audio", log=log)
-    return model, losses
+    return teacher_forced_fit(recipe, feats, mask, texts, "speech-audio", log=log, cut_frames=True)
 
 
 def speech_audio_model_path(log=print) -> Path:
     """Folder with the pre-trained tiny audio recogniser, built on first use: ``config.json`` +
     ``model.safetensors`` (``save_pretrained``), ``preprocessor_config.json`` (the feature extractor),
     ``vocab.json``, ``meta.json``."""
-    from ...model.cache import cached_build, cached_path
-
     recipe = pretrain_recipe()
-
-    def build(tmp: Path) -> dict:
-        (model, _), meta = timed_pretraining(recipe["seed"], pretrain, recipe)
-        model.save_pretrained(tmp, safe_serialization=True)
-        feature_extractor().save_pretrained(tmp)
-        (tmp / "vocab.json").write_text(json.dumps(recipe["vocab"], indent=2) + "\n")
-        return meta
-
-    message = (f"[grpolab] pre-training the tiny audio speech recogniser (Speech2Text, 2+2 layers, width 64, "
-               f"{MEL_BINS} log-mel bins from the waveform; teacher forcing on {recipe['utterances']} utterances of "
-               f"the shipped espeak-ng clips, {recipe['iterations']} steps, one time, about 30-60 s) and caching it "
-               f"in {cached_path('speech-s2t-audio', recipe)}")
-    return cached_build("speech-s2t-audio", recipe, build, log=log, message=message)
+    return cached_recogniser("speech-s2t-audio", recipe, pretrain,
+                             f"the tiny audio speech recogniser (Speech2Text, 2+2 layers, width 64, {MEL_BINS} "
+                             f"log-mel bins from the waveform; teacher forcing on {recipe['utterances']} utterances "
+                             f"of the shipped espeak-ng clips, {recipe['iterations']} steps, one time, about 30-60 s)",
+                             log=log, save_more=lambda tmp: feature_extractor().save_pretrained(tmp))
