@@ -127,18 +127,9 @@ def test_training_a_pipeline_saves_one_that_loads_back(pipe_dir, tmp_path, monke
     folder is a pipeline (model_index.json) that --model loads, with the trained transformer."""
     from diffusers import SD3Transformer2DModel
 
-    from grpolab.recipes import recipe_overrides
     from grpolab.train.trainer import Trainer
 
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "bright.py").write_text("def score(completions, **kw):\n"
-                                        "    return [float(c.mean()) for c in completions]\n")
-    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    over = {k: v for k, v in recipe_overrides("flow_grpo_images").items() if k != "task"}
-    cfg = Config.build({**over, "model": str(pipe_dir), "data": "prompts.jsonl", "reward": ["./bright.py:score"],
-                        "steps": 2, "flow_steps": 2, "num_generations": 2, "prompts_per_step": 2,
-                        "eval_before": False, "eval_after": False, "save_steps": 100, "stall_steps": 0,
-                        "out": str(tmp_path / "run"), "use_lora": lora, "lora_r": 4, "lora_alpha": 8})
+    cfg = pipeline_run_config(pipe_dir, tmp_path, monkeypatch, use_lora=lora, lora_r=4, lora_alpha=8)
     trainer = Trainer(cfg, log=lambda *a: None)
     if lora:
         assert type(trainer.model).__name__ == "PeftModel"
@@ -157,21 +148,27 @@ def test_training_a_pipeline_saves_one_that_loads_back(pipe_dir, tmp_path, monke
 
 
 
-def train_pipeline(model, tmp_path, monkeypatch, **over):
-    """Two steps of the flow_grpo_images recipe on the pipeline folder ``model`` with a brightness reward (2
-    prompts x 2 images, 2 denoising steps, learning rate 1e-2), in ``tmp_path``; returns the run's final folder."""
+def pipeline_run_config(model, tmp_path, monkeypatch, **over) -> Config:
+    """The config of two steps of the flow_grpo_images recipe on the pipeline folder ``model`` with a brightness
+    reward (2 prompts x 2 images, 2 denoising steps), run in ``tmp_path`` (its out: ``run``); ``over`` on top."""
     from grpolab.recipes import recipe_overrides
-    from grpolab.train.trainer import Trainer
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "bright.py").write_text("def score(completions, **kw):\n"
                                         "    return [float(c.mean()) for c in completions]\n")
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     recipe = {k: v for k, v in recipe_overrides("flow_grpo_images").items() if k != "task"}
-    cfg = Config.build({**recipe, "model": str(model), "data": "prompts.jsonl", "reward": ["./bright.py:score"],
-                        "steps": 2, "flow_steps": 2, "num_generations": 2, "prompts_per_step": 2,
-                        "learning_rate": 1e-2, "eval_before": False, "eval_after": False, "save_steps": 100,
-                        "stall_steps": 0, "out": str(tmp_path / "run"), **over})
+    return Config.build({**recipe, "model": str(model), "data": "prompts.jsonl", "reward": ["./bright.py:score"],
+                         "steps": 2, "flow_steps": 2, "num_generations": 2, "prompts_per_step": 2,
+                         "eval_before": False, "eval_after": False, "save_steps": 100, "stall_steps": 0,
+                         "out": str(tmp_path / "run"), **over})
+
+
+def train_pipeline(model, tmp_path, monkeypatch, **over):
+    """Two steps of ``pipeline_run_config`` at learning rate 1e-2; returns ``(the run's final folder, trainer)``."""
+    from grpolab.train.trainer import Trainer
+
+    cfg = pipeline_run_config(model, tmp_path, monkeypatch, **{"learning_rate": 1e-2, **over})
     trainer = Trainer(cfg, log=lambda *a: None)
     trainer.train(progress=False)
     return tmp_path / "run" / "final", trainer

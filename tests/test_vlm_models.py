@@ -47,15 +47,29 @@ def _text_config(tok) -> dict:
                 eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
 
 
-def native_qwen_processor(kind, tok, image_processor, template, monkeypatch):
-    """The native Qwen2VLProcessor / Qwen2_5_VLProcessor without its video processor (which needs torchvision):
-    transformers' class check of the missing part is skipped for this test only."""
-    from transformers import ProcessorMixin, Qwen2_5_VLProcessor, Qwen2VLProcessor
+def skip_missing_part_check(monkeypatch):
+    """transformers' class check of a processor's missing part (its video processor, which needs torchvision)
+    skipped for this test only."""
+    from transformers import ProcessorMixin
     check = ProcessorMixin.check_argument_for_proper_class
     monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class",
                         lambda self, name, arg: None if arg is None else check(self, name, arg))
+
+
+def native_qwen_processor(kind, tok, image_processor, template, monkeypatch):
+    """The native Qwen2VLProcessor / Qwen2_5_VLProcessor without its video processor (``skip_missing_part_check``)."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLProcessor
+    skip_missing_part_check(monkeypatch)
     cls = Qwen2VLProcessor if kind == "qwen2_vl" else Qwen2_5_VLProcessor
     return cls(image_processor=image_processor, tokenizer=tok, video_processor=None, chat_template=template)
+
+
+def save_folder(folder, model, tok, image_processor, template: str) -> None:
+    """The files of a model folder without a processor config: model, tokenizer, image processor, chat template."""
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    image_processor.save_pretrained(folder)
+    (folder / "chat_template.jinja").write_text(template)
 
 
 def build_qwen(kind: str, folder, monkeypatch):
@@ -85,30 +99,32 @@ def build_qwen(kind: str, folder, monkeypatch):
         cfg, cls = Qwen2_5_VLConfig(text_config=text, vision_config=vision, **tokens), Qwen2_5_VLForConditionalGeneration
     torch.manual_seed(0)
     model = cls(cfg).float().eval()
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    ip.save_pretrained(folder)
-    (folder / "chat_template.jinja").write_text(template)
+    save_folder(folder, model, tok, ip, template)
     return model, native_qwen_processor(kind, tok, ip, template, monkeypatch)
 
 
-def build_idefics3(folder, monkeypatch=None):
-    """A tiny Idefics3 (SigLIP-style vision 2 layers at 32 px, patch 8, pixel shuffle 2: 4 tokens per tile; Llama
-    text 2 layers) with an ``Idefics3Processor`` (PIL image processor, image splitting: a picture over 32 px is cut
-    into 32-px tiles plus a global view) saved in ``folder``; returns ``(model, processor)``."""
-    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+def idefics3_parts(config_class, model_class, image_processor_class):
+    """``(tokenizer, image processor, model)`` of the Idefics3 shape (SigLIP-style vision 2 layers at 32 px, patch
+    8, pixel shuffle 2: 4 tokens per tile; Llama text 2 layers; the PIL image processor splits a picture over
+    32 px into 32-px tiles plus a global view) in the given classes, the weights drawn under seed 0."""
     grid = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
     tok = _tokenizer(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *grid])
-    ip = Idefics3ImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
-                                   do_image_splitting=True)
-    proc = Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4, chat_template=_template("<image>"))
-    cfg = Idefics3Config(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                            num_attention_heads=4, image_size=32, patch_size=8),
-                         text_config={**_text_config(tok), "model_type": "llama"}, scale_factor=2,
-                         image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+    ip = image_processor_class(size={"longest_edge": 64}, max_image_size={"longest_edge": 32}, do_image_splitting=True)
+    cfg = config_class(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, image_size=32, patch_size=8),
+                       text_config={**_text_config(tok), "model_type": "llama"}, scale_factor=2,
+                       image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration(cfg).float().eval()
+    return tok, ip, model_class(cfg).float().eval()
+
+
+def build_idefics3(folder, monkeypatch=None):
+    """A tiny Idefics3 (``idefics3_parts``) with an ``Idefics3Processor`` (``image_seq_len`` 4) saved in
+    ``folder``; returns ``(model, processor)``."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    tok, ip, model = idefics3_parts(Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessorPil)
+    proc = Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4, chat_template=_template("<image>"))
     model.save_pretrained(folder)
     proc.save_pretrained(folder)
     return model, proc
@@ -121,29 +137,15 @@ def build_smolvlm(folder, monkeypatch):
     template. Returns ``(model, native processor)``: ``SmolVLMProcessor`` built without its video processor (the
     class check of the missing part skipped) and with ``num2words``, which it needs for video prompts only, stubbed
     for this test."""
-    from transformers import ProcessorMixin, SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMProcessor
+    from transformers import SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMProcessor
     from transformers.models.smolvlm import processing_smolvlm
     from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
-    grid = [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
-    tok = _tokenizer(["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>", *grid])
-    ip = SmolVLMImageProcessorPil(size={"longest_edge": 64}, max_image_size={"longest_edge": 32},
-                                  do_image_splitting=True)
+    tok, ip, model = idefics3_parts(SmolVLMConfig, SmolVLMForConditionalGeneration, SmolVLMImageProcessorPil)
     template = _template("<image>")
-    cfg = SmolVLMConfig(vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                           num_attention_heads=4, image_size=32, patch_size=8),
-                        text_config={**_text_config(tok), "model_type": "llama"}, scale_factor=2,
-                        image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = SmolVLMForConditionalGeneration(cfg).float().eval()
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    ip.save_pretrained(folder)
-    (folder / "chat_template.jinja").write_text(template)
+    save_folder(folder, model, tok, ip, template)
     (folder / "processor_config.json").write_text(json.dumps({"processor_class": "SmolVLMProcessor",
                                                               "image_seq_len": 4}))
-    check = ProcessorMixin.check_argument_for_proper_class
-    monkeypatch.setattr(ProcessorMixin, "check_argument_for_proper_class",
-                        lambda self, name, arg: None if arg is None else check(self, name, arg))
+    skip_missing_part_check(monkeypatch)
     if processing_smolvlm.num2words is None:
         monkeypatch.setattr(processing_smolvlm, "num2words", str)
     return model, SmolVLMProcessor(image_processor=ip, tokenizer=tok, video_processor=None, image_seq_len=4,
