@@ -8,22 +8,19 @@ Minutes on a 2-core machine (every `grpolab train` process loads the pipeline): 
 ``make test-pipelines``, not in ``make test``. tests/test_ddpm_pipelines.py::test_a_resumed_sd_run_is_the_straight_run
 is the in-process resume that ``make test`` runs."""
 import json
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
 from grpolab.config import Config
 from grpolab.recipes import recipe_overrides
-from grpolab.train.checkpoint import checkpoint_dirs
 from grpolab.train.metrics import read_metrics
 from grpolab.train.trainer import Trainer
 
 from test_ddpm_pipelines import ROWS, build_tiny_sd
-from test_image_reliability import TIMING, WORKER, env
+from test_image_reliability import TIMING, WORKER, env, kill_9_and_resume
 
 pytest.importorskip("diffusers")
 pytestmark = pytest.mark.pipelines
@@ -62,27 +59,8 @@ def _cli(root, out, steps: int) -> list[str]:
 
 def test_kill_9_of_a_pipeline_run_resumes_to_the_uninterrupted_run(user_folder, tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "killed"
-    log = tmp_path / "ref.log"
-    uninterrupted = subprocess.Popen(_cli(user_folder, ref, STEPS), env=env(), stdout=subprocess.DEVNULL,
-                                     stderr=log.open("w"), cwd=user_folder)
-    proc = subprocess.Popen(_cli(user_folder, out, STEPS), env=env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=user_folder)
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        if len(read_metrics(out)) >= 3 and checkpoint_dirs(out):
-            break
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert 3 <= len(read_metrics(out)) < STEPS, "the run ended before it was killed"
-    resumed = subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(out), "--quiet"],
-                             env=env(), capture_output=True, text=True, timeout=600, cwd=user_folder)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert uninterrupted.wait(timeout=600) == 0, log.read_text()[-3000:]
-    a, b = read_metrics(ref), read_metrics(out)
-    assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, STEPS + 1))
-    for ra, rb in zip(a, b):
-        assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
+    kill_9_and_resume(lambda o: _cli(user_folder, o, STEPS), ref, out, STEPS, start_s=600, end_s=600, poll_s=0.02,
+                      cwd=user_folder)
     wa, wb = unet_weights(ref), unet_weights(out)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 
