@@ -167,6 +167,41 @@ def _sub_first_prompt(role: Role, row: dict, roles: list[Role], tok, schemas: li
     return _first_prompt(role, row, [], roles, tok)
 
 
+def play_turn(ctx, seats: list[Seat], role: str, author: int, stop, *, turn_tokens: int, episode_tokens: int,
+              module, adapters: str, given: bool, text_of) -> list[tuple[int, str]] | None:
+    """One batched turn of the unfinished ``seats``, sampled as ``role`` (:func:`grpolab.roles.acting`) up to
+    ``stop``: a seat whose episode has no tokens left under ``episode_tokens`` ends (``token_budget``), the others
+    write a turn of at most ``turn_tokens``; one that writes nothing ends (``no_action``), the others' turns go
+    into their episodes, credited to ``author`` (the role's index). Returns ``(index in seats, text)`` of the
+    seats that wrote a turn, in order, or None when no seat could act."""
+    go = []
+    for i, s in enumerate(seats):
+        if s.finished:
+            continue
+        b = min(turn_tokens, episode_tokens - len(s.episode))
+        if b <= 0:
+            s.finished, s.ended_by = True, "token_budget"
+        else:
+            go.append((i, b))
+    if not go:
+        return None
+    with acting(module, role, adapters, given=given) as m:
+        out = sample_turns(ctx, [seats[i].episode.context() for i, _ in go], [b for _, b in go],
+                           [seats[i].temperature for i, _ in go], stop, model=m)
+    wrote = []
+    for (i, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
+        s = seats[i]
+        if not ids:
+            s.finished, s.ended_by = True, "no_action"
+            continue
+        s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
+        s.authors.append(author)
+        text = text_of(ids)
+        s.turns.append(text)
+        wrote.append((i, text))
+    return wrote
+
+
 def play_sub_episodes(ctx, subs: list[Seat], roles: list[Role], *, turns: int, tools: dict, turn_tokens: int,
                       episode_tokens: int, renderer, module, adapters: str, given: bool, text_of,
                       stats: SubStats) -> None:
@@ -184,27 +219,13 @@ def play_sub_episodes(ctx, subs: list[Seat], roles: list[Role], *, turns: int, t
                                   add_special_tokens=False)["input_ids"])
     stats.episodes += len(subs)
     for t in range(turns):
-        live = [s for s in subs if not s.finished]
-        go = []
-        for s in live:
-            b = min(turn_tokens, episode_tokens - len(s.episode))
-            if b <= 0:
-                s.finished, s.ended_by = True, "token_budget"
-            else:
-                go.append((s, b))
-        if not go:
+        wrote = play_turn(ctx, subs, sub_role.name, 1, TOOL_STOP if tools else (), turn_tokens=turn_tokens,
+                          episode_tokens=episode_tokens, module=module, adapters=adapters, given=given,
+                          text_of=text_of)
+        if wrote is None:
             break
-        with acting(module, sub_role.name, adapters, given=given) as m:
-            out = sample_turns(ctx, [s.episode.context() for s, _ in go], [b for _, b in go],
-                               [s.temperature for s, _ in go], TOOL_STOP if tools else (), model=m)
-        for (s, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
-            if not ids:
-                s.finished, s.ended_by = True, "no_action"
-                continue
-            s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
-            s.authors.append(1)
-            text = text_of(ids)
-            s.turns.append(text)
+        for i, text in wrote:
+            s = subs[i]
             stats.turns += 1
             calls = parse_tool_calls(text) if tools else []
             if not calls:
@@ -255,28 +276,16 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
                               f"max_prompt_length={ctx.cfg.max_prompt_length}; raise --max_prompt_length or shorten "
                               f"the role prompt / view")
         ro.seat.episode = Episode(ids)
+    seats = [ro.seat for ro in rollouts]
     while True:
-        live = [ro for ro in rollouts if not ro.seat.finished]
-        budgets = [min(turn_tokens, episode_tokens - len(ro.seat.episode)) for ro in live]
-        for ro, b in zip(live, budgets):
-            if b <= 0:
-                ro.seat.finished, ro.seat.ended_by = True, "token_budget"
-        go = [(ro, b) for ro, b in zip(live, budgets) if b > 0]
-        if not go:
+        wrote = play_turn(ctx, seats, main_role.name, 0, STOP_STRINGS, turn_tokens=turn_tokens,
+                          episode_tokens=episode_tokens, module=module, adapters=adapters, given=model is not None,
+                          text_of=text_of)
+        if wrote is None:
             break
-        with acting(module, main_role.name, adapters, given=model is not None) as m:
-            out = sample_turns(ctx, [ro.seat.episode.context() for ro, _ in go], [b for _, b in go],
-                               [ro.seat.temperature for ro, _ in go], STOP_STRINGS, model=m)
         pending = []
-        for (ro, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
-            s = ro.seat
-            if not ids:
-                s.finished, s.ended_by = True, "no_action"
-                continue
-            s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
-            s.authors.append(0)
-            text = text_of(ids)
-            s.turns.append(text)
+        for i, text in wrote:
+            ro, s = rollouts[i], seats[i]
             kind, body = parse_action(text)
             if kind == "answer":
                 s.finished, s.ended_by = True, "answer"
