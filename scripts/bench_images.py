@@ -59,6 +59,21 @@ def measure(recipe: str, steps: int, threads: int, overrides: dict | None = None
             "median_step_s": statistics.median(times), "flops": fc.get_total_flops()}
 
 
+def against_floor(m: dict, rate: float) -> dict:
+    """``m`` (a :func:`measure`) with ``floor_s`` (its FLOPs at the matmul ``rate``) and ``over_floor`` (the median
+    step over it), also written to stderr as a JSON line."""
+    m["floor_s"] = m["flops"] / rate
+    m["over_floor"] = m["median_step_s"] / m["floor_s"]
+    print(json.dumps(m), file=sys.stderr, flush=True)
+    return m
+
+
+def cost_cells(m: dict) -> str:
+    """The table's cells from parameters to step / floor of a measurement with its floor (:func:`against_floor`)."""
+    return (f"{m['params'] / 1e6:.2f} M | {m['rows']} | {m['median_step_s']:.2f} s | {m['flops'] / 1e9:.1f} GFLOP | "
+            f"{m['floor_s']:.2f} s | {m['over_floor']:.1f}x |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--recipes", default="flow_grpo_images,ddpo,ar_grpo")
@@ -80,20 +95,12 @@ def main(argv=None) -> int:
     from grpolab.bench import matmul_flops_per_s
     torch.set_num_threads(a.threads)
     rate = matmul_flops_per_s()
-    rows = []
-    for r in a.recipes.split(","):
-        m = measure(r, a.steps, a.threads, overrides)
-        m["floor_s"] = m["flops"] / rate
-        m["over_floor"] = m["median_step_s"] / m["floor_s"]
-        rows.append(m)
-        print(json.dumps(m), file=sys.stderr, flush=True)
+    rows = [against_floor(measure(r, a.steps, a.threads, overrides), rate) for r in a.recipes.split(",")]
     print(f"float32 matmul rate {rate / 1e9:.1f} GFLOP/s, {a.threads} threads, {a.steps} timed steps after 2 warm-up\n")
     print("| recipe | policy | parameters | samples per step | step (median) | step FLOPs | floor | step / floor |")
     print("|---|---|---|---|---|---|---|---|")
     for m in rows:
-        print(f"| `{m['recipe']}` | `{m['policy']}` | {m['params'] / 1e6:.2f} M | {m['rows']} | "
-              f"{m['median_step_s']:.2f} s | {m['flops'] / 1e9:.1f} GFLOP | {m['floor_s']:.2f} s | "
-              f"{m['over_floor']:.1f}x |")
+        print(f"| `{m['recipe']}` | `{m['policy']}` | {cost_cells(m)}")
     return 0
 
 

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import torch
 
-    from bench_images import measure
+    from bench_images import against_floor, cost_cells, measure
     from grpolab.bench import matmul_flops_per_s
 
     work = Path(tempfile.mkdtemp(prefix="bench_latent_"))
@@ -87,17 +87,12 @@ def main(argv=None) -> int:
     over = {"model": str(model), "data": str(work / "prompts.jsonl"), "reward": [str(work / "bright.py") + ":score"],
             "ddpm_steps": a.ddim, "ddpm_eval_steps": a.ddim, "prompts_per_step": 4, "num_generations": 4,
             "tensorboard": False}
-    m = measure("ddpo", a.steps, a.threads, over, without=("task",))
-    m["floor_s"] = m["flops"] / rate
-    m["over_floor"] = m["median_step_s"] / m["floor_s"]
-    print(json.dumps(m), file=sys.stderr, flush=True)
+    m = against_floor(measure("ddpo", a.steps, a.threads, over, without=("task",)), rate)
     print(f"float32 matmul rate {rate / 1e9:.1f} GFLOP/s, {a.threads} threads, {a.steps} timed steps after 2 warm-up,"
           f" {a.ddim} DDIM steps\n")
     print("| model | parameters (trainer.model) | images per step | step (median) | step FLOPs | floor | step / floor |")
     print("|---|---|---|---|---|---|---|")
-    print(f"| {'your folder' if a.model else f'SD 1.x-shaped, width {a.width}'} | {m['params'] / 1e6:.2f} M | "
-          f"{m['rows']} | {m['median_step_s']:.2f} s | {m['flops'] / 1e9:.1f} GFLOP | {m['floor_s']:.2f} s | "
-          f"{m['over_floor']:.1f}x |")
+    print(f"| {'your folder' if a.model else f'SD 1.x-shaped, width {a.width}'} | {cost_cells(m)}")
     return 0
 
 
