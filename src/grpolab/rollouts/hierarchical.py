@@ -461,44 +461,12 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
     sub_base = ctx.allocate_groups(len(rows))
     rollouts = [MainRollout(Seat(0, row, uid, float(t)), i)
                 for i, (row, uid, c, t) in enumerate(zip(rows, uids, counts, temps)) for _ in range(c)]
-    remote = None
-    if store is not None:  # decoupled main: the sub-agent answers from the other process
-        turn = {"k": 0}
-
-        def remote(requests):
-            k = turn["k"]
-            turn["k"] += 1
-            store.put(f"step{ctx.step}/calls{k}.json", requests)
-            return store.wait([f"step{ctx.step}/replies{k}.json"], "sub-agent (m_grpo_decoupled: sub)")[1]
+    remote = None if store is None else _remote_sub_agent(ctx, store)
     play_hierarchy(ctx, rollouts, role_list, max_calls=m_grpo_max_calls, turn_tokens=turn_tokens,
                    episode_tokens=max_episode_tokens, renderer=renderer, adapters=role_adapters,
                    sub_turns=m_grpo_sub_turns, tools=tools, stats=stats, sub_agent=remote)
-    first = {}  # the index of each query's first main rollout
-    for j, ro in enumerate(rollouts):
-        first.setdefault(ro.query, j)
-    seats = [ro.seat for ro in rollouts]
-    gids = [group_offset + ro.query for ro in rollouts]
-    src = list(range(len(rollouts)))  # each row's main rollout: its reward
-    info = [{"level": "main", "rollout": j - first[ro.query], "call": -1, "duplicate": False}
-            for j, ro in enumerate(rollouts)]
-    sampled = dropped = duplicated = empty = 0
-    for q in range(len(rows)):
-        mine = [(j, c, sub) for j, ro in enumerate(rollouts) if ro.query == q for c, sub in enumerate(ro.calls)]
-        sampled += len(mine)
-        if store is not None:  # aligned and trained in the sub-agent's process
-            continue
-        pick = align_trajectories(len(mine), m_grpo_sub_trajectories, ctx.generator)
-        dropped += len(mine) - len(set(pick))
-        duplicated += len(pick) - len(set(pick))
-        empty += not mine
-        seen = set()
-        for k in pick:
-            j, c, sub = mine[k]
-            seats.append(sub)
-            gids.append(sub_base + q)
-            src.append(j)
-            info.append({"level": "sub", "rollout": j - first[q], "call": c, "duplicate": k in seen})
-            seen.add(k)
+    seats, gids, src, info, tally = _main_and_aligned_sub_rows(
+        ctx, rollouts, len(rows), group_offset, sub_base, m_grpo_sub_trajectories, align=store is None)
     batch = _pack(ctx, [[s] for s in seats], role_list, [[g] for g in gids], max_episode_tokens)
     batch.columns[M_GRPO_COLUMN] = info
     batch.columns["team_transcript"] = [_transcript(rollouts[j], role_list) for j in src]
@@ -508,20 +476,72 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
         store.put(f"step{ctx.step}/stats.json", {"rewards": main.rewards.tolist(),
                                                   "reward_names": list(main.reward_names)})
     batch.rewards, batch.reward_names = main.rewards[torch.tensor(src, dtype=torch.long)], main.reward_names
-    scalar = ctx.scalar(batch)
-    is_sub = batch.row_data["role"] == 1
-    ctx.metric("m_grpo/main/reward", float(torch.nanmean(scalar[~is_sub])))
-    if store is None:
-        ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar[is_sub])) if bool(is_sub.any())
-                   else float("nan"))
-        ctx.metric("m_grpo/sub_dropped", float(dropped))
-        ctx.metric("m_grpo/sub_duplicated", float(duplicated))
-        ctx.metric("m_grpo/queries_without_calls", float(empty))
-    ctx.metric("m_grpo/calls", sum(len(ro.calls) for ro in rollouts) / max(1, len(rollouts)))
-    ctx.metric("m_grpo/sub_sampled", float(sampled))
+    _level_metrics(ctx, batch, rollouts, tally, aligned=store is None)
     _sub_metrics(ctx, stats, tools, m_grpo_sub_turns)
     keep = [i for i, r in enumerate(batch.row_data["role"].tolist()) if role_list[r].trainable]
     return batch if len(keep) == len(seats) else batch.select(keep)
+
+
+def _remote_sub_agent(ctx, store: StatsStore):
+    """Decoupled main process: the sub-agent's calls go to the other process through ``store``; the k-th call
+    batch of a step is ``step{N}/calls{k}.json``, its replies ``step{N}/replies{k}.json``."""
+    turn = {"k": 0}
+
+    def remote(requests):
+        k = turn["k"]
+        turn["k"] += 1
+        store.put(f"step{ctx.step}/calls{k}.json", requests)
+        return store.wait([f"step{ctx.step}/replies{k}.json"], "sub-agent (m_grpo_decoupled: sub)")[1]
+    return remote
+
+
+def _main_and_aligned_sub_rows(ctx, rollouts: list, n_queries: int, group_offset: int, sub_base: int,
+                               sub_trajectories: int, *, align: bool):
+    """The step's rows: every main rollout (group ``group_offset + query``), then, when ``align``, each query's
+    sub-agent episodes aligned to ``sub_trajectories`` (group ``sub_base + query``). Returns ``(seats, gids, src,
+    info, counts)``: ``src`` each row's main rollout (whose reward it gets), ``info`` the M_GRPO_COLUMN entries,
+    ``counts`` the sampled / dropped / duplicated sub episodes and the queries without a call."""
+    first = {}  # the index of each query's first main rollout
+    for j, ro in enumerate(rollouts):
+        first.setdefault(ro.query, j)
+    seats = [ro.seat for ro in rollouts]
+    gids = [group_offset + ro.query for ro in rollouts]
+    src = list(range(len(rollouts)))
+    info = [{"level": "main", "rollout": j - first[ro.query], "call": -1, "duplicate": False}
+            for j, ro in enumerate(rollouts)]
+    counts = {"sampled": 0, "dropped": 0, "duplicated": 0, "empty": 0}
+    for q in range(n_queries):
+        mine = [(j, c, sub) for j, ro in enumerate(rollouts) if ro.query == q for c, sub in enumerate(ro.calls)]
+        counts["sampled"] += len(mine)
+        if not align:  # aligned and trained in the sub-agent's process
+            continue
+        pick = align_trajectories(len(mine), sub_trajectories, ctx.generator)
+        counts["dropped"] += len(mine) - len(set(pick))
+        counts["duplicated"] += len(pick) - len(set(pick))
+        counts["empty"] += not mine
+        seen = set()
+        for k in pick:
+            j, c, sub = mine[k]
+            seats.append(sub)
+            gids.append(sub_base + q)
+            src.append(j)
+            info.append({"level": "sub", "rollout": j - first[q], "call": c, "duplicate": k in seen})
+            seen.add(k)
+    return seats, gids, src, info, counts
+
+
+def _level_metrics(ctx, batch, rollouts: list, counts: dict, *, aligned: bool) -> None:
+    scalar = ctx.scalar(batch)
+    is_sub = batch.row_data["role"] == 1
+    ctx.metric("m_grpo/main/reward", float(torch.nanmean(scalar[~is_sub])))
+    if aligned:
+        ctx.metric("m_grpo/sub/reward", float(torch.nanmean(scalar[is_sub])) if bool(is_sub.any())
+                   else float("nan"))
+        ctx.metric("m_grpo/sub_dropped", float(counts["dropped"]))
+        ctx.metric("m_grpo/sub_duplicated", float(counts["duplicated"]))
+        ctx.metric("m_grpo/queries_without_calls", float(counts["empty"]))
+    ctx.metric("m_grpo/calls", sum(len(ro.calls) for ro in rollouts) / max(1, len(rollouts)))
+    ctx.metric("m_grpo/sub_sampled", float(counts["sampled"]))
 
 
 def _sub_metrics(ctx, stats: SubStats, tools: dict, sub_turns: int) -> None:
