@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from ...config import ConfigError
 from ...registry import POLICIES, declared_params
-from .._image.flow import BUILT_IN, FlowMatchingPolicy, check_image_policy, condition_of
+from .._image.flow import BUILT_IN, FlowMatchingPolicy, check_class_rows, check_image_policy
 
 _P = declared_params(FlowMatchingPolicy)  # the same config keys as flow_matching (declared once, there)
 FRAMES_BUILT_IN = (*BUILT_IN, "digit_frames")  #: names of the built-in 3-frame model
@@ -53,12 +52,7 @@ class FlowFramesPolicy(FlowMatchingPolicy):
         module = load_frames_model(log=log)
         c = module.config
         self.shape = (c.in_channels, c.sample_size, c.sample_size)
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                k = condition_of(row, f"{where} row {i}")
-                if not 0 <= k < c.num_class_embeds - 1:
-                    raise ConfigError(f"{where} row {i}: class {k} is outside the model's classes 0.."
-                                      f"{c.num_class_embeds - 2}")
+        check_class_rows(module, rows, eval_rows)
         return module.float()
 
     def describe(self, batch, i: int) -> dict:
