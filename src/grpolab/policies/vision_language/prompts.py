@@ -10,7 +10,6 @@ placeholders keeps them; their number must equal the number of pictures.
 """
 from __future__ import annotations
 
-import torch
 
 from .scenes import row_images
 
@@ -66,8 +65,3 @@ def encode_prompts(processor, rows: list[dict], max_prompt_length: int = 0, *, s
                          f"cut)")
     return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"],
             "pixel_values": enc["pixel_values"].float(), "images_per_row": k, "texts": texts, "outputs": dict(enc)}
-
-
-def pictures_tensor(pixel_values: torch.Tensor, rows: int) -> torch.Tensor:
-    """``[N · k, ...]`` → ``[N, k, ...]``."""
-    return pixel_values.view(rows, -1, *pixel_values.shape[1:])
