@@ -10,7 +10,6 @@ placeholders keeps them; their number must equal the number of pictures.
 """
 from __future__ import annotations
 
-
 from .scenes import row_images
 
 
