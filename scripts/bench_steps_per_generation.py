@@ -83,7 +83,7 @@ def main() -> None:
     print("summary (generation s per optimiser step, per round):")
     for k in a.ks:
         print(f"  K={k}: " + ", ".join(f"{v:.2f}" for v in results[k])
-              + f"  (vs K=1: " + ", ".join(f"{v / b:.2f}" for v, b in zip(results[k], results[a.ks[0]])) + ")")
+              + "  (vs K=1: " + ", ".join(f"{v / b:.2f}" for v, b in zip(results[k], results[a.ks[0]])) + ")")
 
 
 if __name__ == "__main__":

@@ -328,7 +328,7 @@ def test_eval_stdout_is_strict_json_even_when_a_reward_raises(tmp_path, monkeypa
     out, err = capsys.readouterr()
     assert rc == 0
     res = strict_json(out)  # no traceback, no NaN
-    assert res["reward_mean"] is None and res[f"rewards/f/mean"] is None
+    assert res["reward_mean"] is None and res["rewards/f/mean"] is None
     assert "KeyError" in err
 
 

@@ -68,32 +68,43 @@ def _cli(recipe: str, out: Path, steps: int) -> list[str]:
 
 
 def kill_9_and_resume(cli, ref: Path, out: Path, steps: int, *, start_s: float, end_s: float, poll_s: float,
-                      cwd=None) -> dict:
+                      cwd=None, on_checkpoint=None) -> None:
     """Runs ``cli(ref)`` uninterrupted (its stderr in ``ref.log`` beside ``ref``) and ``cli(out)`` at once (on 2
     cores both run at once), kills the second with SIGKILL once it has logged 3 steps and saved a checkpoint
-    (within ``start_s`` seconds), resumes it with ``--resume`` and asserts that both end (within ``end_s``) with
-    every step's metrics but timings equal; returns the state of the checkpoint the resume started from."""
+    (within ``start_s`` seconds), calls ``on_checkpoint(state)`` with the state of the checkpoint the resume will
+    start from (before it), resumes with ``--resume`` and asserts that both end (within ``end_s``) with every
+    step's metrics but timings equal. The uninterrupted run is killed if the check fails before it ends."""
     log = ref.parent / "ref.log"
     uninterrupted = subprocess.Popen(cli(ref), env=env(), stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=cwd)
-    proc = subprocess.Popen(cli(out), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
-    deadline = time.time() + start_s
-    while time.time() < deadline and proc.poll() is None:
-        if len(read_metrics(out)) >= 3 and checkpoint_dirs(out):
-            break
-        time.sleep(poll_s)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert 3 <= len(read_metrics(out)) < steps, "the run ended before it was killed"
-    state = read_state(checkpoint_dirs(out)[-1])
-    resumed = subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(out), "--quiet"],
-                             env=env(), capture_output=True, text=True, timeout=end_s, cwd=cwd)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert uninterrupted.wait(timeout=end_s) == 0, log.read_text()[-3000:]
+    try:
+        proc = subprocess.Popen(cli(out), env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=cwd)
+        deadline = time.time() + start_s
+        while time.time() < deadline and proc.poll() is None:
+            if len(read_metrics(out)) >= 3 and checkpoint_dirs(out):
+                break
+            time.sleep(poll_s)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        assert 3 <= len(read_metrics(out)) < steps, "the run ended before it was killed"
+        if on_checkpoint is not None:
+            on_checkpoint(read_state(checkpoint_dirs(out)[-1]))
+        resumed = subprocess.run([sys.executable, "-m", "grpolab", "train", "--resume", str(out), "--quiet"],
+                                 env=env(), capture_output=True, text=True, timeout=end_s, cwd=cwd)
+        assert resumed.returncode == 0, resumed.stderr[-3000:]
+        assert uninterrupted.wait(timeout=end_s) == 0, log.read_text()[-3000:]
+    finally:
+        if uninterrupted.poll() is None:
+            uninterrupted.kill()
+            uninterrupted.wait()
     a, b = read_metrics(ref), read_metrics(out)
     assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, steps + 1))
     for ra, rb in zip(a, b):
         assert {k: v for k, v in ra.items() if k not in TIMING} == {k: v for k, v in rb.items() if k not in TIMING}
-    return state
+
+
+def _tracker_buffers_saved(state: dict) -> None:
+    """ddpo: the per-prompt tracker's buffers are in the checkpoint the resume starts from."""
+    assert any(s.get("buffers") for s in state["components"].values()), state["components"]
 
 
 @pytest.mark.parametrize("recipe", KILLED)
@@ -105,10 +116,8 @@ def test_kill_9_and_resume_matches_uninterrupted_run(tmp_path, recipe):
     measured, prompts of steps 1-2 come back then)."""
     steps = 8
     ref, out = tmp_path / "ref", tmp_path / "killed"
-    state = kill_9_and_resume(lambda o: _cli(recipe, o, steps), ref, out, steps, start_s=240, end_s=300,
-                              poll_s=0.01)
-    if recipe == "ddpo":  # the tracker's buffers are in the checkpoint the resume starts from
-        assert any(s.get("buffers") for s in state["components"].values()), state["components"]
+    kill_9_and_resume(lambda o: _cli(recipe, o, steps), ref, out, steps, start_s=240, end_s=300, poll_s=0.01,
+                      on_checkpoint=_tracker_buffers_saved if recipe == "ddpo" else None)
     wa, wb = final_weights(ref), final_weights(out)
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
 

@@ -431,7 +431,7 @@ def test_report_of_a_team_run_shows_its_roles(tiny_args, tmp_path):
     per-role curves (reward, turn length, held-out accuracy of the team and of each role)."""
     from grpolab.cli import main
     out = tmp_path / "magrpo"
-    args = {**recipe_overrides("magrpo"), **tiny_args, "task": "split_facts", "steps": 2, "prompts_per_step": 2,
+    args = {**recipe_overrides("magrpo"), **tiny_args, "task": "split_facts", "prompts_per_step": 2,
             "num_generations": 2, "max_completion_length": 5, "split_facts_rows": 24, "split_facts_eval": 4,
             "log_completions_steps": 1, "eval_before": True, "eval_after": True, "eval_steps": 1, "steps": 3,
             "out": str(out)}

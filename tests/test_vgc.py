@@ -1,7 +1,10 @@
 """VGC-Bench (seed 000-90): the population schemes' Nash solver and double-oracle matrix (hand-checked games, no
 server), the local Showdown server as a service (start, battles, stop with no process left, also when the body
-raises), heuristic baselines and the learned policy playing real battles. The learning run (win rate against the
-random player rises) is opt-in: `make test-vgc` (docs/control.md, VGC-Bench section)."""
+raises), heuristic baselines and the learned policy playing real battles, and the baselines of vgc_baselines.py on the
+server (the recording expert's decisions, behaviour cloning's rise, the LLM player with scripted replies and with a
+model folder). The long learning run (win rate against the random player rises over 25 iterations) is opt-in:
+`make test-vgc` (docs/control.md, VGC-Bench section)."""
+import re
 import string
 
 import numpy as np
@@ -169,10 +172,12 @@ def test_learned_policy_learns_the_super_effective_spread_move(server, seed):
 
 # ------------------------------------------------------------------ BC and the LLM player (vgc_baselines) on the server
 def test_recorded_expert_decisions_are_legal_under_the_masks(server):
-    """Every decision the recording expert keeps is legal: slot 1's action under slot 1's mask, slot 2's under
-    the mask updated with slot 1's action (or -1: the server's default, slot 1 supervised only)."""
+    """The recording expert turns every decision into action indices (none unconvertible: measured 0 in 4 + 4
+    battles of teams A / B and fairy / dark), and each is legal: slot 1's action under slot 1's mask, slot 2's
+    under the mask updated with slot 1's action (or -1: the server's default, slot 1 supervised only)."""
     data = vb.collect_expert_demos(server.start(), 2, concurrent=2)
-    assert data["battles"] == 2 and data["demos"], data
+    assert data["battles"] == 2 and data["demos"] and data["unconvertible"] == 0, \
+        {k: v for k, v in data.items() if k != "demos"}
     for d in data["demos"]:
         assert d.obs.shape == (vgc.OBS_LEN,) and d.mask1[d.a1] == 1
         m2u = vgc.second_mask(torch.as_tensor(d.mask2)[None], torch.tensor([d.a1]), torch.as_tensor(d.mask1)[None])
@@ -184,7 +189,9 @@ def test_recorded_expert_decisions_are_legal_under_the_masks(server):
 def test_behaviour_cloning_the_expert_raises_the_win_rate(server, seed):
     """BC from the expert's battles (team "fairy" against the random player with "dark": the expert nearly
     always plays the super effective spread move): the cloned sampling policy's win rate over 16 battles rises
-    by at least 0.35 from the untrained one's. Measured (docs/control.md): untrained 0.06, clone 1.00."""
+    by at least 0.35 from the untrained one's. Measured on one shared server, 2 runs per seed (battles are not
+    seedable), untrained -> clone: seed 0 0.25 -> 1.00, 0.06 -> 1.00; seed 1 0.12 -> 1.00, 0.31 -> 1.00; seed 2
+    0.31 -> 1.00, 0.06 -> 1.00 (expert 1.00, 19-23 demonstrations, none unconvertible); smallest rise 0.69."""
     out = vb.bc_experiment(server.start(), seed=seed, expert_battles=8, eval_battles=16, team="fairy",
                            opponent_team="dark", epochs=30)
     assert out["fallbacks"] == 0 and out["demos"] > 0 and out["history"][-1]["neglogp"] < out["history"][0]["neglogp"]
@@ -220,8 +227,8 @@ def test_llm_player_turns_replies_into_orders_and_counts_bad_ones(server):
 
 def test_llm_player_plays_with_a_local_model_folder(server, tmp_path):
     """The user's way: a model folder (a tiny random-weight Llama with a chat template, saved with
-    save_pretrained) given as ``model``; its replies are mostly not numbers, each is counted, and the battle
-    finishes."""
+    save_pretrained) given as ``model``: it is loaded and asked, the battle finishes, every reply is kept (the
+    last 10) and every kept reply that starts with no number is counted invalid."""
     from grpolab.model.loading import build_tiny
 
     model, tok = build_tiny([string.printable * 2])
@@ -230,7 +237,8 @@ def test_llm_player_plays_with_a_local_model_folder(server, tmp_path):
     out = vb.llm_experiment(server.start(), 1, model=str(tmp_path / "lm"), team="fairy", opponent_team="dark",
                             max_new_tokens=2)
     assert out["battles"] == 1 and out["queries"] > 0, out
-    assert 0 <= out["invalid"] <= out["queries"] and len(out["replies"]) == min(10, out["queries"]), out
+    assert len(out["replies"]) == min(10, out["queries"]) and out["invalid"] <= out["queries"], out
+    assert out["invalid"] >= sum(re.match(r"\s*\d", r) is None for r in out["replies"]), out
 
 
 def test_server_stops_with_every_process_also_when_the_body_raises(server):

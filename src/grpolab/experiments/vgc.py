@@ -6,7 +6,8 @@ arXiv:2506.10326), seed 000-90. What is built here, at a size that runs on a CPU
 
 - **Heuristic baselines** (:func:`make_player`): poke-env's ``RandomPlayer``, ``MaxBasePowerPlayer`` and
   ``SimpleHeuristicsPlayer`` in the VGC format ``gen9vgc2025regi`` (open team sheets, bring 6 pick 4, level 50)
-  with two hand-written, server-validated teams (:data:`TEAMS`); :func:`win_rate_matrix` plays every pair and
+  with hand-written, server-validated teams (:data:`TEAMS`: A and B, and the learning test's fairy and dark,
+  read from ``vgc_teams/<name>.txt``); :func:`win_rate_matrix` plays every pair and
   returns ``W[i, j]`` = the win rate of player i against player j (``W[j, i] = 1 - W[i, j]`` up to ties, diagonal
   0.5 as the authors' payoff matrix).
 - **Population schemes** (:func:`opponent_distribution`, :class:`DoubleOracle`): the distribution over saved

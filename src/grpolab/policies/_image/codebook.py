@@ -9,10 +9,11 @@ import torch
 
 class TableCodebook:
     """``table`` [K, ...] (float32): code k stands for ``table[k]``. A subclass names its file (:attr:`file`) and
-    the tensor's key in it (:attr:`key`), and encodes / decodes images."""
+    the tensor's key in it (:attr:`key`), and encodes / decodes images; the base class has neither, so it is never
+    saved or loaded itself."""
 
-    file: str
-    key: str
+    file: str  # set by each subclass
+    key: str  # set by each subclass
 
     def __init__(self, table: torch.Tensor):
         self.table = table.float()
@@ -26,6 +27,6 @@ class TableCodebook:
         save_file({self.key: self.table.contiguous()}, str(Path(path) / self.file))
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path) -> "TableCodebook":
         from safetensors.torch import load_file
         return cls(load_file(str(Path(path) / cls.file))[cls.key])
