@@ -65,8 +65,9 @@ from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode
 from ..registry import ROLLOUT_STRATEGIES, param
-from ..roles import ROLE_ADAPTERS, ROLES, Role, acting, parse_roles
-from .team import Seat, _first_prompt, _observation, _pack, check_role_adapters, lora_adapters, role_models
+from ..roles import ROLE_ADAPTERS, ROLES, Role, parse_roles
+from .team import (Seat, _first_prompt, _observation, _pack, check_role_adapters, lora_adapters, play_turn,
+                   role_models)
 
 M_GRPO_COLUMN = "m_grpo"
 STOP_STRINGS = ("</call>", "</answer>")
@@ -167,41 +168,6 @@ def _sub_first_prompt(role: Role, row: dict, roles: list[Role], tok, schemas: li
     return _first_prompt(role, row, [], roles, tok)
 
 
-def play_turn(ctx, seats: list[Seat], role: str, author: int, stop, *, turn_tokens: int, episode_tokens: int,
-              module, adapters: str, given: bool, text_of) -> list[tuple[int, str]] | None:
-    """One batched turn of the unfinished ``seats``, sampled as ``role`` (:func:`grpolab.roles.acting`) up to
-    ``stop``: a seat whose episode has no tokens left under ``episode_tokens`` ends (``token_budget``), the others
-    write a turn of at most ``turn_tokens``; one that writes nothing ends (``no_action``), the others' turns go
-    into their episodes, credited to ``author`` (the role's index). Returns ``(index in seats, text)`` of the
-    seats that wrote a turn, in order, or None when no seat could act."""
-    go = []
-    for i, s in enumerate(seats):
-        if s.finished:
-            continue
-        b = min(turn_tokens, episode_tokens - len(s.episode))
-        if b <= 0:
-            s.finished, s.ended_by = True, "token_budget"
-        else:
-            go.append((i, b))
-    if not go:
-        return None
-    with acting(module, role, adapters, given=given) as m:
-        out = sample_turns(ctx, [seats[i].episode.context() for i, _ in go], [b for _, b in go],
-                           [seats[i].temperature for i, _ in go], stop, model=m)
-    wrote = []
-    for (i, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
-        s = seats[i]
-        if not ids:
-            s.finished, s.ended_by = True, "no_action"
-            continue
-        s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
-        s.authors.append(author)
-        text = text_of(ids)
-        s.turns.append(text)
-        wrote.append((i, text))
-    return wrote
-
-
 def play_sub_episodes(ctx, subs: list[Seat], roles: list[Role], *, turns: int, tools: dict, turn_tokens: int,
                       episode_tokens: int, renderer, module, adapters: str, given: bool, text_of,
                       stats: SubStats) -> None:
@@ -218,10 +184,12 @@ def play_sub_episodes(ctx, subs: list[Seat], roles: list[Role], *, turns: int, t
         sub.episode = Episode(tok(_sub_first_prompt(sub_role, sub.row, roles, tok, schemas),
                                   add_special_tokens=False)["input_ids"])
     stats.episodes += len(subs)
+    stop = TOOL_STOP if tools else ()
     for t in range(turns):
-        wrote = play_turn(ctx, subs, sub_role.name, 1, TOOL_STOP if tools else (), turn_tokens=turn_tokens,
-                          episode_tokens=episode_tokens, module=module, adapters=adapters, given=given,
-                          text_of=text_of)
+        wrote = play_turn(ctx, subs, sub_role.name, 1,
+                          lambda c, b, temps, m: sample_turns(ctx, c, b, temps, stop, model=m),
+                          turn_tokens=turn_tokens, episode_tokens=episode_tokens, module=module, adapters=adapters,
+                          given=given, text_of=text_of)
         if wrote is None:
             break
         for i, text in wrote:
@@ -278,9 +246,10 @@ def play_hierarchy(ctx, rollouts: list[MainRollout], roles: list[Role], *, max_c
         ro.seat.episode = Episode(ids)
     seats = [ro.seat for ro in rollouts]
     while True:
-        wrote = play_turn(ctx, seats, main_role.name, 0, STOP_STRINGS, turn_tokens=turn_tokens,
-                          episode_tokens=episode_tokens, module=module, adapters=adapters, given=model is not None,
-                          text_of=text_of)
+        wrote = play_turn(ctx, seats, main_role.name, 0,
+                          lambda c, b, temps, m: sample_turns(ctx, c, b, temps, STOP_STRINGS, model=m),
+                          turn_tokens=turn_tokens, episode_tokens=episode_tokens, module=module, adapters=adapters,
+                          given=model is not None, text_of=text_of)
         if wrote is None:
             break
         pending = []

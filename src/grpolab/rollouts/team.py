@@ -99,6 +99,42 @@ def sample_role_turns(ctx, contexts, budgets, temperatures, model=None):
     return ctx.continue_(contexts, max_new_tokens=budgets, temperature=temperatures, stop_strings=[], model=model)
 
 
+def play_turn(ctx, seats: list[Seat], role: str, author: int, sample, *, turn_tokens: int, episode_tokens: int,
+              module, adapters: str, given: bool, text_of) -> list[tuple[int, str]] | None:
+    """One batched turn of the unfinished ``seats``, sampled as ``role`` (:func:`grpolab.roles.acting`) by
+    ``sample(contexts, budgets, temperatures, model)``: a seat whose episode has no tokens left under
+    ``episode_tokens`` ends (``token_budget``), the others write a turn of at most ``turn_tokens``; one that writes
+    nothing ends (``no_action``), the others' turns go into their episodes, credited to ``author`` (the role's
+    index), with their text ``text_of(ids)``. Returns ``(index in seats, text)`` of the seats that wrote a turn, in
+    order, or None when no seat could act. The turn loop of the team and the hierarchical (M-GRPO) rollouts."""
+    go = []
+    for i, s in enumerate(seats):
+        if s.finished:
+            continue
+        b = min(turn_tokens, episode_tokens - len(s.episode))
+        if b <= 0:
+            s.finished, s.ended_by = True, "token_budget"
+        else:
+            go.append((i, b))
+    if not go:
+        return None
+    with acting(module, role, adapters, given=given) as m:
+        out = sample([seats[i].episode.context() for i, _ in go], [b for _, b in go],
+                     [seats[i].temperature for i, _ in go], m)
+    wrote = []
+    for (i, _), ids, lps, reason in zip(go, out.ids, out.logprobs, out.finish_reasons):
+        s = seats[i]
+        if not ids:
+            s.finished, s.ended_by = True, "no_action"
+            continue
+        s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
+        s.authors.append(author)
+        text = text_of(ids)
+        s.turns.append(text)
+        wrote.append((i, text))
+    return wrote
+
+
 def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, channel: bool, turn_tokens: int,
                episode_tokens: int, renderer, model=None, adapters: str = "shared", order: str = "in_turn") -> None:
     """Every team episode to its end: ``rounds`` rounds, each role speaking once per round in order. A role's episode
@@ -109,11 +145,14 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
     role has spoken (CoMLRL's agents generate at the same time and read each other's outputs next turn)."""
     tok = ctx.tokenizer
     eos = set(eos_token_ids(tok, model if model is not None else ctx.policy))
+
+    def text_of(ids):
+        return tok.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
+
     for _ in range(rounds):
         held: list[tuple[Seat, int, str]] = []  # simultaneous: (recipient, author, text) delivered after the round
         for r in range(len(roles)):
             seats = [team[r] for team in teams if not team[r].finished]
-            budgets = []
             for s in seats:
                 if s.episode is None:
                     text = _first_prompt(roles[r], s.row, s.inbox, roles, tok)
@@ -129,25 +168,13 @@ def play_teams(ctx, teams: list[list[Seat]], roles: list[Role], *, rounds: int, 
                     s.episode.add_observation(obs)
                     s.authors.append(s.inbox[0][0] if len({a for a, _ in s.inbox}) == 1 else -1)
                 s.inbox = []
-                budgets.append(min(turn_tokens, episode_tokens - len(s.episode)))
-            live = [(s, b) for s, b in zip(seats, budgets) if b > 0]
-            for s, b in zip(seats, budgets):
-                if b <= 0:
-                    s.finished, s.ended_by = True, "token_budget"
-            if not live:
-                continue
-            with acting(model if model is not None else ctx.policy, roles[r].name, adapters,
-                        given=model is not None) as m:
-                out = sample_role_turns(ctx, [s.episode.context() for s, _ in live], [b for _, b in live],
-                                        [s.temperature for s, _ in live], model=m)
-            for (s, _), ids, lps, reason in zip(live, out.ids, out.logprobs, out.finish_reasons):
-                if not ids:
-                    s.finished, s.ended_by = True, "no_action"
-                    continue
-                s.episode.add_model_turn(ids, lps, finish_reason=reason, engine=out.from_engine)
-                s.authors.append(r)
-                text = tok.decode([t for t in ids if t not in eos], skip_special_tokens=True).strip()
-                s.turns.append(text)
+            wrote = play_turn(ctx, seats, roles[r].name, r,
+                              lambda c, b, t, m: sample_role_turns(ctx, c, b, t, model=m),
+                              turn_tokens=turn_tokens, episode_tokens=episode_tokens,
+                              module=model if model is not None else ctx.policy, adapters=adapters,
+                              given=model is not None, text_of=text_of)
+            for i, text in wrote or []:
+                s = seats[i]
                 if channel:
                     for other in teams_of(teams, s):
                         if other is s:
