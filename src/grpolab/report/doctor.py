@@ -10,7 +10,7 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from .runfiles import check_run_folder, read_metrics, read_summary, series
 
@@ -82,17 +82,27 @@ def _trend(check: str, title: str, key: str, verb: str, seen: tuple, limits: str
                    f"{level:.4g} ({limits}) ({_fmt(recent)})", fix, [s for s, _ in recent])
 
 
-def _first_trend(rows: list[dict], key: str, *cases: tuple) -> Finding | None:
+class _Case(NamedTuple):
+    """One way a trend check fires: ``fires(first, level)`` on the first logged value and the recent mean; the rest
+    are :func:`_trend`'s arguments."""
+    fires: Callable[[float, float], bool]
+    check: str
+    title: str
+    verb: str
+    limits: str
+    fix: str
+
+
+def _first_trend(rows: list[dict], key: str, *cases: _Case) -> Finding | None:
     """The :func:`_trend` finding of the first of ``cases`` that fires on metric ``key``; None below 2 logged
-    steps (:func:`_first_and_recent`) or when none fires. A case is ``(fires, check, title, verb, limits, fix)``:
-    ``fires(first, level)`` tests the first logged value and the recent mean, the rest go to :func:`_trend`."""
+    steps (:func:`_first_and_recent`) or when none fires."""
     seen = _first_and_recent(rows, key)
     if seen is None:
         return None
     _, first, _, level = seen
-    for fires, check, title, verb, limits, fix in cases:
-        if fires(first, level):
-            return _trend(check, title, key, verb, seen, limits, fix)
+    for case in cases:
+        if case.fires(first, level):
+            return _trend(case.check, case.title, key, case.verb, seen, case.limits, case.fix)
     return None
 
 
@@ -129,29 +139,30 @@ def check_zero_variance_groups(rows, summary) -> Finding | None:
 
 def check_entropy_collapse(rows, summary) -> Finding | None:
     """The policy's token entropy fell to near zero (it stopped exploring)."""
-    return _first_trend(rows, "entropy", (
-        lambda first, level: level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first),
-        "entropy_collapse", "entropy collapse", "fell",
-        f"floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first",
-        "the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
-        "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
-        "learning rate, or raise `--temperature`."))
+    return _first_trend(rows, "entropy", _Case(
+        fires=lambda first, level: level < ENTROPY_FLOOR or (first > 0 and level < ENTROPY_COLLAPSE_RATIO * first),
+        check="entropy_collapse", title="entropy collapse", verb="fell",
+        limits=f"floor {ENTROPY_FLOOR}, or {ENTROPY_COLLAPSE_RATIO:g} x the first",
+        fix="the policy samples nearly deterministically, so groups stop differing. Raise the upper clip "
+            "range (clip-higher, `--recipe dapo` / `--epsilon_high 0.28`), add an entropy bonus, lower the "
+            "learning rate, or raise `--temperature`."))
 
 
 def check_length(rows, summary) -> Finding | None:
     """Mean completion length exploded or collapsed relative to the first steps."""
-    return _first_trend(rows, "completion_len_mean", (
-        lambda first, level: first > 0 and level > LENGTH_GROWTH_MAX * first,
-        "length_explosion", "length explosion", "grew", f"> {LENGTH_GROWTH_MAX:g} x",
-        "long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
-        "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
-        "`--mask_truncated_completions true`, "
-        "or lower `--max_completion_length`."), (
-        lambda first, level: level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first),
-        "length_collapse", "length collapse", "fell", f"< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens",
-        "the policy learned that short answers score (or that ending early avoids a penalty). Check "
-        "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
-        "look at the completions (`grpolab report`)."))
+    return _first_trend(rows, "completion_len_mean", _Case(
+        fires=lambda first, level: first > 0 and level > LENGTH_GROWTH_MAX * first,
+        check="length_explosion", title="length explosion", verb="grew", limits=f"> {LENGTH_GROWTH_MAX:g} x",
+        fix="long completions are being rewarded or their loss is under-weighted. Use a length-unbiased "
+            "loss (`--recipe dr_grpo`), an overlong penalty (`--recipe dapo`), "
+            "`--mask_truncated_completions true`, "
+            "or lower `--max_completion_length`."), _Case(
+        fires=lambda first, level: level < LENGTH_MIN_TOKENS or (first > 0 and level < LENGTH_SHRINK_MIN * first),
+        check="length_collapse", title="length collapse", verb="fell",
+        limits=f"< {LENGTH_SHRINK_MIN:g} x or < {LENGTH_MIN_TOKENS:g} tokens",
+        fix="the policy learned that short answers score (or that ending early avoids a penalty). Check "
+            "that the reward requires the answer, use a length-unbiased loss (`--recipe dr_grpo`), and "
+            "look at the completions (`grpolab report`)."))
 
 
 def check_kl_runaway(rows, summary) -> Finding | None:

@@ -47,6 +47,7 @@ greedy main rollout per row (greedy sub-agent calls) and scores the main agent's
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -454,11 +455,10 @@ def m_grpo(ctx, rows, uids, group_offset, budgets=None, temperatures=None, *,
 def _remote_sub_agent(ctx, store: StatsStore):
     """Decoupled main process: the sub-agent's calls go to the other process through ``store``; the k-th call
     batch of a step is ``step{N}/calls{k}.json``, its replies ``step{N}/replies{k}.json``."""
-    turn = {"k": 0}
+    calls = itertools.count()
 
     def remote(requests):
-        k = turn["k"]
-        turn["k"] += 1
+        k = next(calls)
         store.put(f"step{ctx.step}/calls{k}.json", requests)
         return store.wait([f"step{ctx.step}/replies{k}.json"], "sub-agent (m_grpo_decoupled: sub)")[1]
     return remote
