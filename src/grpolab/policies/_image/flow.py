@@ -66,14 +66,19 @@ def text_prompt(row: dict, where: str = "") -> str:
     return value
 
 
-def check_row_classes(rows: list[dict], eval_rows: list[dict], classes: int) -> None:
-    """Every row's class (``condition_of``) is one of a class-conditional model's ``classes`` 0..n-1. The first
+def check_row_classes(rows: list[dict], eval_rows: list[dict], classes: int,
+                      unconditional: tuple[int, str] | None = None) -> None:
+    """Every row's class (``condition_of``) is one of a class-conditional model's ``classes`` 0..n-1 and not
+    its unconditional class (``unconditional``: the class and the config key that names it), if given. The first
     1,000 rows of each part are checked."""
     for where, part in (("train", rows), ("held-out", eval_rows)):
         for i, row in enumerate(part[:1000]):
             c = condition_of(row, f"{where} row {i}")
             if not 0 <= c < classes:
                 raise ConfigError(f"{where} row {i}: class {c} is outside the model's classes 0..{classes - 1}")
+            if unconditional is not None and c == unconditional[0]:
+                raise ConfigError(f"{where} row {i}: class {c} is the model's unconditional class "
+                                  f"({unconditional[1]}), not a class to ask for")
 
 
 def check_class_rows(module, rows: list[dict], eval_rows: list[dict]) -> int:

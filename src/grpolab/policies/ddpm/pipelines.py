@@ -30,7 +30,7 @@ import torch
 from ...config import ConfigError
 from ...generation.sampling import per_row
 from ..base import repeat_rows, save_pretrained_folder, saved_folder
-from .._image.flow import BUILT_IN, UNET_LORA_TARGETS, condition_of, text_prompt
+from .._image.flow import BUILT_IN, UNET_LORA_TARGETS, check_row_classes, condition_of, text_prompt
 from .._image.pipeline_folder import (check_text_rows, freeze_parts, frozen_to, pipeline_class, refuse_class,
                                       save_pipeline)
 
@@ -156,14 +156,7 @@ class ClassUNet(Denoiser):
                               f"guessed: set ddpm_unconditional_class to one of its classes 0..{n - 1}, or "
                               f"guidance_scale: 1")
         top = n - 2 if u == n - 1 else n - 1  # the last embedding as the unconditional class is not asked for
-        for where, part in (("train", rows), ("held-out", eval_rows)):
-            for i, row in enumerate(part[:1000]):
-                c = condition_of(row, f"{where} row {i}")
-                if not 0 <= c <= top:
-                    raise ConfigError(f"{where} row {i}: class {c} is outside the model's classes 0..{top}")
-                if c == u:
-                    raise ConfigError(f"{where} row {i}: class {c} is the model's unconditional class "
-                                      f"(ddpm_unconditional_class), not a class to ask for")
+        check_row_classes(rows, eval_rows, top + 1, None if u is None else (u, "ddpm_unconditional_class"))
 
     def conditions(self, rows, uids, counts, device):
         if self.classes is None:  # the prompt uid as the action's prompt token; nothing conditions the UNet
