@@ -300,13 +300,18 @@ class VGCPolicy(nn.Module):
     def _masked(logits, mask):
         return torch.where(mask > 0, logits, torch.full_like(logits, -1e9))
 
-    def log_prob(self, obs, mask1, mask2, a1, a2) -> torch.Tensor:
+    def head_logprobs(self, obs, mask1, mask2, a1):
+        """``(l1, l2, m2)``: the two heads' masked log-probabilities ``[N, ACT_LEN]`` (slot 2's given slot 1's
+        action ``a1``) and slot 2's mask updated with ``a1`` (:func:`second_mask`)."""
         h = self.body(obs)
-        lp1 = torch.log_softmax(self._masked(self.head1(h), mask1), -1).gather(-1, a1[:, None])[:, 0]
+        l1 = torch.log_softmax(self._masked(self.head1(h), mask1), -1)
         m2 = second_mask(mask2, a1, mask1)
         h2 = torch.cat([h, nn.functional.one_hot(a1, ACT_LEN).float()], -1)
-        lp2 = torch.log_softmax(self._masked(self.head2(h2), m2), -1).gather(-1, a2[:, None])[:, 0]
-        return lp1 + lp2
+        return l1, torch.log_softmax(self._masked(self.head2(h2), m2), -1), m2
+
+    def log_prob(self, obs, mask1, mask2, a1, a2) -> torch.Tensor:
+        l1, l2, _ = self.head_logprobs(obs, mask1, mask2, a1)
+        return l1.gather(-1, a1[:, None])[:, 0] + l2.gather(-1, a2[:, None])[:, 0]
 
     @torch.no_grad()
     def act(self, obs, mask1, mask2, generator: torch.Generator, greedy: bool = False):
@@ -373,16 +378,21 @@ def policy_player_class():
     return PolicyPlayer
 
 
+def stack_decisions(decisions: list) -> tuple[torch.Tensor, ...]:
+    """``(obs, mask1, mask2, a1, a2)`` of recorded decisions (:class:`Decision`, or anything with those fields), one
+    row each."""
+    return (torch.as_tensor(np.stack([d.obs for d in decisions])),
+            torch.as_tensor(np.stack([d.mask1 for d in decisions])),
+            torch.as_tensor(np.stack([d.mask2 for d in decisions])),
+            torch.tensor([d.a1 for d in decisions]), torch.tensor([d.a2 for d in decisions]))
+
+
 def pg_update(policy: VGCPolicy, opt, decisions: list, advantages: torch.Tensor, *, epochs: int = 2,
               epsilon: float = 0.2) -> float:
     """``epochs`` steps of the clipped surrogate ``-min(rho A, clip(rho, 1 - eps, 1 + eps) A)`` averaged over the
     decisions (``rho = exp(log pi(a1, a2 | s) - logp_behaviour)``, one advantage per decision: its battle's).
     Returns the last loss."""
-    obs = torch.as_tensor(np.stack([d.obs for d in decisions]))
-    m1 = torch.as_tensor(np.stack([d.mask1 for d in decisions]))
-    m2 = torch.as_tensor(np.stack([d.mask2 for d in decisions]))
-    a1 = torch.tensor([d.a1 for d in decisions])
-    a2 = torch.tensor([d.a2 for d in decisions])
+    obs, m1, m2, a1, a2 = stack_decisions(decisions)
     old = torch.tensor([d.logp for d in decisions])
     loss = torch.tensor(0.0)
     for _ in range(epochs):

@@ -49,11 +49,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
 from ..errors import ConfigError
 from .vgc import (ACT_LEN, VGCPolicy, close_players, embed_battle, make_player, play, policy_player_class,
-                  second_mask)
+                  second_mask, stack_decisions)
 
 #: imitation's BC default entropy weight (``imitation.algorithms.bc.BC(ent_weight=1e-3)``).
 BC_ENT_WEIGHT = 1e-3
@@ -131,51 +130,45 @@ def collect_expert_demos(server, n_battles: int, *, team: str = "A", opponent: s
             "default_slot2": expert.default_slot2, "battles": r["finished"]}
 
 
-def _heads(policy: VGCPolicy, obs, m1, m2, a1):
-    """Masked log-probabilities of the two heads (slot 2's given ``a1``), ``[N, ACT_LEN]`` each."""
-    h = policy.body(obs)
-    l1 = torch.log_softmax(policy._masked(policy.head1(h), m1), -1)
-    m2u = second_mask(m2, a1, m1)
-    h2 = torch.cat([h, nn.functional.one_hot(a1, ACT_LEN).float()], -1)
-    l2 = torch.log_softmax(policy._masked(policy.head2(h2), m2u), -1)
-    return l1, l2, m2u
+def _bc_objective(policy: VGCPolicy, obs, m1, m2, a1, a2, ent_weight: float) -> tuple[torch.Tensor, dict]:
+    """:func:`bc_loss` on stacked demonstrations (:func:`~grpolab.experiments.vgc.stack_decisions`)."""
+    sup2 = (a2 >= 0).float()
+    l1, l2, m2u = policy.head_logprobs(obs, m1, m2, a1)
+    logp = l1.gather(-1, a1[:, None])[:, 0] + sup2 * l2.gather(-1, a2.clamp(min=0)[:, None])[:, 0]
+    ent = -((l1.exp() * l1 * (m1 > 0)).sum(-1) + sup2 * (l2.exp() * l2 * (m2u > 0)).sum(-1))
+    neglogp = -logp.mean()
+    stats = {"neglogp": float(neglogp.detach()), "entropy": float(ent.mean().detach())}
+    return neglogp - ent_weight * ent.mean(), stats
 
 
 def bc_loss(policy: VGCPolicy, demos: list[Demo], ent_weight: float = BC_ENT_WEIGHT) -> tuple[torch.Tensor, dict]:
     """Imitation's BC objective on ``demos``: ``-mean(log pi(a1|s) + log pi(a2|s, a1)) - ent_weight *
     mean(H1 + H2)`` (entropies over the legal actions; slot 2's terms only where ``a2 >= 0``). Returns
     ``(loss, {"neglogp", "entropy"})``."""
-    obs = torch.as_tensor(np.stack([d.obs for d in demos]))
-    m1 = torch.as_tensor(np.stack([d.mask1 for d in demos]))
-    m2 = torch.as_tensor(np.stack([d.mask2 for d in demos]))
-    a1 = torch.tensor([d.a1 for d in demos])
-    a2 = torch.tensor([d.a2 for d in demos])
-    sup2 = (a2 >= 0).float()
-    l1, l2, m2u = _heads(policy, obs, m1, m2, a1)
-    logp = l1.gather(-1, a1[:, None])[:, 0] + sup2 * l2.gather(-1, a2.clamp(min=0)[:, None])[:, 0]
-    ent = -((l1.exp() * l1 * (m1 > 0)).sum(-1) + sup2 * (l2.exp() * l2 * (m2u > 0)).sum(-1))
-    neglogp = -logp.mean()
-    return neglogp - ent_weight * ent.mean(), {"neglogp": float(neglogp.detach()), "entropy": float(ent.mean().detach())}
+    return _bc_objective(policy, *stack_decisions(demos), ent_weight)
 
 
 def bc_train(policy: VGCPolicy, demos: list[Demo], *, epochs: int = 30, batch_size: int = 64, lr: float = 3e-3,
              ent_weight: float = BC_ENT_WEIGHT, seed: int = 0) -> list[dict]:
-    """Fit ``policy`` to ``demos`` by :func:`bc_loss`, ``epochs`` shuffled passes of Adam minibatches. Returns the
-    per-epoch ``{"epoch", "neglogp", "entropy"}`` on the whole set (after the epoch)."""
+    """Fit ``policy`` to ``demos`` by :func:`bc_loss`, ``epochs`` shuffled passes of Adam minibatches (the
+    demonstrations stacked once). Returns the per-epoch ``{"epoch", "neglogp", "entropy"}`` on the whole set (after
+    the epoch)."""
     if not demos:
         raise ConfigError("bc_train: no demonstrations (the expert's battles recorded no decision)")
+    data = stack_decisions(demos)
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(policy.parameters(), lr=lr)
     history = []
     for epoch in range(epochs):
-        perm = torch.randperm(len(demos), generator=g).tolist()
+        perm = torch.randperm(len(demos), generator=g)
         for i in range(0, len(demos), batch_size):
-            loss, _ = bc_loss(policy, [demos[j] for j in perm[i:i + batch_size]], ent_weight)
+            idx = perm[i:i + batch_size]
+            loss, _ = _bc_objective(policy, *(t[idx] for t in data), ent_weight)
             opt.zero_grad()
             loss.backward()
             opt.step()
         with torch.no_grad():
-            _, stats = bc_loss(policy, demos, ent_weight)
+            _, stats = _bc_objective(policy, *data, ent_weight)
         history.append({"epoch": epoch, **stats})
     return history
 
@@ -244,7 +237,7 @@ def _mon(p) -> str:
     return f"{p.base_species} ({types}, {hp}){'; moves: ' + moves if moves else ''}"
 
 
-def describe_order(battle, order, pos: int) -> str:
+def describe_order(battle, order) -> str:
     """An order as the authors' ``explain_battle_order`` words it: ``/choose`` dropped, the target named."""
     s = str(order).removeprefix("/choose ")
     foes, own = battle.opponent_active_pokemon, battle.active_pokemon
@@ -279,15 +272,10 @@ def battle_prompt(battle, pos: int, options: list[str], ally_choice: str | None)
 
 def load_llm(name: str = "smollm2"):
     """``(model, tokenizer)`` of the player's language model: ``"smollm2"`` (SmolLM2-135M-Instruct, the installed
-    package's weights) or a local model folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ..model.loading import smollm2_path
-
-    path = smollm2_path() if name == "smollm2" else name
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    return model, tok
+    package's weights) or a local model folder, loaded as a policy's model is
+    (:func:`grpolab.model.loading.load_policy`)."""
+    from ..model.loading import load_policy
+    return load_policy(name)
 
 
 def llm_player_class():
@@ -329,7 +317,7 @@ def llm_player_class():
                 return legal[0]
             orders = [DoublesEnv._action_to_order_individual(np.int64(a), battle, False, pos) for a in legal]
             keep = [(a, o) for a, o in zip(legal, orders) if o is not None]
-            options = [describe_order(battle, o, pos) for _, o in keep]
+            options = [describe_order(battle, o) for _, o in keep]
             i = parse_choice(self.ask(battle_prompt(battle, pos, options, ally_choice)), len(keep), self.parse)
             if i < 0:
                 self.invalid += 1
@@ -346,7 +334,7 @@ def llm_player_class():
                 return DefaultBattleOrder()
             m2u = second_mask(torch.as_tensor(m2)[None], torch.tensor([a1]), torch.as_tensor(m1)[None])[0].numpy()
             first = DoublesEnv._action_to_order_individual(np.int64(a1), battle, False, 0)
-            a2 = self.choose_slot(battle, 1, m2u, describe_order(battle, first, 0) if first is not None else None)
+            a2 = self.choose_slot(battle, 1, m2u, describe_order(battle, first) if first is not None else None)
             if a2 < 0:
                 return DefaultBattleOrder()
             try:

@@ -68,15 +68,10 @@ def describe_scene(row: dict, instruction: str, names=HEADS) -> str:
 
 
 def load_selector_lm(model: str):
-    """``(model, tokenizer)`` of the selector LM: ``smollm2``, ``tiny`` or a local causal-LM folder."""
-    from ...model.loading import build_tiny, smollm2_path
-    if model == "tiny":
-        return build_tiny([string.printable] + list(HEADS), seed=0)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    path = str(smollm2_path(log=lambda *a: None)) if model == "smollm2" else model
-    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    lm = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
-    return lm, tok
+    """``(model, tokenizer)`` of the selector LM: ``smollm2``, ``tiny`` (its characters and the head names) or a
+    local causal-LM folder, loaded as a policy's model is (:func:`grpolab.model.loading.load_policy`)."""
+    from ...model.loading import load_policy
+    return load_policy(model, task_texts=[string.printable, *HEADS], log=lambda *a: None)
 
 
 @dataclass
