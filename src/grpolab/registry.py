@@ -311,9 +311,3 @@ def replaced_key_note(key: str) -> str | None:
 #: The rubric critics' factory (GRAPE's ``grape_critic``): set by ``rewards/rubric.py`` (``get_critic``), read by
 #: ``algorithms/adv_grape.py``, so that the advantage does not import the rewards package (layers point one way)
 RUBRIC_CRITICS: dict = {}
-
-#: The LM-program rollout's helpers (``Run``, ``run_programs``, ``load_program``, ``parse_modules``,
-#: ``answers_batch``): set by ``rollouts/lm_program.py``, read by the update strategy ``better_together``
-#: (``stages/update_better_together.py``), whose prompt-optimisation steps run the program, so that stages do not
-#: import rollouts (``rollouts/experience_prompt.py`` imports stages: layers point one way)
-LM_PROGRAM: dict = {}

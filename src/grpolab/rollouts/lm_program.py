@@ -69,7 +69,7 @@ from ..errors import ConfigError
 from ..generation.plain import eos_token_ids
 from ..generation.sampling import completion_counts, per_prompt
 from ..generation.turns import Episode, pack_episodes
-from ..registry import LM_PROGRAM, ROLLOUT_STRATEGIES, param
+from ..registry import ROLLOUT_STRATEGIES, param
 from ..rewards.transforms import LM_PROGRAM_FAILURE_KEY as FAILURE_KEY
 
 GROUPINGS = ("by_invocation", "by_input")
@@ -571,9 +571,18 @@ def model_texts(cfg, environment, rows: list[dict]) -> list[str]:
     return list(TEXTS)
 
 
+def greedy_runs(ctx, program: str, modules, rows: list[dict], *, turn_tokens: int, demos: dict):
+    """One greedy run of ``program`` (a ``lm_program_path`` value) with ``modules`` (``lm_program_modules``) per
+    row, the modules' prompts with ``demos``: ``(runs, batch)``, the :class:`Run` of each row and the scorable batch
+    of their answers (:func:`answers_batch`). For the update strategy ``better_together``
+    (``stages/update_better_together.py``), which reads it from the registered rollout (stages do not import
+    rollouts: layers point one way)."""
+    runs = [Run(i, row, i, 0.0) for i, row in enumerate(rows)]
+    run_programs(ctx, load_program(program), runs, modules=parse_modules(modules), turn_tokens=turn_tokens,
+                 demos=demos)
+    return runs, answers_batch(ctx, runs)
+
+
 lm_program.eval_rollout = eval_rollout
 lm_program.model_texts = model_texts
-
-
-LM_PROGRAM.update(Run=Run, run_programs=run_programs, load_program=load_program, parse_modules=parse_modules,
-                  answers_batch=answers_batch)  # for stages/update_better_together.py (registry.LM_PROGRAM)
+lm_program.greedy_runs = greedy_runs

@@ -16,7 +16,7 @@ import random
 
 from ..algorithms.advantages import combine_rewards
 from ..errors import ConfigError
-from ..registry import LM_PROGRAM, UPDATE_STRATEGIES, param
+from ..registry import ROLLOUT_STRATEGIES, UPDATE_STRATEGIES, param
 
 STRAT_SEP = " -> "
 
@@ -245,11 +245,8 @@ class BetterTogether:
         each (a run that raised: ``lm_program_failure_score``)."""
         if not rows:
             return []
-        P = LM_PROGRAM  # rollouts/lm_program.py's helpers (registry.LM_PROGRAM)
-        runs = [P["Run"](i, row, i, 0.0) for i, row in enumerate(rows)]
-        P["run_programs"](ctx, P["load_program"](self.program), runs, modules=P["parse_modules"](self.modules),
-                     turn_tokens=self.turn_tokens, demos=demos)
-        batch = P["answers_batch"](ctx, runs)
+        runs, batch = ROLLOUT_STRATEGIES.get("lm_program").greedy_runs(ctx, self.program, self.modules, rows,
+                                                                      turn_tokens=self.turn_tokens, demos=demos)
         ctx.reward_errors += ctx.scorer.score(batch)
         rewards = combine_rewards(batch.rewards, ctx.scorer.weights).double().tolist()
         return [(self.failure_score if r.failure else float(x), bool(r.failure),
