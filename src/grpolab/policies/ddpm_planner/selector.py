@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .tasks import HEADS, planner_fast, planner_reached, planner_safe
+from .tasks import HEADS, planner_reached, planner_strategy
 
 STRATEGIES = {
     "fast": "aggressive: makes as much progress toward the goal as it can at every step",
@@ -119,10 +119,10 @@ class StrategySelector:
 
 
 def instruction_reward(traj: np.ndarray, row: dict, head: int) -> float:
-    """The reward of strategy ``head`` (0 ``planner_fast``, 1 ``planner_safe``) for one trajectory ``[8, 2]``."""
-    if head == 0:
-        return planner_fast(completions=[traj], start=[row["start"]], goal=[row["goal"]])[0]
-    return planner_safe(completions=[traj], start=[row["start"]], obstacle=[row["obstacle"]])[0]
+    """The reward of strategy ``head`` (0 ``planner_fast``, 1 ``planner_safe``) for one trajectory ``[8, 2]``:
+    the task's :func:`~grpolab.policies.ddpm_planner.tasks.planner_strategy` for one row."""
+    return planner_strategy(completions=[traj], head=[head], start=[row["start"]], goal=[row["goal"]],
+                            obstacle=[row["obstacle"]])[0]
 
 
 def head_trajectories(policy, module, rows: list[dict], heads: int) -> list[list[np.ndarray]]:
@@ -143,6 +143,11 @@ def evaluate_selection(policy, module, rows: list[dict], choose, instructions=IN
     "choices": [[head per instruction] per scene]}``; rewards are means over scenes x instructions."""
     heads = len(HEADS)
     traj = head_trajectories(policy, module, rows, heads)
+    start, goal, obstacle = ([r[k] for r in rows] for k in ("start", "goal", "obstacle"))
+    # score[want][k][i]: head k's trajectory of scene i under strategy want's reward; reach[k][i]: it gets there
+    score = [[planner_strategy(completions=traj[k], head=[want] * len(rows), start=start, goal=goal,
+                               obstacle=obstacle) for k in range(heads)] for want in range(heads)]
+    reach = [planner_reached(completions=traj[k], goal=goal, obstacle=obstacle) for k in range(heads)]
     choices, llm, oracle, reached, correct = [], [], [], [], []
     fixed = [[] for _ in range(heads)]
     for i, row in enumerate(rows):
@@ -153,12 +158,11 @@ def evaluate_selection(policy, module, rows: list[dict], choose, instructions=IN
                 raise ValueError(f"strategy selector chose head {h}; the planner has heads 0..{heads - 1}")
             picks.append(h)
             correct.append(h == want)
-            llm.append(instruction_reward(traj[h][i], row, want))
-            oracle.append(instruction_reward(traj[want][i], row, want))
-            reached.append(planner_reached(completions=[traj[h][i]], goal=[row["goal"]],
-                                           obstacle=[row["obstacle"]])[0])
+            llm.append(score[want][h][i])
+            oracle.append(score[want][want][i])
+            reached.append(reach[h][i])
             for k in range(heads):
-                fixed[k].append(instruction_reward(traj[k][i], row, want))
+                fixed[k].append(score[want][k][i])
         choices.append(picks)
     out = {"selection_accuracy": float(np.mean(correct)), "reward_llm": float(np.mean(llm)),
            "reward_oracle": float(np.mean(oracle)), "reached_llm": float(np.mean(reached)), "choices": choices}
