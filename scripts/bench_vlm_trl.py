@@ -91,10 +91,9 @@ def build(folder: Path, data: Path, n_rows: int = 32) -> None:
 
 
 def _peak_rss_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
+    """This process's peak resident memory in MiB (grpolab.bench.PeakRSS's high-water mark, as both benches)."""
+    from grpolab.bench import PeakRSS
+    return PeakRSS.high_water_mark() / 2 ** 20
 
 
 def run_grpolab(a) -> dict:
