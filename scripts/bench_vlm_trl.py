@@ -53,16 +53,14 @@ def build(folder: Path, data: Path, n_rows: int = 32) -> None:
     import numpy as np
     import torch
     from PIL import Image
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from grpolab.model.loading import char_tokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     specials = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", "<bos>"] + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer, tk.decoder = pre_tokenizers.Split("", "isolated"), decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                  bos_token="<bos>", padding_side="left")
+    tok = char_tokenizer(["<pad>", "<eos>", "<unk>", "<bos>"] + CHARS, pad_token="<pad>", eos_token="<eos>",
+                         unk_token="<unk>", bos_token="<bos>", padding_side="left")
     tok.add_special_tokens({"additional_special_tokens": specials})
     ids = {t: tok.convert_tokens_to_ids(t) for t in specials}
     text = dict(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4,

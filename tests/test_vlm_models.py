@@ -20,16 +20,11 @@ REWARD = "def varied(completions, answer, **kw):\n    return [float(sum(map(ord,
 
 
 def _tokenizer(specials: list[str]):
-    """A character-level ``PreTrainedTokenizerFast`` (tokenizers WordLevel, as policies/vision_language/tiny.py)
-    with the family's special tokens."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {t: i for i, t in enumerate(["<pad>", "<eos>", "<unk>", "<bos>"] + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                  bos_token="<bos>")
+    """A character-level tokenizer (``model.loading.char_tokenizer``, as the built-in VLM's) with the family's
+    special tokens."""
+    from grpolab.model.loading import char_tokenizer
+    tok = char_tokenizer(["<pad>", "<eos>", "<unk>", "<bos>"] + CHARS, pad_token="<pad>", eos_token="<eos>",
+                         unk_token="<unk>", bos_token="<bos>")
     tok.add_special_tokens({"additional_special_tokens": specials})
     return tok
 

@@ -72,6 +72,20 @@ TINY_POSITIONS, TINY_LONG_POSITIONS = 512, 8192
 TINY_LONG_TEXT = 128  # characters: a task with a longer text gets TINY_LONG_POSITIONS
 
 
+def char_tokenizer(tokens: list[str], **special_tokens):
+    """A fixed character-level ``PreTrainedTokenizerFast``: ``tokens`` in order (the special tokens, then one
+    token per character), tokenizers' WordLevel with ``<unk>`` for anything else, split into single characters and
+    fused back when decoded; ``special_tokens`` (``pad_token="<pad>"``, ...) go to the tokenizer. Not trained on
+    data: the built-in VLM's and dLLM's tokenizers, and the tests' tiny real-class models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tk = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
+    tk.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, **special_tokens)
+
+
 def build_tiny(texts: list[str], arch: str = "llama", seed: int = 0, hidden: int = 64, layers: int = 2):
     """A random-init causal LM with a character-level tokenizer trained on ``texts``.
 

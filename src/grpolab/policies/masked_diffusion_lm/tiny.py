@@ -28,15 +28,10 @@ PRETRAIN_ITERATIONS = 200
 def build_tokenizer():
     """A character-level ``PreTrainedTokenizerFast``: ``<pad>`` 0, ``<mask>`` 1, ``<eos>`` 2, ``<unk>`` 3, then
     newline and the 95 printable ASCII characters (one token each; 100 in all). Fixed, not trained on data."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from ...model.loading import char_tokenizer
 
-    vocab = {t: i for i, t in enumerate(SPECIALS + CHARS)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    tk.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", mask_token="<mask>",
-                                   eos_token="<eos>", unk_token="<unk>")
+    return char_tokenizer(SPECIALS + CHARS, pad_token="<pad>", mask_token="<mask>", eos_token="<eos>",
+                          unk_token="<unk>")
 
 
 def bert_config(vocab_size: int = len(SPECIALS) + len(CHARS), hidden: int = 64, layers: int = 2) -> dict:

@@ -70,16 +70,12 @@ def register_pretraining(task: str, examples: Callable[[int], tuple[dict, str]],
 def build_processor():
     """The tiny ``LlavaProcessor``: CLIP image processor at 32 × 32 (patch 8: 16 image tokens per picture) and
     the character tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import CLIPImageProcessor, LlavaProcessor, PreTrainedTokenizerFast
+    from transformers import CLIPImageProcessor, LlavaProcessor
+
+    from ...model.loading import char_tokenizer
 
     chars = list(string.printable[:95]) + ["\n"]  # digits, letters, punctuation, space, newline
-    vocab = {t: i for i, t in enumerate(SPECIALS + chars)}
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
-    tk.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>",
-                                  bos_token="<bos>")
+    tok = char_tokenizer(SPECIALS + chars, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", bos_token="<bos>")
     tok.add_special_tokens({"additional_special_tokens": [IMAGE_TOKEN] + TAG_TOKENS})
     tok.padding_side = "left"
     ip = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
